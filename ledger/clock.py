@@ -1,0 +1,87 @@
+"""Clocks: the only place a ledger process learns the time.
+
+The pure core never reads a clock; adapters read one of these and pass the
+value in as ``now_ms`` (milliseconds). Decisions that depend on time record
+the time they were evaluated at, so replay never needs a clock.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """A source of the current ledger time in milliseconds."""
+
+    def now_ms(self) -> int:
+        """Return the current ledger time in milliseconds."""
+        ...
+
+
+class SystemClock:
+    """Wall-clock time (Unix epoch, milliseconds)."""
+
+    def now_ms(self) -> int:
+        """Return ``time.time()`` in whole milliseconds."""
+        return int(time.time() * 1000)
+
+
+class ManualClock:
+    """The ledger clock used by demos and game days.
+
+    It starts at 0 and moves only when :meth:`advance` is called (by
+    ``ledger clock advance`` or the game-day runner). Its value lives in a
+    small file so that every process on the machine reads the same time.
+
+    Args:
+        path: the file holding the time in milliseconds (absent means 0).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def now_ms(self) -> int:
+        """Return the time stored in the file (0 when the file is absent)."""
+        try:
+            return int(self.path.read_text().strip() or "0")
+        except FileNotFoundError:
+            return 0
+
+    def set_ms(self, value_ms: int) -> None:
+        """Set the clock to ``value_ms`` (atomic replace of the file)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(str(int(value_ms)))
+        os.replace(tmp, self.path)
+
+    def advance(self, seconds: float) -> int:
+        """Move the clock forward by ``seconds`` and return the new time (ms).
+
+        Raises:
+            ValueError: if ``seconds`` is negative (the clock never goes back).
+        """
+        if seconds < 0:
+            raise ValueError("the ledger clock only moves forward")
+        new = self.now_ms() + int(round(seconds * 1000))
+        self.set_ms(new)
+        return new
+
+
+def clock_for(kind: str, run_dir: Path) -> Clock:
+    """Build the clock a settings object names.
+
+    Args:
+        kind: ``system`` or ``manual``.
+        run_dir: run folder; the manual clock lives in ``run_dir/clock``.
+
+    Raises:
+        ValueError: for any other kind.
+    """
+    if kind == "system":
+        return SystemClock()
+    if kind == "manual":
+        return ManualClock(run_dir / "clock")
+    raise ValueError(f"unknown clock {kind!r}: use 'system' or 'manual' (LEDGER_CLOCK)")

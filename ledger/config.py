@@ -1,0 +1,60 @@
+"""Configuration shared by every ledger process.
+
+One settings class, read from the environment with the prefix ``LEDGER_``
+(for example ``LEDGER_TOPIC_PREFIX=ledger``). ``KAFKA_BOOTSTRAP_SERVERS`` is
+honoured as well, because test harnesses and Docker users set it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Project root: the folder that holds ``pyproject.toml`` and ``schemas/``.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class LedgerSettings(BaseSettings):
+    """Settings of one ledger process (stage, CLI, demo or test).
+
+    Attributes:
+        bootstrap_servers: Kafka bootstrap list, ``host:port[,host:port]``.
+        topic_prefix: prefix of every ledger topic (``{prefix}.intents`` ...);
+            tests and demo cases use their own prefix for isolation.
+        partitions: partition count of every operation-keyed topic (all are
+            co-partitioned, so they share it).
+        run_dir: folder for run-time files: the ledger clock, armed fault
+            hooks, stage status files, sink databases.
+        kafka_home: folder where the broker's jars, config, data and logs live.
+        kafka_port: broker listener port on 127.0.0.1 (controller uses +1).
+        clock: ``system`` (wall clock) or ``manual`` (the ledger clock in
+            ``run_dir/clock``, moved only by ``ledger clock advance``).
+        commit_interval_ms: longest time a stage keeps a transaction open
+            before it commits (milliseconds).
+        transaction_timeout_ms: broker-side transaction timeout (milliseconds);
+            an abandoned transaction is aborted after it.
+        sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
+            that exceeds it is an ambiguous outcome.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
+
+    bootstrap_servers: str = Field(
+        default_factory=lambda: os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+    )
+    topic_prefix: str = "ledger"
+    partitions: int = 3
+    run_dir: Path = PROJECT_ROOT / ".ledger"
+    kafka_home: Path = PROJECT_ROOT / ".cache" / "kafka"
+    kafka_port: int = 19092
+    clock: str = "manual"
+    commit_interval_ms: int = 100
+    transaction_timeout_ms: int = 15000
+    sink_timeout_s: float = 2.0
+
+    def topic(self, name: str) -> str:
+        """Full topic name for a short name, e.g. ``intents`` -> ``ledger.intents``."""
+        return f"{self.topic_prefix}.{name}"

@@ -1,0 +1,79 @@
+"""The ledger's topics: names, keys, cleanup policies (pure data, no I/O).
+
+Every operation-keyed topic is co-partitioned (same partition count, same
+``murmur2_random`` partitioner), so partition *i* of each holds the same
+operations and one consumer of a ``range``-assigned group owns them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Cleanup = Literal["compact", "delete"]
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One ledger topic.
+
+    Attributes:
+        name: short name; the full name is ``{prefix}.{name}``.
+        key: what the record key is (``operation ID``, ``approval ID``, ...).
+        cleanup: ``compact`` (latest value per key is kept, forever) or
+            ``delete`` (kept ``retention_ms``; ``-1`` means forever).
+        retention_ms: for ``delete`` topics, ``-1`` (no time limit) or a limit
+            in milliseconds; only topics nobody replays may have a limit.
+        audited: auditors replay this topic from the beginning, so nothing in
+            it may ever be deleted by retention.
+        single_partition: a control topic (one partition, read whole by every
+            instance) rather than an operation-keyed, co-partitioned one.
+        writers: who writes it.
+    """
+
+    name: str
+    key: str
+    cleanup: Cleanup
+    retention_ms: int = -1
+    audited: bool = True
+    single_partition: bool = False
+    writers: str = ""
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec("intents", "operation ID", "compact", writers="services (IntentPublisher)"),
+    TopicSpec("approvals", "approval ID", "compact", writers="review systems; authority kernel"),
+    TopicSpec(
+        "admission-requests",
+        "approval ID",
+        "delete",
+        retention_ms=7 * 24 * 3600 * 1000,
+        audited=False,
+        writers="processor",
+    ),
+    TopicSpec("admissions", "operation ID", "compact", writers="authority kernel"),
+    TopicSpec("dispatches", "operation ID", "compact", writers="processor (the outbox)"),
+    TopicSpec("receipts", "operation ID", "compact", writers="relay"),
+    TopicSpec("readbacks", "operation ID", "compact", writers="relay, reconcilers"),
+    TopicSpec("claims", "operation ID", "compact", writers="resumers"),
+    TopicSpec("state", "operation ID", "compact", writers="processor only"),
+    TopicSpec("journal", "operation ID", "delete", retention_ms=-1, writers="processor only"),
+    TopicSpec("recovery-receipts", "operation ID", "compact", writers="processor"),
+    TopicSpec("reconciliation", "operation ID", "compact", writers="processor"),
+    TopicSpec(
+        "operating-events",
+        "operation ID",
+        "delete",
+        retention_ms=-1,
+        writers="every component: rejected transitions, dead letters",
+    ),
+    TopicSpec(
+        "policy",
+        "'current'",
+        "compact",
+        single_partition=True,
+        writers="policy administrators (ledger policy set)",
+    ),
+)
+
+TOPIC_BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}

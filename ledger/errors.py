@@ -1,0 +1,110 @@
+"""The ledger's error hierarchy.
+
+Every error a ledger component raises on purpose is a :class:`LedgerError`.
+The message says what went wrong and how to fix it; the structured fields let
+callers (CLI, game-day runner, tests) react without parsing the message.
+"""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base class of every deliberate ledger error.
+
+    Args:
+        message: what went wrong and the remedy, in one or two sentences.
+        operation_id: the operation concerned, if any.
+        expected: what the ledger expected (a value, state or config).
+        observed: what it found instead.
+
+    Attributes:
+        message: as given.
+        operation_id: as given.
+        expected: as given.
+        observed: as given.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation_id: str | None = None,
+        expected: object = None,
+        observed: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.operation_id = operation_id
+        self.expected = expected
+        self.observed = observed
+
+
+class BrokerError(LedgerError):
+    """The local Kafka broker could not be fetched, started, reached or stopped."""
+
+
+class TopicConfigError(LedgerError):
+    """A ledger topic is missing or configured so that the ledger is unsafe.
+
+    Args:
+        message: the problem(s) and the remedy.
+        topic: full name of the (first) offending topic.
+        config: the (first) offending setting, e.g. ``cleanup.policy``, or
+            ``partitions``, or ``existence`` for a missing topic.
+        expected: the value the ledger needs.
+        observed: the value found.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str | None = None,
+        config: str | None = None,
+        expected: object = None,
+        observed: object = None,
+    ) -> None:
+        super().__init__(message, expected=expected, observed=observed)
+        self.topic = topic
+        self.config = config
+
+
+class SchemaError(LedgerError):
+    """An event does not fit the ledger's Avro schemas (base of the serde errors)."""
+
+
+class UnknownSchemaError(SchemaError):
+    """No schema in ``schemas/`` has the requested name or fingerprint."""
+
+
+class SchemaValidationError(SchemaError):
+    """A record to encode does not match its schema."""
+
+
+class DecodeError(SchemaError):
+    """A record value cannot be decoded (missing, wrong marker, truncated, malformed)."""
+
+
+class ParameterDriftError(LedgerError):
+    """An operation ID was reused with a different parameter digest."""
+
+
+class ForbiddenTransitionError(LedgerError):
+    """A transition outside the closed transition table was attempted.
+
+    Attributes:
+        from_state: state the operation is in.
+        to_state: state the event asked for.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation_id: str | None = None,
+        from_state: str | None = None,
+        to_state: str | None = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, expected=from_state, observed=to_state)
+        self.from_state = from_state
+        self.to_state = to_state

@@ -1,0 +1,334 @@
+"""Ledger events as frozen pydantic models, one per Avro schema in ``schemas/``.
+
+Field names and types mirror the ``.avsc`` files exactly (a test checks it).
+Times are milliseconds on the ledger clock (``*_ms``); money is in minor
+currency units (``*_minor``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ledger.errors import DecodeError
+from ledger.serde import registry
+
+
+class RecoveryState(StrEnum):
+    """The closed set of recovery states (DESIGN.md, "The recovery state machine")."""
+
+    NOT_ADMITTED = "NOT_ADMITTED"
+    ADMITTED = "ADMITTED"
+    EFFECT_PENDING = "EFFECT_PENDING"
+    EFFECT_COMMITTED = "EFFECT_COMMITTED"
+    OUTCOME_VERIFIED = "OUTCOME_VERIFIED"
+    UNKNOWN_OUTCOME = "UNKNOWN_OUTCOME"
+    NEEDS_REAUTHORISATION = "NEEDS_REAUTHORISATION"
+    ABANDONED = "ABANDONED"
+
+
+class Event(BaseModel):
+    """Base of every ledger event: frozen, strict about unknown fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=True)
+    KIND: ClassVar[str] = ""
+
+    def to_bytes(self) -> bytes:
+        """Single-object-encode this event (see :mod:`ledger.serde`)."""
+        return registry().encode(self.KIND, self.model_dump())
+
+
+class Intent(Event):
+    """A service's request for one consequential operation (key: operation ID)."""
+
+    KIND: ClassVar[str] = "Intent"
+    operation_id: str
+    sink: str
+    action: str
+    params_json: str
+    actor: str
+    subject: str
+    purpose: str
+    decision_version: int
+    approval_id: str | None = None
+    amount_minor: int
+    parameter_digest: str
+    published_at_ms: int
+
+
+class Approval(Event):
+    """A review decision and its consumption state (key: approval ID)."""
+
+    KIND: ClassVar[str] = "Approval"
+    approval_id: str
+    reviewer: str
+    policy_version: int
+    expires_at_ms: int
+    scope_subject: str
+    scope_max_amount_minor: int
+    scope_operation_id: str | None = None
+    status: Literal["GRANTED", "CONSUMED", "REVOKED"] = "GRANTED"
+    consumed_by: str | None = None
+    consumed_at_ms: int | None = None
+    revoked_by: str | None = None
+    granted_at_ms: int
+    key_id: str | None = None
+    signature: bytes | None = None
+
+
+class AdmissionRequest(Event):
+    """Processor asks the authority kernel to admit an operation (key: approval ID)."""
+
+    KIND: ClassVar[str] = "AdmissionRequest"
+    operation_id: str
+    approval_id: str
+    parameter_digest: str
+    subject: str
+    amount_minor: int
+    state_version: int
+
+
+class AdmissionDecision(Event):
+    """Authority kernel's decision on one exact operation (key: operation ID)."""
+
+    KIND: ClassVar[str] = "AdmissionDecision"
+    operation_id: str
+    approval_id: str
+    parameter_digest: str
+    admitted: bool
+    reason: str
+    evaluated_at_ms: int
+    policy_version: int
+    approval_policy_version: int | None = None
+    approval_expires_at_ms: int | None = None
+    reviewer: str | None = None
+    decided_by: str
+
+
+DispatchKind = Literal["EXECUTE", "READBACK", "VERIFY"]
+
+
+class Dispatch(Event):
+    """Outbox record the relay performs against a sink (key: operation ID)."""
+
+    KIND: ClassVar[str] = "Dispatch"
+    dispatch_id: str
+    operation_id: str
+    kind: DispatchKind
+    sink: str
+    action: str
+    params_json: str
+    parameter_digest: str
+    fencing_token: int
+    state_version: int
+    approval_id: str | None = None
+    on_resume: bool = False
+
+
+ReceiptStatus = Literal[
+    "ATTEMPTED", "COMMITTED", "REJECTED", "AMBIGUOUS", "STALE_TOKEN", "KEY_REUSED", "UNAVAILABLE"
+]
+
+
+class EffectReceipt(Event):
+    """What the relay saw when it submitted an effect (key: operation ID)."""
+
+    KIND: ClassVar[str] = "EffectReceipt"
+    operation_id: str
+    dispatch_id: str
+    status: ReceiptStatus
+    sink: str
+    attempt_id: str
+    fencing_token: int
+    effect_id: str | None = None
+    observed_at_ms: int
+    first_attempt_at_ms: int
+    detail: str
+    on_resume: bool = False
+    observer: str
+
+
+ReadbackStatus = Literal[
+    "COMMITTED", "ABSENT", "UNKNOWN", "UNSUPPORTED", "MATCH", "MISMATCH", "STALE_TOKEN"
+]
+
+
+class Readback(Event):
+    """A non-mutating observation of an effect or its postcondition (key: operation ID)."""
+
+    KIND: ClassVar[str] = "Readback"
+    operation_id: str
+    dispatch_id: str
+    kind: Literal["EFFECT", "POSTCONDITION"]
+    status: ReadbackStatus
+    source: str
+    effect_id: str | None = None
+    observed_at_ms: int
+    detail: str
+    on_resume: bool = False
+    observer: str
+    fencing_token: int
+
+
+class Claim(Event):
+    """A resumer's compare-and-swap claim on an operation (key: operation ID)."""
+
+    KIND: ClassVar[str] = "Claim"
+    claim_id: str
+    operation_id: str
+    worker: str
+    expected_version: int
+
+
+class OperationState(Event):
+    """Recovery state of one operation (key: operation ID; written by the processor only)."""
+
+    KIND: ClassVar[str] = "OperationState"
+    operation_id: str
+    state: RecoveryState
+    version: int
+    epoch: int
+    parameter_digest: str
+    sink: str
+    action: str
+    params_json: str
+    actor: str
+    subject: str
+    purpose: str
+    decision_version: int
+    approval_id: str | None = None
+    amount_minor: int
+    admitted_approval_id: str | None = None
+    admitted_policy_version: int | None = None
+    admitted_at_ms: int | None = None
+    approval_expires_at_ms: int | None = None
+    reason: str = ""
+    owner: str | None = None
+    effect_id: str | None = None
+    observation_source: str | None = None
+    observation_status: str | None = None
+    observed_at_ms: int | None = None
+    dispatches: int = 0
+    reauthorisations: int = 0
+    recovery_receipts: int = 0
+
+
+class JournalEntry(Event):
+    """One input applied or refused by the processor, with its bytes (key: operation ID)."""
+
+    KIND: ClassVar[str] = "JournalEntry"
+    operation_id: str
+    seq: int
+    kind: str
+    outcome: Literal["APPLIED", "REFUSED", "NOOP"]
+    from_state: str | None = None
+    to_state: str | None = None
+    reason: str
+    input_topic: str
+    input_partition: int
+    input_offset: int
+    input_event: bytes
+
+
+RecoveryAction = Literal["COMPLETE", "EXECUTE", "COMPENSATE", "REAUTHORISE", "RECONCILE", "ABANDON"]
+
+
+class RecoveryReceipt(Event):
+    """Why acting after an interruption was safe (key: operation ID)."""
+
+    KIND: ClassVar[str] = "RecoveryReceipt"
+    receipt_id: str
+    operation_id: str
+    workflow_id: str
+    checkpoint_version: int
+    claimant: str
+    parameter_digest: str
+    actor: str
+    subject: str
+    purpose: str
+    authority: str
+    authority_policy_version: int | None = None
+    authority_expires_at_ms: int | None = None
+    observation_source: str
+    observation_status: str
+    observed_at_ms: int
+    action: RecoveryAction
+    effect_id: str | None = None
+    postcondition: str
+    uncertainty: str
+    uncertainty_owner: str | None = None
+    release_condition: str | None = None
+
+
+class OperatingEvent(Event):
+    """A refused transition, a dead letter or another operating fact."""
+
+    KIND: ClassVar[str] = "OperatingEvent"
+    event_id: str
+    operation_id: str | None = None
+    component: str
+    kind: str
+    reason: str
+    attempted_transition: str | None = None
+    source_topic: str | None = None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    original_bytes: bytes | None = None
+
+
+class PolicyChange(Event):
+    """The policy version now in force (key: ``current``)."""
+
+    KIND: ClassVar[str] = "PolicyChange"
+    version: int
+    set_by: str
+    effective_at_ms: int
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.KIND: cls
+    for cls in (
+        Intent,
+        Approval,
+        AdmissionRequest,
+        AdmissionDecision,
+        Dispatch,
+        EffectReceipt,
+        Readback,
+        Claim,
+        OperationState,
+        JournalEntry,
+        RecoveryReceipt,
+        OperatingEvent,
+        PolicyChange,
+    )
+}
+
+
+def decode_event(data: bytes | None) -> Event:
+    """Decode single-object-encoded bytes into the matching event model.
+
+    Raises:
+        DecodeError: malformed bytes, or fields that fail the model's checks.
+        UnknownSchemaError: unknown writer-schema fingerprint.
+    """
+    name, record = registry().decode(data)
+    cls = EVENT_TYPES.get(name)
+    if cls is None:
+        raise DecodeError(f"schema {name} has no event model")
+    try:
+        return cls.model_validate(record)
+    except ValidationError as exc:
+        raise DecodeError(f"{name} failed validation: {exc}") from exc
+
+
+def encode_event(event: Event) -> bytes:
+    """Single-object-encode an event; same as ``event.to_bytes()``."""
+    return event.to_bytes()
+
+
+def as_record(event: Event) -> dict[str, Any]:
+    """The event as a plain dict of Avro-compatible values."""
+    return event.model_dump()

@@ -1,0 +1,111 @@
+"""Stable operation IDs and parameter digests.
+
+An operation ID is chosen before the first attempt from deterministic case
+state (``refund:{case_id}:v{decision_version}``), never from regenerated text.
+It is bound to a digest of the operation's semantic parameters; reuse of the
+ID with another digest is parameter drift (compare AWS's
+``IdempotentParameterMismatch`` and Stripe's idempotency-key parameter check).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ledger.errors import LedgerError
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON: sorted keys, no insignificant white space, UTF-8 text.
+
+    Only JSON types are accepted (dict with str keys, list, str, int, bool,
+    None, finite float); floats that are whole numbers stay floats, so ``1``
+    and ``1.0`` differ, as they do to most payment APIs.
+
+    Raises:
+        LedgerError: for non-JSON values (sets, bytes, NaN, non-str keys).
+    """
+    _check_json(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _check_json(value: Any) -> None:
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise LedgerError("parameters must be finite numbers", observed=value)
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            _check_json(item)
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise LedgerError("parameter keys must be strings", observed=key)
+            _check_json(item)
+        return
+    raise LedgerError(
+        f"parameters must be JSON values, not {type(value).__name__}", observed=repr(value)
+    )
+
+
+def parameter_digest(
+    *,
+    action: str,
+    params: Mapping[str, Any],
+    subject: str,
+    purpose: str,
+    decision_version: int,
+) -> str:
+    """SHA-256 (hex) of the canonical encoding of an operation's semantics.
+
+    The digest binds action, parameters, subject, purpose and decision
+    version; the operation ID itself and the approval are deliberately not
+    part of it (a new approval for the same operation is reauthorisation,
+    not drift).
+
+    Returns:
+        64 lowercase hex characters.
+    """
+    body = canonical_json(
+        {
+            "action": action,
+            "decision_version": int(decision_version),
+            "params": dict(params),
+            "purpose": purpose,
+            "subject": subject,
+        }
+    )
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def operation_id(kind: str, case_id: str, decision_version: int) -> str:
+    """Build a stable operation ID ``{kind}:{case_id}:v{decision_version}``.
+
+    Raises:
+        LedgerError: if a part is empty or contains ``:`` (which would make
+            two different triples collide).
+    """
+    for part in (kind, case_id):
+        if not part or ":" in part:
+            raise LedgerError(
+                "operation ID parts must be non-empty and contain no ':'", observed=part
+            )
+    return f"{kind}:{case_id}:v{int(decision_version)}"
+
+
+def amount_of(params: Mapping[str, Any]) -> int:
+    """The amount (minor units) in an operation's parameters; 0 when absent.
+
+    Raises:
+        LedgerError: if ``amount_minor`` is present but not a non-negative int.
+    """
+    amount = params.get("amount_minor", 0)
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+        raise LedgerError("amount_minor must be a non-negative integer", observed=amount)
+    return amount

@@ -1,0 +1,168 @@
+"""Avro single-object encoding of ledger events (fastavro).
+
+Layout (Avro 1.11 specification, "Single-object encoding"): the two marker
+bytes ``C3 01``, the 8-byte little-endian CRC-64-AVRO fingerprint of the
+writer schema's Parsing Canonical Form, then the Avro binary body. Any reader
+resolves the writer schema from the fingerprint against ``schemas/``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from fastavro.validation import validate
+
+from ledger.config import PROJECT_ROOT
+from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
+
+MARKER = b"\xc3\x01"
+HEADER_LEN = 10
+SCHEMA_DIR = PROJECT_ROOT / "schemas"
+
+
+@dataclass(frozen=True)
+class EventSchema:
+    """One event kind's writer schema.
+
+    Attributes:
+        name: short record name, e.g. ``Intent``.
+        full_name: namespaced name.
+        version: the schema's ``version`` attribute.
+        fingerprint: 8 bytes, little-endian CRC-64-AVRO of the canonical form.
+        parsed: fastavro's parsed schema.
+        raw: the schema as loaded from its ``.avsc`` file.
+    """
+
+    name: str
+    full_name: str
+    version: int
+    fingerprint: bytes
+    parsed: Any
+    raw: Mapping[str, Any]
+
+
+class SchemaRegistry:
+    """Local registry of the ledger's schemas, by name and by fingerprint.
+
+    Args:
+        schema_dir: folder of ``.avsc`` files (default: the project's
+            ``schemas/``).
+    """
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self.by_name: dict[str, EventSchema] = {}
+        self.by_fingerprint: dict[bytes, EventSchema] = {}
+        for path in sorted(schema_dir.glob("*.avsc")):
+            raw = json.loads(path.read_text())
+            self.add(raw)
+
+    def add(self, raw: Mapping[str, Any]) -> EventSchema:
+        """Register a schema (also older versions kept for reading)."""
+        parsed = parse_schema(dict(raw))
+        fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
+        schema = EventSchema(
+            name=str(raw["name"]),
+            full_name=f"{raw.get('namespace', '')}.{raw['name']}".lstrip("."),
+            version=int(raw.get("version", 1)),
+            fingerprint=fp,
+            parsed=parsed,
+            raw=raw,
+        )
+        current = self.by_name.get(schema.name)
+        if current is None or current.version <= schema.version:
+            self.by_name[schema.name] = schema
+        self.by_fingerprint[fp] = schema
+        return schema
+
+    def schema(self, name: str) -> EventSchema:
+        """The current schema of an event kind.
+
+        Raises:
+            UnknownSchemaError: if no schema has that name.
+        """
+        try:
+            return self.by_name[name]
+        except KeyError:
+            raise UnknownSchemaError(
+                f"no schema named {name!r} in {SCHEMA_DIR}", observed=name
+            ) from None
+
+    def encode(self, name: str, record: Mapping[str, Any]) -> bytes:
+        """Validate and encode a record as a single object.
+
+        Args:
+            name: event kind (record name), e.g. ``"Intent"``.
+            record: field values (Python types: str, int, bool, bytes, None).
+
+        Returns:
+            ``C3 01`` + fingerprint + Avro body.
+
+        Raises:
+            SchemaValidationError: when the record does not match the schema.
+        """
+        schema = self.schema(name)
+        try:
+            validate(dict(record), schema.parsed, raise_errors=True)
+        except Exception as exc:  # fastavro raises ValidationError (a ValueError)
+            raise SchemaValidationError(f"{name} does not match its schema: {exc}") from exc
+        buf = io.BytesIO()
+        buf.write(MARKER)
+        buf.write(schema.fingerprint)
+        schemaless_writer(buf, schema.parsed, dict(record))
+        return buf.getvalue()
+
+    def decode(self, data: bytes | None) -> tuple[str, dict[str, Any]]:
+        """Decode a single-object-encoded event, resolving to the current schema.
+
+        Returns:
+            ``(name, record)``; the record follows the *current* schema of that
+            kind (Avro schema resolution fills defaults for added fields).
+
+        Raises:
+            DecodeError: missing value, wrong marker, truncated or malformed body.
+            UnknownSchemaError: fingerprint not in the registry.
+        """
+        if data is None:
+            raise DecodeError("record has no value (tombstone or missing payload)")
+        if len(data) < HEADER_LEN or data[:2] != MARKER:
+            raise DecodeError(
+                "not an Avro single-object encoding (expected marker C3 01 and a fingerprint)",
+                observed=data[:HEADER_LEN].hex(),
+            )
+        writer = self.by_fingerprint.get(data[2:HEADER_LEN])
+        if writer is None:
+            raise UnknownSchemaError(
+                f"unknown writer schema fingerprint {data[2:HEADER_LEN].hex()}: "
+                "the event was written with a schema this ledger does not know; "
+                "upgrade the reader or add the schema to schemas/",
+                observed=data[2:HEADER_LEN].hex(),
+            )
+        reader = self.by_name[writer.name]
+        try:
+            body = io.BytesIO(data[HEADER_LEN:])
+            record = schemaless_reader(body, writer.parsed, reader.parsed)
+            if body.tell() != len(data) - HEADER_LEN:
+                raise ValueError("trailing bytes after the Avro body")
+        except Exception as exc:
+            raise DecodeError(f"malformed {writer.name} body: {exc}") from exc
+        if not isinstance(record, dict):
+            raise DecodeError(f"{writer.name} body is not a record")
+        return writer.name, record
+
+
+_DEFAULT: SchemaRegistry | None = None
+
+
+def registry() -> SchemaRegistry:
+    """The process-wide registry of the project's schemas (loaded once)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = SchemaRegistry()
+    return _DEFAULT

@@ -38,6 +38,13 @@ class LedgerSettings(BaseSettings):
             an abandoned transaction is aborted after it.
         sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
             that exceeds it is an ambiguous outcome.
+        policy_version: policy version in force until a ``PolicyChange`` is
+            published on ``{prefix}.policy``.
+        relay_mode: ``ledger`` (read back before any second attempt) or
+            ``checkpoint-only`` (the negative control: trust the checkpoint,
+            retry with a fresh attempt identity).
+        sinks_file: JSON file naming each sink's URL and effect contract
+            (default ``run_dir/sinks.json``).
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -54,6 +61,13 @@ class LedgerSettings(BaseSettings):
     commit_interval_ms: int = 100
     transaction_timeout_ms: int = 15000
     sink_timeout_s: float = 2.0
+    policy_version: int = 1
+    relay_mode: str = "ledger"
+    sinks_file: Path | None = None
+
+    def sinks_path(self) -> Path:
+        """Where the sink registry lives (``sinks_file`` or ``run_dir/sinks.json``)."""
+        return self.sinks_file or self.run_dir / "sinks.json"
 
     def topic(self, name: str) -> str:
         """Full topic name for a short name, e.g. ``intents`` -> ``ledger.intents``."""

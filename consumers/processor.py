@@ -1,0 +1,121 @@
+"""The processor: the single writer of every operation's recovery state.
+
+Inputs (co-partitioned, ``range``-assigned): intents, admission decisions,
+effect receipts, readbacks and claims. For each input it runs the pure
+:func:`ledger.fold.decide` and writes, in one Kafka transaction with its
+consumer offsets: the new state (``ledger.state``), the journal entry
+(``ledger.journal``), and any dispatch, admission request, recovery receipt,
+reconciliation item or operating event. Its in-memory state is restored from
+``ledger.state`` on partition assignment (the changelog pattern).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from consumers import faults
+from consumers.stage import Record, Stage, Writer, read_partition
+from ledger.events import AdmissionDecision, OperatingEvent, OperationState
+from ledger.fold import Decision, decide, journal_entry, ref_of
+
+log = logging.getLogger(__name__)
+
+
+class Processor(Stage):
+    """Consume-transform-produce stage deciding every recovery transition.
+
+    Attributes:
+        states: committed state of every operation on the assigned partitions.
+        pending: states decided in the open transaction (merged on commit,
+            dropped on abort).
+    """
+
+    component = "processor"
+    inputs = ("intents", "admissions", "receipts", "readbacks", "claims")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.states: dict[str, OperationState] = {}
+        self.partition_of: dict[str, int] = {}
+        self.pending: dict[str, OperationState] = {}
+
+    def on_assign(self, partitions: set[int]) -> None:
+        """Restore the state of the assigned partitions from ``ledger.state``."""
+
+        def load(rec: Record | None, msg: object) -> None:
+            if rec is not None and isinstance(rec.event, OperationState):
+                self.states[rec.key] = rec.event
+                self.partition_of[rec.key] = rec.partition
+
+        n = read_partition(self.settings, "state", partitions, load)
+        log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
+
+    def on_revoke(self, partitions: set[int]) -> None:
+        """Forget the operations of revoked partitions."""
+        for op in [op for op, p in self.partition_of.items() if p in partitions]:
+            self.states.pop(op, None)
+            self.partition_of.pop(op, None)
+        self.pending.clear()
+
+    def rebuild(self) -> None:
+        """Drop decisions of the aborted transaction; committed state stays."""
+        self.pending.clear()
+
+    def after_commit(self) -> None:
+        """Make the committed batch's states current."""
+        self.states.update(self.pending)
+        self.pending.clear()
+
+    def current(self, operation_id: str) -> OperationState | None:
+        """State including the open transaction's decisions."""
+        return self.pending.get(operation_id) or self.states.get(operation_id)
+
+    def handle(self, records: list[Record], out: Writer) -> None:
+        """Decide every record in order and write state, journal and outputs."""
+        for rec in records:
+            op = getattr(rec.event, "operation_id", None)
+            if op != rec.key:
+                out.write("operating-events", rec.key, _bad_key(rec, op))
+                continue
+            state = self.current(op)
+            ref = ref_of(rec.topic, rec.partition, rec.offset)
+            decision = decide(state, rec.event, ref)
+            self._seams(rec, decision)
+            out.write(
+                "journal",
+                op,
+                journal_entry(decision, rec.event, rec.raw, rec.topic, rec.partition, rec.offset),
+            )
+            if decision.outcome == "APPLIED" and decision.state is not None:
+                self.pending[op] = decision.state
+                self.partition_of[op] = rec.partition
+                out.write("state", op, decision.state)
+                log.info(
+                    "%s: %s -> %s (%s)", op, decision.from_state, decision.to_state, decision.reason
+                )
+            elif decision.outcome == "REFUSED":
+                log.warning("%s: refused %s: %s", op, rec.event.KIND, decision.reason)
+            for output in decision.outputs:
+                out.write(output.topic, output.key, output.event)
+
+    def _seams(self, rec: Record, decision: Decision) -> None:
+        if (
+            isinstance(rec.event, AdmissionDecision)
+            and rec.event.admitted
+            and decision.outcome == "APPLIED"
+        ):
+            faults.seam(self.run_dir, "after_admission_before_dispatch", rec.event.operation_id)
+
+
+def _bad_key(rec: Record, op: str | None) -> OperatingEvent:
+    return OperatingEvent(
+        event_id=f"processor:{rec.topic}:{rec.partition}:{rec.offset}:BAD_KEY",
+        operation_id=op,
+        component="processor",
+        kind="BAD_INPUT",
+        reason=f"record key {rec.key!r} differs from the event's operation ID {op!r}",
+        source_topic=rec.topic,
+        source_partition=rec.partition,
+        source_offset=rec.offset,
+        original_bytes=rec.raw,
+    )

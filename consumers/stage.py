@@ -1,0 +1,477 @@
+"""The consume-transform-produce loop every ledger stage runs on.
+
+One transactional producer per process (KIP-447 style, stable
+``transactional.id`` per instance so a restart fences its zombie), a
+``read_committed`` consumer in a ``range``-assigned group (co-partitioned
+inputs land on one member), and for every batch:
+
+1. ``begin_transaction()``;
+2. decode each record (bad bytes become a dead-letter operating event);
+3. let the stage decide and produce its outputs;
+4. ``send_offsets_to_transaction()`` with the consumer's positions and group
+   metadata, so progress commits with the outputs or not at all;
+5. ``commit_transaction()``.
+
+Errors follow librdkafka's classification (``examples/transactions.c``):
+retriable -> retry the call; ``txn_requires_abort`` -> abort, rewind the
+consumer to its committed offsets and rebuild the stage's in-memory state;
+anything else (fatal) -> new producer (``init_transactions`` fences the old
+epoch), rewind, rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from ledger.config import LedgerSettings
+from ledger.errors import LedgerError
+from ledger.events import Event, OperatingEvent, decode_event
+from ledger.topics import check_topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One decoded input record.
+
+    Attributes:
+        topic: short topic name (without the prefix).
+        partition: partition.
+        offset: offset.
+        key: record key (text).
+        raw: the value bytes as read.
+        event: the decoded event.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    raw: bytes
+    event: Event
+
+
+def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
+    """librdkafka producer settings every ledger producer shares."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+        "retry.backoff.ms": 10,
+    }
+    config.update(extra)
+    return config
+
+
+class Writer:
+    """Produces a stage's outputs into the open transaction.
+
+    Args:
+        producer: the transactional producer.
+        settings: for topic names.
+    """
+
+    def __init__(self, producer: Producer, settings: LedgerSettings) -> None:
+        self.producer = producer
+        self.settings = settings
+        self.count = 0
+
+    def write(self, topic: str, key: str, event: Event | None) -> None:
+        """Produce ``event`` (or a tombstone when ``None``) to a ledger topic.
+
+        Args:
+            topic: short topic name, e.g. ``dispatches``.
+            key: record key.
+            event: the event to encode, or ``None`` for a tombstone.
+        """
+        value = event.to_bytes() if event is not None else None
+        self.write_raw(topic, key, value)
+
+    def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
+        """Produce already-encoded bytes (dead letters keep the original bytes)."""
+        while True:
+            try:
+                self.producer.produce(
+                    self.settings.topic(topic), key=key.encode("utf-8"), value=value
+                )
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.count += 1
+        self.producer.poll(0)
+
+
+class Stage:
+    """Base class of the processor, the authority kernel and the relay.
+
+    Subclasses set :attr:`component` and :attr:`inputs` and implement
+    :meth:`handle`; they may override :meth:`on_assign`, :meth:`rebuild`,
+    :meth:`before_transaction` and :meth:`after_commit`.
+
+    Args:
+        settings: ledger settings.
+        instance: instance name; the transactional ID is
+            ``{prefix}.{component}.{instance}``, stable across restarts so a
+            restarted instance fences its zombie.
+    """
+
+    component = "stage"
+    inputs: tuple[str, ...] = ()
+    batch_size = 500
+
+    def __init__(self, settings: LedgerSettings, instance: str = "0") -> None:
+        self.settings = settings
+        self.instance = instance
+        self.run_dir = settings.run_dir
+        self.group_id = f"{settings.topic_prefix}.{self.component}"
+        self.transactional_id = f"{settings.topic_prefix}.{self.component}.{instance}"
+        self.stopping = False
+        self.assigned: set[tuple[str, int]] = set()
+        self.producer: Producer | None = None
+        self.consumer: Consumer | None = None
+        self.processed = 0
+        self.dead_letters = 0
+
+    # ------------------------------------------------------------------ hooks
+
+    def handle(self, records: list[Record], out: Writer) -> None:
+        """Decide on a batch of decoded records and write the outputs."""
+        raise NotImplementedError
+
+    def on_assign(self, partitions: set[int]) -> None:
+        """Partitions ``partitions`` of every input were assigned: restore state."""
+
+    def on_revoke(self, partitions: set[int]) -> None:
+        """Partitions were revoked or lost: drop their state."""
+
+    def rebuild(self) -> None:
+        """Discard uncommitted in-memory changes after an aborted transaction."""
+
+    def before_transaction(self, records: list[Record]) -> None:
+        """Work that must happen outside the main transaction (the relay's sends)."""
+
+    def after_commit(self) -> None:
+        """The batch's transaction committed: make pending changes permanent."""
+
+    def before_commit(self, records: list[Record]) -> None:
+        """Called inside the transaction just before it commits (fault seams)."""
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _new_producer(self) -> Producer:
+        producer = Producer(
+            producer_config(
+                self.settings,
+                **{
+                    "transactional.id": self.transactional_id,
+                    "transaction.timeout.ms": self.settings.transaction_timeout_ms,
+                },
+            )
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                producer.init_transactions(30)
+                return producer
+            except KafkaException as exc:
+                err = exc.args[0]
+                if time.monotonic() > deadline or not (
+                    err.retriable() or err.code() == KafkaError._TIMED_OUT
+                ):
+                    raise
+                log.warning("%s: init_transactions retry: %s", self.component, err)
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.settings.bootstrap_servers,
+                "group.id": self.group_id,
+                "client.id": f"{self.component}-{self.instance}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "range",
+                "fetch.wait.max.ms": 50,
+                "session.timeout.ms": 10000,
+                "heartbeat.interval.ms": 1000,
+                "max.poll.interval.ms": 300000,
+            }
+        )
+
+    def _short(self, topic: str) -> str:
+        prefix = self.settings.topic_prefix + "."
+        return topic[len(prefix) :] if topic.startswith(prefix) else topic
+
+    def _assign_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned = {(self._short(tp.topic), tp.partition) for tp in partitions}
+        parts = {tp.partition for tp in partitions}
+        log.info("%s-%s assigned partitions %s", self.component, self.instance, sorted(parts))
+        self.on_assign(parts)
+
+    def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        parts = {tp.partition for tp in partitions}
+        log.info("%s-%s revoked partitions %s", self.component, self.instance, sorted(parts))
+        self.assigned -= {(self._short(tp.topic), tp.partition) for tp in partitions}
+        self.on_revoke(parts)
+
+    def _rewind(self) -> None:
+        """Seek every assigned partition back to its committed offset."""
+        assert self.consumer is not None
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return
+        for tp in self.consumer.committed(assignment, timeout=30):
+            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def _decode(self, msg: Message) -> Record | tuple[str, OperatingEvent] | None:
+        """Decode one message: a record, a dead letter ``(key, event)``, or ``None`` to skip."""
+        raw = msg.value()
+        key = msg.key().decode("utf-8", "replace") if msg.key() is not None else ""
+        topic = self._short(msg.topic() or "")
+        if key == "__compaction__":
+            return None
+        try:
+            if not key:
+                raise LedgerError("record has no key; ledger records are keyed by ID")
+            event = decode_event(raw)
+        except Exception as exc:
+            self.dead_letters += 1
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "%s: dead letter at %s:%s:%s: %s",
+                self.component,
+                topic,
+                msg.partition(),
+                msg.offset(),
+                reason,
+            )
+            return key, OperatingEvent(
+                event_id=f"{self.component}:{topic}:{msg.partition()}:{msg.offset()}:BAD_INPUT",
+                operation_id=key or None,
+                component=self.component,
+                kind="BAD_INPUT",
+                reason=reason,
+                source_topic=topic,
+                source_partition=msg.partition(),
+                source_offset=msg.offset(),
+                original_bytes=raw,
+            )
+        return Record(topic, msg.partition() or 0, msg.offset() or 0, key, raw or b"", event)
+
+    def _process(self, msgs: list[Message]) -> None:
+        assert self.producer is not None and self.consumer is not None
+        records: list[Record] = []
+        dead: list[tuple[str, OperatingEvent]] = []
+        for msg in msgs:
+            item = self._decode(msg)
+            if isinstance(item, Record):
+                records.append(item)
+            elif item is not None:
+                dead.append(item)
+        self.before_transaction(records)
+        self.producer.begin_transaction()
+        out = Writer(self.producer, self.settings)
+        for key, event in dead:
+            out.write("operating-events", key, event)
+        self.handle(records, out)
+        positions = self.consumer.position(self.consumer.assignment())
+        offsets = [tp for tp in positions if tp.offset >= 0]
+        self.producer.send_offsets_to_transaction(
+            offsets, self.consumer.consumer_group_metadata(), 30
+        )
+        self.before_commit(records)
+        self._commit()
+        self.processed += len(msgs)
+        self.after_commit()
+
+    def _commit(self) -> None:
+        assert self.producer is not None
+        while True:
+            try:
+                self.producer.commit_transaction(60)
+                return
+            except KafkaException as exc:
+                if exc.args[0].retriable():
+                    continue
+                raise
+
+    def _recover(self, exc: KafkaException) -> None:
+        err: KafkaError = exc.args[0]
+        assert self.producer is not None
+        if err.txn_requires_abort():
+            log.warning("%s: transaction aborted: %s", self.component, err)
+            try:
+                self.producer.abort_transaction(30)
+            except KafkaException as abort_exc:
+                log.error("%s: abort failed (%s); new producer", self.component, abort_exc)
+                self.producer = self._new_producer()
+        else:
+            log.error("%s: fatal producer error (%s); new producer", self.component, err)
+            self.producer = self._new_producer()
+        self.rebuild()
+        self._rewind()
+
+    def run(self, stop_after_s: float | None = None) -> None:
+        """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds)."""
+        check_topics(self.settings)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        self.producer = self._new_producer()
+        self.consumer = self._new_consumer()
+        self.consumer.subscribe(
+            [self.settings.topic(t) for t in self.inputs],
+            on_assign=self._assign_cb,
+            on_revoke=self._revoke_cb,
+            on_lost=self._revoke_cb,
+        )
+        log.info(
+            "%s-%s running (pid %s, group %s, transactional.id %s)",
+            self.component,
+            self.instance,
+            os.getpid(),
+            self.group_id,
+            self.transactional_id,
+        )
+        started = time.monotonic()
+        try:
+            while not self.stopping:
+                if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+                    break
+                msgs = self.consumer.consume(self.batch_size, 0.2)
+                real = []
+                for msg in msgs:
+                    err = msg.error()
+                    if err is None:
+                        real.append(msg)
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("%s: consumer error: %s", self.component, err)
+                if not real:
+                    self.idle()
+                    continue
+                try:
+                    self._process(real)
+                except KafkaException as exc:
+                    self._recover(exc)
+        finally:
+            self.close()
+
+    def idle(self) -> None:
+        """Called when a poll returned nothing (periodic work may go here)."""
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.stopping = True
+
+    def close(self) -> None:
+        """Leave the group and release the producer (clean shutdown only)."""
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+        if self.producer is not None:
+            self.producer.flush(10)
+            self.producer = None
+
+
+def read_partition(
+    settings: LedgerSettings,
+    topic: str,
+    partitions: set[int] | None,
+    handle: Callable[[Record | None, Message], None],
+    timeout_s: float = 60.0,
+) -> int:
+    """Read partitions of a ledger topic from the beginning to their end.
+
+    Reads ``read_committed`` up to the last stable offset as of the call, so
+    an open transaction of a dead producer does not hold it forever (its
+    records are not stable and are not needed).
+
+    Args:
+        settings: ledger settings.
+        topic: short topic name.
+        partitions: which partitions (``None``: all).
+        handle: called with each decoded record (``None`` when the value does
+            not decode, e.g. a tombstone) and the raw message.
+        timeout_s: give up after this many seconds.
+
+    Returns:
+        The number of records read.
+
+    Raises:
+        LedgerError: if the end is not reached within ``timeout_s``.
+    """
+    full = settings.topic(topic)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"{settings.topic_prefix}.reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 50,
+        }
+    )
+    try:
+        if partitions is None:
+            meta = consumer.list_topics(full, timeout=30)
+            partitions = set(meta.topics[full].partitions)
+        ends: dict[int, int] = {}
+        for p in partitions:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(full, p), timeout=30, cached=False
+            )
+            if high > 0:
+                ends[p] = high
+        if not ends:
+            return 0
+        consumer.assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in ends])
+        done: set[int] = set()
+        count = 0
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(ends):
+            if time.monotonic() > deadline:
+                raise LedgerError(
+                    f"reading {full} did not reach its end in {timeout_s} s",
+                    expected=ends,
+                )
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error() is not None:
+                    continue
+                p = msg.partition() or 0
+                if p in done:
+                    continue
+                key = msg.key().decode("utf-8", "replace") if msg.key() else ""
+                rec: Record | None = None
+                if msg.value() is not None and key != "__compaction__":
+                    try:
+                        rec = Record(
+                            topic, p, msg.offset() or 0, key, msg.value(), decode_event(msg.value())
+                        )
+                    except Exception:
+                        rec = None
+                handle(rec, msg)
+                count += 1
+            for tp in consumer.position([TopicPartition(full, p) for p in ends if p not in done]):
+                if tp.offset >= ends[tp.partition]:
+                    done.add(tp.partition)
+        return count
+    finally:
+        consumer.close()

@@ -1,0 +1,118 @@
+"""Tables kept in memory by following a compacted topic.
+
+A :class:`TableFollower` reads some partitions of a compacted topic from the
+beginning (``read_committed``, no consumer group) and, on each
+:meth:`TableFollower.catch_up`, up to the topic's current last stable offset.
+The authority kernel uses it for approvals and the policy version; the relay
+for its record of attempts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from consumers.stage import Record
+from ledger.config import LedgerSettings
+from ledger.errors import LedgerError
+from ledger.events import decode_event
+
+
+class TableFollower:
+    """Follow partitions of one topic and feed every record to ``apply``.
+
+    Args:
+        settings: ledger settings.
+        topic: short topic name.
+        apply: called with each decodable record (tombstones and undecodable
+            values are passed as ``None`` with the key).
+    """
+
+    def __init__(
+        self,
+        settings: LedgerSettings,
+        topic: str,
+        apply: Callable[[str, Record | None], None],
+    ) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.full = settings.topic(topic)
+        self.apply = apply
+        self.partitions: set[int] = set()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                "group.id": f"{settings.topic_prefix}.table.{topic}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 20,
+            }
+        )
+
+    def follow(self, partitions: set[int]) -> None:
+        """(Re)start following exactly ``partitions`` from the beginning."""
+        self.partitions = set(partitions)
+        self.consumer.assign(
+            [TopicPartition(self.full, p, OFFSET_BEGINNING) for p in sorted(self.partitions)]
+        )
+        self.catch_up()
+
+    def catch_up(self, timeout_s: float = 60.0) -> int:
+        """Read until every followed partition reaches its current last stable offset.
+
+        Returns:
+            Number of records applied.
+
+        Raises:
+            LedgerError: if the end is not reached within ``timeout_s``.
+        """
+        if not self.partitions:
+            return 0
+        ends = {}
+        for p in self.partitions:
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.full, p), timeout=30, cached=False
+            )
+            ends[p] = high
+        count = 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            behind = [
+                tp
+                for tp in self.consumer.position(
+                    [TopicPartition(self.full, p) for p in self.partitions]
+                )
+                if ends[tp.partition] > 0 and tp.offset < ends[tp.partition]
+            ]
+            if not behind:
+                return count
+            if time.monotonic() > deadline:
+                raise LedgerError(f"following {self.full} did not catch up in {timeout_s} s")
+            for msg in self.consumer.consume(1000, 0.1):
+                if msg.error() is not None:
+                    continue
+                key = msg.key().decode("utf-8", "replace") if msg.key() else ""
+                if key == "__compaction__":
+                    continue
+                rec: Record | None = None
+                value = msg.value()
+                if value is not None:
+                    try:
+                        rec = Record(
+                            self.topic,
+                            msg.partition() or 0,
+                            msg.offset() or 0,
+                            key,
+                            value,
+                            decode_event(value),
+                        )
+                    except Exception:
+                        rec = None
+                self.apply(key, rec)
+                count += 1
+
+    def close(self) -> None:
+        """Close the underlying consumer."""
+        self.consumer.close()

@@ -1,0 +1,844 @@
+"""The pure fold: (state, input event) -> (new state, outputs).
+
+This module is the processor's whole decision logic and the auditor's replay
+function. It reads no clock, draws no random numbers and does no I/O: every
+time it uses comes from a recorded event (an admission's evaluation time, an
+observation's time), and every ID it makes is derived from the input's
+position (``ref``). Replaying the journal through :func:`decide` therefore
+reproduces ``ledger.state`` exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ledger.events import (
+    AdmissionDecision,
+    AdmissionRequest,
+    Claim,
+    Dispatch,
+    DispatchKind,
+    EffectReceipt,
+    Event,
+    Intent,
+    JournalEntry,
+    OperatingEvent,
+    OperationState,
+    Readback,
+    RecoveryAction,
+    RecoveryReceipt,
+    decode_event,
+)
+from ledger.events import RecoveryState as S
+from ledger.identity import amount_of, parameter_digest
+from ledger.machine import IN_FLIGHT, allowed
+
+#: Most EXECUTE dispatches one operation gets while a sink answers "unavailable".
+MAX_DISPATCHES = 5
+
+Outcome = Literal["APPLIED", "REFUSED", "NOOP"]
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record the processor must write in the same transaction as the state.
+
+    Attributes:
+        topic: short topic name (``dispatches``, ``admission-requests`` ...).
+        key: record key (operation ID or approval ID).
+        event: the event, or ``None`` for a tombstone.
+    """
+
+    topic: str
+    key: str
+    event: Event | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The result of applying one input to one operation.
+
+    Attributes:
+        state: the operation's state after the input (``None`` if the
+            operation does not exist and was not created).
+        outcome: ``APPLIED`` (state changed, version bumped), ``REFUSED``
+            (nothing changed; an operating event says why) or ``NOOP``.
+        from_state: state before (``None`` for a new operation).
+        to_state: state after.
+        reason: why, in words an operator can act on.
+        outputs: records to write with the state.
+    """
+
+    state: OperationState | None
+    outcome: Outcome
+    from_state: str | None
+    to_state: str | None
+    reason: str
+    outputs: tuple[Output, ...] = field(default_factory=tuple)
+
+
+def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
+    """Apply one input event to one operation's state.
+
+    Args:
+        state: current state of the operation the event is keyed by, or
+            ``None`` when the ledger has never seen it.
+        event: an Intent, AdmissionDecision, EffectReceipt, Readback or Claim.
+        ref: the input's position, ``topic:partition:offset``; IDs of the
+            outputs are derived from it, so replay yields the same IDs.
+
+    Returns:
+        The :class:`Decision`. Never raises for bad input: a forbidden or
+        malformed input is a ``REFUSED`` decision with an operating event.
+    """
+    if isinstance(event, Intent):
+        return _intent(state, event, ref)
+    if state is None:
+        op = getattr(event, "operation_id", None)
+        return _refuse(
+            None, ref, op, "UNKNOWN_OPERATION", f"no operation {op!r} is known to the ledger"
+        )
+    if isinstance(event, AdmissionDecision):
+        return _admission(state, event, ref)
+    if isinstance(event, EffectReceipt):
+        return _receipt(state, event, ref)
+    if isinstance(event, Readback):
+        return _readback(state, event, ref)
+    if isinstance(event, Claim):
+        return _claim(state, event, ref)
+    return _refuse(
+        state, ref, state.operation_id, "BAD_INPUT", f"{event.KIND} is not a processor input"
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _op_event(
+    ref: str, op: str | None, kind: str, reason: str, transition: str | None = None
+) -> Output:
+    return Output(
+        "operating-events",
+        op or "",
+        OperatingEvent(
+            event_id=f"processor:{ref}:{kind}",
+            operation_id=op,
+            component="processor",
+            kind=kind,
+            reason=reason,
+            attempted_transition=transition,
+            source_topic=ref.rsplit(":", 2)[0],
+            source_partition=_int(ref.rsplit(":", 2)[1]),
+            source_offset=_int(ref.rsplit(":", 2)[2]),
+        ),
+    )
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _refuse(
+    state: OperationState | None,
+    ref: str,
+    op: str | None,
+    kind: str,
+    reason: str,
+    transition: str | None = None,
+) -> Decision:
+    name = str(state.state) if state else None
+    return Decision(
+        state,
+        "REFUSED",
+        name,
+        name,
+        reason,
+        (_op_event(ref, op, kind, reason, transition),),
+    )
+
+
+def _noop(state: OperationState, reason: str, *outputs: Output) -> Decision:
+    return Decision(state, "NOOP", str(state.state), str(state.state), reason, tuple(outputs))
+
+
+def _forbidden(state: OperationState, to: S, ref: str, why: str) -> Decision:
+    transition = f"{state.state}->{to}"
+    return _refuse(
+        state,
+        ref,
+        state.operation_id,
+        "FORBIDDEN_TRANSITION",
+        f"{transition} refused for {state.operation_id}: {why}",
+        transition,
+    )
+
+
+def _move(
+    state: OperationState, to: S, reason: str, outputs: Iterable[Output] = (), **changes: object
+) -> Decision:
+    new = state.model_copy(
+        update={"state": to, "version": state.version + 1, "reason": reason, **changes}
+    )
+    return Decision(new, "APPLIED", str(state.state), str(to), reason, tuple(outputs))
+
+
+def dispatch_id(state: OperationState, n: int) -> str:
+    """ID of an operation's ``n``-th dispatch: ``{operation_id}#{epoch}.{n}``."""
+    return f"{state.operation_id}#{state.epoch}.{n}"
+
+
+def current_dispatch_id(state: OperationState) -> str:
+    """ID of the latest dispatch the processor issued for this operation."""
+    return dispatch_id(state, state.dispatches)
+
+
+def _dispatch(
+    state: OperationState, kind: DispatchKind, *, on_resume: bool = False
+) -> tuple[Output, int]:
+    n = state.dispatches + 1
+    event = Dispatch(
+        dispatch_id=dispatch_id(state, n),
+        operation_id=state.operation_id,
+        kind=kind,
+        sink=state.sink,
+        action=state.action,
+        params_json=state.params_json,
+        parameter_digest=state.parameter_digest,
+        fencing_token=state.epoch,
+        state_version=state.version + 1,
+        approval_id=state.admitted_approval_id,
+        on_resume=on_resume,
+    )
+    return Output("dispatches", state.operation_id, event), n
+
+
+def _authority_text(state: OperationState) -> str:
+    if state.admitted_approval_id is None:
+        return "no admission"
+    return (
+        f"prior admission of this exact operation under approval {state.admitted_approval_id} "
+        f"(policy {state.admitted_policy_version}, admitted at {state.admitted_at_ms} ms, "
+        f"approval expires at {state.approval_expires_at_ms} ms)"
+    )
+
+
+def _recovery_receipt(
+    state: OperationState,
+    ref: str,
+    *,
+    claimant: str,
+    source: str,
+    status: str,
+    observed_at_ms: int,
+    action: RecoveryAction,
+    effect_id: str | None,
+    postcondition: str,
+    uncertainty: str = "none",
+    owner: str | None = None,
+    release: str | None = None,
+) -> Output:
+    op = state.operation_id
+    parts = op.split(":")
+    return Output(
+        "recovery-receipts",
+        op,
+        RecoveryReceipt(
+            receipt_id=f"recovery:{ref}",
+            operation_id=op,
+            workflow_id=parts[1] if len(parts) >= 3 else op,
+            checkpoint_version=state.version,
+            claimant=claimant,
+            parameter_digest=state.parameter_digest,
+            actor=state.actor,
+            subject=state.subject,
+            purpose=state.purpose,
+            authority=_authority_text(state),
+            authority_policy_version=state.admitted_policy_version,
+            authority_expires_at_ms=state.approval_expires_at_ms,
+            observation_source=source,
+            observation_status=status,
+            observed_at_ms=observed_at_ms,
+            action=action,
+            effect_id=effect_id,
+            postcondition=postcondition,
+            uncertainty=uncertainty,
+            uncertainty_owner=owner,
+            release_condition=release,
+        ),
+    )
+
+
+def _reconciliation(state: OperationState) -> Output:
+    return Output("reconciliation", state.operation_id, state)
+
+
+def _reconciliation_done(state: OperationState) -> Output:
+    return Output("reconciliation", state.operation_id, None)
+
+
+# --------------------------------------------------------------------------- intents
+
+
+def intent_digest_problem(intent: Intent) -> str | None:
+    """Why an intent's digest or amount does not match its fields (``None`` if fine)."""
+    try:
+        params = json.loads(intent.params_json)
+        if not isinstance(params, dict):
+            return "params_json is not a JSON object"
+        digest = parameter_digest(
+            action=intent.action,
+            params=params,
+            subject=intent.subject,
+            purpose=intent.purpose,
+            decision_version=intent.decision_version,
+        )
+        amount = amount_of(params)
+    except Exception as exc:
+        return f"parameters are not valid: {exc}"
+    if digest != intent.parameter_digest:
+        return f"parameter_digest {intent.parameter_digest} does not match the parameters ({digest})"
+    if amount != intent.amount_minor:
+        return f"amount_minor {intent.amount_minor} differs from params amount {amount}"
+    return None
+
+
+def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
+    op = intent.operation_id
+    problem = intent_digest_problem(intent)
+    if problem is not None:
+        return _refuse(state, ref, op, "BAD_INPUT", f"intent for {op} refused: {problem}")
+    if state is None:
+        new = OperationState(
+            operation_id=op,
+            state=S.NOT_ADMITTED,
+            version=1,
+            epoch=0,
+            parameter_digest=intent.parameter_digest,
+            sink=intent.sink,
+            action=intent.action,
+            params_json=intent.params_json,
+            actor=intent.actor,
+            subject=intent.subject,
+            purpose=intent.purpose,
+            decision_version=intent.decision_version,
+            approval_id=intent.approval_id,
+            amount_minor=intent.amount_minor,
+            reason="intent recorded",
+        )
+        if intent.approval_id is None:
+            reason = "no approval supplied with the intent"
+            return Decision(
+                new.model_copy(
+                    update={
+                        "state": S.NEEDS_REAUTHORISATION,
+                        "reason": reason,
+                        "reauthorisations": 1,
+                    }
+                ),
+                "APPLIED",
+                None,
+                str(S.NEEDS_REAUTHORISATION),
+                reason,
+            )
+        return Decision(
+            new,
+            "APPLIED",
+            None,
+            str(S.NOT_ADMITTED),
+            "intent recorded; admission requested",
+            (_admission_request(new, intent.approval_id),),
+        )
+    if intent.parameter_digest != state.parameter_digest:
+        return _refuse(
+            state,
+            ref,
+            op,
+            "PARAMETER_DRIFT",
+            f"operation {op} is bound to parameter digest {state.parameter_digest[:12]}...; "
+            f"this intent has {intent.parameter_digest[:12]}... (parameter drift): use a new "
+            "operation ID (e.g. a new decision version) for a different request",
+        )
+    if (
+        state.state == S.NEEDS_REAUTHORISATION
+        and intent.approval_id is not None
+        and intent.approval_id != state.approval_id
+    ):
+        reason = f"reauthorisation with approval {intent.approval_id}; admission requested"
+        decision = _move(state, S.NOT_ADMITTED, reason, approval_id=intent.approval_id)
+        assert decision.state is not None
+        return Decision(
+            decision.state,
+            decision.outcome,
+            decision.from_state,
+            decision.to_state,
+            reason,
+            (_admission_request(decision.state, intent.approval_id),),
+        )
+    return _noop(state, "duplicate intent: same operation, same digest")
+
+
+def _admission_request(state: OperationState, approval_id: str) -> Output:
+    return Output(
+        "admission-requests",
+        approval_id,
+        AdmissionRequest(
+            operation_id=state.operation_id,
+            approval_id=approval_id,
+            parameter_digest=state.parameter_digest,
+            subject=state.subject,
+            amount_minor=state.amount_minor,
+            state_version=state.version,
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- admission
+
+
+def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decision:
+    if state.state != S.NOT_ADMITTED:
+        return _noop(state, f"admission decision ignored: operation is {state.state}")
+    if d.approval_id != state.approval_id or d.parameter_digest != state.parameter_digest:
+        return _refuse(
+            state,
+            ref,
+            state.operation_id,
+            "BAD_INPUT",
+            f"admission decision for approval {d.approval_id} does not match the pending "
+            f"request (approval {state.approval_id})",
+        )
+    if not d.admitted:
+        return _move(
+            state,
+            S.NEEDS_REAUTHORISATION,
+            d.reason,
+            reauthorisations=state.reauthorisations + 1,
+        )
+    admitted = state.model_copy(
+        update={
+            "epoch": state.epoch + 1,
+            "admitted_approval_id": d.approval_id,
+            "admitted_policy_version": d.policy_version,
+            "admitted_at_ms": d.evaluated_at_ms,
+            "approval_expires_at_ms": d.approval_expires_at_ms,
+        }
+    )
+    out, n = _dispatch(admitted, "EXECUTE")
+    reason = f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched"
+    decision = _move(admitted, S.EFFECT_PENDING, reason, (out,), dispatches=n)
+    return Decision(
+        decision.state,
+        "APPLIED",
+        str(S.NOT_ADMITTED),
+        str(S.EFFECT_PENDING),
+        reason,
+        decision.outputs,
+    )
+
+
+# --------------------------------------------------------------------------- effects
+
+
+def _claimant(state: OperationState, observer: str) -> str:
+    return state.owner or observer
+
+
+def _committed(
+    state: OperationState,
+    ref: str,
+    *,
+    effect_id: str | None,
+    source: str,
+    status: str,
+    observed_at_ms: int,
+    on_resume: bool,
+    observer: str,
+) -> Decision:
+    if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
+        return _noop(state, "effect already recorded as committed")
+    if not allowed(S(state.state), S.EFFECT_COMMITTED):
+        return _forbidden(
+            state, S.EFFECT_COMMITTED, ref, "an effect was observed for an operation never admitted"
+        )
+    outputs: list[Output] = []
+    if on_resume:
+        outputs.append(
+            _recovery_receipt(
+                state,
+                ref,
+                claimant=_claimant(state, observer),
+                source=source,
+                status=status,
+                observed_at_ms=observed_at_ms,
+                action="COMPLETE",
+                effect_id=effect_id,
+                postcondition="pending: verification dispatched",
+            )
+        )
+    if state.state == S.UNKNOWN_OUTCOME:
+        outputs.append(_reconciliation_done(state))
+    verify, n = _dispatch(state, "VERIFY", on_resume=on_resume)
+    outputs.append(verify)
+    return _move(
+        state,
+        S.EFFECT_COMMITTED,
+        f"effect committed ({source})",
+        outputs,
+        effect_id=effect_id,
+        observation_source=source,
+        observation_status=status,
+        observed_at_ms=observed_at_ms,
+        dispatches=n,
+        recovery_receipts=state.recovery_receipts + (1 if on_resume else 0),
+    )
+
+
+def _unknown(
+    state: OperationState,
+    ref: str,
+    *,
+    source: str,
+    status: str,
+    observed_at_ms: int,
+    on_resume: bool,
+    observer: str,
+    why: str,
+) -> Decision:
+    if state.state == S.UNKNOWN_OUTCOME:
+        return _noop(state, f"still unknown: {why}")
+    if not allowed(S(state.state), S.UNKNOWN_OUTCOME):
+        return _forbidden(state, S.UNKNOWN_OUTCOME, ref, why)
+    outputs: list[Output] = []
+    if on_resume:
+        outputs.append(
+            _recovery_receipt(
+                state,
+                ref,
+                claimant=_claimant(state, observer),
+                source=source,
+                status=status,
+                observed_at_ms=observed_at_ms,
+                action="RECONCILE",
+                effect_id=None,
+                postcondition="not checked: effect state unknown",
+                uncertainty=f"whether the effect committed at {state.sink}",
+                owner="reconciliation",
+                release="a readback that observes the effect, or an attributable disposition",
+            )
+        )
+    moved = _move(
+        state,
+        S.UNKNOWN_OUTCOME,
+        f"outcome unknown: {why}",
+        outputs,
+        observation_source=source,
+        observation_status=status,
+        observed_at_ms=observed_at_ms,
+        recovery_receipts=state.recovery_receipts + (1 if on_resume else 0),
+    )
+    assert moved.state is not None
+    return Decision(
+        moved.state,
+        moved.outcome,
+        moved.from_state,
+        moved.to_state,
+        moved.reason,
+        (*moved.outputs, _reconciliation(moved.state)),
+    )
+
+
+def _absent_retry(
+    state: OperationState,
+    ref: str,
+    *,
+    source: str,
+    status: str,
+    observed_at_ms: int,
+    on_resume: bool,
+    observer: str,
+) -> Decision:
+    """The effect is known absent: execute the same admitted operation again."""
+    if state.state == S.EFFECT_PENDING:
+        if state.dispatches >= MAX_DISPATCHES:
+            return _move(
+                state,
+                S.ABANDONED,
+                f"effect absent after {state.dispatches} dispatches; giving up ({source})",
+            )
+        out, n = _dispatch(state, "EXECUTE", on_resume=on_resume)
+        outputs: list[Output] = []
+        if on_resume:
+            outputs.append(
+                _recovery_receipt(
+                    state,
+                    ref,
+                    claimant=_claimant(state, observer),
+                    source=source,
+                    status=status,
+                    observed_at_ms=observed_at_ms,
+                    action="EXECUTE",
+                    effect_id=None,
+                    postcondition="pending: effect re-dispatched",
+                )
+            )
+        outputs.append(out)
+        reason = f"effect absent ({source}); same admitted operation dispatched again"
+        new = state.model_copy(
+            update={
+                "version": state.version + 1,
+                "dispatches": n,
+                "reason": reason,
+                "observation_source": source,
+                "observation_status": status,
+                "observed_at_ms": observed_at_ms,
+                "recovery_receipts": state.recovery_receipts + (1 if on_resume else 0),
+            }
+        )
+        return Decision(new, "APPLIED", str(state.state), str(state.state), reason, tuple(outputs))
+    if state.state == S.UNKNOWN_OUTCOME:
+        readmitted = state.model_copy(update={"state": S.ADMITTED})
+        out, n = _dispatch(readmitted, "EXECUTE", on_resume=True)
+        reason = f"effect observed absent ({source}); same admitted operation dispatched again"
+        outputs = [
+            _recovery_receipt(
+                state,
+                ref,
+                claimant=_claimant(state, observer),
+                source=source,
+                status=status,
+                observed_at_ms=observed_at_ms,
+                action="EXECUTE",
+                effect_id=None,
+                postcondition="pending: effect re-dispatched",
+            ),
+            _reconciliation_done(state),
+            out,
+        ]
+        moved = _move(
+            state,
+            S.EFFECT_PENDING,
+            reason,
+            outputs,
+            dispatches=n,
+            observation_source=source,
+            observation_status=status,
+            observed_at_ms=observed_at_ms,
+            recovery_receipts=state.recovery_receipts + 1,
+        )
+        return Decision(
+            moved.state, "APPLIED", str(S.UNKNOWN_OUTCOME), str(S.EFFECT_PENDING), reason, moved.outputs
+        )
+    return _noop(state, f"absence observed while {state.state}: nothing to do")
+
+
+def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
+    op = state.operation_id
+    if r.status == "ATTEMPTED":
+        return _noop(state, f"attempt {r.attempt_id} recorded before sending")
+    if r.status == "STALE_TOKEN":
+        return _noop(
+            state,
+            f"sink {r.sink} refused fencing token {r.fencing_token}",
+            _op_event(ref, op, "STALE_TOKEN", f"{r.sink} refused stale fencing token: {r.detail}"),
+        )
+    stale = r.dispatch_id != current_dispatch_id(state)
+    if stale and r.status != "COMMITTED":
+        return _noop(state, f"receipt for superseded dispatch {r.dispatch_id} ({r.status})")
+    source = f"{r.sink} receipt ({'resume' if r.on_resume else 'submit'})"
+    if r.status == "COMMITTED":
+        return _committed(
+            state,
+            ref,
+            effect_id=r.effect_id,
+            source=source,
+            status="COMMITTED",
+            observed_at_ms=r.observed_at_ms,
+            on_resume=r.on_resume,
+            observer=r.observer,
+        )
+    if r.status == "REJECTED":
+        if state.state != S.EFFECT_PENDING:
+            return _noop(state, f"rejection ignored while {state.state}")
+        return _move(state, S.ABANDONED, f"{r.sink} rejected the request: {r.detail}")
+    if r.status == "UNAVAILABLE":
+        return _absent_retry(
+            state,
+            ref,
+            source=source,
+            status="UNAVAILABLE",
+            observed_at_ms=r.observed_at_ms,
+            on_resume=r.on_resume,
+            observer=r.observer,
+        )
+    if r.status == "KEY_REUSED":
+        decision = _unknown(
+            state,
+            ref,
+            source=source,
+            status="KEY_REUSED",
+            observed_at_ms=r.observed_at_ms,
+            on_resume=r.on_resume,
+            observer=r.observer,
+            why=f"{r.sink} holds this operation ID with other parameters",
+        )
+        return Decision(
+            decision.state,
+            decision.outcome,
+            decision.from_state,
+            decision.to_state,
+            decision.reason,
+            (
+                *decision.outputs,
+                _op_event(ref, op, "PARAMETER_DRIFT_AT_SINK", f"{r.sink}: {r.detail}"),
+            ),
+        )
+    return _unknown(
+        state,
+        ref,
+        source=source,
+        status=r.status,
+        observed_at_ms=r.observed_at_ms,
+        on_resume=r.on_resume,
+        observer=r.observer,
+        why=f"{r.sink}: {r.detail}",
+    )
+
+
+def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
+    op = state.operation_id
+    if b.status == "STALE_TOKEN":
+        return _noop(
+            state,
+            f"readback refused for stale token {b.fencing_token}",
+            _op_event(ref, op, "STALE_TOKEN", f"{b.source}: {b.detail}"),
+        )
+    if b.kind == "POSTCONDITION":
+        if state.state != S.EFFECT_COMMITTED:
+            return _noop(state, f"postcondition {b.status} noted while {state.state}")
+        if b.status == "MATCH":
+            return _move(
+                state,
+                S.OUTCOME_VERIFIED,
+                f"postcondition verified ({b.source})",
+                observation_source=b.source,
+                observation_status="VERIFIED",
+                observed_at_ms=b.observed_at_ms,
+            )
+        if b.status == "MISMATCH":
+            return _noop(
+                state,
+                f"postcondition mismatch: {b.detail}",
+                _op_event(ref, op, "POSTCONDITION_MISMATCH", f"{b.source}: {b.detail}"),
+            )
+        return _noop(state, f"postcondition not verifiable at {state.sink} ({b.status})")
+    if b.status == "COMMITTED":
+        return _committed(
+            state,
+            ref,
+            effect_id=b.effect_id,
+            source=b.source,
+            status="COMMITTED",
+            observed_at_ms=b.observed_at_ms,
+            on_resume=b.on_resume,
+            observer=b.observer,
+        )
+    if b.status == "ABSENT":
+        return _absent_retry(
+            state,
+            ref,
+            source=b.source,
+            status="ABSENT",
+            observed_at_ms=b.observed_at_ms,
+            on_resume=b.on_resume,
+            observer=b.observer,
+        )
+    if state.state != S.EFFECT_PENDING:
+        return _noop(state, f"readback {b.status} noted while {state.state}")
+    return _unknown(
+        state,
+        ref,
+        source=b.source,
+        status=b.status,
+        observed_at_ms=b.observed_at_ms,
+        on_resume=b.on_resume,
+        observer=b.observer,
+        why=f"readback {b.status}: {b.detail}",
+    )
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def _claim(state: OperationState, c: Claim, ref: str) -> Decision:
+    if c.expected_version != state.version:
+        return _refuse(
+            state,
+            ref,
+            state.operation_id,
+            "STALE_CLAIM",
+            f"claim by {c.worker} rejected: it read version {c.expected_version}, "
+            f"current is {state.version}",
+        )
+    claimed = state.model_copy(update={"epoch": state.epoch + 1, "owner": c.worker})
+    outputs: list[Output] = []
+    n = state.dispatches
+    if S(state.state) in IN_FLIGHT and state.state != S.ADMITTED:
+        kind: DispatchKind = "VERIFY" if state.state == S.EFFECT_COMMITTED else "READBACK"
+        out, n = _dispatch(claimed, kind, on_resume=True)
+        outputs.append(out)
+    reason = (
+        f"claim by {c.worker} accepted at version {state.version}; fencing token now "
+        f"{claimed.epoch}"
+    )
+    new = claimed.model_copy(update={"version": state.version + 1, "dispatches": n})
+    return Decision(new, "APPLIED", str(state.state), str(state.state), reason, tuple(outputs))
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def journal_entry(
+    decision: Decision, event: Event, raw: bytes, topic: str, partition: int, offset: int
+) -> JournalEntry:
+    """The journal record of one decision (the input bytes are the evidence)."""
+    op = getattr(event, "operation_id", "") or ""
+    return JournalEntry(
+        operation_id=op,
+        seq=decision.state.version if decision.state else 0,
+        kind=event.KIND,
+        outcome=decision.outcome,
+        from_state=decision.from_state,
+        to_state=decision.to_state,
+        reason=decision.reason,
+        input_topic=topic,
+        input_partition=partition,
+        input_offset=offset,
+        input_event=raw,
+    )
+
+
+def ref_of(topic: str, partition: int, offset: int) -> str:
+    """The ``ref`` string of an input position."""
+    return f"{topic}:{partition}:{offset}"
+
+
+def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
+    """Fold journal entries (in journal order) into the state of every operation.
+
+    Each entry's recorded input is decoded and applied with :func:`decide`,
+    exactly as the processor did; the result must equal ``ledger.state``.
+    """
+    states: dict[str, OperationState] = {}
+    for entry in entries:
+        event = decode_event(entry.input_event)
+        ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
+        decision = decide(states.get(entry.operation_id), event, ref)
+        if decision.state is not None:
+            states[entry.operation_id] = decision.state
+    return states

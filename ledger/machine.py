@@ -1,0 +1,68 @@
+"""The recovery state machine as data: states, allowed transitions, evidence.
+
+Source: DESIGN.md "The recovery state machine (closed set)". Anything not in
+:data:`TRANSITIONS` is forbidden: it fails closed and becomes an operating
+event.
+"""
+
+from __future__ import annotations
+
+from ledger.errors import ForbiddenTransitionError
+from ledger.events import RecoveryState as S
+
+#: (from, to) -> the evidence that permits the transition.
+TRANSITIONS: dict[tuple[S, S], str] = {
+    (S.NOT_ADMITTED, S.ADMITTED): (
+        "admission decision: approval current at decision time under the current policy, "
+        "consumed by this operation only"
+    ),
+    (S.NOT_ADMITTED, S.NEEDS_REAUTHORISATION): (
+        "admission rejected (expired, revoked, consumed elsewhere, policy changed, out of scope)"
+    ),
+    (S.NEEDS_REAUTHORISATION, S.NOT_ADMITTED): (
+        "a new approval for the same operation and digest (reauthorisation)"
+    ),
+    (S.ADMITTED, S.EFFECT_PENDING): "dispatch record written atomically with the transition",
+    (S.EFFECT_PENDING, S.EFFECT_COMMITTED): "a receipt or readback owned by the effect's owner",
+    (S.EFFECT_PENDING, S.UNKNOWN_OUTCOME): "ambiguous failure after the request may have left",
+    (S.EFFECT_PENDING, S.ABANDONED): "the sink refused the request: the effect is absent",
+    (S.UNKNOWN_OUTCOME, S.EFFECT_COMMITTED): (
+        "a new observation (readback) or an attributable disposition 'committed'"
+    ),
+    (S.UNKNOWN_OUTCOME, S.ADMITTED): (
+        "a new observation or an attributable disposition that the effect is absent: "
+        "retry the same admitted operation"
+    ),
+    (S.UNKNOWN_OUTCOME, S.ABANDONED): "an attributable disposition 'abandon'",
+    (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED): "an independent postcondition readback",
+}
+
+#: States in which the operation may still cross, or has crossed without
+#: verification, the effect boundary: a resume must read the effect first.
+IN_FLIGHT: frozenset[S] = frozenset(
+    {S.ADMITTED, S.EFFECT_PENDING, S.UNKNOWN_OUTCOME, S.EFFECT_COMMITTED}
+)
+
+#: States a resume treats as complete for workflow purposes.
+COMPLETE: frozenset[S] = frozenset({S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED})
+
+
+def evidence_for(from_state: S, to_state: S) -> str:
+    """The evidence a transition requires.
+
+    Raises:
+        ForbiddenTransitionError: if the transition is not in the table.
+    """
+    try:
+        return TRANSITIONS[(from_state, to_state)]
+    except KeyError:
+        raise ForbiddenTransitionError(
+            f"transition {from_state} -> {to_state} is not allowed",
+            from_state=str(from_state),
+            to_state=str(to_state),
+        ) from None
+
+
+def allowed(from_state: S, to_state: S) -> bool:
+    """True when ``from_state -> to_state`` is in the transition table."""
+    return (from_state, to_state) in TRANSITIONS

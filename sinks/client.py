@@ -1,0 +1,435 @@
+"""Synchronous client of a reference sink (see :mod:`sinks.gateway`).
+
+Every expected outcome is a value, never an exception: the methods return
+frozen result objects whose ``status`` says what happened. Transport
+failures are translated once, in :meth:`SinkClient._send`:
+
+* the request certainly did not leave (connection refused, connect or pool
+  timeout): a submit is ``unavailable`` (safe to retry);
+* the request may have left (read or write timeout, connection dropped
+  mid-exchange) or the sink answered 5xx other than 503: a submit is
+  ``ambiguous`` -- the effect may or may not have happened, and only a new
+  observation (readback) may decide.
+
+Only answers that mean the caller or the sink is broken (400, an unknown
+route, a body that is not the protocol's) raise :class:`SinkProtocolError`;
+admin calls raise :class:`SinkUnreachableError` when the sink cannot be
+reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import quote
+
+import httpx
+
+from sinks.store import FaultMode
+
+SubmitStatus = Literal[
+    "committed", "rejected", "stale_token", "key_reused", "unavailable", "ambiguous"
+]
+ReadbackStatus = Literal["committed", "absent", "unsupported", "stale_token", "ambiguous"]
+AccountStatus = Literal["observed", "unsupported", "ambiguous"]
+
+
+class SinkClientError(Exception):
+    """Base of the client's errors (never raised for expected outcomes)."""
+
+
+class SinkProtocolError(SinkClientError):
+    """The sink answered something outside the protocol.
+
+    Attributes:
+        method: HTTP method of the request.
+        path: request path.
+        http_status: the status the sink answered.
+        body: the answer's body (truncated to 500 characters).
+    """
+
+    def __init__(self, method: str, path: str, http_status: int, body: str) -> None:
+        self.method = method
+        self.path = path
+        self.http_status = http_status
+        self.body = body[:500]
+        super().__init__(
+            f"{method} {path} answered {http_status}: {self.body!r}; check that the URL points "
+            "at a reference sink and that the request matches sinks.gateway"
+        )
+
+
+class SinkUnreachableError(SinkClientError):
+    """An admin call could not reach the sink (it may be down or hanging)."""
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """Outcome of ``POST /operations``.
+
+    Attributes:
+        status: ``committed`` (new effect or idempotent replay), ``rejected``
+            (the sink refused the effect; none happened), ``stale_token`` (a
+            newer owner holds the operation), ``key_reused`` (the key names an
+            effect with another parameter digest), ``unavailable`` (the
+            request was not processed; none happened) or ``ambiguous`` (the
+            effect may have happened).
+        operation_id: the operation submitted.
+        effect_id: the sink's effect ID when committed.
+        committed_ms: ledger time (ms) of the commit when committed.
+        replayed: ``True`` when the sink answered with an earlier effect.
+        highest_token: the sink's highest fencing token, for ``stale_token``.
+        http_status: the HTTP status, or ``None`` when no answer came.
+        detail: a human-readable reason for any status but ``committed``.
+    """
+
+    status: SubmitStatus
+    operation_id: str
+    effect_id: str | None = None
+    committed_ms: int | None = None
+    replayed: bool = False
+    highest_token: int | None = None
+    http_status: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReadbackResult:
+    """Outcome of ``GET /operations/{operation_id}``.
+
+    Attributes:
+        status: ``committed``, ``absent``, ``unsupported`` (the contract has
+            no readback), ``stale_token`` or ``ambiguous`` (no observation).
+        operation_id: the operation read back.
+        effect_id: the first effect's ID when committed.
+        committed_ms: ledger time (ms) of the first effect when committed.
+        parameter_digest: digest the first effect was made with.
+        effects: how many effects the sink holds for the operation.
+        highest_token: the sink's highest fencing token, for ``stale_token``.
+        http_status: the HTTP status, or ``None`` when no answer came.
+        detail: a human-readable reason for any status but ``committed``.
+    """
+
+    status: ReadbackStatus
+    operation_id: str
+    effect_id: str | None = None
+    committed_ms: int | None = None
+    parameter_digest: str | None = None
+    effects: int = 0
+    highest_token: int | None = None
+    http_status: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Credit:
+    """One credit to an account (postcondition evidence).
+
+    Attributes:
+        operation_id: the operation that made it.
+        amount_minor: amount in minor units.
+        effect_id: the sink's effect ID.
+    """
+
+    operation_id: str
+    amount_minor: int
+    effect_id: str
+
+
+@dataclass(frozen=True)
+class AccountCredits:
+    """Outcome of ``GET /accounts/{account}``.
+
+    Attributes:
+        status: ``observed``, ``unsupported`` (no postcondition query) or
+            ``ambiguous`` (no observation).
+        account: the account queried.
+        credited_minor: sum of the credits in minor units.
+        credits: the credits, oldest first.
+        http_status: the HTTP status, or ``None`` when no answer came.
+        detail: a human-readable reason for any status but ``observed``.
+    """
+
+    status: AccountStatus
+    account: str
+    credited_minor: int = 0
+    credits: tuple[Credit, ...] = ()
+    http_status: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class _NoAnswer:
+    """A transport failure; ``sent`` is ``False`` when the request never left."""
+
+    sent: bool
+    detail: str
+
+
+def _json(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+class SinkClient:
+    """Client of one reference sink.
+
+    Args:
+        base_url: the sink's URL, e.g. ``http://127.0.0.1:8123``.
+        timeout_s: connect, read, write and pool timeout of every call
+            (seconds). A submit that exceeds it is ``ambiguous``.
+        transport: an httpx transport to send through instead of the network
+            (e.g. ``httpx.MockTransport`` in unit tests of callers).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 2.0,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout_s), transport=transport
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> SinkClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response | _NoAnswer:
+        """Send one request; translate every httpx transport failure once."""
+        try:
+            return self._http.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}")
+        except httpx.TransportError as exc:
+            return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}")
+
+    def submit(
+        self,
+        operation_id: str,
+        parameter_digest: str,
+        params: dict[str, Any],
+        fencing_token: int | None,
+        attempt_id: str,
+        use_key: bool,
+    ) -> SubmitResult:
+        """Ask the sink to perform an operation's effect.
+
+        Args:
+            operation_id: the stable operation ID.
+            parameter_digest: digest of the semantic parameters.
+            params: the parameters (``account``, ``amount_minor``,
+                ``currency`` ...).
+            fencing_token: the operation's current fencing token, or ``None``.
+            attempt_id: this attempt's identity.
+            use_key: send the operation ID as ``Idempotency-Key``.
+
+        Returns:
+            The outcome; see :class:`SubmitResult`.
+
+        Raises:
+            SinkProtocolError: if the sink answers outside the protocol (400,
+                unknown route).
+        """
+        path = "/operations"
+        headers = {"Idempotency-Key": operation_id} if use_key else {}
+        answer = self._send(
+            "POST",
+            path,
+            headers=headers,
+            json={
+                "operation_id": operation_id,
+                "parameter_digest": parameter_digest,
+                "params": params,
+                "fencing_token": fencing_token,
+                "attempt_id": attempt_id,
+            },
+        )
+        if isinstance(answer, _NoAnswer):
+            status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
+            return SubmitResult(status, operation_id, detail=answer.detail)
+        code = answer.status_code
+        body = _json(answer)
+        if code in (200, 201) and body.get("status") == "committed":
+            return SubmitResult(
+                "committed",
+                operation_id,
+                effect_id=body["effect_id"],
+                committed_ms=body["committed_ms"],
+                replayed=bool(body.get("replayed", False)),
+                http_status=code,
+            )
+        if code == 409 and body.get("error") == "stale_fencing_token":
+            return SubmitResult(
+                "stale_token",
+                operation_id,
+                highest_token=body.get("highest"),
+                http_status=code,
+                detail="stale_fencing_token",
+            )
+        if code == 409 and body.get("error") == "idempotency_key_reused":
+            return SubmitResult(
+                "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
+            )
+        if code == 422:
+            return SubmitResult("rejected", operation_id, http_status=code, detail=answer.text)
+        if code == 503:
+            return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
+        if code >= 500 and code != 501:
+            return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
+        raise SinkProtocolError("POST", path, code, answer.text)
+
+    def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
+        """Read back whether an operation committed at the sink.
+
+        Args:
+            operation_id: the stable operation ID.
+            fencing_token: the operation's current fencing token, or ``None``.
+
+        Returns:
+            The observation; see :class:`ReadbackResult`.
+
+        Raises:
+            SinkProtocolError: if the sink answers outside the protocol.
+        """
+        path = f"/operations/{quote(operation_id, safe=':')}"
+        query = {} if fencing_token is None else {"fencing_token": str(fencing_token)}
+        answer = self._send("GET", path, params=query)
+        if isinstance(answer, _NoAnswer):
+            return ReadbackResult("ambiguous", operation_id, detail=answer.detail)
+        code = answer.status_code
+        body = _json(answer)
+        if code == 200 and body.get("status") == "committed":
+            return ReadbackResult(
+                "committed",
+                operation_id,
+                effect_id=body["effect_id"],
+                committed_ms=body["committed_ms"],
+                parameter_digest=body.get("parameter_digest"),
+                effects=int(body["effects"]),
+                http_status=code,
+            )
+        if code == 404 and body.get("status") == "absent":
+            return ReadbackResult("absent", operation_id, http_status=code, detail="absent")
+        if code == 501:
+            return ReadbackResult(
+                "unsupported", operation_id, http_status=code, detail=str(body.get("error", ""))
+            )
+        if code == 409 and body.get("error") == "stale_fencing_token":
+            return ReadbackResult(
+                "stale_token",
+                operation_id,
+                highest_token=body.get("highest"),
+                http_status=code,
+                detail="stale_fencing_token",
+            )
+        if code >= 500:
+            return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
+        raise SinkProtocolError("GET", path, code, answer.text)
+
+    def account(self, account: str) -> AccountCredits:
+        """Query an account's credits (the postcondition).
+
+        Returns:
+            The observation; see :class:`AccountCredits`.
+
+        Raises:
+            SinkProtocolError: if the sink answers outside the protocol.
+        """
+        path = f"/accounts/{quote(account, safe=':')}"
+        answer = self._send("GET", path)
+        if isinstance(answer, _NoAnswer):
+            return AccountCredits("ambiguous", account, detail=answer.detail)
+        code = answer.status_code
+        body = _json(answer)
+        if code == 200 and "credited_minor" in body:
+            credits = tuple(
+                Credit(c["operation_id"], int(c["amount_minor"]), c["effect_id"])
+                for c in body.get("credits", [])
+            )
+            return AccountCredits(
+                "observed",
+                account,
+                credited_minor=int(body["credited_minor"]),
+                credits=credits,
+                http_status=code,
+            )
+        if code == 501:
+            return AccountCredits(
+                "unsupported", account, http_status=code, detail=str(body.get("error", ""))
+            )
+        if code >= 500:
+            return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
+        raise SinkProtocolError("GET", path, code, answer.text)
+
+    def _admin(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        answer = self._send(method, path, **kwargs)
+        if isinstance(answer, _NoAnswer):
+            raise SinkUnreachableError(
+                f"{method} {self.base_url}{path} got no answer ({answer.detail}); "
+                "is the sink running?"
+            )
+        if answer.status_code != 200:
+            raise SinkProtocolError(method, path, answer.status_code, answer.text)
+        return _json(answer)
+
+    def arm_fault(self, operation_id: str, mode: FaultMode, times: int = 1) -> None:
+        """Arm a fault for the operation's next ``times`` submits (admin).
+
+        Raises:
+            SinkProtocolError: for an unknown mode or ``times < 1``.
+            SinkUnreachableError: if the sink cannot be reached.
+        """
+        self._admin(
+            "POST",
+            "/admin/faults",
+            json={"operation_id": operation_id, "mode": mode, "times": times},
+        )
+
+    def effects(self) -> dict[str, int]:
+        """Return ``{operation_id: effects held by the sink}`` (admin).
+
+        Raises:
+            SinkUnreachableError: if the sink cannot be reached.
+        """
+        counts = self._admin("GET", "/admin/effects").get("effects", {})
+        return {str(op): int(n) for op, n in counts.items()}
+
+    def stats(self) -> dict[str, int]:
+        """Return the sink's counters, e.g. ``stale_rejections`` (admin).
+
+        Raises:
+            SinkUnreachableError: if the sink cannot be reached.
+        """
+        return {str(name): int(value) for name, value in self._admin("GET", "/admin/stats").items()}
+
+    def health_info(self) -> dict[str, Any] | None:
+        """Return the ``/health`` body (name, pid, contract), or ``None`` when down."""
+        answer = self._send("GET", "/health")
+        if isinstance(answer, _NoAnswer) or answer.status_code != 200:
+            return None
+        body = _json(answer)
+        return body if body.get("status") == "ok" else None
+
+    def health(self) -> bool:
+        """Return ``True`` when the sink answers ``/health``."""
+        return self.health_info() is not None

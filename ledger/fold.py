@@ -718,6 +718,8 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
             f"readback refused for stale token {b.fencing_token}",
             _op_event(ref, op, "STALE_TOKEN", f"{b.source}: {b.detail}"),
         )
+    if b.dispatch_id != current_dispatch_id(state) and b.status != "COMMITTED":
+        return _noop(state, f"readback for superseded dispatch {b.dispatch_id} ({b.status})")
     if b.kind == "POSTCONDITION":
         if state.state != S.EFFECT_COMMITTED:
             return _noop(state, f"postcondition {b.status} noted while {state.state}")

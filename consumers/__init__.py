@@ -1,0 +1,1 @@
+"""Consumers: the ledger's stages (processor, authority kernel, relay) and their runtime."""

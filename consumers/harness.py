@@ -1,0 +1,272 @@
+"""Running the ledger's stages as real processes, for demos, game days and tests.
+
+A :class:`Harness` owns one ledger (one topic prefix and run folder): it
+starts the reference sinks and the stage processes (``ledger processor``,
+``ledger authority``, ``ledger relay``), arms fault hooks, restarts crashed
+stages, and waits until the ledger is quiescent.
+
+Quiescence is read from Kafka, not from timers: for every live stage's
+consumer group, the committed offset of every input partition has reached
+that partition's last stable offset. Committed offsets move only with the
+transaction that also wrote the stage's outputs, so when every live group has
+caught up (committed offsets read first, end offsets second), no live stage
+holds work it can still progress.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+from confluent_kafka import Consumer, TopicPartition
+
+from consumers import faults
+from consumers.authority import AuthorityKernel
+from consumers.processor import Processor
+from consumers.relay import Relay
+from consumers.stage import Stage
+from ledger.clock import ManualClock
+from ledger.config import LedgerSettings
+from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sinks
+from ledger.errors import LedgerError
+from ledger.topics import create_topics
+from sinks.process import SinkProcess
+
+STAGES: dict[str, type[Stage]] = {
+    "processor": Processor,
+    "authority": AuthorityKernel,
+    "relay": Relay,
+}
+
+
+def settings_env(settings: LedgerSettings) -> dict[str, str]:
+    """Environment that gives a child process the same settings (``LEDGER_*``)."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            env[f"LEDGER_{name.upper()}"] = str(value)
+    return env
+
+
+class Harness:
+    """One ledger's processes.
+
+    Args:
+        settings: the ledger's settings (its own ``topic_prefix`` and
+            ``run_dir``).
+        create: create the ledger's topics first.
+    """
+
+    def __init__(self, settings: LedgerSettings, *, create: bool = True) -> None:
+        self.settings = settings
+        self.run_dir = settings.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self.clock = ManualClock(self.run_dir / "clock")
+        if not (self.run_dir / "clock").exists():
+            self.clock.set_ms(0)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: dict[str, IO[bytes]] = {}
+        self.sinks: dict[str, SinkProcess] = {}
+        self._group_consumers: dict[str, Consumer] = {}
+        self._lso_consumer: Consumer | None = None
+        if create:
+            create_topics(settings)
+
+    # ------------------------------------------------------------------ sinks
+
+    def start_sink(self, name: str, contract: EffectContract, hang_s: float = 5.0) -> SinkProcess:
+        """Start a reference sink and register it for the relay."""
+        sink = SinkProcess(name, contract, self.run_dir, clock="manual", hang_s=hang_s)
+        sink.start()
+        self.sinks[name] = sink
+        registry = load_sinks(self.settings.sinks_path())
+        registry[name] = SinkEndpoint(url=sink.url, contract=contract)
+        save_sinks(self.settings.sinks_path(), registry)
+        return sink
+
+    def effects(self, sink: str, operation_id: str) -> int:
+        """How many effects a sink itself holds for an operation."""
+        with self.sinks[sink].client() as client:
+            return client.effects().get(operation_id, 0)
+
+    # ------------------------------------------------------------------ stages
+
+    def start(self, component: str, instance: str = "0") -> None:
+        """Start one stage process (``python -m ledger.cli COMPONENT``)."""
+        if component not in STAGES:
+            raise LedgerError(f"unknown component {component!r}; one of {sorted(STAGES)}")
+        name = f"{component}-{instance}"
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            return
+        log = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
+        self._logs[name] = log
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "ledger.cli", component, "--instance", instance],
+            env=settings_env(self.settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def start_all(self) -> None:
+        """Start every stage that was never started (crashed ones wait for :meth:`restart`)."""
+        for component in STAGES:
+            if f"{component}-0" not in self.procs:
+                self.start(component)
+
+    def alive(self, component: str, instance: str = "0") -> bool:
+        """True while that stage process runs."""
+        proc = self.procs.get(f"{component}-{instance}")
+        return proc is not None and proc.poll() is None
+
+    def crashed(self) -> list[str]:
+        """Stages whose process has ended."""
+        return [name for name, proc in self.procs.items() if proc.poll() is not None]
+
+    def restart(self, component: str | None = None) -> list[str]:
+        """Restart crashed stages (all, or one component); returns what was restarted."""
+        restarted = []
+        for name in self.crashed():
+            comp, _, instance = name.rpartition("-")
+            if component is None or comp == component:
+                self.start(comp, instance)
+                restarted.append(name)
+        return restarted
+
+    def arm(self, seam: str, operation_id: str = faults.ANY, times: int = 1) -> None:
+        """Arm a fault hook: the stage reaching ``seam`` for that operation dies."""
+        faults.arm(self.run_dir, seam, operation_id, times)
+
+    def advance(self, seconds: float) -> int:
+        """Move the ledger clock forward; returns the new time (ms)."""
+        return self.clock.advance(seconds)
+
+    # ------------------------------------------------------------------ quiescence
+
+    def _committed(self, component: str, tps: list[TopicPartition]) -> list[TopicPartition]:
+        group = f"{self.settings.topic_prefix}.{component}"
+        consumer = self._group_consumers.get(group)
+        if consumer is None:
+            consumer = Consumer(
+                {
+                    "bootstrap.servers": self.settings.bootstrap_servers,
+                    "group.id": group,
+                    "enable.auto.commit": False,
+                }
+            )
+            self._group_consumers[group] = consumer
+        result: list[TopicPartition] = consumer.committed(tps, timeout=30)
+        return result
+
+    def _ends(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        if self._lso_consumer is None:
+            self._lso_consumer = Consumer(
+                {
+                    "bootstrap.servers": self.settings.bootstrap_servers,
+                    "group.id": f"{self.settings.topic_prefix}.harness",
+                    "isolation.level": "read_committed",
+                }
+            )
+        ends = {}
+        for tp in tps:
+            _, high = self._lso_consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+            ends[(tp.topic, tp.partition)] = high
+        return ends
+
+    def lagging(self) -> dict[str, int]:
+        """Records each live stage has yet to commit past (empty when quiescent)."""
+        behind: dict[str, int] = {}
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                continue
+            component = name.rpartition("-")[0]
+            tps = [
+                TopicPartition(self.settings.topic(t), p)
+                for t in STAGES[component].inputs
+                for p in range(self.settings.partitions)
+            ]
+            committed = self._committed(component, tps)
+            ends = self._ends(tps)
+            lag = sum(
+                max(0, ends[(tp.topic, tp.partition)] - max(tp.offset, 0)) for tp in committed
+            )
+            if lag:
+                behind[component] = behind.get(component, 0) + lag
+        return behind
+
+    def wait_quiescent(self, timeout_s: float = 60.0, poll_s: float = 0.1) -> None:
+        """Block until no live stage has uncommitted input.
+
+        Raises:
+            LedgerError: if the ledger is not quiescent within ``timeout_s``
+                (the message says which stage is behind, and by how much).
+        """
+        deadline = time.monotonic() + timeout_s
+        stable = 0
+        behind: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            behind = self.lagging()
+            stable = stable + 1 if not behind else 0
+            if stable >= 2:
+                return
+            time.sleep(poll_s)
+        raise LedgerError(
+            f"ledger {self.settings.topic_prefix} not quiescent after {timeout_s} s; "
+            f"behind: {behind}; logs in {self.run_dir / 'logs'}"
+        )
+
+    # ------------------------------------------------------------------ teardown
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop every stage (SIGTERM, then SIGKILL) and every sink."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self._logs.values():
+            log.close()
+        for sink in self.sinks.values():
+            sink.stop()
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+        if self._lso_consumer is not None:
+            self._lso_consumer.close()
+            self._lso_consumer = None
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of every stage log (for error reports)."""
+        parts = []
+        for path in sorted((self.run_dir / "logs").glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_dir_for(base: Path, name: str) -> Path:
+    """A fresh run folder ``base/name`` (emptied if it exists)."""
+    import shutil
+
+    path = base / name
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path

@@ -1,0 +1,424 @@
+"""The relay: the transactional outbox's other half.
+
+It reads committed dispatches (``read_committed``), performs them against the
+sinks, and records what it saw. For an ``EXECUTE`` dispatch it first commits
+an ``ATTEMPTED`` receipt (so a restarted relay knows the request may have
+left), then calls the sink with the operation ID as idempotency key and the
+operation's fencing token, then writes the receipt in a transaction with its
+consumer offsets. A dispatch it meets again after a crash is never sent
+blindly: it reads the effect back first (or, for an idempotent sink without
+readback, resubmits under the same key while the sink still keeps it), and
+otherwise records an ambiguous outcome.
+
+In ``checkpoint-only`` mode (the negative control) it does what naive
+runtimes do: trusts only its own checkpoint (the committed offset) and
+resubmits with a fresh attempt identity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+from consumers import faults
+from consumers.stage import Record, Stage, Writer
+from consumers.tables import TableFollower
+from ledger.clock import Clock, clock_for
+from ledger.contracts import EffectContract, SinkEndpoint, load_sinks
+from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
+from sinks.client import SinkClient
+
+log = logging.getLogger(__name__)
+
+
+class Relay(Stage):
+    """Consume-transform-produce stage delivering dispatches to sinks.
+
+    Attributes:
+        attempts: ``dispatch_id -> first attempt time (ms)`` for every
+            dispatch an earlier run of the relay may have sent.
+        mode: ``ledger`` or ``checkpoint-only``.
+    """
+
+    component = "relay"
+    inputs = ("dispatches",)
+    batch_size = 50
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if self.settings.relay_mode not in ("ledger", "checkpoint-only"):
+            raise ValueError(
+                f"unknown relay mode {self.settings.relay_mode!r}: use ledger or checkpoint-only"
+            )
+        self.mode = self.settings.relay_mode
+        self.clock: Clock = clock_for(self.settings.clock, self.settings.run_dir)
+        self.attempts: dict[str, int] = {}
+        self.sinks: dict[str, SinkEndpoint] = {}
+        self.clients: dict[str, SinkClient] = {}
+        self.results: dict[tuple[int, int], list[tuple[str, str, Event]]] = {}
+        self.observer = f"relay-{self.instance}"
+        self._receipts = TableFollower(self.settings, "receipts", self._apply_receipt)
+
+    # ------------------------------------------------------------------ state
+
+    def _apply_receipt(self, key: str, rec: Record | None) -> None:
+        if rec is not None and isinstance(rec.event, EffectReceipt):
+            r = rec.event
+            first = self.attempts.get(r.dispatch_id)
+            self.attempts[r.dispatch_id] = (
+                r.first_attempt_at_ms if first is None else min(first, r.first_attempt_at_ms)
+            )
+
+    def on_assign(self, partitions: set[int]) -> None:
+        """Learn which dispatches of these partitions were already attempted."""
+        self.attempts.clear()
+        self._receipts.follow(partitions)
+        log.info("relay: %d earlier attempts known", len(self.attempts))
+
+    def rebuild(self) -> None:
+        """Drop results of the aborted transaction (they will be recomputed)."""
+        self.results.clear()
+
+    def after_commit(self) -> None:
+        """Results are durable."""
+        self.results.clear()
+
+    # ------------------------------------------------------------------ sinks
+
+    def _endpoint(self, name: str) -> SinkEndpoint | None:
+        if name not in self.sinks:
+            self.sinks = load_sinks(self.settings.sinks_path())
+        return self.sinks.get(name)
+
+    def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
+        client = self.clients.get(name)
+        if client is None or client.base_url != endpoint.url.rstrip("/"):
+            client = SinkClient(endpoint.url, timeout_s=self.settings.sink_timeout_s)
+            self.clients[name] = client
+        return client
+
+    # ------------------------------------------------------------------ work
+
+    def before_transaction(self, records: list[Record]) -> None:
+        """Commit ATTEMPTED markers, then perform every dispatch of the batch."""
+        assert self.producer is not None
+        now = self.clock.now_ms()
+        fresh: list[Dispatch] = []
+        for rec in records:
+            d = rec.event
+            if (
+                isinstance(d, Dispatch)
+                and d.kind == "EXECUTE"
+                and self.mode == "ledger"
+                and d.dispatch_id not in self.attempts
+            ):
+                fresh.append(d)
+        if fresh:
+            self.producer.begin_transaction()
+            out = Writer(self.producer, self.settings)
+            for d in fresh:
+                out.write("receipts", d.operation_id, self._attempt_marker(d, now))
+            self.producer.commit_transaction(60)
+            for d in fresh:
+                self.attempts[d.dispatch_id] = now
+        fresh_ids = {d.dispatch_id for d in fresh}
+        for rec in records:
+            if isinstance(rec.event, Dispatch):
+                self.results[(rec.partition, rec.offset)] = self._perform(
+                    rec.event, fresh=rec.event.dispatch_id in fresh_ids
+                )
+
+    def handle(self, records: list[Record], out: Writer) -> None:
+        """Write the receipts and readbacks gathered by :meth:`before_transaction`."""
+        for rec in records:
+            if not isinstance(rec.event, Dispatch):
+                out.write(
+                    "operating-events",
+                    rec.key,
+                    OperatingEvent(
+                        event_id=f"relay:{rec.topic}:{rec.partition}:{rec.offset}:BAD_INPUT",
+                        operation_id=rec.key,
+                        component="relay",
+                        kind="BAD_INPUT",
+                        reason=f"{rec.event.KIND} is not a dispatch",
+                        source_topic=rec.topic,
+                        source_partition=rec.partition,
+                        source_offset=rec.offset,
+                        original_bytes=rec.raw,
+                    ),
+                )
+                continue
+            for topic, key, event in self.results.get((rec.partition, rec.offset), []):
+                out.write(topic, key, event)
+
+    def before_commit(self, records: list[Record]) -> None:
+        """Seam: the receipt is written but its transaction not committed."""
+        for rec in records:
+            if isinstance(rec.event, Dispatch) and rec.event.kind == "EXECUTE":
+                faults.seam(self.run_dir, "after_receipt_before_commit", rec.event.operation_id)
+
+    def _attempt_marker(self, d: Dispatch, now: int) -> EffectReceipt:
+        return EffectReceipt(
+            operation_id=d.operation_id,
+            dispatch_id=d.dispatch_id,
+            status="ATTEMPTED",
+            sink=d.sink,
+            attempt_id=d.dispatch_id,
+            fencing_token=d.fencing_token,
+            observed_at_ms=now,
+            first_attempt_at_ms=now,
+            detail="about to send",
+            observer=self.observer,
+        )
+
+    def _perform(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
+        endpoint = self._endpoint(d.sink)
+        now = self.clock.now_ms()
+        if endpoint is None:
+            reason = f"unknown sink {d.sink!r}: register it in {self.settings.sinks_path()}"
+            log.error("relay: %s (%s)", reason, d.dispatch_id)
+            return [
+                ("receipts", d.operation_id, self._receipt(d, "UNAVAILABLE", now, now, reason)),
+                (
+                    "operating-events",
+                    d.operation_id,
+                    OperatingEvent(
+                        event_id=f"relay:{d.dispatch_id}:UNKNOWN_SINK",
+                        operation_id=d.operation_id,
+                        component="relay",
+                        kind="UNKNOWN_SINK",
+                        reason=reason,
+                    ),
+                ),
+            ]
+        client = self._client(d.sink, endpoint)
+        contract = endpoint.contract
+        if d.kind == "VERIFY":
+            faults.seam(self.run_dir, "after_commit_before_verification", d.operation_id)
+            return [self._verify(d, client, contract, now)]
+        if d.kind == "READBACK":
+            return [self._read_effect(d, client, contract, now, on_resume=d.on_resume)]
+        if self.mode == "checkpoint-only":
+            return [self._submit(d, client, contract, now, now, fresh_identity=True)]
+        first = self.attempts.get(d.dispatch_id, now)
+        if not fresh:
+            # A previous run may have sent this dispatch: never send blindly.
+            return [self._ambiguous(d, client, contract, first, now, on_resume=True)]
+        faults.seam(self.run_dir, "after_dispatch_before_send", d.operation_id)
+        return [self._submit(d, client, contract, first, now, fresh_identity=False)]
+
+    def _receipt(
+        self,
+        d: Dispatch,
+        status: str,
+        first: int,
+        now: int,
+        detail: str,
+        *,
+        effect_id: str | None = None,
+        attempt_id: str | None = None,
+        on_resume: bool = False,
+    ) -> EffectReceipt:
+        return EffectReceipt(
+            operation_id=d.operation_id,
+            dispatch_id=d.dispatch_id,
+            status=status,  # type: ignore[arg-type]
+            sink=d.sink,
+            attempt_id=attempt_id or d.dispatch_id,
+            fencing_token=d.fencing_token,
+            effect_id=effect_id,
+            observed_at_ms=now,
+            first_attempt_at_ms=first,
+            detail=detail,
+            on_resume=on_resume,
+            observer=self.observer,
+        )
+
+    def _submit(
+        self,
+        d: Dispatch,
+        client: SinkClient,
+        contract: EffectContract,
+        first: int,
+        now: int,
+        *,
+        fresh_identity: bool,
+        on_resume: bool = False,
+    ) -> tuple[str, str, Event]:
+        attempt_id = f"{d.dispatch_id}:{uuid.uuid4().hex[:8]}" if fresh_identity else d.dispatch_id
+        params: dict[str, Any] = json.loads(d.params_json)
+        result = client.submit(
+            d.operation_id,
+            d.parameter_digest,
+            params,
+            d.fencing_token if contract.fencing else None,
+            attempt_id,
+            use_key=contract.idempotent and not fresh_identity,
+        )
+        if result.status == "committed":
+            faults.seam(self.run_dir, "after_sink_commit_before_receipt", d.operation_id)
+            detail = "replayed by the sink" if result.replayed else "committed"
+            return (
+                "receipts",
+                d.operation_id,
+                self._receipt(
+                    d,
+                    "COMMITTED",
+                    first,
+                    now,
+                    detail,
+                    effect_id=result.effect_id,
+                    attempt_id=attempt_id,
+                    on_resume=on_resume,
+                ),
+            )
+        if result.status == "ambiguous" and not fresh_identity and not on_resume:
+            return self._ambiguous(d, client, contract, first, now, on_resume=False)
+        status = {
+            "rejected": "REJECTED",
+            "stale_token": "STALE_TOKEN",
+            "key_reused": "KEY_REUSED",
+            "unavailable": "UNAVAILABLE",
+            "ambiguous": "AMBIGUOUS",
+        }[result.status]
+        return (
+            "receipts",
+            d.operation_id,
+            self._receipt(
+                d,
+                status,
+                first,
+                now,
+                result.detail or result.status,
+                attempt_id=attempt_id,
+                on_resume=on_resume,
+            ),
+        )
+
+    def _ambiguous(
+        self,
+        d: Dispatch,
+        client: SinkClient,
+        contract: EffectContract,
+        first: int,
+        now: int,
+        *,
+        on_resume: bool,
+    ) -> tuple[str, str, Event]:
+        """The request may have left: find out before anything is sent again."""
+        if contract.readback:
+            return self._read_effect(d, client, contract, now, on_resume=on_resume)
+        retention_ms = contract.key_retention_s * 1000
+        if contract.idempotent and now - first < retention_ms:
+            return self._submit(
+                d, client, contract, first, now, fresh_identity=False, on_resume=True
+            )
+        why = (
+            "the sink has neither readback nor idempotency"
+            if not contract.idempotent
+            else f"the sink's key retention ({contract.key_retention_s} s) has passed since "
+            f"the first attempt at {first} ms"
+        )
+        return (
+            "receipts",
+            d.operation_id,
+            self._receipt(
+                d,
+                "AMBIGUOUS",
+                first,
+                now,
+                f"the request may have reached {d.sink}; {why}",
+                on_resume=on_resume,
+            ),
+        )
+
+    def _read_effect(
+        self,
+        d: Dispatch,
+        client: SinkClient,
+        contract: EffectContract,
+        now: int,
+        *,
+        on_resume: bool,
+    ) -> tuple[str, str, Event]:
+        source = f"{d.sink} GET /operations/{d.operation_id}"
+        if not contract.readback:
+            status, detail, effect_id = "UNSUPPORTED", "the sink offers no readback", None
+        else:
+            rb = client.readback(d.operation_id, d.fencing_token if contract.fencing else None)
+            status = {
+                "committed": "COMMITTED",
+                "absent": "ABSENT",
+                "unsupported": "UNSUPPORTED",
+                "stale_token": "STALE_TOKEN",
+                "ambiguous": "UNKNOWN",
+            }[rb.status]
+            detail, effect_id = rb.detail or rb.status, rb.effect_id
+        return (
+            "readbacks",
+            d.operation_id,
+            Readback(
+                operation_id=d.operation_id,
+                dispatch_id=d.dispatch_id,
+                kind="EFFECT",
+                status=status,  # type: ignore[arg-type]
+                source=source,
+                effect_id=effect_id,
+                observed_at_ms=now,
+                detail=detail,
+                on_resume=on_resume,
+                observer=self.observer,
+                fencing_token=d.fencing_token,
+            ),
+        )
+
+    def _verify(
+        self, d: Dispatch, client: SinkClient, contract: EffectContract, now: int
+    ) -> tuple[str, str, Event]:
+        params: dict[str, Any] = json.loads(d.params_json)
+        account = str(params.get("account", ""))
+        source = f"{d.sink} GET /accounts/{account}"
+        if not contract.postcondition or not account:
+            status, detail = "UNSUPPORTED", "the sink offers no postcondition query"
+        else:
+            credits = client.account(account)
+            if credits.status != "observed":
+                status, detail = "UNKNOWN", credits.detail or credits.status
+            else:
+                mine = [c for c in credits.credits if c.operation_id == d.operation_id]
+                amount = int(params.get("amount_minor", 0))
+                if len(mine) == 1 and mine[0].amount_minor == amount:
+                    status = "MATCH"
+                    detail = f"account {account} shows one credit of {amount} for the operation"
+                else:
+                    status = "MISMATCH"
+                    detail = (
+                        f"account {account} shows {len(mine)} credit(s) "
+                        f"{[c.amount_minor for c in mine]} for the operation; expected one of "
+                        f"{amount}"
+                    )
+        return (
+            "readbacks",
+            d.operation_id,
+            Readback(
+                operation_id=d.operation_id,
+                dispatch_id=d.dispatch_id,
+                kind="POSTCONDITION",
+                status=status,  # type: ignore[arg-type]
+                source=source,
+                observed_at_ms=now,
+                detail=detail,
+                on_resume=d.on_resume,
+                observer=self.observer,
+                fencing_token=d.fencing_token,
+            ),
+        )
+
+    def close(self) -> None:
+        """Close sink clients and the receipts follower too."""
+        super().close()
+        for client in self.clients.values():
+            client.close()
+        self._receipts.close()

@@ -1,0 +1,196 @@
+"""Publishing intents, approvals, claims and policy changes.
+
+Services call :class:`IntentPublisher`; review systems, resumers and policy
+administrators use the other ``publish_*`` methods. Every record is
+validated against its Avro schema before it is sent, produced by an
+idempotent producer with the ``murmur2_random`` partitioner (so Java and
+Python producers agree on co-partitioning), and flushed before the call
+returns.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from ledger.config import LedgerSettings
+from ledger.errors import LedgerError
+from ledger.events import Approval, Claim, Event, Intent, PolicyChange
+from ledger.identity import amount_of, canonical_json, parameter_digest
+
+
+@dataclass(frozen=True)
+class PublishedIntent:
+    """What :meth:`IntentPublisher.publish` returns.
+
+    Attributes:
+        operation_id: the stable operation ID.
+        parameter_digest: SHA-256 hex digest the operation is bound to.
+        partition: partition the intent landed on.
+        offset: its offset.
+    """
+
+    operation_id: str
+    parameter_digest: str
+    partition: int
+    offset: int
+
+
+class IntentPublisher:
+    """Publishes ledger inputs from services.
+
+    Args:
+        settings: ledger settings (bootstrap servers, topic prefix).
+        client_id: identifies the publishing service in broker logs.
+
+    Example:
+        >>> pub = IntentPublisher(LedgerSettings())
+        >>> pub.publish(operation_id="refund:1842:v3", sink="payments",
+        ...             action="refund", params={"account": "acct-1842",
+        ...             "amount_minor": 5000, "currency": "GBP"},
+        ...             actor="svc-remediation", subject="customer-1842",
+        ...             purpose="fee-remediation", decision_version=3,
+        ...             approval_id="review-1842")
+    """
+
+    def __init__(self, settings: LedgerSettings, client_id: str = "intent-publisher") -> None:
+        self.settings = settings
+        self.producer = Producer(
+            {
+                "bootstrap.servers": settings.bootstrap_servers,
+                "client.id": client_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "partitioner": "murmur2_random",
+                "linger.ms": 1,
+            }
+        )
+
+    def _send(self, topic: str, key: str, event: Event, timeout_s: float = 30.0) -> Message:
+        value = event.to_bytes()  # validates against the schema first
+        delivered: list[tuple[KafkaError | None, Message]] = []
+        self.producer.produce(
+            self.settings.topic(topic),
+            key=key.encode("utf-8"),
+            value=value,
+            on_delivery=lambda err, msg: delivered.append((err, msg)),
+        )
+        deadline = time.monotonic() + timeout_s
+        while not delivered:
+            if time.monotonic() > deadline:
+                raise LedgerError(
+                    f"publishing to {self.settings.topic(topic)} timed out after {timeout_s} s; "
+                    "is the broker running (ledger broker status)?"
+                )
+            self.producer.poll(0.1)
+        err, msg = delivered[0]
+        if err is not None:
+            raise LedgerError(f"publishing to {self.settings.topic(topic)} failed: {err}")
+        return msg
+
+    def publish(
+        self,
+        *,
+        operation_id: str,
+        sink: str,
+        action: str,
+        params: Mapping[str, Any],
+        actor: str,
+        subject: str,
+        purpose: str,
+        decision_version: int,
+        approval_id: str | None = None,
+        published_at_ms: int | None = None,
+    ) -> PublishedIntent:
+        """Publish an intent for one consequential operation.
+
+        Args:
+            operation_id: stable operation ID chosen from case state, e.g.
+                ``refund:1842:v3`` (see :func:`ledger.identity.operation_id`).
+            sink: name of the sink that performs the effect.
+            action: action name.
+            params: semantic parameters (JSON values); ``amount_minor`` is in
+                minor currency units.
+            actor: requesting actor.
+            subject: represented subject.
+            purpose: declared purpose.
+            decision_version: version of the business decision.
+            approval_id: approval relied on for admission.
+            published_at_ms: informational timestamp (ms); default wall clock.
+
+        Returns:
+            The operation ID, its parameter digest and where it landed.
+
+        Raises:
+            LedgerError: invalid parameters, or the broker did not accept it.
+            SchemaValidationError: the intent does not fit its schema.
+        """
+        digest = parameter_digest(
+            action=action,
+            params=params,
+            subject=subject,
+            purpose=purpose,
+            decision_version=decision_version,
+        )
+        intent = Intent(
+            operation_id=operation_id,
+            sink=sink,
+            action=action,
+            params_json=canonical_json(dict(params)),
+            actor=actor,
+            subject=subject,
+            purpose=purpose,
+            decision_version=decision_version,
+            approval_id=approval_id,
+            amount_minor=amount_of(params),
+            parameter_digest=digest,
+            published_at_ms=published_at_ms
+            if published_at_ms is not None
+            else int(time.time() * 1000),
+        )
+        msg = self._send("intents", operation_id, intent)
+        return PublishedIntent(operation_id, digest, msg.partition() or 0, msg.offset() or 0)
+
+    def publish_approval(self, approval: Approval) -> None:
+        """Publish a review decision (key: approval ID).
+
+        Raises:
+            LedgerError: the broker did not accept it.
+        """
+        self._send("approvals", approval.approval_id, approval)
+
+    def publish_claim(self, operation_id: str, worker: str, expected_version: int) -> str:
+        """Ask to own an operation, compare-and-swap on its version.
+
+        Returns:
+            The claim ID; the processor's decision is journaled under it.
+        """
+        claim_id = f"claim:{worker}:{uuid.uuid4().hex[:12]}"
+        self._send(
+            "claims",
+            operation_id,
+            Claim(
+                claim_id=claim_id,
+                operation_id=operation_id,
+                worker=worker,
+                expected_version=expected_version,
+            ),
+        )
+        return claim_id
+
+    def publish_policy(self, version: int, set_by: str, effective_at_ms: int) -> None:
+        """Publish the policy version now in force."""
+        self._send(
+            "policy",
+            "current",
+            PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms),
+        )
+
+    def close(self) -> None:
+        """Flush outstanding records."""
+        self.producer.flush(10)

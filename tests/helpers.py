@@ -1,0 +1,116 @@
+"""Builders of events for tests (pure, no Kafka)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.events import (
+    AdmissionDecision,
+    Approval,
+    Claim,
+    EffectReceipt,
+    Intent,
+    Readback,
+)
+from ledger.identity import amount_of, canonical_json, parameter_digest
+
+
+def intent(
+    op: str = "refund:c1:v1",
+    amount: int = 5000,
+    approval: str | None = "ap-1",
+    subject: str = "customer-1",
+    **params: Any,
+) -> Intent:
+    p = {"account": "acct-1", "amount_minor": amount, "currency": "GBP", **params}
+    return Intent(
+        operation_id=op,
+        sink="payments",
+        action="refund",
+        params_json=canonical_json(p),
+        actor="svc",
+        subject=subject,
+        purpose="fee-remediation",
+        decision_version=1,
+        approval_id=approval,
+        amount_minor=amount_of(p),
+        parameter_digest=parameter_digest(
+            action="refund", params=p, subject=subject, purpose="fee-remediation", decision_version=1
+        ),
+        published_at_ms=0,
+    )
+
+
+def approval(
+    approval_id: str = "ap-1",
+    expires_at_ms: int = 10_000,
+    subject: str = "customer-1",
+    max_amount: int = 5000,
+    policy: int = 1,
+    operation_id: str | None = None,
+) -> Approval:
+    return Approval(
+        approval_id=approval_id,
+        reviewer="rev",
+        policy_version=policy,
+        expires_at_ms=expires_at_ms,
+        scope_subject=subject,
+        scope_max_amount_minor=max_amount,
+        scope_operation_id=operation_id,
+        granted_at_ms=0,
+    )
+
+
+def admission(i: Intent, admitted: bool = True, reason: str = "admitted", at: int = 1000) -> AdmissionDecision:
+    return AdmissionDecision(
+        operation_id=i.operation_id,
+        approval_id=i.approval_id or "",
+        parameter_digest=i.parameter_digest,
+        admitted=admitted,
+        reason=reason,
+        evaluated_at_ms=at,
+        policy_version=1,
+        approval_policy_version=1,
+        approval_expires_at_ms=10_000,
+        reviewer="rev",
+        decided_by="authority-0",
+    )
+
+
+def receipt(op: str, dispatch_id: str, status: str = "COMMITTED", on_resume: bool = False) -> EffectReceipt:
+    return EffectReceipt(
+        operation_id=op,
+        dispatch_id=dispatch_id,
+        status=status,  # type: ignore[arg-type]
+        sink="payments",
+        attempt_id=dispatch_id,
+        fencing_token=1,
+        effect_id="payments-1" if status == "COMMITTED" else None,
+        observed_at_ms=2000,
+        first_attempt_at_ms=1500,
+        detail=status.lower(),
+        on_resume=on_resume,
+        observer="relay-0",
+    )
+
+
+def readback(
+    op: str, dispatch_id: str, status: str = "COMMITTED", kind: str = "EFFECT", on_resume: bool = False
+) -> Readback:
+    return Readback(
+        operation_id=op,
+        dispatch_id=dispatch_id,
+        kind=kind,  # type: ignore[arg-type]
+        status=status,  # type: ignore[arg-type]
+        source="payments GET",
+        effect_id="payments-1" if status == "COMMITTED" else None,
+        observed_at_ms=3000,
+        detail="",
+        on_resume=on_resume,
+        observer="relay-0",
+        fencing_token=1,
+    )
+
+
+def claim(op: str, worker: str, version: int) -> Claim:
+    return Claim(claim_id=f"c-{worker}", operation_id=op, worker=worker, expected_version=version)

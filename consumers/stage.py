@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -334,8 +335,9 @@ class Stage:
     def run(self, stop_after_s: float | None = None) -> None:
         """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds)."""
         check_topics(self.settings)
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._stop)
+            signal.signal(signal.SIGINT, self._stop)
         self.producer = self._new_producer()
         self.consumer = self._new_consumer()
         self.consumer.subscribe(

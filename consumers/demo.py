@@ -190,7 +190,9 @@ class Case:
         return current_states(self.settings).get(operation_id)
 
 
-def checkpoint_only_negative(base: LedgerSettings, root: Path, say: Say, verbose: bool) -> dict:
+def checkpoint_only_negative(
+    base: LedgerSettings, root: Path, say: Say, verbose: bool
+) -> dict[str, Any]:
     """Crash after the effect committed; a checkpoint-only resumer and an unsafe sink."""
     op = "refund:case-unsafe"
     with Case(base, "checkpoint-only", root, say, verbose, relay_mode="checkpoint-only") as c:
@@ -209,7 +211,7 @@ def checkpoint_only_negative(base: LedgerSettings, root: Path, say: Say, verbose
         }
 
 
-def consume_once_claim(base: LedgerSettings, root: Path, say: Say, verbose: bool) -> dict:
+def consume_once_claim(base: LedgerSettings, root: Path, say: Say, verbose: bool) -> dict[str, Any]:
     """Two resumers read the same version and claim one operation at once."""
     op = "refund:case-race:v1"
     with Case(base, "race", root, say, verbose) as c:
@@ -240,7 +242,9 @@ def consume_once_claim(base: LedgerSettings, root: Path, say: Say, verbose: bool
         }
 
 
-def effect_readback_positive(base: LedgerSettings, root: Path, say: Say, verbose: bool) -> dict:
+def effect_readback_positive(
+    base: LedgerSettings, root: Path, say: Say, verbose: bool
+) -> dict[str, Any]:
     """Crash after the effect committed; resume after the approval expired; readback."""
     op = "refund:case-safe:v1"
     with Case(base, "readback", root, say, verbose) as c:
@@ -273,7 +277,9 @@ def effect_readback_positive(base: LedgerSettings, root: Path, say: Say, verbose
         }
 
 
-def expired_authority_boundary(base: LedgerSettings, root: Path, say: Say, verbose: bool) -> dict:
+def expired_authority_boundary(
+    base: LedgerSettings, root: Path, say: Say, verbose: bool
+) -> dict[str, Any]:
     """Crash before admission; resume after the approval expired."""
     op = "refund:case-expired:v1"
     with Case(base, "expired", root, say, verbose) as c:
@@ -319,10 +325,12 @@ EXPECTED: dict[str, dict[str, object]] = {
 }
 
 
-def run_demo(settings: LedgerSettings, say: Say, verbose: bool = False) -> dict[str, dict]:
+def run_demo(
+    settings: LedgerSettings, say: Say, verbose: bool = False
+) -> dict[str, dict[str, Any]]:
     """Run the four cases and return the observed report (same shape as :data:`EXPECTED`)."""
     root = settings.run_dir / "demo"
-    report: dict[str, dict] = {}
+    report: dict[str, dict[str, Any]] = {}
     for name, fn in CASES:
         started = time.monotonic()
         say(f"case {name} ...")

@@ -43,7 +43,7 @@ from confluent_kafka import (
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
-from ledger.topics import check_topics
+from ledger.topics import check_topics, is_reserved_key
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,30 @@ def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
     }
     config.update(extra)
     return config
+
+
+def key_text(msg: Message) -> str:
+    """A message's key as text (``""`` when it has none)."""
+    key = msg.key()
+    return key.decode("utf-8", "replace") if key is not None else ""
+
+
+def decode_record(topic: str, msg: Message) -> Record | None:
+    """Decode a message read from a ledger topic.
+
+    Returns:
+        The record, or ``None`` for tombstones, :func:`force_compaction`'s
+        reserved records and values that do not decode.
+    """
+    key = key_text(msg)
+    value = msg.value()
+    if value is None or is_reserved_key(key):
+        return None
+    try:
+        event = decode_event(value)
+    except Exception:
+        return None
+    return Record(topic, msg.partition() or 0, msg.offset() or 0, key, value, event)
 
 
 class Writer:
@@ -247,9 +271,9 @@ class Stage:
     def _decode(self, msg: Message) -> Record | tuple[str, OperatingEvent] | None:
         """Decode one message: a record, a dead letter ``(key, event)``, or ``None`` to skip."""
         raw = msg.value()
-        key = msg.key().decode("utf-8", "replace") if msg.key() is not None else ""
+        key = key_text(msg)
         topic = self._short(msg.topic() or "")
-        if key == "__compaction__":
+        if is_reserved_key(key):
             return None
         try:
             if not key:
@@ -460,16 +484,7 @@ def read_partition(
                 p = msg.partition() or 0
                 if p in done:
                     continue
-                key = msg.key().decode("utf-8", "replace") if msg.key() else ""
-                rec: Record | None = None
-                if msg.value() is not None and key != "__compaction__":
-                    try:
-                        rec = Record(
-                            topic, p, msg.offset() or 0, key, msg.value(), decode_event(msg.value())
-                        )
-                    except Exception:
-                        rec = None
-                handle(rec, msg)
+                handle(decode_record(topic, msg), msg)
                 count += 1
             for tp in consumer.position([TopicPartition(full, p) for p in ends if p not in done]):
                 if tp.offset >= ends[tp.partition]:

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from consumers.stage import Record
+from consumers.stage import Record, decode_record, key_text
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
-from ledger.events import decode_event
+from ledger.topics import is_reserved_key
 
 
 class TableFollower:
@@ -93,23 +93,10 @@ class TableFollower:
             for msg in self.consumer.consume(1000, 0.1):
                 if msg.error() is not None:
                     continue
-                key = msg.key().decode("utf-8", "replace") if msg.key() else ""
-                if key == "__compaction__":
+                key = key_text(msg)
+                if is_reserved_key(key):
                     continue
-                rec: Record | None = None
-                value = msg.value()
-                if value is not None:
-                    try:
-                        rec = Record(
-                            self.topic,
-                            msg.partition() or 0,
-                            msg.offset() or 0,
-                            key,
-                            value,
-                            decode_event(value),
-                        )
-                    except Exception:
-                        rec = None
+                rec = decode_record(self.topic, msg)
                 self.apply(key, rec)
                 count += 1
 

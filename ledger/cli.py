@@ -77,22 +77,37 @@ different --instance values to share the partitions (consumer group
 """
 
 
-@main.command("processor", help="Run the processor: decides every recovery transition.\n" + _STAGE_HELP)
-@click.option("--instance", default="0", show_default=True, help="Instance name (stable per process slot).")
+@main.command(
+    "processor", help="Run the processor: decides every recovery transition.\n" + _STAGE_HELP
+)
+@click.option(
+    "--instance", default="0", show_default=True, help="Instance name (stable per process slot)."
+)
 def processor_cmd(instance: str) -> None:
     """Run the processor stage."""
     _run_stage("processor", instance)
 
 
-@main.command("authority", help="Run the authority kernel: admits operations, consumes approvals once.\n" + _STAGE_HELP)
-@click.option("--instance", default="0", show_default=True, help="Instance name (stable per process slot).")
+@main.command(
+    "authority",
+    help="Run the authority kernel: admits operations, consumes approvals once.\n" + _STAGE_HELP,
+)
+@click.option(
+    "--instance", default="0", show_default=True, help="Instance name (stable per process slot)."
+)
 def authority_cmd(instance: str) -> None:
     """Run the authority kernel stage."""
     _run_stage("authority", instance)
 
 
-@main.command("relay", help="Run the outbox relay: performs dispatches against sinks, reads back first.\n" + _STAGE_HELP)
-@click.option("--instance", default="0", show_default=True, help="Instance name (stable per process slot).")
+@main.command(
+    "relay",
+    help="Run the outbox relay: performs dispatches against sinks, reads back first.\n"
+    + _STAGE_HELP,
+)
+@click.option(
+    "--instance", default="0", show_default=True, help="Instance name (stable per process slot)."
+)
 def relay_cmd(instance: str) -> None:
     """Run the relay stage."""
     _run_stage("relay", instance)
@@ -168,7 +183,12 @@ def intent_group() -> None:
 @click.option("--operation-id", required=True, help="Stable operation ID, e.g. refund:1842:v3.")
 @click.option("--sink", required=True, help="Sink name (see the sink registry).")
 @click.option("--action", required=True, help="Action, e.g. refund.")
-@click.option("--params", "params_json", required=True, help='JSON object, e.g. \'{"account":"a","amount_minor":5000}\'.')
+@click.option(
+    "--params",
+    "params_json",
+    required=True,
+    help='JSON object, e.g. \'{"account":"a","amount_minor":5000}\'.',
+)
 @click.option("--actor", required=True)
 @click.option("--subject", required=True)
 @click.option("--purpose", required=True)

@@ -302,7 +302,9 @@ def intent_digest_problem(intent: Intent) -> str | None:
     except Exception as exc:
         return f"parameters are not valid: {exc}"
     if digest != intent.parameter_digest:
-        return f"parameter_digest {intent.parameter_digest} does not match the parameters ({digest})"
+        return (
+            f"parameter_digest {intent.parameter_digest} does not match the parameters ({digest})"
+        )
     if amount != intent.amount_minor:
         return f"amount_minor {intent.amount_minor} differs from params amount {amount}"
     return None
@@ -632,7 +634,12 @@ def _absent_retry(
             recovery_receipts=state.recovery_receipts + 1,
         )
         return Decision(
-            moved.state, "APPLIED", str(S.UNKNOWN_OUTCOME), str(S.EFFECT_PENDING), reason, moved.outputs
+            moved.state,
+            "APPLIED",
+            str(S.UNKNOWN_OUTCOME),
+            str(S.EFFECT_PENDING),
+            reason,
+            moved.outputs,
         )
     return _noop(state, f"absence observed while {state.state}: nothing to do")
 

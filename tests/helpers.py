@@ -35,7 +35,11 @@ def intent(
         approval_id=approval,
         amount_minor=amount_of(p),
         parameter_digest=parameter_digest(
-            action="refund", params=p, subject=subject, purpose="fee-remediation", decision_version=1
+            action="refund",
+            params=p,
+            subject=subject,
+            purpose="fee-remediation",
+            decision_version=1,
         ),
         published_at_ms=0,
     )
@@ -61,7 +65,9 @@ def approval(
     )
 
 
-def admission(i: Intent, admitted: bool = True, reason: str = "admitted", at: int = 1000) -> AdmissionDecision:
+def admission(
+    i: Intent, admitted: bool = True, reason: str = "admitted", at: int = 1000
+) -> AdmissionDecision:
     return AdmissionDecision(
         operation_id=i.operation_id,
         approval_id=i.approval_id or "",
@@ -77,7 +83,9 @@ def admission(i: Intent, admitted: bool = True, reason: str = "admitted", at: in
     )
 
 
-def receipt(op: str, dispatch_id: str, status: str = "COMMITTED", on_resume: bool = False) -> EffectReceipt:
+def receipt(
+    op: str, dispatch_id: str, status: str = "COMMITTED", on_resume: bool = False
+) -> EffectReceipt:
     return EffectReceipt(
         operation_id=op,
         dispatch_id=dispatch_id,
@@ -95,7 +103,11 @@ def receipt(op: str, dispatch_id: str, status: str = "COMMITTED", on_resume: boo
 
 
 def readback(
-    op: str, dispatch_id: str, status: str = "COMMITTED", kind: str = "EFFECT", on_resume: bool = False
+    op: str,
+    dispatch_id: str,
+    status: str = "COMMITTED",
+    kind: str = "EFFECT",
+    on_resume: bool = False,
 ) -> Readback:
     return Readback(
         operation_id=op,

@@ -19,9 +19,16 @@ from ledger.events import AdmissionRequest
 from tests import helpers
 
 
-def request(op: str = "refund:c1:v1", amount: int = 5000, subject: str = "customer-1") -> AdmissionRequest:
+def request(
+    op: str = "refund:c1:v1", amount: int = 5000, subject: str = "customer-1"
+) -> AdmissionRequest:
     return AdmissionRequest(
-        operation_id=op, approval_id="ap-1", parameter_digest="d", subject=subject, amount_minor=amount, state_version=1
+        operation_id=op,
+        approval_id="ap-1",
+        parameter_digest="d",
+        subject=subject,
+        amount_minor=amount,
+        state_version=1,
     )
 
 
@@ -51,7 +58,13 @@ def test_redelivered_request_of_the_consuming_operation_stays_admitted_after_exp
     "approval, req, now, policy, reason",
     [
         (None, request(), 1000, 1, REASON_NOT_FOUND),
-        (helpers.approval().model_copy(update={"status": "REVOKED"}), request(), 1000, 1, REASON_REVOKED),
+        (
+            helpers.approval().model_copy(update={"status": "REVOKED"}),
+            request(),
+            1000,
+            1,
+            REASON_REVOKED,
+        ),
         (helpers.approval(expires_at_ms=10_000), request(), 10_000, 1, REASON_EXPIRED),
         (helpers.approval(policy=12), request(), 1000, 13, REASON_POLICY),
         (helpers.approval(), request(subject="someone-else"), 1000, 1, REASON_SUBJECT),

@@ -71,7 +71,9 @@ def test_postcondition_mismatch_keeps_operation_out_of_verified() -> None:
     state = decide(state, helpers.receipt(OP, current_dispatch_id(state)), "r:0:1").state
     assert state is not None
     d = decide(
-        state, helpers.readback(OP, current_dispatch_id(state), "MISMATCH", "POSTCONDITION"), "b:0:1"
+        state,
+        helpers.readback(OP, current_dispatch_id(state), "MISMATCH", "POSTCONDITION"),
+        "b:0:1",
     )
     assert d.state is not None and d.state.state == S.EFFECT_COMMITTED
     assert any(o.event.kind == "POSTCONDITION_MISMATCH" for o in d.outputs)
@@ -101,7 +103,9 @@ def test_ambiguous_receipt_holds_unknown_outcome_and_queues_reconciliation() -> 
 
 def test_absent_readback_re_executes_the_same_admitted_operation() -> None:
     state = admitted()
-    d = decide(state, helpers.readback(OP, current_dispatch_id(state), "ABSENT", on_resume=True), "b:0:1")
+    d = decide(
+        state, helpers.readback(OP, current_dispatch_id(state), "ABSENT", on_resume=True), "b:0:1"
+    )
     assert d.state is not None and d.state.state == S.EFFECT_PENDING
     dispatches = [o.event for o in d.outputs if o.topic == "dispatches"]
     assert len(dispatches) == 1 and dispatches[0].kind == "EXECUTE"
@@ -171,6 +175,7 @@ def test_replay_of_journal_reproduces_state() -> None:
     state2 = decide(state, events[-1], "t:0:2")
     decisions.append(state2)
     entries = [
-        journal_entry(d, e, e.to_bytes(), "t", 0, n) for n, (d, e) in enumerate(zip(decisions, events, strict=True))
+        journal_entry(d, e, e.to_bytes(), "t", 0, n)
+        for n, (d, e) in enumerate(zip(decisions, events, strict=True))
     ]
     assert replay(entries)[OP] == state2.state

@@ -45,8 +45,10 @@ def build(kind, op, rstatus, bstatus, flag, delta, state: OperationState | None)
     if kind == "reauth":
         return helpers.intent(op=op, approval=f"ap-{delta + 5}")
     if kind == "admit":
-        return helpers.admission(i) if state is None or state.approval_id == "ap-1" else helpers.admission(
-            i.model_copy(update={"approval_id": state.approval_id})
+        return (
+            helpers.admission(i)
+            if state is None or state.approval_id == "ap-1"
+            else helpers.admission(i.model_copy(update={"approval_id": state.approval_id}))
         )
     if kind == "reject":
         return helpers.admission(i, admitted=False, reason="approval has expired")

@@ -14,7 +14,9 @@ from ledger.machine import TRANSITIONS, evidence_for
 
 
 def digest(**over):
-    base = dict(action="refund", params={"a": 1, "b": [1, 2]}, subject="s", purpose="p", decision_version=1)
+    base = dict(
+        action="refund", params={"a": 1, "b": [1, 2]}, subject="s", purpose="p", decision_version=1
+    )
     base.update(over)
     return parameter_digest(**base)
 
@@ -52,8 +54,27 @@ def test_table_forbids_leaving_unknown_outcome_on_a_timer() -> None:
     assert all(a != b for a, b in TRANSITIONS)
 
 
-PURE = ["identity.py", "machine.py", "fold.py", "authority.py", "events.py", "serde.py", "errors.py"]
-IO_MODULES = {"confluent_kafka", "socket", "httpx", "random", "time", "datetime", "uuid", "os", "subprocess", "sqlite3"}
+PURE = [
+    "identity.py",
+    "machine.py",
+    "fold.py",
+    "authority.py",
+    "events.py",
+    "serde.py",
+    "errors.py",
+]
+IO_MODULES = {
+    "confluent_kafka",
+    "socket",
+    "httpx",
+    "random",
+    "time",
+    "datetime",
+    "uuid",
+    "os",
+    "subprocess",
+    "sqlite3",
+}
 
 
 @pytest.mark.parametrize("name", PURE)

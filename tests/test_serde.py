@@ -24,7 +24,11 @@ def _sample(name: str):  # one valid instance of every event kind
         "Readback": helpers.readback(i.operation_id, "refund:c1:v1#1.1"),
         "Claim": helpers.claim(i.operation_id, "w", 3),
         "OperatingEvent": OperatingEvent(
-            event_id="e", component="processor", kind="BAD_INPUT", reason="r", original_bytes=b"\xff"
+            event_id="e",
+            component="processor",
+            kind="BAD_INPUT",
+            reason="r",
+            original_bytes=b"\xff",
         ),
     }
     if name in samples:
@@ -110,4 +114,6 @@ def test_trailing_bytes_are_a_decode_error() -> None:
 
 def test_wrong_types_are_refused_before_sending() -> None:
     with pytest.raises(SchemaValidationError):
-        registry().encode("Claim", {"claim_id": "c", "operation_id": "o", "worker": 3, "expected_version": "x"})
+        registry().encode(
+            "Claim", {"claim_id": "c", "operation_id": "o", "worker": 3, "expected_version": "x"}
+        )

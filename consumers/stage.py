@@ -383,7 +383,9 @@ class Stage:
             while not self.stopping:
                 if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                     break
-                msgs = self.consumer.consume(self.batch_size, 0.2)
+                msgs = self.consumer.consume(
+                    self.batch_size, self.settings.commit_interval_ms / 1000
+                )
                 real = []
                 for msg in msgs:
                     err = msg.error()

@@ -153,6 +153,11 @@ def fetch_jars(settings: LedgerSettings) -> Path:
             is missing, or Maven failed (the message quotes its last lines).
     """
     paths = _Paths.of(settings)
+    with _locked(paths):
+        return _fetch_jars(paths)
+
+
+def _fetch_jars(paths: _Paths) -> Path:
     _require_tool(
         "java", "install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless)"
     )
@@ -265,7 +270,7 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
                 expected="free port",
                 observed=f"127.0.0.1:{settings.kafka_port + 1} busy",
             )
-        fetch_jars(settings)
+        _fetch_jars(paths)
         _check_java()
         _write_configs(settings, paths)
         _format_storage(paths)
@@ -505,6 +510,25 @@ logger.request.name = kafka.request.logger
 logger.request.level = WARN
 logger.authorizer.name = kafka.authorizer.logger
 logger.authorizer.level = WARN
+
+# Tests create and delete hundreds of topics; at INFO these loggers write
+# megabytes per minute. Set them back to INFO to debug topic/partition state.
+logger.controller.name = org.apache.kafka.controller
+logger.controller.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+logger.dynconfig.name = kafka.server.metadata.DynamicConfigPublisher
+logger.dynconfig.level = WARN
+logger.logmanager.name = kafka.log.LogManager
+logger.logmanager.level = WARN
+logger.partition.name = kafka.cluster.Partition
+logger.partition.level = WARN
+logger.unifiedlog.name = org.apache.kafka.storage.internals.log.UnifiedLog
+logger.unifiedlog.level = WARN
+logger.producerstate.name = org.apache.kafka.storage.internals.log.ProducerStateManager
+logger.producerstate.level = WARN
+logger.snapshot.name = org.apache.kafka.storage.internals.log.SnapshotFile
+logger.snapshot.level = WARN
 """
 
 

@@ -66,6 +66,10 @@ FORCE_COMPACTION_CONFIG: Mapping[str, str] = {
 }
 
 _ADMIN_TIMEOUT_S = 30.0
+#: Seconds after which force_compaction appends another roll tombstone.
+_REROLL_S = 3.0
+#: (topic, partition)
+_TP = tuple[str, int]
 
 
 def is_reserved_key(key: bytes | str | None) -> bool:
@@ -273,6 +277,58 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
 
 
 @dataclass(frozen=True)
+class TopicInfo:
+    """One ledger topic as the broker has it (see :func:`describe_ledger_topics`).
+
+    Attributes:
+        name: full topic name.
+        spec: its entry in TOPICS.
+        partitions: partition count, or None when the topic does not exist.
+        cleanup_policy: the topic's ``cleanup.policy`` (None when missing).
+        retention_ms: the topic's ``retention.ms`` (None when missing).
+    """
+
+    name: str
+    spec: TopicSpec
+    partitions: int | None
+    cleanup_policy: str | None
+    retention_ms: str | None
+
+
+def describe_ledger_topics(settings: LedgerSettings) -> list[TopicInfo]:
+    """Describe every ledger topic for ``settings.topic_prefix``, in TOPICS order.
+
+    Args:
+        settings: uses ``bootstrap_servers`` and ``topic_prefix``.
+
+    Returns:
+        One :class:`TopicInfo` per spec; missing topics have ``partitions=None``.
+
+    Raises:
+        BrokerError: the broker does not answer.
+    """
+    admin = _admin(settings)
+    present = _list_topics(admin, settings)
+    names = topic_names(settings)
+    configs = _describe(admin, [n for n in names if n in present])
+    out: list[TopicInfo] = []
+    for spec, name in zip(TOPICS, names, strict=True):
+        cfg = configs.get(name, {})
+        policy = cfg.get("cleanup.policy")
+        retention = cfg.get("retention.ms")
+        out.append(
+            TopicInfo(
+                name=name,
+                spec=spec,
+                partitions=present.get(name),
+                cleanup_policy=None if policy is None else policy.value,
+                retention_ms=None if retention is None else retention.value,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
 class CompactionResult:
     """What :func:`force_compaction` did to one topic.
 
@@ -336,6 +392,7 @@ def force_compaction(
         BrokerError: the broker does not answer, or compaction was not observed
             within ``timeout_s`` (configs are restored all the same).
     """
+    names = None if names is None else list(names)
     specs = [s for s in _specs(names) if s.cleanup == "compact"]
     if names is not None:
         bad = [s.name for s in _specs(names) if s.cleanup != "compact"]
@@ -362,28 +419,25 @@ def force_compaction(
     start = time.monotonic()
     deadline = start + timeout_s
     original = _describe(admin, topics)
-    results: list[CompactionResult] = []
     try:
         _alter(
             admin, {t: {k: (v, True) for k, v in FORCE_COMPACTION_CONFIG.items()} for t in topics}
         )
         _wait_configs(admin, topics, FORCE_COMPACTION_CONFIG, deadline)
-        before = {
-            t: _non_reserved(_read_all(settings, t, metadata[t], None, deadline)) for t in topics
-        }
-        results = _compact(settings, topics, metadata, before, start, deadline)
+        parts = _non_empty_partitions(settings, topics, metadata)
+        before = _read_keys(settings, dict.fromkeys(parts), deadline)
+        return _compact(settings, topics, before, start, deadline)
     finally:
         restore: dict[str, dict[str, tuple[str | None, bool]]] = {}
         for topic in topics:
             restore[topic] = {}
             for key in FORCE_COMPACTION_CONFIG:
                 entry = original[topic].get(key)
-                if entry is not None and entry.source == ConfigSource.DYNAMIC_TOPIC_CONFIG:
+                if entry is not None and _is_topic_override(entry):
                     restore[topic][key] = (entry.value, True)
                 else:
                     restore[topic][key] = (None, False)
         _alter(admin, restore)
-    return results
 
 
 # --------------------------------------------------------------------------- helpers
@@ -541,25 +595,58 @@ def _config_problems(
     return problems
 
 
-def _non_reserved(keys: Mapping[int, Sequence[bytes | None]]) -> int:
-    return sum(1 for part in keys.values() for k in part if not is_reserved_key(k))
+def _is_topic_override(entry: ConfigEntry) -> bool:
+    """Tell whether a config value is set on the topic itself (not inherited)."""
+    source: object = entry.source  # an int at run time, despite the annotation
+    if isinstance(source, ConfigSource):
+        source = source.value
+    return source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
 
 
-def _read_all(
-    settings: LedgerSettings,
-    topic: str,
-    partitions: int,
-    limits: Mapping[int, int] | None,
-    deadline: float,
-) -> dict[int, list[bytes | None]]:
-    """Read keys of committed records per partition, below ``limits[p]`` (exclusive).
+def _non_empty_partitions(
+    settings: LedgerSettings, topics: Sequence[str], metadata: Mapping[str, int]
+) -> list[_TP]:
+    probe = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"ledger-compaction-probe-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "logger": CLIENT_LOGGER,
+        }
+    )
+    try:
+        out: list[_TP] = []
+        for topic in topics:
+            for part in range(metadata[topic]):
+                low, high = probe.get_watermark_offsets(
+                    TopicPartition(topic, part), timeout=_ADMIN_TIMEOUT_S
+                )
+                if high > low:
+                    out.append((topic, part))
+        return out
+    finally:
+        probe.close()
 
-    With ``limits=None`` every partition is read to its end. Partitions absent
-    from ``limits`` are not read.
+
+def _read_keys(
+    settings: LedgerSettings, limits: Mapping[_TP, int | None], deadline: float
+) -> dict[_TP, list[bytes | None]]:
+    """Read the keys of the committed records of some partitions, from the beginning.
+
+    Args:
+        settings: uses ``bootstrap_servers``.
+        limits: per (topic, partition), the offset to stop before (exclusive),
+            or None to read to the end.
+        deadline: ``time.monotonic()`` bound.
+
+    Returns:
+        Keys in offset order per (topic, partition).
+
+    Raises:
+        BrokerError: on a read error or when the deadline passes.
     """
-    wanted = list(range(partitions)) if limits is None else sorted(limits)
-    keys: dict[int, list[bytes | None]] = {p: [] for p in wanted}
-    if not wanted:
+    keys: dict[_TP, list[bytes | None]] = {tp: [] for tp in limits}
+    if not limits:
         return keys
     consumer = Consumer(
         {
@@ -569,42 +656,43 @@ def _read_all(
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10,
             "logger": CLIENT_LOGGER,
         }
     )
     try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted])
-        pending = set(wanted)
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in limits])
+        pending = set(limits)
         while pending:
             if time.monotonic() > deadline:
                 raise BrokerError(
-                    f"reading {topic} timed out (partitions {sorted(pending)} not finished); "
-                    "an open transaction may hold the last stable offset",
+                    f"reading {sorted(pending)} timed out; an open transaction may hold the "
+                    "last stable offset",
                     expected="full read",
                     observed="timeout",
                 )
-            msg: Message | None = consumer.poll(0.5)
+            msg: Message | None = consumer.poll(0.2)
             if msg is None:
                 continue
-            part = msg.partition()
-            if part is None or part not in pending:
+            topic, part, offset = msg.topic(), msg.partition(), msg.offset()
+            if topic is None or part is None or (topic, part) not in pending:
                 continue
+            tp = (topic, part)
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(part)
+                    pending.discard(tp)
                     continue
                 raise BrokerError(
-                    f"reading {topic} failed: {err}", expected="records", observed=str(err)
+                    f"reading {tp} failed: {err}", expected="records", observed=str(err)
                 )
-            offset = msg.offset()
-            limit = None if limits is None else limits[part]
+            limit = limits[tp]
             if offset is None:
                 continue
             if limit is None or offset < limit:
-                keys[part].append(msg.key())
+                keys[tp].append(msg.key())
             if limit is not None and offset >= limit - 1:
-                pending.discard(part)
+                pending.discard(tp)
     finally:
         consumer.close()
     return keys
@@ -630,10 +718,8 @@ def _wait_configs(
         time.sleep(0.1)
 
 
-def _roll(
-    settings: LedgerSettings, topic_parts: Mapping[str, Iterable[int]]
-) -> dict[tuple[str, int], int]:
-    """Append a ``__compaction__`` tombstone to each partition; return its offsets."""
+def _roll(settings: LedgerSettings, parts: Iterable[_TP]) -> dict[_TP, int]:
+    """Append a ``__compaction__`` tombstone to each partition; return their offsets."""
     producer = Producer(
         {
             "bootstrap.servers": settings.bootstrap_servers,
@@ -642,23 +728,21 @@ def _roll(
             "logger": CLIENT_LOGGER,
         }
     )
-    offsets: dict[tuple[str, int], int] = {}
+    offsets: dict[_TP, int] = {}
     errors: list[str] = []
 
     def delivered(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             errors.append(str(err))
             return
-        part, offset = msg.partition(), msg.offset()
-        topic = msg.topic()
+        topic, part, offset = msg.topic(), msg.partition(), msg.offset()
         if topic is not None and part is not None and offset is not None:
             offsets[(topic, part)] = offset
 
-    for topic, parts in topic_parts.items():
-        for part in parts:
-            producer.produce(
-                topic, key=COMPACTION_KEY, value=None, partition=part, on_delivery=delivered
-            )
+    for topic, part in parts:
+        producer.produce(
+            topic, key=COMPACTION_KEY, value=None, partition=part, on_delivery=delivered
+        )
     remaining = producer.flush(_ADMIN_TIMEOUT_S)
     if errors or remaining:
         raise BrokerError(
@@ -672,66 +756,46 @@ def _roll(
 def _compact(
     settings: LedgerSettings,
     topics: Sequence[str],
-    metadata: Mapping[str, int],
-    before: Mapping[str, int],
+    before: Mapping[_TP, Sequence[bytes | None]],
     start: float,
     deadline: float,
 ) -> list[CompactionResult]:
-    # Only non-empty partitions need a roll; empty ones have nothing to compact.
-    probe = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": f"ledger-compaction-probe-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        todo: dict[str, set[int]] = {}
-        for topic in topics:
-            todo[topic] = set()
-            for part in range(metadata[topic]):
-                low, high = probe.get_watermark_offsets(
-                    TopicPartition(topic, part), timeout=_ADMIN_TIMEOUT_S
-                )
-                if high > low:
-                    todo[topic].add(part)
-    finally:
-        probe.close()
-
-    after: dict[str, int] = {t: 0 for t in topics}
-    done_at: dict[str, float] = {t: time.monotonic() for t in topics if not todo[t]}
-    reroll_every_s = 3.0
-    while any(todo.values()):
-        marks = _roll(settings, {t: parts for t, parts in todo.items() if parts})
+    """Roll, then poll until every partition in ``before`` shows no repeated key."""
+    todo = set(before)
+    after: Counter[str] = Counter()
+    done_at = {t: time.monotonic() for t in topics if not any(tp[0] == t for tp in todo)}
+    while todo:
+        marks = _roll(settings, todo)
         rolled_at = time.monotonic()
-        while any(todo.values()) and time.monotonic() - rolled_at < reroll_every_s:
+        # If the roll did not happen (config not applied to the log yet), roll again later.
+        while todo and time.monotonic() - rolled_at < _REROLL_S:
+            keys = _read_keys(settings, {tp: marks[tp] for tp in todo}, deadline)
+            now = time.monotonic()
+            for tp, part_keys in keys.items():
+                if max(Counter(part_keys).values(), default=0) <= 1:
+                    todo.discard(tp)
+                    after[tp[0]] += sum(1 for k in part_keys if not is_reserved_key(k))
             for topic in topics:
-                if not todo[topic]:
-                    continue
-                limits = {p: marks[(topic, p)] for p in todo[topic]}
-                keys = _read_all(settings, topic, metadata[topic], limits, deadline)
-                for part, part_keys in keys.items():
-                    if all(n == 1 for n in Counter(part_keys).values()):
-                        todo[topic].discard(part)
-                        after[topic] += sum(1 for k in part_keys if not is_reserved_key(k))
-                if not todo[topic]:
-                    done_at[topic] = time.monotonic()
-            if not any(todo.values()):
+                if topic not in done_at and not any(tp[0] == topic for tp in todo):
+                    done_at[topic] = now
+            if not todo:
                 break
-            if time.monotonic() > deadline:
-                pending = {t: sorted(p) for t, p in todo.items() if p}
+            if now > deadline:
+                pending = sorted(todo)
                 raise BrokerError(
                     f"compaction was not observed within the timeout for {pending}; check that "
                     "the broker's log cleaner runs (log.cleaner.enable, log.cleaner.backoff.ms, "
-                    "see its log) and that no transaction is left open, or raise the timeout",
+                    "its log) and that no transaction is left open, or raise the timeout",
                     expected="at most one record per key",
                     observed=pending,
                 )
-            time.sleep(0.25)
+            time.sleep(0.2)
     return [
         CompactionResult(
             topic=t,
-            records_before=before[t],
+            records_before=sum(
+                1 for tp, ks in before.items() if tp[0] == t for k in ks if not is_reserved_key(k)
+            ),
             records_after=after[t],
             elapsed_s=round(done_at[t] - start, 3),
         )

@@ -1,0 +1,1 @@
+"""Event-sourced recovery ledger on Apache Kafka."""

@@ -35,12 +35,12 @@ demo: venv kafka
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy ledger
+	$(BIN)/mypy ledger consumers producers sinks
 
 test: venv kafka
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy ledger
+	$(BIN)/mypy ledger consumers producers sinks
 	$(BIN)/pytest
 
 fmt: venv

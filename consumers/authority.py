@@ -6,21 +6,30 @@ the single writer of the consume-once invariant). It follows
 ``ledger.approvals`` (same partitions) and ``ledger.policy`` as tables, and
 for each request writes, in one transaction with its offsets, the
 :class:`~ledger.events.AdmissionDecision` (keyed by operation ID) and, when
-admitted, the approval's consumed record (keyed by approval ID).
+admitted, the approval's consumed record (keyed by approval ID). Approvals
+must be signed by a trusted reviewer key; refusals of every kind are also
+published as operating events.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from consumers import faults
 from consumers.stage import Record, Stage, Writer
 from consumers.tables import TableFollower
-from ledger.authority import evaluate
+from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import Clock, clock_for
-from ledger.events import AdmissionRequest, Approval, PolicyChange
+from ledger.events import AdmissionRequest, Approval, Event, OperatingEvent, PolicyChange
+from ledger.signing import load_trusted
 
 log = logging.getLogger(__name__)
+
+#: Seconds between catch-ups of the approvals table while idle.
+IDLE_CATCH_UP_S = 1.0
 
 
 class AuthorityKernel(Stage):
@@ -30,6 +39,8 @@ class AuthorityKernel(Stage):
         approvals: committed approvals of the assigned partitions.
         pending: approvals consumed in the open transaction.
         policy_version: policy version in force.
+        notes: writes the approvals table asks for (re-asserted consumed
+            records, operating events about refused review decisions).
     """
 
     component = "authority"
@@ -40,16 +51,43 @@ class AuthorityKernel(Stage):
         self.clock: Clock = clock_for(self.settings.clock, self.settings.run_dir)
         self.approvals: dict[str, Approval] = {}
         self.pending: dict[str, Approval] = {}
+        self.notes: list[tuple[str, str, Event]] = []
         self.policy_version = self.settings.policy_version
+        self._last_catch_up = 0.0
         self._approvals = TableFollower(self.settings, "approvals", self._apply_approval)
         self._policy = TableFollower(self.settings, "policy", self._apply_policy)
         self._policy.follow({0})
 
+    def trusted(self) -> dict[str, Ed25519PublicKey] | None:
+        """Trusted reviewer keys (re-read each batch), or ``None`` when not required."""
+        if not self.settings.require_signed_approvals:
+            return None
+        return load_trusted(self.settings.trusted_keys_path())
+
     def _apply_approval(self, key: str, rec: Record | None) -> None:
-        if rec is None:
-            self.approvals.pop(key, None)
-        elif isinstance(rec.event, Approval) and rec.event.approval_id == key:
-            self.approvals[key] = rec.event
+        if rec is None or not isinstance(rec.event, Approval) or rec.event.approval_id != key:
+            return
+        merged = merge_approval(self.approvals.get(key), rec.event)
+        self.approvals[key] = merged.approval
+        if merged.reassert:
+            self.notes.append(("approvals", key, merged.approval))
+        if merged.note:
+            self.notes.append(
+                (
+                    "operating-events",
+                    key,
+                    OperatingEvent(
+                        event_id=f"authority:approvals:{rec.partition}:{rec.offset}:APPROVAL",
+                        component="authority",
+                        kind="APPROVAL_REFUSED",
+                        reason=merged.note,
+                        source_topic="approvals",
+                        source_partition=rec.partition,
+                        source_offset=rec.offset,
+                        original_bytes=rec.raw,
+                    ),
+                )
+            )
 
     def _apply_policy(self, key: str, rec: Record | None) -> None:
         if rec is not None and isinstance(rec.event, PolicyChange):
@@ -58,26 +96,51 @@ class AuthorityKernel(Stage):
     def on_assign(self, partitions: set[int]) -> None:
         """Follow the approvals of the assigned partitions from the beginning."""
         self.approvals.clear()
+        self.notes.clear()
         self._approvals.follow(partitions)
         log.info("authority: %d approvals loaded", len(self.approvals))
 
     def on_revoke(self, partitions: set[int]) -> None:
-        """Stop following (the next assignment reloads)."""
+        """Drop uncommitted work (the next assignment reloads the table)."""
         self.pending.clear()
 
     def rebuild(self) -> None:
-        """Forget consumptions of the aborted transaction."""
+        """Forget consumptions of the aborted transaction; reload the table."""
         self.pending.clear()
+        self.approvals.clear()
+        self.notes.clear()
+        self._approvals.follow(self._approvals.partitions)
 
     def after_commit(self) -> None:
         """Consumed approvals are now durable."""
         self.approvals.update(self.pending)
         self.pending.clear()
 
-    def handle(self, records: list[Record], out: Writer) -> None:
-        """Decide every admission request of the batch."""
+    def _catch_up(self) -> None:
         self._approvals.catch_up()
         self._policy.catch_up()
+        self._last_catch_up = time.monotonic()
+
+    def _write_notes(self, out: Writer) -> None:
+        for topic, key, event in self.notes:
+            out.write(topic, key, event)
+        self.notes.clear()
+
+    def idle(self) -> None:
+        """Catch the tables up now and then; publish what they ask for."""
+        if time.monotonic() - self._last_catch_up < IDLE_CATCH_UP_S or self.producer is None:
+            return
+        self._catch_up()
+        if self.notes:
+            self.producer.begin_transaction()
+            self._write_notes(Writer(self.producer, self.settings))
+            self.producer.commit_transaction(60)
+
+    def handle(self, records: list[Record], out: Writer) -> None:
+        """Decide every admission request of the batch."""
+        self._catch_up()
+        self._write_notes(out)
+        trusted = self.trusted()
         for rec in records:
             request = rec.event
             if not isinstance(request, AdmissionRequest):
@@ -93,11 +156,27 @@ class AuthorityKernel(Stage):
                 now_ms=self.clock.now_ms(),
                 policy_version=self.policy_version,
                 decided_by=f"authority-{self.instance}",
+                trusted=trusted,
             )
             out.write("admissions", request.operation_id, result.decision)
             if result.approval is not None:
                 self.pending[request.approval_id] = result.approval
                 out.write("approvals", request.approval_id, result.approval)
+            if result.decision.reason != REASON_ADMITTED:
+                out.write(
+                    "operating-events",
+                    request.operation_id,
+                    OperatingEvent(
+                        event_id=f"authority:{rec.topic}:{rec.partition}:{rec.offset}:REFUSED",
+                        operation_id=request.operation_id,
+                        component="authority",
+                        kind="ADMISSION_REFUSED",
+                        reason=f"{request.approval_id}: {result.decision.reason}",
+                        source_topic=rec.topic,
+                        source_partition=rec.partition,
+                        source_offset=rec.offset,
+                    ),
+                )
             log.info(
                 "%s: admission %s (%s)",
                 request.operation_id,

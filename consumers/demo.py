@@ -27,6 +27,7 @@ from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 from ledger.errors import LedgerError
 from ledger.events import Approval, JournalEntry, RecoveryReceipt
 from ledger.machine import COMPLETE
+from ledger.signing import ReviewerKey, trust
 from producers.intents import IntentPublisher
 
 Say = Callable[[str], None]
@@ -117,6 +118,8 @@ class Case:
         self.say = say
         self.verbose = verbose
         self.harness = Harness(self.settings)
+        self.reviewer = ReviewerKey.generate("reviewer-1")
+        trust(self.settings.trusted_keys_path(), self.reviewer)
         self.publisher = IntentPublisher(self.settings, client_id=f"demo-{name}")
         self.tail: JournalTail | None = None
 
@@ -143,15 +146,17 @@ class Case:
         operation_id: str | None = None,
     ) -> None:
         self.publisher.publish_approval(
-            Approval(
-                approval_id=approval_id,
-                reviewer="reviewer-1",
-                policy_version=self.settings.policy_version,
-                expires_at_ms=expires_at_s * 1000,
-                scope_subject=subject,
-                scope_max_amount_minor=max_amount_minor,
-                scope_operation_id=operation_id,
-                granted_at_ms=self.harness.clock.now_ms(),
+            self.reviewer.sign(
+                Approval(
+                    approval_id=approval_id,
+                    reviewer="reviewer-1",
+                    policy_version=self.settings.policy_version,
+                    expires_at_ms=expires_at_s * 1000,
+                    scope_subject=subject,
+                    scope_max_amount_minor=max_amount_minor,
+                    scope_operation_id=operation_id,
+                    granted_at_ms=self.harness.clock.now_ms(),
+                )
             )
         )
 

@@ -31,7 +31,7 @@ class Processor(Stage):
     """
 
     component = "processor"
-    inputs = ("intents", "admissions", "receipts", "readbacks", "claims")
+    inputs = ("intents", "admissions", "receipts", "readbacks", "claims", "dispositions")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

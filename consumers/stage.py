@@ -394,7 +394,10 @@ class Stage:
                     elif err.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s: consumer error: %s", self.component, err)
                 if not real:
-                    self.idle()
+                    try:
+                        self.idle()
+                    except KafkaException as exc:
+                        self._recover(exc)
                     continue
                 try:
                     self._process(real)

@@ -9,9 +9,13 @@ decision records its evaluation time, so replay needs no clock.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from ledger.events import AdmissionDecision, AdmissionRequest, Approval
+from ledger.signing import verify
 
 REASON_ADMITTED = "admitted"
 REASON_NOT_FOUND = "approval not found"
@@ -45,6 +49,7 @@ def evaluate(
     now_ms: int,
     policy_version: int,
     decided_by: str,
+    trusted: Mapping[str, Ed25519PublicKey] | None = None,
 ) -> Admission:
     """Decide whether ``request`` may be admitted under ``approval`` at ``now_ms``.
 
@@ -54,6 +59,8 @@ def evaluate(
         now_ms: ledger time of the decision (milliseconds).
         policy_version: policy version in force at ``now_ms``.
         decided_by: kernel instance name, recorded in the decision.
+        trusted: reviewer keys trusted to sign approvals; ``None`` disables
+            the signature check (unit tests of the other checks only).
 
     Returns:
         The decision and, when admitted for the first time, the consumed
@@ -82,11 +89,15 @@ def evaluate(
 
     if approval is None:
         return result(False, REASON_NOT_FOUND)
-    if approval.status == "CONSUMED" and approval.consumed_by == request.operation_id:
+    if trusted is not None:
+        problem = verify(approval, dict(trusted))
+        if problem is not None:
+            return result(False, problem)
+    if approval.consumed_by == request.operation_id:
         return result(True, REASON_ADMITTED)
     if approval.status == "REVOKED":
         return result(False, REASON_REVOKED)
-    if approval.status == "CONSUMED":
+    if approval.consumed_by is not None:
         return result(False, REASON_CONSUMED)
     if now_ms >= approval.expires_at_ms:
         return result(False, REASON_EXPIRED)
@@ -108,3 +119,70 @@ def evaluate(
         }
     )
     return result(True, REASON_ADMITTED, consumed)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Result of :func:`merge_approval`.
+
+    Attributes:
+        approval: the approval's record after the incoming one.
+        note: ``None``, or why the incoming record was not taken as is
+            (an operating-event reason).
+        reassert: the kernel must write ``approval`` again so that the
+            latest record for the key (all that compaction keeps) is correct.
+    """
+
+    approval: Approval
+    note: str | None = None
+    reassert: bool = False
+
+
+def _grant(a: Approval) -> tuple[object, ...]:
+    return (
+        a.reviewer,
+        a.policy_version,
+        a.expires_at_ms,
+        a.scope_subject,
+        a.scope_max_amount_minor,
+        a.scope_operation_id,
+        a.granted_at_ms,
+        a.key_id,
+        a.signature,
+    )
+
+
+def merge_approval(existing: Approval | None, incoming: Approval) -> Merge:
+    """Fold one record of ``ledger.approvals`` into the kernel's table.
+
+    A review decision submitted twice stays one approval; a grant never
+    un-consumes or un-revokes an approval (the kernel re-asserts the
+    consumed record so compaction keeps it); a revocation keeps the record of
+    who consumed it.
+    """
+    if existing is None:
+        return Merge(incoming)
+    if incoming.status == "GRANTED":
+        if _grant(incoming) != _grant(existing):
+            return Merge(
+                existing,
+                f"approval ID {incoming.approval_id} reused for a different review decision; "
+                "the first decision stands",
+                reassert=existing.status != "GRANTED",
+            )
+        return Merge(existing, None, reassert=existing.status != "GRANTED")
+    if incoming.status == "REVOKED":
+        return Merge(
+            existing.model_copy(update={"status": "REVOKED", "revoked_by": incoming.revoked_by})
+        )
+    # CONSUMED: the kernel's own record read back.
+    if existing.status == "REVOKED":
+        return Merge(
+            existing.model_copy(
+                update={
+                    "consumed_by": incoming.consumed_by,
+                    "consumed_at_ms": incoming.consumed_at_ms,
+                }
+            )
+        )
+    return Merge(incoming)

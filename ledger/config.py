@@ -45,6 +45,10 @@ class LedgerSettings(BaseSettings):
             retry with a fresh attempt identity).
         sinks_file: JSON file naming each sink's URL and effect contract
             (default ``run_dir/sinks.json``).
+        trusted_keys_file: reviewer keys the authority kernel trusts to sign
+            approvals (default ``run_dir/trusted_keys.json``).
+        require_signed_approvals: refuse approvals without a valid signature
+            by a trusted key (default true).
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -64,6 +68,12 @@ class LedgerSettings(BaseSettings):
     policy_version: int = 1
     relay_mode: str = "ledger"
     sinks_file: Path | None = None
+    trusted_keys_file: Path | None = None
+    require_signed_approvals: bool = True
+
+    def trusted_keys_path(self) -> Path:
+        """Where trusted reviewer keys live (``trusted_keys_file`` or ``run_dir/...``)."""
+        return self.trusted_keys_file or self.run_dir / "trusted_keys.json"
 
     def sinks_path(self) -> Path:
         """Where the sink registry lives (``sinks_file`` or ``run_dir/sinks.json``)."""

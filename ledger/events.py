@@ -278,6 +278,18 @@ class OperatingEvent(Event):
     original_bytes: bytes | None = None
 
 
+class Disposition(Event):
+    """An attributable human disposition of an unknown outcome (key: operation ID)."""
+
+    KIND: ClassVar[str] = "Disposition"
+    disposition_id: str
+    operation_id: str
+    decision: Literal["COMMITTED", "ABSENT", "ABANDON"]
+    by: str
+    evidence: str
+    disposed_at_ms: int
+
+
 class PolicyChange(Event):
     """The policy version now in force (key: ``current``)."""
 
@@ -302,6 +314,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JournalEntry,
         RecoveryReceipt,
         OperatingEvent,
+        Disposition,
         PolicyChange,
     )
 }

@@ -21,6 +21,7 @@ from ledger.events import (
     Claim,
     Dispatch,
     DispatchKind,
+    Disposition,
     EffectReceipt,
     Event,
     Intent,
@@ -109,6 +110,8 @@ def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
         return _readback(state, event, ref)
     if isinstance(event, Claim):
         return _claim(state, event, ref)
+    if isinstance(event, Disposition):
+        return _disposition(state, event, ref)
     return _refuse(
         state, ref, state.operation_id, "BAD_INPUT", f"{event.KIND} is not a processor input"
     )
@@ -809,6 +812,67 @@ def _claim(state: OperationState, c: Claim, ref: str) -> Decision:
     return Decision(new, "APPLIED", str(state.state), str(state.state), reason, tuple(outputs))
 
 
+# --------------------------------------------------------------------------- dispositions
+
+
+def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
+    """An attributable human decision releases an unknown outcome (never a timer)."""
+    if state.state != S.UNKNOWN_OUTCOME:
+        target = {"COMMITTED": S.EFFECT_COMMITTED, "ABSENT": S.ADMITTED, "ABANDON": S.ABANDONED}
+        return _forbidden(
+            state,
+            target[d.decision],
+            ref,
+            f"disposition {d.decision} by {d.by} applies only to UNKNOWN_OUTCOME",
+        )
+    source = f"disposition by {d.by}: {d.evidence}"
+    if d.decision == "COMMITTED":
+        return _committed(
+            state,
+            ref,
+            effect_id=state.effect_id,
+            source=source,
+            status="COMMITTED (disposition)",
+            observed_at_ms=d.disposed_at_ms,
+            on_resume=True,
+            observer=d.by,
+        )
+    if d.decision == "ABSENT":
+        return _absent_retry(
+            state,
+            ref,
+            source=source,
+            status="ABSENT (disposition)",
+            observed_at_ms=d.disposed_at_ms,
+            on_resume=True,
+            observer=d.by,
+        )
+    receipt = _recovery_receipt(
+        state,
+        ref,
+        claimant=d.by,
+        source=source,
+        status="ABANDON (disposition)",
+        observed_at_ms=d.disposed_at_ms,
+        action="ABANDON",
+        effect_id=None,
+        postcondition="not checked: operation abandoned",
+        uncertainty=f"whether the effect committed at {state.sink} (accepted by {d.by})",
+        owner=d.by,
+        release="none: abandoned by an attributable disposition",
+    )
+    return _move(
+        state,
+        S.ABANDONED,
+        f"abandoned by {d.by}: {d.evidence}",
+        (receipt, _reconciliation_done(state)),
+        observation_source=source,
+        observation_status="ABANDON",
+        observed_at_ms=d.disposed_at_ms,
+        recovery_receipts=state.recovery_receipts + 1,
+    )
+
+
 # --------------------------------------------------------------------------- replay
 
 
@@ -835,6 +899,30 @@ def journal_entry(
 def ref_of(topic: str, partition: int, offset: int) -> str:
     """The ``ref`` string of an input position."""
     return f"{topic}:{partition}:{offset}"
+
+
+def replay_decisions(
+    entries: Iterable[JournalEntry],
+) -> tuple[
+    dict[str, OperationState], list[tuple[JournalEntry, Event, OperationState | None, Decision]]
+]:
+    """Fold journal entries like :func:`replay`, also returning every step.
+
+    Returns:
+        ``(states, steps)`` where each step is ``(entry, input event, state
+        before, decision)`` in journal order.
+    """
+    states: dict[str, OperationState] = {}
+    steps: list[tuple[JournalEntry, Event, OperationState | None, Decision]] = []
+    for entry in entries:
+        event = decode_event(entry.input_event)
+        ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
+        before = states.get(entry.operation_id)
+        decision = decide(before, event, ref)
+        steps.append((entry, event, before, decision))
+        if decision.state is not None:
+            states[entry.operation_id] = decision.state
+    return states, steps
 
 
 def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:

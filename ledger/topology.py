@@ -56,6 +56,12 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec("receipts", "operation ID", "compact", writers="relay"),
     TopicSpec("readbacks", "operation ID", "compact", writers="relay, reconcilers"),
     TopicSpec("claims", "operation ID", "compact", writers="resumers"),
+    TopicSpec(
+        "dispositions",
+        "operation ID",
+        "compact",
+        writers="operators (ledger reconcile dispose)",
+    ),
     TopicSpec("state", "operation ID", "compact", writers="processor only"),
     TopicSpec("journal", "operation ID", "delete", retention_ms=-1, writers="processor only"),
     TopicSpec("recovery-receipts", "operation ID", "compact", writers="processor"),

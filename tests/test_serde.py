@@ -45,6 +45,14 @@ def _sample(name: str):  # one valid instance of every event kind
         "Dispatch": admitted.outputs[0].event,
         "RecoveryReceipt": None,
         "PolicyChange": EVENT_TYPES["PolicyChange"](version=2, set_by="ops", effective_at_ms=5),
+        "Disposition": EVENT_TYPES["Disposition"](
+            disposition_id="d1",
+            operation_id=i.operation_id,
+            decision="COMMITTED",
+            by="operator-3",
+            evidence="provider log",
+            disposed_at_ms=600_000,
+        ),
     }
     if name == "RecoveryReceipt":
         resumed = decide(

@@ -19,6 +19,7 @@ from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval, JournalEntry, OperatingEvent
 from ledger.events import RecoveryState as S
 from ledger.serde import MARKER
+from ledger.signing import ReviewerKey, trust
 from producers.intents import IntentPublisher
 
 pytestmark = pytest.mark.integration
@@ -40,16 +41,22 @@ def publish(pub: IntentPublisher, op: str, amount: int = 5000, approval: str = "
     )
 
 
+REVIEWER = ReviewerKey.generate("reviewer-test")
+
+
 def approve(pub: IntentPublisher, approval_id: str = "ap-1", max_amount: int = 9000) -> None:
+    trust(pub.settings.trusted_keys_path(), REVIEWER)
     pub.publish_approval(
-        Approval(
-            approval_id=approval_id,
-            reviewer="rev",
-            policy_version=1,
-            expires_at_ms=1_000_000,
-            scope_subject="customer-1",
-            scope_max_amount_minor=max_amount,
-            granted_at_ms=0,
+        REVIEWER.sign(
+            Approval(
+                approval_id=approval_id,
+                reviewer="rev",
+                policy_version=1,
+                expires_at_ms=1_000_000,
+                scope_subject="customer-1",
+                scope_max_amount_minor=max_amount,
+                granted_at_ms=0,
+            )
         )
     )
 

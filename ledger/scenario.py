@@ -1,0 +1,358 @@
+"""Game-day scenario files (``shared/SCENARIOS.md``): parsing and validation.
+
+A scenario is a JSON or YAML object with ``name``, ``description``, ``mode``,
+``sinks``, ``policy_version``, ``steps`` and ``expect``. Unknown keys are an
+error naming the key and where it is; so are wrong types and unknown steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ledger.contracts import EffectContract
+from ledger.errors import LedgerError
+
+SEAM = Literal[
+    "before_admission",
+    "after_admission_before_dispatch",
+    "after_dispatch_before_send",
+    "after_sink_commit_before_receipt",
+    "after_receipt_before_commit",
+    "after_commit_before_verification",
+]
+SINK_FAULT = Literal[
+    "commit_then_drop_response",
+    "timeout_before_commit",
+    "timeout_after_commit",
+    "reject",
+    "unavailable",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ScenarioError(LedgerError):
+    """A scenario file is malformed (the message names the bad key or value)."""
+
+
+class Scope(_Strict):
+    """What an approval covers."""
+
+    subject: str
+    max_amount_minor: int = Field(ge=0)
+    operation_id: str | None = None
+
+
+class Approve(_Strict):
+    """A review decision is published."""
+
+    approval_id: str
+    reviewer: str
+    expires_at: int | float
+    policy_version: int
+    scope: Scope
+
+
+class Revoke(_Strict):
+    """An approval is withdrawn."""
+
+    approval_id: str
+    by: str
+
+
+class Policy(_Strict):
+    """The current policy version changes."""
+
+    version: int
+
+
+class IntentStep(_Strict):
+    """A service publishes an intent."""
+
+    operation_id: str
+    sink: str
+    action: str
+    params: dict[str, Any]
+    actor: str
+    subject: str
+    purpose: str
+    decision_version: int
+    approval_id: str | None = None
+
+
+class Fault(_Strict):
+    """The component reaching ``seam`` (for that operation) dies there."""
+
+    seam: SEAM
+    operation_id: str | None = None
+    times: int = Field(default=1, ge=1)
+
+
+class SinkFault(_Strict):
+    """A sink misbehaves once for an operation."""
+
+    sink: str
+    operation_id: str
+    mode: SINK_FAULT
+
+
+class Run(_Strict):
+    """Run every component until the ledger is quiescent."""
+
+    timeout_s: int | float = 60
+
+
+class Restart(_Strict):
+    """Restart crashed components (all, or one)."""
+
+    component: Literal["processor", "authority", "relay"] | None = None
+
+
+class Advance(_Strict):
+    """Move the ledger clock forward."""
+
+    seconds: int | float = Field(ge=0)
+
+
+class ClaimStep(_Strict):
+    """A resumer asks for ownership."""
+
+    operation_id: str
+    worker: str
+    expected_version: Literal["current"] | int = "current"
+
+
+class Race(_Strict):
+    """Every worker reads the current version, then all claim at once."""
+
+    operation_id: str
+    workers: list[str] = Field(min_length=1)
+
+
+class StaleDispatch(_Strict):
+    """A worker that lost ownership sends the dispatch with the previous token."""
+
+    operation_id: str
+    worker: str
+
+
+class Dispose(_Strict):
+    """An attributable human disposition of an unknown outcome."""
+
+    operation_id: str
+    decision: Literal["committed", "absent", "abandon"]
+    by: str
+    evidence: str
+
+
+class Empty(_Strict):
+    """A step with no fields."""
+
+
+STEP_TYPES: dict[str, type[BaseModel]] = {
+    "approve": Approve,
+    "revoke": Revoke,
+    "policy": Policy,
+    "intent": IntentStep,
+    "fault": Fault,
+    "sink_fault": SinkFault,
+    "run": Run,
+    "restart": Restart,
+    "advance": Advance,
+    "claim": ClaimStep,
+    "race": Race,
+    "stale_dispatch": StaleDispatch,
+    "dispose": Dispose,
+    "broker_restart": Empty,
+    "compact": Empty,
+    "audit": Empty,
+}
+
+
+class Step(BaseModel):
+    """One step: its kind and its parsed fields."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: str
+    args: Any
+
+
+class Bound(_Strict):
+    """``{"min": a, "max": b}``: either bound optional."""
+
+    min: int | None = None
+    max: int | None = None
+
+
+Expected = Annotated[int | Bound, Field()]
+
+
+class OpExpect(_Strict):
+    """Expectations about one operation."""
+
+    state: str | None = None
+    effects: Expected | None = None
+    reason_contains: str | None = None
+    recovery_receipts_min: int | None = None
+
+
+class ClaimExpect(_Strict):
+    """Expected outcome of one claim, in order."""
+
+    worker: str
+    accepted: bool
+
+
+TOTALS = (
+    "duplicate_effects",
+    "unknown_outcomes_open",
+    "stale_rejections",
+    "reauthorisations",
+    "accepted_claims",
+    "rejected_claims",
+    "drift_rejections",
+    "postcondition_mismatches",
+    "operating_events",
+)
+
+
+class Totals(_Strict):
+    """Expected totals; each a number or a bound."""
+
+    duplicate_effects: Expected | None = None
+    unknown_outcomes_open: Expected | None = None
+    stale_rejections: Expected | None = None
+    reauthorisations: Expected | None = None
+    accepted_claims: Expected | None = None
+    rejected_claims: Expected | None = None
+    drift_rejections: Expected | None = None
+    postcondition_mismatches: Expected | None = None
+    operating_events: Expected | None = None
+
+
+class AuditExpect(_Strict):
+    """Expected auditor result."""
+
+    violations: Expected
+
+
+class Expect(_Strict):
+    """What a scenario checks; it names only what it checks."""
+
+    operations: dict[str, OpExpect] = Field(default_factory=dict)
+    claims: list[ClaimExpect] | None = None
+    totals: Totals = Field(default_factory=Totals)
+    audit: AuditExpect | None = None
+
+
+class SinkSpec(_Strict):
+    """A reference sink started for the scenario."""
+
+    contract: EffectContract
+
+
+class Scenario(BaseModel):
+    """A parsed game-day scenario."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    mode: Literal["ledger", "checkpoint-only"] = "ledger"
+    sinks: dict[str, SinkSpec] = Field(default_factory=dict)
+    policy_version: int = 1
+    steps: list[Step]
+    expect: Expect = Field(default_factory=Expect)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError("a scenario must be an object")
+        steps = data.get("steps")
+        if not isinstance(steps, list):
+            raise ValueError("'steps' must be a list of one-key objects")
+        parsed = []
+        for n, raw in enumerate(steps):
+            if not isinstance(raw, dict) or len(raw) != 1:
+                raise ValueError(f"steps[{n}] must be an object with exactly one key")
+            ((kind, args),) = raw.items()
+            model = STEP_TYPES.get(kind)
+            if model is None:
+                raise ValueError(
+                    f"steps[{n}]: unknown step {kind!r}; steps are: {', '.join(STEP_TYPES)}"
+                )
+            try:
+                parsed.append(Step(kind=kind, args=model.model_validate(args or {})))
+            except ValidationError as exc:
+                raise ValueError(f"steps[{n}].{kind}: {_explain(exc)}") from None
+        return {**data, "steps": parsed}
+
+    @model_validator(mode="after")
+    def _sinks_named(self) -> Scenario:
+        for n, step in enumerate(self.steps):
+            sink = getattr(step.args, "sink", None)
+            if sink is not None and sink not in self.sinks:
+                raise ValueError(
+                    f"steps[{n}].{step.kind}: sink {sink!r} is not declared under 'sinks'"
+                )
+        return self
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown key {where!r}")
+        elif err["type"] == "missing":
+            parts.append(f"missing key {where!r}")
+        elif err["type"] == "value_error":
+            parts.append(str(err["msg"]).removeprefix("Value error, "))
+        else:
+            parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+def parse(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate a scenario object.
+
+    Raises:
+        ScenarioError: naming the bad key or value and the file.
+    """
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(f"{source}: {_explain(exc)}") from None
+    except ValueError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+
+
+def load(path: Path) -> Scenario:
+    """Read and validate a scenario file (``.json``, ``.yaml`` or ``.yml``).
+
+    Raises:
+        ScenarioError: unreadable file, bad JSON/YAML, or an invalid scenario.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:
+        raise ScenarioError(
+            f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}"
+        ) from None
+    return parse(data, str(path))

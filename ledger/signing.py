@@ -1,0 +1,130 @@
+"""Attributable review decisions: Ed25519 signatures over approvals.
+
+A reviewer signs the canonical encoding of an approval's grant (ID, reviewer,
+policy version, expiry, scope, grant time) with an Ed25519 key (RFC 8032, via
+the ``cryptography`` package). The authority kernel admits only approvals
+signed by a key it is configured to trust (``trusted_keys.json``: key ID ->
+base64 raw public key).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from ledger.events import Approval
+from ledger.identity import canonical_json
+
+
+def signed_body(approval: Approval) -> bytes:
+    """The bytes a reviewer signs: the grant's fields, canonical JSON (UTF-8)."""
+    return canonical_json(
+        {
+            "approval_id": approval.approval_id,
+            "expires_at_ms": approval.expires_at_ms,
+            "granted_at_ms": approval.granted_at_ms,
+            "key_id": approval.key_id,
+            "policy_version": approval.policy_version,
+            "reviewer": approval.reviewer,
+            "scope_max_amount_minor": approval.scope_max_amount_minor,
+            "scope_operation_id": approval.scope_operation_id,
+            "scope_subject": approval.scope_subject,
+        }
+    ).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class ReviewerKey:
+    """A reviewer's signing key.
+
+    Attributes:
+        key_id: the name the ledger trusts it under.
+        private: the Ed25519 private key.
+    """
+
+    key_id: str
+    private: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls, key_id: str) -> ReviewerKey:
+        """A fresh random key."""
+        return cls(key_id, Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_file(cls, path: Path) -> ReviewerKey:
+        """Load ``{"key_id": ..., "private_key": base64 raw}``."""
+        raw = json.loads(path.read_text())
+        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(raw["private_key"]))
+        return cls(str(raw["key_id"]), key)
+
+    def save(self, path: Path) -> None:
+        """Write the private key (mode 0600)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        raw = self.private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        path.write_text(
+            json.dumps({"key_id": self.key_id, "private_key": base64.b64encode(raw).decode()})
+        )
+        path.chmod(0o600)
+
+    def public_b64(self) -> str:
+        """The raw public key, base64."""
+        raw = self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return base64.b64encode(raw).decode()
+
+    def sign(self, approval: Approval) -> Approval:
+        """Return ``approval`` with ``key_id`` and ``signature`` set."""
+        unsigned = approval.model_copy(update={"key_id": self.key_id, "signature": None})
+        return unsigned.model_copy(update={"signature": self.private.sign(signed_body(unsigned))})
+
+
+def load_trusted(path: Path) -> dict[str, Ed25519PublicKey]:
+    """Read trusted reviewer keys (``{key_id: base64 raw public key}``); empty if absent."""
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {
+        key_id: Ed25519PublicKey.from_public_bytes(base64.b64decode(value))
+        for key_id, value in raw.items()
+    }
+
+
+def trust(path: Path, key: ReviewerKey) -> None:
+    """Add a reviewer key to a trusted-keys file."""
+    raw = json.loads(path.read_text()) if path.exists() else {}
+    raw[key.key_id] = key.public_b64()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(raw, indent=2))
+
+
+def verify(approval: Approval, trusted: dict[str, Ed25519PublicKey]) -> str | None:
+    """Check an approval's signature.
+
+    Returns:
+        ``None`` when it is signed by a trusted key, else the reason it is
+        refused: ``approval is not signed``, ``approval signed by unknown key
+        K`` or ``approval signature is invalid``.
+    """
+    if approval.signature is None or approval.key_id is None:
+        return "approval is not signed"
+    public = trusted.get(approval.key_id)
+    if public is None:
+        return f"approval signed by unknown key {approval.key_id}"
+    try:
+        public.verify(approval.signature, signed_body(approval))
+    except InvalidSignature:
+        return "approval signature is invalid"
+    return None

@@ -6,10 +6,12 @@ Every command reads its settings from the environment (``LEDGER_*``, see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,32 +134,18 @@ def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
     report as JSON and exits 0 only if every value matches the expected one.
     """
     from consumers.demo import EXPECTED, run_demo
-    from ledger import broker
-
-    settings = _settings()
 
     def say(text: str) -> None:
         if not as_json:
             click.echo(text, err=True)
 
-    started_broker = False
-    try:
-        before = broker.status(settings)
-        if not before.running:
-            say("starting the local Kafka broker (first run fetches the jars with Maven) ...")
-            status = broker.start(settings)
-            started_broker = True
-            settings = settings.model_copy(update={"bootstrap_servers": status.bootstrap})
-        else:
-            settings = settings.model_copy(update={"bootstrap_servers": before.bootstrap})
+    with _broker(say, keep=keep_broker) as settings:
         t0 = time.monotonic()
-        report = run_demo(settings, say, verbose=verbose)
+        try:
+            report = run_demo(settings, say, verbose=verbose)
+        except LedgerError as exc:
+            raise click.ClickException(exc.message) from exc
         say(f"demo finished in {time.monotonic() - t0:.1f} s")
-    except LedgerError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        if started_broker and not keep_broker:
-            broker.stop(settings)
     click.echo(json.dumps(report, indent=2))
     mismatches = [
         f"{case}.{key}: expected {value!r}, observed {report.get(case, {}).get(key)!r}"
@@ -169,6 +157,75 @@ def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
         for line in mismatches:
             click.echo(f"MISMATCH {line}", err=True)
         sys.exit(1)
+
+
+@main.group("gameday")
+def gameday_group() -> None:
+    """Game days: scenario files (shared/SCENARIOS.md format) run on the real ledger."""
+
+
+@gameday_group.command("run")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON reports.")
+def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
+    """Run scenario FILES (JSON or YAML) one after another.
+
+    Each scenario gets its own topics, run folder and ledger clock, its
+    declared reference sinks and the real stage processes; faults are real
+    SIGKILLs at the named seams. Starts (or reuses) the local broker. Exits 0
+    when every expectation of every file holds, 1 otherwise, 2 for a
+    malformed file (the message names the bad key or value).
+    """
+    from consumers.gameday import run_files
+    from ledger.scenario import ScenarioError, load
+
+    for path in files:
+        try:
+            load(path)
+        except ScenarioError as exc:
+            click.echo(f"error: {exc.message}", err=True)
+            sys.exit(2)
+
+    def say(text: str) -> None:
+        if not as_json:
+            click.echo(text, err=True)
+
+    with _broker(say) as settings:
+        try:
+            reports = run_files(list(files), settings, say)
+        except LedgerError as exc:
+            raise click.ClickException(exc.message) from exc
+    if as_json:
+        click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    else:
+        for report in reports:
+            click.echo(f"{'PASS' if report['passed'] else 'FAIL'}  {report['name']}")
+    sys.exit(0 if all(r["passed"] for r in reports) else 1)
+
+
+@contextlib.contextmanager
+def _broker(say: Callable[[str], None], keep: bool = False) -> Iterator[LedgerSettings]:
+    """Settings for a running broker: the configured one, or the local one started now."""
+    from ledger import broker
+
+    settings = _settings()
+    started = False
+    if settings.bootstrap_servers != broker.local_bootstrap(settings):
+        # A broker configured elsewhere (KAFKA_BOOTSTRAP_SERVERS): use it as it is.
+        yield settings
+        return
+    try:
+        status = broker.status(settings)
+        if not status.running:
+            say("starting the local Kafka broker (first run fetches the jars with Maven) ...")
+            status = broker.start(settings)
+            started = True
+        yield settings.model_copy(update={"bootstrap_servers": status.bootstrap})
+    except LedgerError as exc:
+        raise click.ClickException(exc.message) from exc
+    finally:
+        if started and not keep:
+            broker.stop(settings)
 
 
 # ---------------------------------------------------------------------- operators

@@ -20,7 +20,15 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
-from ledger.events import Approval, Claim, Event, Intent, PolicyChange
+from ledger.events import (
+    Approval,
+    Claim,
+    Disposition,
+    Event,
+    Intent,
+    OperatingEvent,
+    PolicyChange,
+)
 from ledger.identity import amount_of, canonical_json, parameter_digest
 
 
@@ -190,6 +198,14 @@ class IntentPublisher:
             "current",
             PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms),
         )
+
+    def publish_disposition(self, disposition: Disposition) -> None:
+        """Publish an attributable disposition of an unknown outcome (key: operation ID)."""
+        self._send("dispositions", disposition.operation_id, disposition)
+
+    def publish_operating_event(self, event: OperatingEvent) -> None:
+        """Publish an operating event (e.g. a worker's refused stale dispatch)."""
+        self._send("operating-events", event.operation_id or "", event)
 
     def close(self) -> None:
         """Flush outstanding records."""

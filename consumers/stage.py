@@ -231,6 +231,10 @@ class Stage:
                 "bootstrap.servers": self.settings.bootstrap_servers,
                 "group.id": self.group_id,
                 "client.id": f"{self.component}-{self.instance}",
+                # Static membership (KIP-345): a restarted instance takes its
+                # predecessor's place at once instead of waiting for its
+                # session to time out.
+                "group.instance.id": f"{self.component}-{self.instance}",
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",

@@ -134,7 +134,7 @@ class AuthorityKernel(Stage):
         if self.notes:
             self.producer.begin_transaction()
             self._write_notes(Writer(self.producer, self.settings))
-            self.producer.commit_transaction(60)
+            self._commit()
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Decide every admission request of the batch."""

@@ -15,6 +15,7 @@ holds work it can still progress.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers import faults
 from consumers.authority import AuthorityKernel
@@ -35,6 +36,8 @@ from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sink
 from ledger.errors import LedgerError
 from ledger.topics import create_topics
 from sinks.process import SinkProcess
+
+log = logging.getLogger(__name__)
 
 STAGES: dict[str, type[Stage]] = {
     "processor": Processor,
@@ -211,7 +214,12 @@ class Harness:
         stable = 0
         behind: dict[str, int] = {}
         while time.monotonic() < deadline:
-            behind = self.lagging()
+            try:
+                behind = self.lagging()
+            except KafkaException as exc:  # e.g. NOT_COORDINATOR just after a broker restart
+                behind = {"(broker)": 1}
+                log.info("quiescence check failed (%s); retrying", exc)
+                self._drop_clients()
             stable = stable + 1 if not behind else 0
             if stable >= 2:
                 return
@@ -220,6 +228,14 @@ class Harness:
             f"ledger {self.settings.topic_prefix} not quiescent after {timeout_s} s; "
             f"behind: {behind}; logs in {self.run_dir / 'logs'}"
         )
+
+    def _drop_clients(self) -> None:
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+        if self._lso_consumer is not None:
+            self._lso_consumer.close()
+            self._lso_consumer = None
 
     # ------------------------------------------------------------------ teardown
 
@@ -239,12 +255,7 @@ class Harness:
             log.close()
         for sink in self.sinks.values():
             sink.stop()
-        for consumer in self._group_consumers.values():
-            consumer.close()
-        self._group_consumers.clear()
-        if self._lso_consumer is not None:
-            self._lso_consumer.close()
-            self._lso_consumer = None
+        self._drop_clients()
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of every stage log (for error reports)."""

@@ -120,7 +120,7 @@ class Relay(Stage):
             out = Writer(self.producer, self.settings)
             for d in fresh:
                 out.write("receipts", d.operation_id, self._attempt_marker(d, now))
-            self.producer.commit_transaction(60)
+            self._commit()
             for d in fresh:
                 self.attempts[d.dispatch_id] = now
         fresh_ids = {d.dispatch_id for d in fresh}

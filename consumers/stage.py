@@ -40,6 +40,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from ledger.broker import CLIENT_LOGGER
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
@@ -79,7 +80,16 @@ def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
         "linger.ms": 5,
         "retry.backoff.ms": 10,
     }
+    config.update(client_config(settings))
     config.update(extra)
+    return config
+
+
+def client_config(settings: LedgerSettings) -> dict[str, Any]:
+    """Settings every librdkafka client gets: logs to a Python logger, optional debug."""
+    config: dict[str, Any] = {"logger": CLIENT_LOGGER}
+    if settings.kafka_debug:
+        config["debug"] = settings.kafka_debug
     return config
 
 
@@ -175,6 +185,7 @@ class Stage:
         self.consumer: Consumer | None = None
         self.processed = 0
         self.dead_letters = 0
+        self.broker_bounced = False
 
     # ------------------------------------------------------------------ hooks
 
@@ -202,13 +213,23 @@ class Stage:
 
     # ------------------------------------------------------------------ plumbing
 
+    def _on_client_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            # After the broker comes back, librdkafka's idempotent producer can
+            # wait forever draining requests lost with the connection; a new
+            # producer (init_transactions fences the old epoch) is the remedy.
+            self.broker_bounced = True
+        log.warning("%s: Kafka client error: %s", self.component, err)
+
     def _new_producer(self) -> Producer:
+        self.broker_bounced = False
         producer = Producer(
             producer_config(
                 self.settings,
                 **{
                     "transactional.id": self.transactional_id,
                     "transaction.timeout.ms": self.settings.transaction_timeout_ms,
+                    "error_cb": self._on_client_error,
                 },
             )
         )
@@ -243,6 +264,7 @@ class Stage:
                 "session.timeout.ms": 10000,
                 "heartbeat.interval.ms": 1000,
                 "max.poll.interval.ms": 300000,
+                **client_config(self.settings),
             }
         )
 
@@ -309,6 +331,10 @@ class Stage:
 
     def _process(self, msgs: list[Message]) -> None:
         assert self.producer is not None and self.consumer is not None
+        self.producer.poll(0)  # serve error callbacks before deciding on the producer
+        if self.broker_bounced:
+            log.warning("%s: the broker was unreachable; replacing the producer", self.component)
+            self.producer = self._new_producer()
         records: list[Record] = []
         dead: list[tuple[str, OperatingEvent]] = []
         for msg in msgs:
@@ -333,21 +359,31 @@ class Stage:
         self.processed += len(msgs)
         self.after_commit()
 
-    def _commit(self) -> None:
+    def _commit(self, budget_s: float = 60.0) -> None:
+        """Commit the open transaction, retrying retriable errors for ``budget_s`` seconds.
+
+        A commit that still times out is treated as fatal (librdkafka does not
+        implement KIP-890 yet; recreating the producer is the stop-gap its
+        maintainers suggest): the new producer's ``init_transactions`` aborts
+        the transaction and fences this one.
+        """
         assert self.producer is not None
+        deadline = time.monotonic() + budget_s
         while True:
             try:
-                self.producer.commit_transaction(60)
+                self.producer.commit_transaction(10)
                 return
             except KafkaException as exc:
-                if exc.args[0].retriable():
+                err = exc.args[0]
+                if err.retriable() and time.monotonic() < deadline:
+                    log.warning("%s: commit_transaction retry: %s", self.component, err)
                     continue
                 raise
 
     def _recover(self, exc: KafkaException) -> None:
         err: KafkaError = exc.args[0]
         assert self.producer is not None
-        if err.txn_requires_abort():
+        if err.txn_requires_abort() and not err.fatal():
             log.warning("%s: transaction aborted: %s", self.component, err)
             try:
                 self.producer.abort_transaction(30)
@@ -399,6 +435,7 @@ class Stage:
                         log.warning("%s: consumer error: %s", self.component, err)
                 if not real:
                     try:
+                        self.producer.poll(0)
                         self.idle()
                     except KafkaException as exc:
                         self._recover(exc)

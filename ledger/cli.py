@@ -63,7 +63,13 @@ def _run_stage(component: str, instance: str) -> None:
     from consumers.harness import STAGES
 
     _logging(True)
-    stage = STAGES[component](_settings(), instance)
+    settings = _settings()
+    if settings.kafka_debug:
+        from ledger.broker import CLIENT_LOGGER
+
+        CLIENT_LOGGER.propagate = True
+        CLIENT_LOGGER.setLevel(logging.DEBUG)
+    stage = STAGES[component](settings, instance)
     try:
         stage.run()
     except LedgerError as exc:

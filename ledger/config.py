@@ -49,6 +49,9 @@ class LedgerSettings(BaseSettings):
             approvals (default ``run_dir/trusted_keys.json``).
         require_signed_approvals: refuse approvals without a valid signature
             by a trusted key (default true).
+        kafka_debug: librdkafka ``debug`` contexts for every client (e.g.
+            ``eos,cgrp``); empty for none. Client logs go to the
+            ``ledger.kafka.client`` logger.
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -70,6 +73,7 @@ class LedgerSettings(BaseSettings):
     sinks_file: Path | None = None
     trusted_keys_file: Path | None = None
     require_signed_approvals: bool = True
+    kafka_debug: str = ""
 
     def trusted_keys_path(self) -> Path:
         """Where trusted reviewer keys live (``trusted_keys_file`` or ``run_dir/...``)."""

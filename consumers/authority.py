@@ -56,6 +56,9 @@ class AuthorityKernel(Stage):
         self._last_catch_up = 0.0
         self._approvals = TableFollower(self.settings, "approvals", self._apply_approval)
         self._policy = TableFollower(self.settings, "policy", self._apply_policy)
+
+    def on_start(self) -> None:
+        """Load the policy version in force."""
         self._policy.follow({0})
 
     def trusted(self) -> dict[str, Ed25519PublicKey] | None:

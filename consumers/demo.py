@@ -60,13 +60,14 @@ class JournalTail:
         from ledger.events import decode_event
 
         consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.bootstrap_servers,
-                "group.id": f"{self.settings.topic_prefix}.tail.{uuid.uuid4().hex[:6]}",
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-            }
+            self.settings.kafka(
+                **{
+                    "group.id": f"{self.settings.topic_prefix}.tail.{uuid.uuid4().hex[:6]}",
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                }
+            )
         )
         consumer.subscribe([self.settings.topic("journal")])
         try:

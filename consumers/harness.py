@@ -128,6 +128,13 @@ class Harness:
         proc = self.procs.get(f"{component}-{instance}")
         return proc is not None and proc.poll() is None
 
+    def kill(self, component: str, instance: str = "0") -> None:
+        """SIGKILL one stage process (a crash at an arbitrary point)."""
+        proc = self.procs.get(f"{component}-{instance}")
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
     def crashed(self) -> list[str]:
         """Stages whose process has ended."""
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
@@ -157,11 +164,7 @@ class Harness:
         consumer = self._group_consumers.get(group)
         if consumer is None:
             consumer = Consumer(
-                {
-                    "bootstrap.servers": self.settings.bootstrap_servers,
-                    "group.id": group,
-                    "enable.auto.commit": False,
-                }
+                self.settings.kafka(**{"group.id": group, "enable.auto.commit": False})
             )
             self._group_consumers[group] = consumer
         result: list[TopicPartition] = consumer.committed(tps, timeout=30)
@@ -170,11 +173,12 @@ class Harness:
     def _ends(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
         if self._lso_consumer is None:
             self._lso_consumer = Consumer(
-                {
-                    "bootstrap.servers": self.settings.bootstrap_servers,
-                    "group.id": f"{self.settings.topic_prefix}.harness",
-                    "isolation.level": "read_committed",
-                }
+                self.settings.kafka(
+                    **{
+                        "group.id": f"{self.settings.topic_prefix}.harness",
+                        "isolation.level": "read_committed",
+                    }
+                )
             )
         ends = {}
         for tp in tps:

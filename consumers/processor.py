@@ -15,8 +15,10 @@ import logging
 
 from consumers import faults
 from consumers.stage import Record, Stage, Writer, read_partition
-from ledger.events import AdmissionDecision, OperatingEvent, OperationState
+from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState
+from ledger.events import RecoveryState as S
 from ledger.fold import Decision, decide, journal_entry, ref_of
+from ledger.machine import IN_FLIGHT
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,7 @@ class Processor(Stage):
         self.states: dict[str, OperationState] = {}
         self.partition_of: dict[str, int] = {}
         self.pending: dict[str, OperationState] = {}
+        self.resume_queue: list[tuple[str, int]] = []
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
@@ -49,6 +52,13 @@ class Processor(Stage):
 
         n = read_partition(self.settings, "state", partitions, load)
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
+        self.resume_queue = sorted(
+            (op, st.version)
+            for op, st in self.states.items()
+            if self.partition_of.get(op) in partitions and S(st.state) in IN_FLIGHT
+        )
+        if self.resume_queue:
+            log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Forget the operations of revoked partitions."""
@@ -56,6 +66,43 @@ class Processor(Stage):
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
         self.pending.clear()
+
+    def idle(self) -> None:
+        """Resume in-flight operations of newly assigned partitions (see :meth:`_resume`)."""
+        self._resume()
+
+    def before_transaction(self, records: list[Record]) -> None:
+        """Resume first, so the claims are decided before newer inputs."""
+        self._resume()
+
+    def _resume(self) -> None:
+        """Claim every in-flight operation this instance now owns.
+
+        A restarted or reassigned processor does not trust what it restored:
+        it claims each in-flight operation at the version it restored
+        (compare-and-swap), which bumps the fencing token and makes the ledger
+        read the effect back before anything else, then decide and write a
+        recovery receipt (the seven moves, DESIGN.md).
+        """
+        if not self.resume_queue or self.producer is None:
+            return
+        queue, self.resume_queue = self.resume_queue, []
+        self.producer.begin_transaction()
+        out = Writer(self.producer, self.settings)
+        worker = f"processor-{self.instance}"
+        for op, version in queue:
+            out.write(
+                "claims",
+                op,
+                Claim(
+                    claim_id=f"resume:{self.transactional_id}:{op}:v{version}",
+                    operation_id=op,
+                    worker=worker,
+                    expected_version=version,
+                ),
+            )
+        self._commit()
+        log.info("processor: claimed %d in-flight operations for resume", len(queue))
 
     def rebuild(self) -> None:
         """Drop decisions of the aborted transaction; committed state stays."""

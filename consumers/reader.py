@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka import Message
 
 from consumers.stage import Record, read_partition
+from consumers.tables import TableFollower
 from ledger.config import LedgerSettings
-from ledger.events import OperationState
+from ledger.events import JournalEntry, OperationState
 
 
 def read_topic(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -> list[Record]:
@@ -45,3 +48,45 @@ def current_states(settings: LedgerSettings) -> dict[str, OperationState]:
         if isinstance(rec.event, OperationState):
             out[key] = rec.event
     return out
+
+
+def wait_for_decision(
+    settings: LedgerSettings, topic: str, partition: int, offset: int, timeout_s: float = 30.0
+) -> JournalEntry | None:
+    """Wait until the processor has journaled its decision on one input.
+
+    The journal is co-partitioned with the processor's inputs, so the entry
+    lands on the same partition number as the input.
+
+    Args:
+        settings: ledger settings.
+        topic: short name of the input topic (``intents``, ``claims`` ...).
+        partition: the input's partition.
+        offset: the input's offset.
+        timeout_s: how long to wait (seconds).
+
+    Returns:
+        The journal entry, or ``None`` if the processor did not decide in time
+        (is it running?).
+    """
+    found: list[JournalEntry] = []
+
+    def look(key: str, rec: Record | None) -> None:
+        e = rec.event if rec is not None else None
+        if isinstance(e, JournalEntry) and (e.input_topic, e.input_partition, e.input_offset) == (
+            topic,
+            partition,
+            offset,
+        ):
+            found.append(e)
+
+    follower = TableFollower(settings, "journal", look)
+    try:
+        follower.follow({partition})
+        deadline = time.monotonic() + timeout_s
+        while not found and time.monotonic() < deadline:
+            time.sleep(0.1)
+            follower.catch_up()
+    finally:
+        follower.close()
+    return found[0] if found else None

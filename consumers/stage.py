@@ -40,7 +40,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ledger.broker import CLIENT_LOGGER
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
@@ -73,24 +72,13 @@ class Record:
 def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
     """librdkafka producer settings every ledger producer shares."""
     config: dict[str, Any] = {
-        "bootstrap.servers": settings.bootstrap_servers,
         "enable.idempotence": True,
         "acks": "all",
         "partitioner": "murmur2_random",
         "linger.ms": 5,
         "retry.backoff.ms": 10,
     }
-    config.update(client_config(settings))
-    config.update(extra)
-    return config
-
-
-def client_config(settings: LedgerSettings) -> dict[str, Any]:
-    """Settings every librdkafka client gets: logs to a Python logger, optional debug."""
-    config: dict[str, Any] = {"logger": CLIENT_LOGGER}
-    if settings.kafka_debug:
-        config["debug"] = settings.kafka_debug
-    return config
+    return settings.kafka(**config, **extra)
 
 
 def key_text(msg: Message) -> str:
@@ -193,6 +181,9 @@ class Stage:
         """Decide on a batch of decoded records and write the outputs."""
         raise NotImplementedError
 
+    def on_start(self) -> None:
+        """Called once the topics are checked, before the loop starts."""
+
     def on_assign(self, partitions: set[int]) -> None:
         """Partitions ``partitions`` of every input were assigned: restore state."""
 
@@ -248,24 +239,24 @@ class Stage:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            {
-                "bootstrap.servers": self.settings.bootstrap_servers,
-                "group.id": self.group_id,
-                "client.id": f"{self.component}-{self.instance}",
-                # Static membership (KIP-345): a restarted instance takes its
-                # predecessor's place at once instead of waiting for its
-                # session to time out.
-                "group.instance.id": f"{self.component}-{self.instance}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "partition.assignment.strategy": "range",
-                "fetch.wait.max.ms": 50,
-                "session.timeout.ms": 10000,
-                "heartbeat.interval.ms": 1000,
-                "max.poll.interval.ms": 300000,
-                **client_config(self.settings),
-            }
+            self.settings.kafka(
+                **{
+                    "group.id": self.group_id,
+                    "client.id": f"{self.component}-{self.instance}",
+                    # Static membership (KIP-345): a restarted instance takes its
+                    # predecessor's place at once instead of waiting for its
+                    # session to time out.
+                    "group.instance.id": f"{self.component}-{self.instance}",
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "partition.assignment.strategy": "range",
+                    "fetch.wait.max.ms": 50,
+                    "session.timeout.ms": 10000,
+                    "heartbeat.interval.ms": 1000,
+                    "max.poll.interval.ms": 300000,
+                }
+            )
         )
 
     def _short(self, topic: str) -> str:
@@ -399,6 +390,7 @@ class Stage:
     def run(self, stop_after_s: float | None = None) -> None:
         """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds)."""
         check_topics(self.settings)
+        self.on_start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
@@ -492,14 +484,15 @@ def read_partition(
     """
     full = settings.topic(topic)
     consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": f"{settings.topic_prefix}.reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            "fetch.wait.max.ms": 50,
-        }
+        settings.kafka(
+            **{
+                "group.id": f"{settings.topic_prefix}.reader",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 50,
+            }
+        )
     )
     try:
         if partitions is None:

@@ -42,13 +42,14 @@ class TableFollower:
         self.apply = apply
         self.partitions: set[int] = set()
         self.consumer = Consumer(
-            {
-                "bootstrap.servers": settings.bootstrap_servers,
-                "group.id": f"{settings.topic_prefix}.table.{topic}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 20,
-            }
+            settings.kafka(
+                **{
+                    "group.id": f"{settings.topic_prefix}.table.{topic}",
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 20,
+                }
+            )
         )
 
     def follow(self, partitions: set[int]) -> None:

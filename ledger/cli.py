@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -236,156 +235,9 @@ def _broker(say: Callable[[str], None], keep: bool = False) -> Iterator[LedgerSe
 
 # ---------------------------------------------------------------------- operators
 
+from ledger.cli_ops import register  # noqa: E402
 
-@main.group("intent")
-def intent_group() -> None:
-    """Publish intents (what services do through producers.IntentPublisher)."""
-
-
-@intent_group.command("publish")
-@click.option("--operation-id", required=True, help="Stable operation ID, e.g. refund:1842:v3.")
-@click.option("--sink", required=True, help="Sink name (see the sink registry).")
-@click.option("--action", required=True, help="Action, e.g. refund.")
-@click.option(
-    "--params",
-    "params_json",
-    required=True,
-    help='JSON object, e.g. \'{"account":"a","amount_minor":5000}\'.',
-)
-@click.option("--actor", required=True)
-@click.option("--subject", required=True)
-@click.option("--purpose", required=True)
-@click.option("--decision-version", type=int, required=True)
-@click.option("--approval-id", default=None)
-def intent_publish(
-    operation_id: str,
-    sink: str,
-    action: str,
-    params_json: str,
-    actor: str,
-    subject: str,
-    purpose: str,
-    decision_version: int,
-    approval_id: str | None,
-) -> None:
-    """Publish one intent; prints its operation ID and parameter digest."""
-    from producers.intents import IntentPublisher
-
-    try:
-        params = json.loads(params_json)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"--params is not JSON: {exc}") from exc
-    if not isinstance(params, dict):
-        raise click.BadParameter("--params must be a JSON object")
-    pub = IntentPublisher(_settings())
-    try:
-        result = pub.publish(
-            operation_id=operation_id,
-            sink=sink,
-            action=action,
-            params=params,
-            actor=actor,
-            subject=subject,
-            purpose=purpose,
-            decision_version=decision_version,
-            approval_id=approval_id,
-        )
-    except LedgerError as exc:
-        raise click.ClickException(exc.message) from exc
-    finally:
-        pub.close()
-    click.echo(json.dumps(result.__dict__))
-
-
-@main.command("state")
-@click.argument("operation_id", required=False)
-def state_cmd(operation_id: str | None) -> None:
-    """Show the recovery state of one operation, or of all (from ledger.state)."""
-    from consumers.reader import current_states
-
-    try:
-        states = current_states(_settings())
-    except LedgerError as exc:
-        raise click.ClickException(exc.message) from exc
-    if operation_id is not None:
-        st = states.get(operation_id)
-        if st is None:
-            raise click.ClickException(f"no operation {operation_id!r} in the ledger")
-        click.echo(json.dumps(st.model_dump(mode="json"), indent=2))
-        return
-    for op, st in sorted(states.items()):
-        click.echo(f"{op}\t{st.state}\tv{st.version}\tepoch {st.epoch}\t{st.reason}")
-
-
-@main.command("claim")
-@click.argument("operation_id")
-@click.option("--worker", required=True, help="Who claims ownership of the resume.")
-@click.option(
-    "--expected-version",
-    default="current",
-    show_default=True,
-    help="State version the claimant read ('current' reads it now).",
-)
-def claim_cmd(operation_id: str, worker: str, expected_version: str) -> None:
-    """Claim an operation for resume (compare-and-swap on its version)."""
-    from consumers.reader import current_states
-    from producers.intents import IntentPublisher
-
-    settings = _settings()
-    if expected_version == "current":
-        st = current_states(settings).get(operation_id)
-        if st is None:
-            raise click.ClickException(f"no operation {operation_id!r} in the ledger")
-        version = st.version
-    else:
-        try:
-            version = int(expected_version)
-        except ValueError as exc:
-            raise click.BadParameter("--expected-version takes an int or 'current'") from exc
-    pub = IntentPublisher(settings)
-    try:
-        claim_id = pub.publish_claim(operation_id, worker, version)
-    finally:
-        pub.close()
-    click.echo(json.dumps({"claim_id": claim_id, "expected_version": version}))
-
-
-@main.group("clock")
-def clock_group() -> None:
-    """The manual ledger clock (LEDGER_CLOCK=manual): show it or move it forward."""
-
-
-@clock_group.command("show")
-def clock_show() -> None:
-    """Print the ledger time in seconds."""
-    from ledger.clock import clock_for
-
-    s = _settings()
-    click.echo(f"{clock_for(s.clock, s.run_dir).now_ms() / 1000:g}")
-
-
-@clock_group.command("advance")
-@click.argument("seconds", type=float)
-def clock_advance(seconds: float) -> None:
-    """Move the manual ledger clock forward by SECONDS."""
-    from ledger.clock import ManualClock
-
-    s = _settings()
-    if s.clock != "manual":
-        raise click.ClickException("LEDGER_CLOCK is not 'manual'; the system clock cannot be moved")
-    try:
-        now = ManualClock(s.run_dir / "clock").advance(seconds)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    click.echo(f"{now / 1000:g}")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(type(value).__name__)
+register(main)
 
 
 if __name__ == "__main__":

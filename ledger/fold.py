@@ -734,13 +734,32 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
         if state.state != S.EFFECT_COMMITTED:
             return _noop(state, f"postcondition {b.status} noted while {state.state}")
         if b.status == "MATCH":
+            receipts = (
+                (
+                    _recovery_receipt(
+                        state,
+                        ref,
+                        claimant=_claimant(state, b.observer),
+                        source=b.source,
+                        status="VERIFIED",
+                        observed_at_ms=b.observed_at_ms,
+                        action="COMPLETE",
+                        effect_id=state.effect_id,
+                        postcondition=f"verified: {b.detail}",
+                    ),
+                )
+                if b.on_resume
+                else ()
+            )
             return _move(
                 state,
                 S.OUTCOME_VERIFIED,
                 f"postcondition verified ({b.source})",
+                receipts,
                 observation_source=b.source,
                 observation_status="VERIFIED",
                 observed_at_ms=b.observed_at_ms,
+                recovery_receipts=state.recovery_receipts + len(receipts),
             )
         if b.status == "MISMATCH":
             return _noop(

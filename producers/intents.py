@@ -28,6 +28,7 @@ from ledger.events import (
     Intent,
     OperatingEvent,
     PolicyChange,
+    Readback,
 )
 from ledger.identity import amount_of, canonical_json, parameter_digest
 
@@ -68,15 +69,18 @@ class IntentPublisher:
 
     def __init__(self, settings: LedgerSettings, client_id: str = "intent-publisher") -> None:
         self.settings = settings
+        #: (short topic, partition, offset) of the last record published.
+        self.last_position: tuple[str, int, int] | None = None
         self.producer = Producer(
-            {
-                "bootstrap.servers": settings.bootstrap_servers,
-                "client.id": client_id,
-                "enable.idempotence": True,
-                "acks": "all",
-                "partitioner": "murmur2_random",
-                "linger.ms": 1,
-            }
+            settings.kafka(
+                **{
+                    "client.id": client_id,
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "partitioner": "murmur2_random",
+                    "linger.ms": 1,
+                }
+            )
         )
 
     def _send(self, topic: str, key: str, event: Event, timeout_s: float = 30.0) -> Message:
@@ -99,6 +103,7 @@ class IntentPublisher:
         err, msg = delivered[0]
         if err is not None:
             raise LedgerError(f"publishing to {self.settings.topic(topic)} failed: {err}")
+        self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
         return msg
 
     def publish(
@@ -138,6 +143,22 @@ class IntentPublisher:
             LedgerError: invalid parameters, or the broker did not accept it.
             SchemaValidationError: the intent does not fit its schema.
         """
+        for name, value in (
+            ("operation_id", operation_id),
+            ("sink", sink),
+            ("action", action),
+            ("actor", actor),
+            ("subject", subject),
+            ("purpose", purpose),
+        ):
+            if not value or not value.strip():
+                raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
+        if decision_version < 0:
+            raise LedgerError(
+                "decision_version must be 0 or more",
+                operation_id=operation_id,
+                observed=decision_version,
+            )
         digest = parameter_digest(
             action=action,
             params=params,
@@ -178,6 +199,8 @@ class IntentPublisher:
         Returns:
             The claim ID; the processor's decision is journaled under it.
         """
+        if not worker.strip():
+            raise LedgerError("a claim needs a worker name", operation_id=operation_id)
         claim_id = f"claim:{worker}:{uuid.uuid4().hex[:12]}"
         self._send(
             "claims",
@@ -202,6 +225,10 @@ class IntentPublisher:
     def publish_disposition(self, disposition: Disposition) -> None:
         """Publish an attributable disposition of an unknown outcome (key: operation ID)."""
         self._send("dispositions", disposition.operation_id, disposition)
+
+    def publish_readback(self, readback: Readback) -> None:
+        """Publish an observation of an effect (reconcilers; key: operation ID)."""
+        self._send("readbacks", readback.operation_id, readback)
 
     def publish_operating_event(self, event: OperatingEvent) -> None:
         """Publish an operating event (e.g. a worker's refused stale dispatch)."""

@@ -197,3 +197,32 @@ def test_failed_transaction_is_invisible_and_its_input_reprocessed(
     requests = read_topic(ledger_settings, "admission-requests")
     assert sorted(r.event.operation_id for r in requests) == sorted(ops)
     assert set(current_states(ledger_settings)) == set(ops)
+
+
+def test_restarted_processor_resumes_in_flight_operations(ledger) -> None:
+    harness, pub = ledger
+    op = "refund:resume:v1"
+    approve(pub)
+    harness.arm("after_dispatch_before_send", op)
+    publish(pub, op)
+    harness.start_all()
+    harness.wait_quiescent(90)
+    assert not harness.alive("relay")  # died before sending
+    before = current_states(harness.settings)[op]
+    assert before.state == S.EFFECT_PENDING
+    harness.kill("processor")
+    harness.restart()  # processor and relay
+    harness.wait_quiescent(90)
+    after = current_states(harness.settings)[op]
+    assert after.state == S.OUTCOME_VERIFIED
+    assert after.epoch > before.epoch  # the resume fenced the earlier owner
+    assert after.recovery_receipts >= 1
+    assert harness.effects("payments", op) == 1
+    claims = [
+        r.event
+        for r in read_topic(harness.settings, "journal")
+        if isinstance(r.event, JournalEntry) and r.event.kind == "Claim"
+    ]
+    assert [c.outcome for c in claims] == ["APPLIED"]
+    receipts = read_topic(harness.settings, "recovery-receipts")
+    assert receipts and receipts[-1].event.claimant == "processor-0"

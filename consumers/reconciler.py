@@ -1,0 +1,112 @@
+"""Reconciliation of unknown outcomes.
+
+``ledger.reconciliation`` is the processor's work queue of operations held in
+UNKNOWN_OUTCOME (a tombstone marks one released). :func:`reconcile_once`
+drains it: for every open item whose sink offers readback it reads the effect
+back with the operation's current fencing token and records the observation
+as a :class:`~ledger.events.Readback`; the processor then releases the
+operation on that new evidence. Sinks without readback are observed as
+``UNSUPPORTED`` and the operation stays held: only an attributable
+disposition (``ledger reconcile dispose``) can release it. Nothing is ever
+released by a timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Message
+
+from consumers.reader import current_states
+from consumers.stage import Record, key_text, read_partition
+from ledger.clock import clock_for
+from ledger.config import LedgerSettings
+from ledger.contracts import load_sinks
+from ledger.events import OperationState, Readback
+from ledger.events import RecoveryState as S
+from ledger.fold import current_dispatch_id
+from producers.intents import IntentPublisher
+from sinks.client import SinkClient
+
+
+def open_items(settings: LedgerSettings) -> list[OperationState]:
+    """Operations queued for reconciliation and still in UNKNOWN_OUTCOME, oldest first."""
+    queued: dict[str, bool] = {}
+
+    def seen(rec: Record | None, msg: Message) -> None:
+        queued[key_text(msg)] = msg.value() is not None
+
+    read_partition(settings, "reconciliation", None, seen)
+    states = current_states(settings)
+    items = [
+        states[op]
+        for op, is_open in queued.items()
+        if is_open and op in states and states[op].state == S.UNKNOWN_OUTCOME
+    ]
+    return sorted(items, key=lambda st: (st.observed_at_ms or 0, st.operation_id))
+
+
+def reconcile_once(
+    settings: LedgerSettings, say: Callable[[str], None] = lambda _: None
+) -> list[dict[str, Any]]:
+    """Read back every open unknown outcome once and record what was observed.
+
+    Returns:
+        One ``{"operation_id", "sink", "observed", "detail"}`` per item.
+    """
+    sinks = load_sinks(settings.sinks_path())
+    now = clock_for(settings.clock, settings.run_dir).now_ms()
+    results: list[dict[str, Any]] = []
+    publisher = IntentPublisher(settings, client_id="reconciler")
+    try:
+        for st in open_items(settings):
+            endpoint = sinks.get(st.sink)
+            if endpoint is None:
+                status, detail, effect_id = "UNKNOWN", f"sink {st.sink!r} is not registered", None
+            elif not endpoint.contract.readback:
+                status, detail, effect_id = (
+                    "UNSUPPORTED",
+                    f"{st.sink} offers no readback: only a disposition can release it",
+                    None,
+                )
+            else:
+                with SinkClient(endpoint.url, timeout_s=settings.sink_timeout_s) as client:
+                    rb = client.readback(
+                        st.operation_id, st.epoch if endpoint.contract.fencing else None
+                    )
+                status = {
+                    "committed": "COMMITTED",
+                    "absent": "ABSENT",
+                    "unsupported": "UNSUPPORTED",
+                    "stale_token": "STALE_TOKEN",
+                    "ambiguous": "UNKNOWN",
+                }[rb.status]
+                detail, effect_id = rb.detail or rb.status, rb.effect_id
+            publisher.publish_readback(
+                Readback(
+                    operation_id=st.operation_id,
+                    dispatch_id=current_dispatch_id(st),
+                    kind="EFFECT",
+                    status=status,  # type: ignore[arg-type]
+                    source=f"{st.sink} GET /operations/{st.operation_id} (reconciler)",
+                    effect_id=effect_id,
+                    observed_at_ms=now,
+                    detail=detail,
+                    on_resume=True,
+                    observer="reconciler",
+                    fencing_token=st.epoch,
+                )
+            )
+            say(f"{st.operation_id}: {status} ({detail})")
+            results.append(
+                {
+                    "operation_id": st.operation_id,
+                    "sink": st.sink,
+                    "observed": status,
+                    "detail": detail,
+                }
+            )
+    finally:
+        publisher.close()
+    return results

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from consumers.reader import latest_by_key, read_topic
+from consumers.reader import read_latest, read_topic
 from ledger.audit import AuditReport, audit
 from ledger.config import LedgerSettings
 from ledger.contracts import load_sinks
@@ -40,17 +40,17 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     ]
     states = {
         k: r.event
-        for k, r in latest_by_key(read_topic(settings, "state")).items()
+        for k, r in read_latest(settings, "state").items()
         if isinstance(r.event, OperationState)
     }
     dispatches = {
         k: r.event
-        for k, r in latest_by_key(read_topic(settings, "dispatches")).items()
+        for k, r in read_latest(settings, "dispatches").items()
         if isinstance(r.event, Dispatch)
     }
     receipts = {
         k: r.event
-        for k, r in latest_by_key(read_topic(settings, "recovery-receipts")).items()
+        for k, r in read_latest(settings, "recovery-receipts").items()
         if isinstance(r.event, RecoveryReceipt)
     }
     sink_effects: dict[str, int] | None = None

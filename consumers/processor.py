@@ -143,7 +143,11 @@ class Processor(Stage):
             elif decision.outcome == "REFUSED":
                 log.warning("%s: refused %s: %s", op, rec.event.KIND, decision.reason)
             for output in decision.outputs:
-                out.write(output.topic, output.key, output.event)
+                event = output.event
+                if isinstance(event, OperatingEvent) and event.original_bytes is None:
+                    # Refused inputs travel with their original bytes (a dead letter).
+                    event = event.model_copy(update={"original_bytes": rec.raw})
+                out.write(output.topic, output.key, event)
 
     def _seams(self, rec: Record, decision: Decision) -> None:
         if (

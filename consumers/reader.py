@@ -6,7 +6,7 @@ import time
 
 from confluent_kafka import Message
 
-from consumers.stage import Record, read_partition
+from consumers.stage import Record, key_text, read_partition
 from consumers.tables import TableFollower
 from ledger.config import LedgerSettings
 from ledger.events import JournalEntry, OperationState
@@ -41,13 +41,31 @@ def latest_by_key(records: list[Record]) -> dict[str, Record]:
     return latest
 
 
+def read_latest(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -> dict[str, Record]:
+    """What compaction keeps of a topic: the latest record per key, tombstones applied.
+
+    A key whose latest value is a tombstone (or does not decode) is absent.
+    """
+    latest: dict[str, Record] = {}
+
+    def keep(rec: Record | None, msg: Message) -> None:
+        key = key_text(msg)
+        if rec is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = rec
+
+    read_partition(settings, topic, None, keep, timeout_s)
+    return latest
+
+
 def current_states(settings: LedgerSettings) -> dict[str, OperationState]:
     """The latest ``OperationState`` of every operation in ``ledger.state``."""
-    out: dict[str, OperationState] = {}
-    for key, rec in latest_by_key(read_topic(settings, "state")).items():
-        if isinstance(rec.event, OperationState):
-            out[key] = rec.event
-    return out
+    return {
+        key: rec.event
+        for key, rec in read_latest(settings, "state").items()
+        if isinstance(rec.event, OperationState)
+    }
 
 
 def wait_for_decision(

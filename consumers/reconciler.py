@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from consumers.reader import current_states
+from consumers.relay import read_effect
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
 from ledger.config import LedgerSettings
@@ -64,25 +65,13 @@ def reconcile_once(
             endpoint = sinks.get(st.sink)
             if endpoint is None:
                 status, detail, effect_id = "UNKNOWN", f"sink {st.sink!r} is not registered", None
-            elif not endpoint.contract.readback:
-                status, detail, effect_id = (
-                    "UNSUPPORTED",
-                    f"{st.sink} offers no readback: only a disposition can release it",
-                    None,
-                )
             else:
                 with SinkClient(endpoint.url, timeout_s=settings.sink_timeout_s) as client:
-                    rb = client.readback(
-                        st.operation_id, st.epoch if endpoint.contract.fencing else None
+                    status, detail, effect_id = read_effect(
+                        client, endpoint.contract, st.operation_id, st.epoch
                     )
-                status = {
-                    "committed": "COMMITTED",
-                    "absent": "ABSENT",
-                    "unsupported": "UNSUPPORTED",
-                    "stale_token": "STALE_TOKEN",
-                    "ambiguous": "UNKNOWN",
-                }[rb.status]
-                detail, effect_id = rb.detail or rb.status, rb.effect_id
+                if status == "UNSUPPORTED":
+                    detail = f"{st.sink} offers no readback: only a disposition can release it"
             publisher.publish_readback(
                 Readback(
                     operation_id=st.operation_id,

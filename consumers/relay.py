@@ -32,6 +32,29 @@ from sinks.client import SinkClient
 
 log = logging.getLogger(__name__)
 
+#: Client readback status -> the ledger's ``ReadbackStatus``.
+READBACK_STATUS = {
+    "committed": "COMMITTED",
+    "absent": "ABSENT",
+    "unsupported": "UNSUPPORTED",
+    "stale_token": "STALE_TOKEN",
+    "ambiguous": "UNKNOWN",
+}
+
+
+def read_effect(
+    client: SinkClient, contract: EffectContract, operation_id: str, token: int
+) -> tuple[str, str, str | None]:
+    """Read an effect back: ``(ReadbackStatus, detail, effect_id)``.
+
+    Sends the operation's fencing token when the sink fences; a sink without
+    readback is ``UNSUPPORTED`` without a request.
+    """
+    if not contract.readback:
+        return "UNSUPPORTED", "the sink offers no readback", None
+    rb = client.readback(operation_id, token if contract.fencing else None)
+    return READBACK_STATUS[rb.status], rb.detail or rb.status, rb.effect_id
+
 
 class Relay(Stage):
     """Consume-transform-produce stage delivering dispatches to sinks.
@@ -344,18 +367,7 @@ class Relay(Stage):
         on_resume: bool,
     ) -> tuple[str, str, Event]:
         source = f"{d.sink} GET /operations/{d.operation_id}"
-        if not contract.readback:
-            status, detail, effect_id = "UNSUPPORTED", "the sink offers no readback", None
-        else:
-            rb = client.readback(d.operation_id, d.fencing_token if contract.fencing else None)
-            status = {
-                "committed": "COMMITTED",
-                "absent": "ABSENT",
-                "unsupported": "UNSUPPORTED",
-                "stale_token": "STALE_TOKEN",
-                "ambiguous": "UNKNOWN",
-            }[rb.status]
-            detail, effect_id = rb.detail or rb.status, rb.effect_id
+        status, detail, effect_id = read_effect(client, contract, d.operation_id, d.fencing_token)
         return (
             "readbacks",
             d.operation_id,

@@ -226,3 +226,59 @@ def test_restarted_processor_resumes_in_flight_operations(ledger) -> None:
     assert [c.outcome for c in claims] == ["APPLIED"]
     receipts = read_topic(harness.settings, "recovery-receipts")
     assert receipts and receipts[-1].event.claimant == "processor-0"
+
+
+def test_unknown_outcome_is_held_until_an_attributable_disposition(
+    ledger_settings: LedgerSettings,
+) -> None:
+    from consumers.reconciler import open_items, reconcile_once
+    from ledger.contracts import EffectContract
+    from ledger.events import Disposition
+
+    harness = Harness(ledger_settings, create=False)
+    harness.start_sink("mailer", EffectContract(), hang_s=2 * ledger_settings.sink_timeout_s)
+    pub = IntentPublisher(ledger_settings)
+    op = "notify:held:v1"
+    try:
+        approve(pub)
+        with harness.sinks["mailer"].client() as client:
+            client.arm_fault(op, "timeout_after_commit")
+        pub.publish(
+            operation_id=op,
+            sink="mailer",
+            action="send_email",
+            params={"to": "customer-1", "amount_minor": 0},
+            actor="svc",
+            subject="customer-1",
+            purpose="fee-remediation",
+            decision_version=1,
+            approval_id="ap-1",
+        )
+        harness.start_all()
+        harness.wait_quiescent(90)
+        assert [st.operation_id for st in open_items(ledger_settings)] == [op]
+        observed = reconcile_once(ledger_settings)
+        assert [r["observed"] for r in observed] == ["UNSUPPORTED"]
+        harness.advance(3600)
+        harness.wait_quiescent(90)
+        held = current_states(ledger_settings)[op]
+        assert held.state == S.UNKNOWN_OUTCOME  # neither time nor a readback released it
+        pub.publish_disposition(
+            Disposition(
+                disposition_id="d-1",
+                operation_id=op,
+                decision="COMMITTED",
+                by="operator-3",
+                evidence="mail provider log shows delivery",
+                disposed_at_ms=harness.clock.now_ms(),
+            )
+        )
+        harness.wait_quiescent(90)
+        released = current_states(ledger_settings)[op]
+        assert released.state == S.EFFECT_COMMITTED
+        assert "operator-3" in (released.observation_source or "")
+        assert open_items(ledger_settings) == []
+        assert harness.effects("mailer", op) == 1
+    finally:
+        pub.close()
+        harness.stop()

@@ -60,8 +60,11 @@ class SchemaRegistry:
         self.by_name: dict[str, EventSchema] = {}
         self.by_fingerprint: dict[bytes, EventSchema] = {}
         for path in sorted(schema_dir.glob("*.avsc")):
-            raw = json.loads(path.read_text())
-            self.add(raw)
+            self.add(json.loads(path.read_text()))
+        # Every released version stays readable: events written with it resolve
+        # to the current schema (Avro schema resolution).
+        for path in sorted((schema_dir / "history").glob("*.avsc")):
+            self.add(json.loads(path.read_text()))
 
     def add(self, raw: Mapping[str, Any]) -> EventSchema:
         """Register a schema (also older versions kept for reading)."""

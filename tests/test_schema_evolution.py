@@ -1,0 +1,82 @@
+"""Schema evolution: every released schema version stays readable by the current one.
+
+``schemas/history/NAME.vN.avsc`` keeps each released version. A change to a
+schema in ``schemas/`` must be backward compatible: records written with any
+released version decode under the current schema (Avro schema resolution),
+and a released version may never be edited.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+from ledger.serde import MARKER, SCHEMA_DIR, registry
+
+HISTORY = sorted((SCHEMA_DIR / "history").glob("*.avsc"))
+
+
+def sample(schema: Any, named: dict[str, Any]) -> Any:
+    """A valid value for an Avro schema (every field filled)."""
+    if isinstance(schema, str):
+        return (
+            {
+                "null": None,
+                "boolean": True,
+                "int": 7,
+                "long": 7_000,
+                "string": "text",
+                "bytes": b"\x01",
+            }.get(schema)
+            if schema not in named
+            else sample(named[schema], named)
+        )
+    if isinstance(schema, list):
+        branch = next(b for b in schema if b != "null")
+        return sample(branch, named)
+    kind = schema["type"]
+    if kind == "record":
+        named[schema["name"]] = schema
+        return {f["name"]: sample(f["type"], named) for f in schema["fields"]}
+    if kind == "enum":
+        named[schema["name"]] = schema
+        return schema["symbols"][0]
+    return sample(kind, named)
+
+
+def test_every_current_schema_is_released() -> None:
+    released = {json.loads(p.read_text())["name"] for p in HISTORY}
+    current = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
+    assert current <= released, f"release these schemas into schemas/history: {current - released}"
+
+
+@pytest.mark.parametrize("path", HISTORY, ids=[p.stem for p in HISTORY])
+def test_released_versions_decode_under_the_current_schema(path: Path) -> None:
+    old = json.loads(path.read_text())
+    current = registry().schema(old["name"])
+    assert current.version >= old["version"]
+    record = sample(old, {})
+    buf = io.BytesIO()
+    schemaless_writer(buf, parse_schema(old), record)
+    buf.seek(0)
+    resolved = schemaless_reader(buf, parse_schema(old), current.parsed)
+    for field in old["fields"]:
+        if any(f["name"] == field["name"] for f in current.raw["fields"]):
+            assert resolved[field["name"]] == record[field["name"]]
+    # And through the ledger's own decoder, by the old writer's fingerprint.
+    old_fp = next(s.fingerprint for s in registry().by_fingerprint.values() if s.raw == old)
+    name, decoded = registry().decode(MARKER + old_fp + buf.getvalue())
+    assert name == old["name"] and decoded.keys() == resolved.keys()
+
+
+def test_released_version_equal_to_current_is_unchanged() -> None:
+    for path in HISTORY:
+        old = json.loads(path.read_text())
+        current = registry().schema(old["name"])
+        if current.version == old["version"]:
+            assert current.raw == old, f"{path.name} was edited after release; add a new version"

@@ -86,7 +86,7 @@ class Processor(Stage):
         """
         if not self.resume_queue or self.producer is None:
             return
-        queue, self.resume_queue = self.resume_queue, []
+        queue = self.resume_queue
         self.producer.begin_transaction()
         out = Writer(self.producer, self.settings)
         worker = f"processor-{self.instance}"
@@ -102,6 +102,7 @@ class Processor(Stage):
                 ),
             )
         self._commit()
+        self.resume_queue = []  # only once the claims are durable
         log.info("processor: claimed %d in-flight operations for resume", len(queue))
 
     def rebuild(self) -> None:

@@ -66,6 +66,7 @@ class Processor(Stage):
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
         self.pending.clear()
+        self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
 
     def idle(self) -> None:
         """Resume in-flight operations of newly assigned partitions (see :meth:`_resume`)."""

@@ -105,13 +105,25 @@ class GameDay:
         return key
 
     def settle(self, timeout_s: float = 60.0) -> None:
-        """Wait until every live stage has caught up."""
+        """Wait until every live stage has caught up.
+
+        Raises:
+            LedgerError: not quiescent in time, or a stage died of an error
+                (not of a fault hook's SIGKILL); the message has the log tails.
+        """
         if not self.started:
             return
         try:
             self.harness.wait_quiescent(timeout_s)
         except LedgerError as exc:
             raise LedgerError(f"{exc}\n{self.harness.log_tail()}") from exc
+        failed = self.harness.failed()
+        if failed:
+            raise LedgerError(
+                "stage(s) died of an error, not of a fault hook: "
+                + ", ".join(f"{name} (exit status {code})" for name, code in failed.items())
+                + f"\n{self.harness.log_tail()}"
+            )
 
     def state(self, operation_id: str) -> OperationState:
         st = current_states(self.settings).get(operation_id)
@@ -434,10 +446,19 @@ def run_files(paths: list[Path], base: LedgerSettings, say: Say) -> list[dict[st
     root = base.run_dir / "gameday"
     for path, scenario in scenarios:
         say(f"scenario {scenario.name} ({path.name})")
-        report = GameDay(scenario, base, root, say).run()
+        try:
+            report = GameDay(scenario, base, root, say).run()
+        except LedgerError as exc:
+            report = {
+                "name": scenario.name,
+                "passed": False,
+                "failures": [
+                    {"path": "(run)", "expected": "the scenario runs", "observed": exc.message}
+                ],
+            }
         report["file"] = str(path)
         verdict = "PASS" if report["passed"] else "FAIL"
-        say(f"{verdict} {scenario.name} in {report['wall_s']} s")
+        say(f"{verdict} {scenario.name} in {report.get('wall_s', '?')} s")
         for f in report["failures"]:
             say(f"  {f['path']}: expected {f['expected']!r}, observed {f['observed']!r}")
         reports.append(report)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -138,6 +139,14 @@ class Harness:
     def crashed(self) -> list[str]:
         """Stages whose process has ended."""
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
+
+    def failed(self) -> dict[str, int]:
+        """Stages that ended other than by SIGKILL (an error, not a fault hook): name -> status."""
+        return {
+            name: code
+            for name, proc in self.procs.items()
+            if (code := proc.poll()) is not None and code != -signal.SIGKILL
+        }
 
     def restart(self, component: str | None = None) -> list[str]:
         """Restart crashed stages (all, or one component); returns what was restarted."""

@@ -275,6 +275,28 @@ class Stage:
         self.assigned -= {(self._short(tp.topic), tp.partition) for tp in partitions}
         self.on_revoke(parts)
 
+    def _rejoin(self) -> None:
+        """Replace a consumer that hit a fatal error: drop state, join again."""
+        assert self.consumer is not None
+        try:
+            self.consumer.close()
+        except Exception as exc:  # the old consumer is unusable anyway
+            log.warning("%s: closing the failed consumer: %s", self.component, exc)
+        self.on_revoke({p for _, p in self.assigned})
+        self.assigned = set()
+        self.rebuild()
+        self.consumer = self._new_consumer()
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        assert self.consumer is not None
+        self.consumer.subscribe(
+            [self.settings.topic(t) for t in self.inputs],
+            on_assign=self._assign_cb,
+            on_revoke=self._revoke_cb,
+            on_lost=self._revoke_cb,
+        )
+
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset."""
         assert self.consumer is not None
@@ -396,12 +418,7 @@ class Stage:
             signal.signal(signal.SIGINT, self._stop)
         self.producer = self._new_producer()
         self.consumer = self._new_consumer()
-        self.consumer.subscribe(
-            [self.settings.topic(t) for t in self.inputs],
-            on_assign=self._assign_cb,
-            on_revoke=self._revoke_cb,
-            on_lost=self._revoke_cb,
-        )
+        self._subscribe()
         log.info(
             "%s-%s running (pid %s, group %s, transactional.id %s)",
             self.component,
@@ -423,6 +440,11 @@ class Stage:
                     err = msg.error()
                     if err is None:
                         real.append(msg)
+                    elif err.code() == KafkaError._FATAL or err.fatal():
+                        # e.g. a static member fenced after a coordinator restart
+                        log.error("%s: fatal consumer error (%s); rejoining", self.component, err)
+                        self._rejoin()
+                        break
                     elif err.code() != KafkaError._PARTITION_EOF:
                         log.warning("%s: consumer error: %s", self.component, err)
                 if not real:

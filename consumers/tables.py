@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from consumers.stage import Record, decode_record, key_text
 from ledger.config import LedgerSettings
@@ -71,14 +71,9 @@ class TableFollower:
         """
         if not self.partitions:
             return 0
-        ends = {}
-        for p in self.partitions:
-            _, high = self.consumer.get_watermark_offsets(
-                TopicPartition(self.full, p), timeout=30, cached=False
-            )
-            ends[p] = high
-        count = 0
         deadline = time.monotonic() + timeout_s
+        ends = {p: self._end(p, deadline) for p in self.partitions}
+        count = 0
         while True:
             behind = [
                 tp
@@ -100,6 +95,26 @@ class TableFollower:
                 rec = decode_record(self.topic, msg)
                 self.apply(key, rec)
                 count += 1
+
+    def _end(self, partition: int, deadline: float) -> int:
+        """Last stable offset of a partition, retried while the broker settles.
+
+        Just after a broker restart metadata can be missing for a moment
+        ("unknown partition", "transport"); those are retried until
+        ``deadline``.
+        """
+        while True:
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.full, partition), timeout=10, cached=False
+                )
+                return int(high)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise LedgerError(
+                        f"cannot read the end of {self.full}[{partition}]: {exc.args[0]}"
+                    ) from exc
+                time.sleep(0.2)
 
     def close(self) -> None:
         """Close the underlying consumer."""

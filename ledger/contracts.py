@@ -35,7 +35,7 @@ class EffectContract(BaseModel):
         reservation: try-confirm-cancel is offered.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     idempotent: bool = False
     readback: bool = False

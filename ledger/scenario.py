@@ -196,7 +196,19 @@ Expected = Annotated[int | Bound, Field()]
 class OpExpect(_Strict):
     """Expectations about one operation."""
 
-    state: str | None = None
+    state: (
+        Literal[
+            "NOT_ADMITTED",
+            "ADMITTED",
+            "EFFECT_PENDING",
+            "EFFECT_COMMITTED",
+            "OUTCOME_VERIFIED",
+            "UNKNOWN_OUTCOME",
+            "NEEDS_REAUTHORISATION",
+            "ABANDONED",
+        ]
+        | None
+    ) = None
     effects: Expected | None = None
     reason_contains: str | None = None
     recovery_receipts_min: int | None = None
@@ -276,8 +288,8 @@ class Scenario(BaseModel):
         if not isinstance(data, dict):
             raise ValueError("a scenario must be an object")
         steps = data.get("steps")
-        if not isinstance(steps, list):
-            raise ValueError("'steps' must be a list of one-key objects")
+        if not isinstance(steps, list) or not steps:
+            raise ValueError("'steps' must be a non-empty list of one-key objects")
         parsed = []
         for n, raw in enumerate(steps):
             if not isinstance(raw, dict) or len(raw) != 1:
@@ -293,6 +305,21 @@ class Scenario(BaseModel):
             except ValidationError as exc:
                 raise ValueError(f"steps[{n}].{kind}: {_explain(exc)}") from None
         return {**data, "steps": parsed}
+
+    @model_validator(mode="after")
+    def _operations_named(self) -> Scenario:
+        mentioned = {
+            op
+            for step in self.steps
+            if (op := getattr(step.args, "operation_id", None)) is not None
+        }
+        for op in self.expect.operations:
+            if op not in mentioned:
+                raise ValueError(
+                    f"expect.operations: {op!r} is not named by any step (a typo?); "
+                    f"operations in the steps: {', '.join(sorted(mentioned)) or 'none'}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _sinks_named(self) -> Scenario:

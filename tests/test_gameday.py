@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 PUBLIC = Path(os.environ.get("LEDGER_SCENARIOS_DIR", PROJECT_ROOT.parent / "shared" / "scenarios"))
 OWN = PROJECT_ROOT / "tests" / "scenarios"
-FILES = sorted(PUBLIC.glob("*.json")) + sorted(OWN.glob("*.json"))
+FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("*.yaml")])
 
 
 def test_scenario_folders_are_found() -> None:
@@ -51,7 +51,7 @@ def test_expectations_can_fail() -> None:
     scenario = parse(
         {
             "name": "x",
-            "steps": [{"run": {}}],
+            "steps": [{"run": {}}, {"claim": {"operation_id": "op", "worker": "w"}}],
             "expect": {
                 "operations": {"op": {"state": "OUTCOME_VERIFIED", "effects": {"max": 0}}},
                 "totals": {"duplicate_effects": 0, "stale_rejections": {"min": 1}},
@@ -82,6 +82,16 @@ def test_expectations_can_fail() -> None:
         (lambda d: d["steps"].append({"run": {}, "audit": {}}), "exactly one key"),
         (lambda d: d["steps"][0]["approve"].pop("reviewer"), "missing key 'reviewer'"),
         (lambda d: d.update(mode="yolo"), "mode"),
+        (lambda d: d["sinks"]["payments"]["contract"].update(idempotent="yes"), "idempotent"),
+        (lambda d: d.update(steps=[]), "non-empty list"),
+        (
+            lambda d: d["expect"]["operations"]["refund:rev:v1"].update(state="DONE"),
+            "expect.operations.refund:rev:v1.state",
+        ),
+        (
+            lambda d: d["expect"]["operations"].update({"refund:typo:v1": {"effects": 0}}),
+            "'refund:typo:v1' is not named by any step",
+        ),
         (
             lambda d: d["steps"].append({"fault": {"seam": "somewhere"}}),
             "steps[9].fault: seam",

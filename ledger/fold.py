@@ -231,14 +231,38 @@ def _authority_text(state: OperationState) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What was observed of an operation's effect, where, when and by whom.
+
+    Attributes:
+        source: where it was read (sink and request, or a disposition).
+        status: what was observed (``COMMITTED``, ``ABSENT`` ...).
+        observed_at_ms: ledger time of the observation (milliseconds).
+        on_resume: observed by a resume (a recovery receipt is due).
+        observer: the relay, reconciler or person that observed it.
+    """
+
+    source: str
+    status: str
+    observed_at_ms: int
+    on_resume: bool
+    observer: str
+
+    def fields(self) -> dict[str, object]:
+        """The state fields that record this observation."""
+        return {
+            "observation_source": self.source,
+            "observation_status": self.status,
+            "observed_at_ms": self.observed_at_ms,
+        }
+
+
 def _recovery_receipt(
     state: OperationState,
     ref: str,
+    obs: Observation,
     *,
-    claimant: str,
-    source: str,
-    status: str,
-    observed_at_ms: int,
     action: RecoveryAction,
     effect_id: str | None,
     postcondition: str,
@@ -256,7 +280,7 @@ def _recovery_receipt(
             operation_id=op,
             workflow_id=parts[1] if len(parts) >= 3 else op,
             checkpoint_version=state.version,
-            claimant=claimant,
+            claimant=state.owner or obs.observer,
             parameter_digest=state.parameter_digest,
             actor=state.actor,
             subject=state.subject,
@@ -264,9 +288,9 @@ def _recovery_receipt(
             authority=_authority_text(state),
             authority_policy_version=state.admitted_policy_version,
             authority_expires_at_ms=state.approval_expires_at_ms,
-            observation_source=source,
-            observation_status=status,
-            observed_at_ms=observed_at_ms,
+            observation_source=obs.source,
+            observation_status=obs.status,
+            observed_at_ms=obs.observed_at_ms,
             action=action,
             effect_id=effect_id,
             postcondition=postcondition,
@@ -450,20 +474,12 @@ def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decisio
 # --------------------------------------------------------------------------- effects
 
 
-def _claimant(state: OperationState, observer: str) -> str:
-    return state.owner or observer
-
-
 def _committed(
     state: OperationState,
     ref: str,
+    obs: Observation,
     *,
     effect_id: str | None,
-    source: str,
-    status: str,
-    observed_at_ms: int,
-    on_resume: bool,
-    observer: str,
 ) -> Decision:
     if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
         return _noop(state, "effect already recorded as committed")
@@ -472,15 +488,12 @@ def _committed(
             state, S.EFFECT_COMMITTED, ref, "an effect was observed for an operation never admitted"
         )
     outputs: list[Output] = []
-    if on_resume:
+    if obs.on_resume:
         outputs.append(
             _recovery_receipt(
                 state,
                 ref,
-                claimant=_claimant(state, observer),
-                source=source,
-                status=status,
-                observed_at_ms=observed_at_ms,
+                obs,
                 action="COMPLETE",
                 effect_id=effect_id,
                 postcondition="pending: verification dispatched",
@@ -488,47 +501,32 @@ def _committed(
         )
     if state.state == S.UNKNOWN_OUTCOME:
         outputs.append(_reconciliation_done(state))
-    verify, n = _dispatch(state, "VERIFY", on_resume=on_resume)
+    verify, n = _dispatch(state, "VERIFY", on_resume=obs.on_resume)
     outputs.append(verify)
     return _move(
         state,
         S.EFFECT_COMMITTED,
-        f"effect committed ({source})",
+        f"effect committed ({obs.source})",
         outputs,
         effect_id=effect_id,
-        observation_source=source,
-        observation_status=status,
-        observed_at_ms=observed_at_ms,
+        **obs.fields(),
         dispatches=n,
-        recovery_receipts=state.recovery_receipts + (1 if on_resume else 0),
+        recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
     )
 
 
-def _unknown(
-    state: OperationState,
-    ref: str,
-    *,
-    source: str,
-    status: str,
-    observed_at_ms: int,
-    on_resume: bool,
-    observer: str,
-    why: str,
-) -> Decision:
+def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> Decision:
     if state.state == S.UNKNOWN_OUTCOME:
         return _noop(state, f"still unknown: {why}")
     if not allowed(S(state.state), S.UNKNOWN_OUTCOME):
         return _forbidden(state, S.UNKNOWN_OUTCOME, ref, why)
     outputs: list[Output] = []
-    if on_resume:
+    if obs.on_resume:
         outputs.append(
             _recovery_receipt(
                 state,
                 ref,
-                claimant=_claimant(state, observer),
-                source=source,
-                status=status,
-                observed_at_ms=observed_at_ms,
+                obs,
                 action="RECONCILE",
                 effect_id=None,
                 postcondition="not checked: effect state unknown",
@@ -542,10 +540,8 @@ def _unknown(
         S.UNKNOWN_OUTCOME,
         f"outcome unknown: {why}",
         outputs,
-        observation_source=source,
-        observation_status=status,
-        observed_at_ms=observed_at_ms,
-        recovery_receipts=state.recovery_receipts + (1 if on_resume else 0),
+        **obs.fields(),
+        recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
     )
     assert moved.state is not None
     return Decision(
@@ -558,66 +554,49 @@ def _unknown(
     )
 
 
-def _absent_retry(
-    state: OperationState,
-    ref: str,
-    *,
-    source: str,
-    status: str,
-    observed_at_ms: int,
-    on_resume: bool,
-    observer: str,
-) -> Decision:
+def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision:
     """The effect is known absent: execute the same admitted operation again."""
     if state.state == S.EFFECT_PENDING:
         if state.dispatches >= MAX_DISPATCHES:
             return _move(
                 state,
                 S.ABANDONED,
-                f"effect absent after {state.dispatches} dispatches; giving up ({source})",
+                f"effect absent after {state.dispatches} dispatches; giving up ({obs.source})",
             )
-        out, n = _dispatch(state, "EXECUTE", on_resume=on_resume)
+        out, n = _dispatch(state, "EXECUTE", on_resume=obs.on_resume)
         outputs: list[Output] = []
-        if on_resume:
+        if obs.on_resume:
             outputs.append(
                 _recovery_receipt(
                     state,
                     ref,
-                    claimant=_claimant(state, observer),
-                    source=source,
-                    status=status,
-                    observed_at_ms=observed_at_ms,
+                    obs,
                     action="EXECUTE",
                     effect_id=None,
                     postcondition="pending: effect re-dispatched",
                 )
             )
         outputs.append(out)
-        reason = f"effect absent ({source}); same admitted operation dispatched again"
+        reason = f"effect absent ({obs.source}); same admitted operation dispatched again"
         new = state.model_copy(
             update={
                 "version": state.version + 1,
                 "dispatches": n,
                 "reason": reason,
-                "observation_source": source,
-                "observation_status": status,
-                "observed_at_ms": observed_at_ms,
-                "recovery_receipts": state.recovery_receipts + (1 if on_resume else 0),
+                **obs.fields(),
+                "recovery_receipts": state.recovery_receipts + (1 if obs.on_resume else 0),
             }
         )
         return Decision(new, "APPLIED", str(state.state), str(state.state), reason, tuple(outputs))
     if state.state == S.UNKNOWN_OUTCOME:
         readmitted = state.model_copy(update={"state": S.ADMITTED})
         out, n = _dispatch(readmitted, "EXECUTE", on_resume=True)
-        reason = f"effect observed absent ({source}); same admitted operation dispatched again"
+        reason = f"effect observed absent ({obs.source}); same admitted operation dispatched again"
         outputs = [
             _recovery_receipt(
                 state,
                 ref,
-                claimant=_claimant(state, observer),
-                source=source,
-                status=status,
-                observed_at_ms=observed_at_ms,
+                obs,
                 action="EXECUTE",
                 effect_id=None,
                 postcondition="pending: effect re-dispatched",
@@ -631,9 +610,7 @@ def _absent_retry(
             reason,
             outputs,
             dispatches=n,
-            observation_source=source,
-            observation_status=status,
-            observed_at_ms=observed_at_ms,
+            **obs.fields(),
             recovery_receipts=state.recovery_receipts + 1,
         )
         return Decision(
@@ -665,12 +642,8 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
         return _committed(
             state,
             ref,
+            Observation(source, "COMMITTED", r.observed_at_ms, r.on_resume, r.observer),
             effect_id=r.effect_id,
-            source=source,
-            status="COMMITTED",
-            observed_at_ms=r.observed_at_ms,
-            on_resume=r.on_resume,
-            observer=r.observer,
         )
     if r.status == "REJECTED":
         if state.state != S.EFFECT_PENDING:
@@ -680,21 +653,13 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
         return _absent_retry(
             state,
             ref,
-            source=source,
-            status="UNAVAILABLE",
-            observed_at_ms=r.observed_at_ms,
-            on_resume=r.on_resume,
-            observer=r.observer,
+            Observation(source, "UNAVAILABLE", r.observed_at_ms, r.on_resume, r.observer),
         )
     if r.status == "KEY_REUSED":
         decision = _unknown(
             state,
             ref,
-            source=source,
-            status="KEY_REUSED",
-            observed_at_ms=r.observed_at_ms,
-            on_resume=r.on_resume,
-            observer=r.observer,
+            Observation(source, "KEY_REUSED", r.observed_at_ms, r.on_resume, r.observer),
             why=f"{r.sink} holds this operation ID with other parameters",
         )
         return Decision(
@@ -711,11 +676,7 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
     return _unknown(
         state,
         ref,
-        source=source,
-        status=r.status,
-        observed_at_ms=r.observed_at_ms,
-        on_resume=r.on_resume,
-        observer=r.observer,
+        Observation(source, r.status, r.observed_at_ms, r.on_resume, r.observer),
         why=f"{r.sink}: {r.detail}",
     )
 
@@ -739,10 +700,9 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
                     _recovery_receipt(
                         state,
                         ref,
-                        claimant=_claimant(state, b.observer),
-                        source=b.source,
-                        status="VERIFIED",
-                        observed_at_ms=b.observed_at_ms,
+                        Observation(
+                            b.source, "VERIFIED", b.observed_at_ms, b.on_resume, b.observer
+                        ),
                         action="COMPLETE",
                         effect_id=state.effect_id,
                         postcondition=f"verified: {b.detail}",
@@ -772,33 +732,21 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
         return _committed(
             state,
             ref,
+            Observation(b.source, "COMMITTED", b.observed_at_ms, b.on_resume, b.observer),
             effect_id=b.effect_id,
-            source=b.source,
-            status="COMMITTED",
-            observed_at_ms=b.observed_at_ms,
-            on_resume=b.on_resume,
-            observer=b.observer,
         )
     if b.status == "ABSENT":
         return _absent_retry(
             state,
             ref,
-            source=b.source,
-            status="ABSENT",
-            observed_at_ms=b.observed_at_ms,
-            on_resume=b.on_resume,
-            observer=b.observer,
+            Observation(b.source, "ABSENT", b.observed_at_ms, b.on_resume, b.observer),
         )
     if state.state != S.EFFECT_PENDING:
         return _noop(state, f"readback {b.status} noted while {state.state}")
     return _unknown(
         state,
         ref,
-        source=b.source,
-        status=b.status,
-        observed_at_ms=b.observed_at_ms,
-        on_resume=b.on_resume,
-        observer=b.observer,
+        Observation(b.source, b.status, b.observed_at_ms, b.on_resume, b.observer),
         why=f"readback {b.status}: {b.detail}",
     )
 
@@ -849,30 +797,20 @@ def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
         return _committed(
             state,
             ref,
+            Observation(source, "COMMITTED (disposition)", d.disposed_at_ms, True, d.by),
             effect_id=state.effect_id,
-            source=source,
-            status="COMMITTED (disposition)",
-            observed_at_ms=d.disposed_at_ms,
-            on_resume=True,
-            observer=d.by,
         )
     if d.decision == "ABSENT":
         return _absent_retry(
             state,
             ref,
-            source=source,
-            status="ABSENT (disposition)",
-            observed_at_ms=d.disposed_at_ms,
-            on_resume=True,
-            observer=d.by,
+            Observation(source, "ABSENT (disposition)", d.disposed_at_ms, True, d.by),
         )
+    obs = Observation(source, "ABANDON (disposition)", d.disposed_at_ms, True, d.by)
     receipt = _recovery_receipt(
         state,
         ref,
-        claimant=d.by,
-        source=source,
-        status="ABANDON (disposition)",
-        observed_at_ms=d.disposed_at_ms,
+        obs,
         action="ABANDON",
         effect_id=None,
         postcondition="not checked: operation abandoned",
@@ -885,9 +823,7 @@ def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
         S.ABANDONED,
         f"abandoned by {d.by}: {d.evidence}",
         (receipt, _reconciliation_done(state)),
-        observation_source=source,
-        observation_status="ABANDON",
-        observed_at_ms=d.disposed_at_ms,
+        **obs.fields(),
         recovery_receipts=state.recovery_receipts + 1,
     )
 

@@ -282,3 +282,55 @@ def test_unknown_outcome_is_held_until_an_attributable_disposition(
     finally:
         pub.close()
         harness.stop()
+
+
+def test_two_instances_of_each_stage_survive_kills_without_duplicates(
+    ledger_settings: LedgerSettings,
+) -> None:
+    from collections import Counter
+
+    from consumers.auditor import run_audit
+
+    settings = ledger_settings
+    harness = Harness(settings, create=False)
+    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    pub = IntentPublisher(settings)
+    trust(settings.trusted_keys_path(), REVIEWER)
+    ops = [f"refund:multi{n}:v1" for n in range(60)]
+    try:
+        for component in ("processor", "authority", "relay"):
+            for instance in ("0", "1"):
+                harness.start(component, instance)
+        for n, op in enumerate(ops):
+            pub.publish_approval(
+                REVIEWER.sign(
+                    Approval(
+                        approval_id=f"ap-{op}",
+                        reviewer="rev",
+                        policy_version=1,
+                        expires_at_ms=1_000_000,
+                        scope_subject="customer-1",
+                        scope_max_amount_minor=9000,
+                        scope_operation_id=op,
+                        granted_at_ms=0,
+                    )
+                )
+            )
+            publish(pub, op, approval=f"ap-{op}")
+            if n == 30:
+                # Partitions move mid-flight: one processor and one relay die.
+                harness.wait_quiescent(90)
+                harness.kill("processor", "1")
+                harness.kill("relay", "0")
+        harness.restart()
+        harness.wait_quiescent(120)
+        states = current_states(settings)
+        assert Counter(str(states[op].state) for op in ops) == {"OUTCOME_VERIFIED": len(ops)}
+        with harness.sinks["payments"].client() as client:
+            effects = client.effects()
+        assert [effects.get(op, 0) for op in ops] == [1] * len(ops)
+        report = run_audit(settings)
+        assert report.violations == []
+    finally:
+        pub.close()
+        harness.stop()

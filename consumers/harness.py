@@ -15,6 +15,7 @@ holds work it can still progress.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -195,13 +196,27 @@ class Harness:
             ends[(tp.topic, tp.partition)] = high
         return ends
 
+    def _ready(self, name: str, pid: int) -> bool:
+        path = self.run_dir / "status" / f"{name}.json"
+        try:
+            return int(json.loads(path.read_text()).get("pid", -1)) == pid
+        except (OSError, ValueError):
+            return False
+
     def lagging(self) -> dict[str, int]:
-        """Records each live stage has yet to commit past (empty when quiescent)."""
+        """Records each live stage has yet to commit past (empty when quiescent).
+
+        A stage that has not yet said it is ready (partitions assigned,
+        start-up work such as resume claims done) counts as one behind.
+        """
         behind: dict[str, int] = {}
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 continue
             component = name.rpartition("-")[0]
+            if not self._ready(name, proc.pid):
+                behind[component] = behind.get(component, 0) + 1
+                continue
             tps = [
                 TopicPartition(self.settings.topic(t), p)
                 for t in STAGES[component].inputs

@@ -68,6 +68,10 @@ class Processor(Stage):
         self.pending.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
 
+    def settled(self) -> bool:
+        """Ready once the in-flight operations it restored are claimed."""
+        return not self.resume_queue
+
     def idle(self) -> None:
         """Resume in-flight operations of newly assigned partitions (see :meth:`_resume`)."""
         self._resume()

@@ -21,6 +21,7 @@ epoch), rewind, rebuild.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
@@ -175,6 +177,8 @@ class Stage:
         self.dead_letters = 0
         self.broker_bounced = False
         self._last_skip_check = 0.0
+        self._ready_reported = False
+        self._assignment_seen = False
         self._committed_positions: dict[tuple[str, int], int] = {}
 
     # ------------------------------------------------------------------ hooks
@@ -266,6 +270,8 @@ class Stage:
         return topic[len(prefix) :] if topic.startswith(prefix) else topic
 
     def _assign_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assignment_seen = True
+        self._ready_reported = False  # start-up work may follow a new assignment
         self.assigned = {(self._short(tp.topic), tp.partition) for tp in partitions}
         parts = {tp.partition for tp in partitions}
         log.info("%s-%s assigned partitions %s", self.component, self.instance, sorted(parts))
@@ -485,6 +491,7 @@ class Stage:
                         self.producer.poll(0)
                         self._commit_skipped()
                         self.idle()
+                        self._report_ready()
                     except KafkaException as exc:
                         self._recover(exc)
                     continue
@@ -494,6 +501,25 @@ class Stage:
                     self._recover(exc)
         finally:
             self.close()
+
+    def settled(self) -> bool:
+        """True once start-up work after an assignment is done (override to add some)."""
+        return True
+
+    def status_path(self) -> Path:
+        """Where this instance says it is ready: ``run_dir/status/{component}-{instance}``."""
+        return self.run_dir / "status" / f"{self.component}-{self.instance}.json"
+
+    def _report_ready(self) -> None:
+        """Tell harnesses this process has its partitions and nothing left from start-up."""
+        if self._ready_reported or not self._assignment_seen or not self.settled():
+            return
+        path = self.status_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "ready": True}))
+        os.replace(tmp, path)
+        self._ready_reported = True
 
     def idle(self) -> None:
         """Called when a poll returned nothing (periodic work may go here)."""

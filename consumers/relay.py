@@ -368,13 +368,30 @@ class Relay(Stage):
     ) -> tuple[str, str, Event]:
         source = f"{d.sink} GET /operations/{d.operation_id}"
         status, detail, effect_id = read_effect(client, contract, d.operation_id, d.fencing_token)
+        return self._observation(
+            d, "EFFECT", status, source, detail, now, effect_id=effect_id, on_resume=on_resume
+        )
+
+    def _observation(
+        self,
+        d: Dispatch,
+        kind: str,
+        status: str,
+        source: str,
+        detail: str,
+        now: int,
+        *,
+        effect_id: str | None = None,
+        on_resume: bool,
+    ) -> tuple[str, str, Event]:
+        """A readback record answering dispatch ``d`` (key: operation ID)."""
         return (
             "readbacks",
             d.operation_id,
             Readback(
                 operation_id=d.operation_id,
                 dispatch_id=d.dispatch_id,
-                kind="EFFECT",
+                kind=kind,  # type: ignore[arg-type]
                 status=status,  # type: ignore[arg-type]
                 source=source,
                 effect_id=effect_id,
@@ -411,21 +428,8 @@ class Relay(Stage):
                         f"{[c.amount_minor for c in mine]} for the operation; expected one of "
                         f"{amount}"
                     )
-        return (
-            "readbacks",
-            d.operation_id,
-            Readback(
-                operation_id=d.operation_id,
-                dispatch_id=d.dispatch_id,
-                kind="POSTCONDITION",
-                status=status,  # type: ignore[arg-type]
-                source=source,
-                observed_at_ms=now,
-                detail=detail,
-                on_resume=d.on_resume,
-                observer=self.observer,
-                fencing_token=d.fencing_token,
-            ),
+        return self._observation(
+            d, "POSTCONDITION", status, source, detail, now, on_resume=d.on_resume
         )
 
     def close(self) -> None:

@@ -19,11 +19,11 @@ import time
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from consumers import faults
-from consumers.stage import Record, Stage, Writer
+from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import Clock, clock_for
-from ledger.events import AdmissionRequest, Approval, Event, OperatingEvent, PolicyChange
+from ledger.events import AdmissionRequest, Approval, Event, PolicyChange
 from ledger.signing import load_trusted
 
 log = logging.getLogger(__name__)
@@ -79,15 +79,8 @@ class AuthorityKernel(Stage):
                 (
                     "operating-events",
                     key,
-                    OperatingEvent(
-                        event_id=f"authority:approvals:{rec.partition}:{rec.offset}:APPROVAL",
-                        component="authority",
-                        kind="APPROVAL_REFUSED",
-                        reason=merged.note,
-                        source_topic="approvals",
-                        source_partition=rec.partition,
-                        source_offset=rec.offset,
-                        original_bytes=rec.raw,
+                    record_event(
+                        "authority", rec, "APPROVAL_REFUSED", merged.note, id_suffix="APPROVAL"
                     ),
                 )
             )
@@ -169,15 +162,14 @@ class AuthorityKernel(Stage):
                 out.write(
                     "operating-events",
                     request.operation_id,
-                    OperatingEvent(
-                        event_id=f"authority:{rec.topic}:{rec.partition}:{rec.offset}:REFUSED",
+                    record_event(
+                        "authority",
+                        rec,
+                        "ADMISSION_REFUSED",
+                        f"{request.approval_id}: {result.decision.reason}",
                         operation_id=request.operation_id,
-                        component="authority",
-                        kind="ADMISSION_REFUSED",
-                        reason=f"{request.approval_id}: {result.decision.reason}",
-                        source_topic=rec.topic,
-                        source_partition=rec.partition,
-                        source_offset=rec.offset,
+                        id_suffix="REFUSED",
+                        keep_bytes=False,
                     ),
                 )
             log.info(

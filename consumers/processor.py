@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from consumers import faults
-from consumers.stage import Record, Stage, Writer, read_partition
+from consumers.stage import Record, Stage, Writer, read_partition, record_event
 from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState
 from ledger.events import RecoveryState as S
 from ledger.fold import Decision, decide, journal_entry, ref_of
@@ -165,14 +165,11 @@ class Processor(Stage):
 
 
 def _bad_key(rec: Record, op: str | None) -> OperatingEvent:
-    return OperatingEvent(
-        event_id=f"processor:{rec.topic}:{rec.partition}:{rec.offset}:BAD_KEY",
+    return record_event(
+        "processor",
+        rec,
+        "BAD_INPUT",
+        f"record key {rec.key!r} differs from the event's operation ID {op!r}",
         operation_id=op,
-        component="processor",
-        kind="BAD_INPUT",
-        reason=f"record key {rec.key!r} differs from the event's operation ID {op!r}",
-        source_topic=rec.topic,
-        source_partition=rec.partition,
-        source_offset=rec.offset,
-        original_bytes=rec.raw,
+        id_suffix="BAD_KEY",
     )

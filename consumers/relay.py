@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from consumers import faults
-from consumers.stage import Record, Stage, Writer
+from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import Clock, clock_for
 from ledger.contracts import EffectContract, SinkEndpoint, load_sinks
@@ -160,16 +160,12 @@ class Relay(Stage):
                 out.write(
                     "operating-events",
                     rec.key,
-                    OperatingEvent(
-                        event_id=f"relay:{rec.topic}:{rec.partition}:{rec.offset}:BAD_INPUT",
+                    record_event(
+                        "relay",
+                        rec,
+                        "BAD_INPUT",
+                        f"{rec.event.KIND} is not a dispatch",
                         operation_id=rec.key,
-                        component="relay",
-                        kind="BAD_INPUT",
-                        reason=f"{rec.event.KIND} is not a dispatch",
-                        source_topic=rec.topic,
-                        source_partition=rec.partition,
-                        source_offset=rec.offset,
-                        original_bytes=rec.raw,
                     ),
                 )
                 continue

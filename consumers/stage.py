@@ -83,6 +83,34 @@ def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
     return settings.kafka(**config, **extra)
 
 
+def record_event(
+    component: str,
+    rec: Record,
+    kind: str,
+    reason: str,
+    *,
+    operation_id: str | None = None,
+    id_suffix: str | None = None,
+    keep_bytes: bool = True,
+) -> OperatingEvent:
+    """An operating event about one input record (a dead letter when it keeps the bytes).
+
+    The event ID, ``{component}:{topic}:{partition}:{offset}:{id_suffix or kind}``,
+    is derived from the input's position, so reprocessing writes the same ID.
+    """
+    return OperatingEvent(
+        event_id=f"{component}:{rec.topic}:{rec.partition}:{rec.offset}:{id_suffix or kind}",
+        operation_id=operation_id,
+        component=component,
+        kind=kind,
+        reason=reason,
+        source_topic=rec.topic,
+        source_partition=rec.partition,
+        source_offset=rec.offset,
+        original_bytes=rec.raw if keep_bytes else None,
+    )
+
+
 def key_text(msg: Message) -> str:
     """A message's key as text (``""`` when it has none)."""
     key = msg.key()

@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import sys
+import time
 from pathlib import Path
 
 #: Seams named by SCENARIOS.md, in the order an operation reaches them.
@@ -109,4 +111,41 @@ def seam(run_dir: Path, name: str, operation_id: str) -> None:
         return
     for op in (operation_id, ANY):
         if _take(_file(run_dir, name, op)):
+            _log_firing(folder, name, operation_id)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: One JSON line per firing: ``{"at": unix seconds, "seam", "operation_id", "pid", "process"}``.
+FIRED_LOG = "fired.jsonl"
+
+
+def _log_firing(folder: Path, name: str, operation_id: str) -> None:
+    line = json.dumps(
+        {
+            "at": time.time(),
+            "seam": name,
+            "operation_id": operation_id,
+            "pid": os.getpid(),
+            "process": " ".join(sys.argv[1:4]),
+        }
+    )
+    fd = os.open(folder / FIRED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fired(run_dir: Path) -> list[dict[str, object]]:
+    """Every firing so far, oldest first (see :data:`FIRED_LOG`)."""
+    path = run_dir / "faults" / FIRED_LOG
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by the SIGKILL that followed it
+    return out

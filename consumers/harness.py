@@ -75,6 +75,8 @@ class Harness:
         if not (self.run_dir / "clock").exists():
             self.clock.set_ms(0)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: Stage processes stopped by :meth:`pause` (names).
+        self.paused: set[str] = set()
         self._logs: dict[str, IO[bytes]] = {}
         self.sinks: dict[str, SinkProcess] = {}
         self._group_consumers: dict[str, Consumer] = {}
@@ -136,6 +138,31 @@ class Harness:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+    def pause(self, component: str, instance: str = "0") -> bool:
+        """SIGSTOP one stage process: it keeps its sockets but stops heartbeating.
+
+        Once its session times out, its partitions move to the other instances;
+        on :meth:`resume` it is a zombie that Kafka (consumer-group generation,
+        transactional fencing) and the sinks' fencing tokens must refuse.
+
+        Returns:
+            True if a live process was paused.
+        """
+        proc = self.procs.get(f"{component}-{instance}")
+        if proc is None or proc.poll() is not None:
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        self.paused.add(f"{component}-{instance}")
+        return True
+
+    def resume(self, component: str, instance: str = "0") -> None:
+        """SIGCONT a stage process paused by :meth:`pause`."""
+        name = f"{component}-{instance}"
+        proc = self.procs.get(name)
+        self.paused.discard(name)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
 
     def crashed(self) -> list[str]:
         """Stages whose process has ended."""
@@ -269,6 +296,8 @@ class Harness:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop every stage (SIGTERM, then SIGKILL) and every sink."""
+        for name in list(self.paused):
+            self.resume(*name.rsplit("-", 1))
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()

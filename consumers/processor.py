@@ -41,6 +41,8 @@ class Processor(Stage):
         self.partition_of: dict[str, int] = {}
         self.pending: dict[str, OperationState] = {}
         self.resume_queue: list[tuple[str, int]] = []
+        #: Partitions this process has owned at some point of its life.
+        self.ever_held: set[int] = set()
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
@@ -52,10 +54,15 @@ class Processor(Stage):
 
         n = read_partition(self.settings, "state", partitions, load)
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
+        # A resume follows a crash or a takeover: partitions this process
+        # owned before (a rebalance after a broker restart gives them back)
+        # were never interrupted here, so their operations are not claimed.
+        new = partitions - self.ever_held
+        self.ever_held |= partitions
         self.resume_queue = sorted(
             (op, st.version)
             for op, st in self.states.items()
-            if self.partition_of.get(op) in partitions and S(st.state) in IN_FLIGHT
+            if self.partition_of.get(op) in new and S(st.state) in IN_FLIGHT
         )
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))

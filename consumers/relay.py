@@ -78,6 +78,8 @@ class Relay(Stage):
         self.mode = self.settings.relay_mode
         self.clock: Clock = clock_for(self.settings.clock, self.settings.run_dir)
         self.attempts: dict[str, int] = {}
+        #: Dispatches whose final receipt is already committed.
+        self.completed: set[str] = set()
         self.sinks: dict[str, SinkEndpoint] = {}
         self.clients: dict[str, SinkClient] = {}
         self.results: dict[tuple[int, int], list[tuple[str, str, Event]]] = {}
@@ -89,6 +91,8 @@ class Relay(Stage):
     def _apply_receipt(self, key: str, rec: Record | None) -> None:
         if rec is not None and isinstance(rec.event, EffectReceipt):
             r = rec.event
+            if r.status != "ATTEMPTED":
+                self.completed.add(r.dispatch_id)
             first = self.attempts.get(r.dispatch_id)
             self.attempts[r.dispatch_id] = (
                 r.first_attempt_at_ms if first is None else min(first, r.first_attempt_at_ms)
@@ -97,6 +101,7 @@ class Relay(Stage):
     def on_assign(self, partitions: set[int]) -> None:
         """Learn which dispatches of these partitions were already attempted."""
         self.attempts.clear()
+        self.completed.clear()
         self._receipts.follow(partitions)
         log.info("relay: %d earlier attempts known", len(self.attempts))
 
@@ -138,20 +143,53 @@ class Relay(Stage):
                 and d.dispatch_id not in self.attempts
             ):
                 fresh.append(d)
-        if fresh:
-            self.producer.begin_transaction()
-            out = Writer(self.producer, self.settings)
-            for d in fresh:
-                out.write("receipts", d.operation_id, self._attempt_marker(d, now))
-            self._commit()
-            for d in fresh:
-                self.attempts[d.dispatch_id] = now
+        # Dispatches to a sink that can be read back are marked together; one
+        # that cannot is marked just before its own send and its receipt
+        # committed just after, so that a crash leaves ambiguous only the one
+        # request that may have left without its receipt.
+        one_by_one = {d.dispatch_id for d in fresh if not self._readable(d.sink)}
+        self._mark_attempted([d for d in fresh if d.dispatch_id not in one_by_one], now)
         fresh_ids = {d.dispatch_id for d in fresh}
         for rec in records:
-            if isinstance(rec.event, Dispatch):
-                self.results[(rec.partition, rec.offset)] = self._perform(
-                    rec.event, fresh=rec.event.dispatch_id in fresh_ids
-                )
+            d = rec.event
+            if not isinstance(d, Dispatch):
+                continue
+            at = (rec.partition, rec.offset)
+            if self.mode == "ledger" and d.kind == "EXECUTE" and d.dispatch_id in self.completed:
+                self.results[at] = []  # its receipt is in the ledger already
+            elif d.dispatch_id in one_by_one:
+                self._mark_attempted([d], now)
+                self._commit_outputs(self._perform(d, fresh=True))
+                self.completed.add(d.dispatch_id)
+                self.results[at] = []
+            else:
+                self.results[at] = self._perform(d, fresh=d.dispatch_id in fresh_ids)
+
+    def _readable(self, sink: str) -> bool:
+        endpoint = self._endpoint(sink)
+        return endpoint is None or endpoint.contract.readback
+
+    def _commit_outputs(self, outputs: list[tuple[str, str, Event]]) -> None:
+        """Commit one dispatch's receipt at once (its offset follows with the batch)."""
+        assert self.producer is not None
+        self.producer.begin_transaction()
+        out = Writer(self.producer, self.settings)
+        for topic, key, event in outputs:
+            out.write(topic, key, event)
+        self._commit()
+
+    def _mark_attempted(self, dispatches: list[Dispatch], now: int) -> None:
+        """Commit ATTEMPTED receipts: from here on these dispatches may have left."""
+        if not dispatches:
+            return
+        assert self.producer is not None
+        self.producer.begin_transaction()
+        out = Writer(self.producer, self.settings)
+        for d in dispatches:
+            out.write("receipts", d.operation_id, self._attempt_marker(d, now))
+        self._commit()
+        for d in dispatches:
+            self.attempts[d.dispatch_id] = now
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ledger.events import (
     AdmissionDecision,
@@ -79,6 +80,24 @@ class AuditReport:
     def add(self, invariant: str, operation_id: str | None, evidence: str) -> None:
         """Record a violation."""
         self.violations.append(Violation(invariant, operation_id, evidence))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-serialisable data.
+
+        Returns:
+            ``{"operations": int, "journal_entries": int, "checked": {invariant:
+            facts checked}, "violations": [{"invariant": str, "operation_id":
+            str | None, "evidence": str}]}``, violations in the order found.
+        """
+        return {
+            "operations": self.operations,
+            "journal_entries": self.journal_entries,
+            "checked": dict(self.checked),
+            "violations": [
+                {"invariant": v.invariant, "operation_id": v.operation_id, "evidence": v.evidence}
+                for v in self.violations
+            ],
+        }
 
 
 def audit(
@@ -130,17 +149,24 @@ def audit(
     generated_dispatches: dict[str, Dispatch] = {}
     admitted_by: dict[str, set[str]] = defaultdict(set)
     effect_ids: dict[str, set[str]] = defaultdict(set)
-    highest_token: dict[str, int] = defaultdict(int)
     last_receipt: dict[str, RecoveryReceipt] = {}
     receipt_count: dict[str, int] = defaultdict(int)
     has_effect_evidence: set[str] = set()
     has_postcondition: set[str] = set()
 
-    for entry, event, before, decision in steps:
+    # fencing: the relay contacts a sink in outbox order (one relay owns a
+    # partition at a time; a zombie's late request is what fencing refuses),
+    # so sink contacts are ordered by their dispatch, not by the journal,
+    # which interleaves receipts and readbacks as the processor read them.
+    dispatch_order: dict[str, int] = {}
+    contacts: dict[str, list[tuple[int, int, int, bool, bool, str]]] = defaultdict(list)
+
+    for index, (entry, event, before, decision) in enumerate(steps):
         op = entry.operation_id
         for out in decision.outputs:
             if isinstance(out.event, Dispatch):
                 generated_dispatches[out.event.dispatch_id] = out.event
+                dispatch_order.setdefault(out.event.dispatch_id, len(dispatch_order))
                 if out.event.kind == "EXECUTE":
                     _check_admitted(report, out.event, decision.state)
             elif isinstance(out.event, RecoveryReceipt):
@@ -153,8 +179,8 @@ def audit(
         ):
             admitted_by[event.approval_id].add(op)
         if isinstance(event, EffectReceipt | Readback):
-            token = event.fencing_token
-            if (isinstance(event, EffectReceipt) and event.status == "COMMITTED") or (
+            accepted = isinstance(event, EffectReceipt) and event.status == "COMMITTED"
+            if accepted or (
                 isinstance(event, Readback)
                 and event.kind == "EFFECT"
                 and event.status == "COMMITTED"
@@ -162,17 +188,16 @@ def audit(
                 if event.effect_id:
                     effect_ids[op].add(event.effect_id)
                 has_effect_evidence.add(op)
-                report.checked["fencing"] += 1
-                if isinstance(event, EffectReceipt) and token < highest_token[op]:
-                    report.add(
-                        "fencing",
-                        op,
-                        f"effect accepted with fencing token {token} after the sink had been "
-                        f"shown token {highest_token[op]} "
-                        f"({entry.input_topic}:{entry.input_partition}:{entry.input_offset})",
-                    )
-            if event.status != "STALE_TOKEN":
-                highest_token[op] = max(highest_token[op], token)
+            contacts[op].append(
+                (
+                    dispatch_order.get(event.dispatch_id, len(dispatch_order) + index),
+                    index,
+                    event.fencing_token,
+                    accepted,
+                    event.status != "STALE_TOKEN",
+                    f"{entry.input_topic}:{entry.input_partition}:{entry.input_offset}",
+                )
+            )
             if (
                 isinstance(event, Readback)
                 and event.kind == "POSTCONDITION"
@@ -201,6 +226,21 @@ def audit(
                     f"{entry.input_partition}:{entry.input_offset}, which is neither a new "
                     "observation nor an attributable disposition",
                 )
+
+    for op, seen in sorted(contacts.items()):
+        highest = 0
+        for _order, _index, token, accepted, shown, ref in sorted(seen):
+            if accepted:
+                report.checked["fencing"] += 1
+                if token < highest:
+                    report.add(
+                        "fencing",
+                        op,
+                        f"effect accepted with fencing token {token} after the sink had been "
+                        f"shown token {highest} ({ref})",
+                    )
+            if shown:
+                highest = max(highest, token)
 
     # admission: what the outbox holds was generated by the fold.
     for op, dispatch in sorted(dispatches.items()):

@@ -475,6 +475,11 @@ def _server_properties(settings: LedgerSettings, paths: _Paths) -> str:
         "offsets.topic.num.partitions": "1",
         "transaction.state.log.num.partitions": "1",
         "log.cleaner.backoff.ms": "500",
+        # A crashed producer's open transaction holds read_committed readers
+        # at its first offset until it is aborted: check for timed-out ones
+        # every second (default ten), so a dead stage's transaction is
+        # aborted soon after transaction.timeout.ms.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         # Ledger topics are created explicitly, never by a typo.
         "auto.create.topics.enable": "false",
     }

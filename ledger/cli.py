@@ -235,9 +235,11 @@ def _broker(say: Callable[[str], None], keep: bool = False) -> Iterator[LedgerSe
 
 # ---------------------------------------------------------------------- operators
 
+from ledger.cli_mission import mission_group  # noqa: E402
 from ledger.cli_ops import register  # noqa: E402
 
 register(main)
+main.add_command(mission_group)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -563,11 +564,21 @@ def reconcile_dispose(
 @click.command("audit")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-sinks", is_flag=True, help="Do not ask sinks how many effects they hold.")
-def audit_cmd(as_json: bool, no_sinks: bool) -> None:
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Also write the report as a self-contained HTML page (inline plots) to FILE.",
+)
+def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
     Exits 0 when there is no violation, 1 otherwise; each violation names the
-    operation and the evidence.
+    operation and the evidence. With --html FILE the report is also written as
+    one self-contained HTML page (verdict, invariants checked, violations) and
+    'wrote FILE' is said on stderr when --json keeps stdout for the JSON.
     """
     from consumers.auditor import run_audit
 
@@ -578,17 +589,7 @@ def audit_cmd(as_json: bool, no_sinks: bool) -> None:
     except LedgerError as exc:
         raise click.ClickException(exc.message) from exc
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "operations": report.operations,
-                    "journal_entries": report.journal_entries,
-                    "checked": dict(report.checked),
-                    "violations": [v.__dict__ for v in report.violations],
-                },
-                indent=2,
-            )
-        )
+        click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         click.echo(
             f"{report.operations} operations, {report.journal_entries} journal entries replayed; "
@@ -596,6 +597,18 @@ def audit_cmd(as_json: bool, no_sinks: bool) -> None:
         )
         for v in report.violations:
             click.echo(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
+    if html_path is not None:
+        from ledger.html_report import audit_html
+
+        page = audit_html({**report.to_dict(), "ledger": settings.topic_prefix})
+        try:
+            html_path.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot write the HTML report to {html_path}: {exc.strerror or exc}; "
+                "choose a writable --html path"
+            ) from exc
+        click.echo(f"wrote {html_path}", err=as_json)
     sys.exit(1 if report.violations else 0)
 
 

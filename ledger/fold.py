@@ -37,8 +37,10 @@ from ledger.events import RecoveryState as S
 from ledger.identity import amount_of, parameter_digest
 from ledger.machine import IN_FLIGHT, allowed
 
-#: Most EXECUTE dispatches one operation gets while a sink answers "unavailable".
-MAX_DISPATCHES = 5
+#: Most EXECUTE dispatches one operation gets while its effect keeps being
+#: observed absent (e.g. a sink answering "unavailable"); readbacks and
+#: verifications, which every resume adds, do not count.
+MAX_EXECUTIONS = 5
 
 Outcome = Literal["APPLIED", "REFUSED", "NOOP"]
 
@@ -460,7 +462,9 @@ def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decisio
     )
     out, n = _dispatch(admitted, "EXECUTE")
     reason = f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched"
-    decision = _move(admitted, S.EFFECT_PENDING, reason, (out,), dispatches=n)
+    decision = _move(
+        admitted, S.EFFECT_PENDING, reason, (out,), dispatches=n, executions=admitted.executions + 1
+    )
     return Decision(
         decision.state,
         "APPLIED",
@@ -557,11 +561,11 @@ def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> 
 def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision:
     """The effect is known absent: execute the same admitted operation again."""
     if state.state == S.EFFECT_PENDING:
-        if state.dispatches >= MAX_DISPATCHES:
+        if state.executions >= MAX_EXECUTIONS:
             return _move(
                 state,
                 S.ABANDONED,
-                f"effect absent after {state.dispatches} dispatches; giving up ({obs.source})",
+                f"effect absent after {state.executions} executions; giving up ({obs.source})",
             )
         out, n = _dispatch(state, "EXECUTE", on_resume=obs.on_resume)
         outputs: list[Output] = []
@@ -582,6 +586,7 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             update={
                 "version": state.version + 1,
                 "dispatches": n,
+                "executions": state.executions + 1,
                 "reason": reason,
                 **obs.fields(),
                 "recovery_receipts": state.recovery_receipts + (1 if obs.on_resume else 0),
@@ -610,6 +615,7 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             reason,
             outputs,
             dispatches=n,
+            executions=state.executions + 1,
             **obs.fields(),
             recovery_receipts=state.recovery_receipts + 1,
         )

@@ -398,7 +398,10 @@ def bind_socket(port: int) -> socket.socket:
     """Bind and listen on ``127.0.0.1:port`` (0 picks a free port).
 
     ``SO_REUSEADDR`` is set so that a restarted sink can take back its port
-    while old connections are in TIME_WAIT.
+    while old connections are in TIME_WAIT. ``TCP_NODELAY`` (inherited by
+    accepted connections) keeps Nagle's algorithm from holding the body of a
+    response, written after its headers, until the client's delayed ACK:
+    without it every request takes about 40 ms.
 
     Raises:
         OSError: if the port cannot be bound (e.g. ``EADDRINUSE``).
@@ -406,6 +409,7 @@ def bind_socket(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, port))
         sock.listen(128)
     except OSError:

@@ -58,6 +58,14 @@ def _mission_options(func: Options) -> Options:
             help="Restart the local broker once, part-way through (only a broker started by "
             "'ledger broker start').",
         ),
+        click.option(
+            "--chaos-every",
+            type=click.IntRange(min=0),
+            default=500,
+            show_default=True,
+            help="Every this many cases, SIGKILL a random stage at an arbitrary point (with "
+            "several instances, or pause it past its session timeout: a zombie). 0: never.",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
         click.option(
             "--html",
@@ -92,6 +100,7 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
             sink_fault_rate=kw["sink_fault_rate"],
             window=kw["window"],
             broker_restart=kw["broker_restart"],
+            chaos_every=kw["chaos_every"],
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc

@@ -437,7 +437,8 @@ class Mission:
         name = f"{component}-{instance}"
         if name in self.harness.paused or not self.harness.alive(component, instance):
             return
-        if self.options.instances > 1 and self.rng.random() < 0.5:
+        # With several instances every other chaos event makes a zombie.
+        if self.options.instances > 1 and self._chaos_done % 2 == 0:
             if self.harness.pause(component, instance):
                 self.zombie_pauses[component] += 1
                 self.paused_until[name] = time.monotonic() + SESSION_TIMEOUT_S + 3

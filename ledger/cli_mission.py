@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,9 +114,16 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
         "item_show_func": lambda status: status,
     }
     with _broker(say, keep=kw["keep_broker"]) as settings, click.progressbar(**bar_settings) as bar:
+        tty = sys.stderr.isatty()
+        last = [0.0]
 
         def progress(done: int, total: int, status: str) -> None:
-            bar.update(max(0, done - bar.pos), status)
+            if tty:
+                bar.update(max(0, done - bar.pos), status)
+            elif time.monotonic() - last[0] >= 10 or done == total:
+                # Not a terminal (CI, a log file): a line every ten seconds.
+                last[0] = time.monotonic()
+                click.echo(f"{mode}: {done}/{total} cases settled · {status}", err=True)
 
         mission = Mission(options, settings, say=say, progress=progress)
         try:

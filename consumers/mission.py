@@ -48,7 +48,7 @@ from consumers.auditor import run_audit
 from consumers.harness import STAGES, Harness, run_dir_for
 from consumers.reader import current_states
 from consumers.reconciler import reconcile_once
-from consumers.stage import read_partition
+from consumers.stage import FENCED_MARKER, read_partition
 from ledger import broker
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
@@ -612,6 +612,15 @@ class Mission:
                     )
                 )
 
+    def _kafka_fenced(self) -> dict[str, int]:
+        """Zombie transactions Kafka refused, per stage process (from the stage logs)."""
+        counts: dict[str, int] = {}
+        for path in sorted((self.settings.run_dir / "logs").glob("*.log")):
+            n = path.read_text(errors="replace").count(FENCED_MARKER)
+            if n:
+                counts[path.stem] = n
+        return counts
+
     def _claim_outcomes(self) -> dict[str, bool]:
         return {r.claim_id: r.entry.outcome == "APPLIED" for r in self._journal() if r.claim_id}
 
@@ -700,5 +709,6 @@ class Mission:
             audit_after=after,
             policy_changed_at=self.policy_changed_at,
             stage_errors=dict(self.stage_errors),
+            kafka_fenced=self._kafka_fenced(),
         )
         return build(facts)

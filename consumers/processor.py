@@ -22,6 +22,13 @@ from ledger.machine import IN_FLIGHT
 
 log = logging.getLogger(__name__)
 
+#: In-flight states a restarted processor claims. EFFECT_COMMITTED is left
+#: out: its verification is already in the outbox (the relay performs it
+#: after a crash as before), and for a sink without a postcondition query it
+#: is where the operation rests, so claiming it would re-verify every such
+#: operation ever committed at every restart.
+RESUMABLE = IN_FLIGHT - {S.EFFECT_COMMITTED}
+
 
 class Processor(Stage):
     """Consume-transform-produce stage deciding every recovery transition.
@@ -62,7 +69,7 @@ class Processor(Stage):
         self.resume_queue = sorted(
             (op, st.version)
             for op, st in self.states.items()
-            if self.partition_of.get(op) in new and S(st.state) in IN_FLIGHT
+            if self.partition_of.get(op) in new and S(st.state) in RESUMABLE
         )
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))

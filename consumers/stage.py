@@ -71,6 +71,23 @@ class Record:
     event: Event
 
 
+#: Errors with which Kafka refuses a zombie's transaction: its group
+#: membership or generation is gone (KIP-447) or its producer was fenced.
+FENCING_CODES = frozenset(
+    {
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError._FENCED,
+    }
+)
+
+#: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
+FENCED_MARKER = "zombie transaction fenced by Kafka"
+
+
 def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
     """librdkafka producer settings every ledger producer shares."""
     config: dict[str, Any] = {
@@ -463,6 +480,8 @@ class Stage:
     def _recover(self, exc: KafkaException) -> None:
         err: KafkaError = exc.args[0]
         assert self.producer is not None
+        if err.code() in FENCING_CODES:
+            log.warning("%s-%s: %s: %s", self.component, self.instance, FENCED_MARKER, err)
         if err.txn_requires_abort() and not err.fatal():
             log.warning("%s: transaction aborted: %s", self.component, err)
             try:

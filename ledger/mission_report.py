@@ -107,6 +107,8 @@ class MissionFacts:
         audit_after: the audit after it.
         policy_changed_at: cases started when the policy version changed.
         stage_errors: stage -> exits other than by SIGKILL.
+        kafka_fenced: stage process -> its transactions Kafka refused as a
+            zombie's (group generation gone, producer fenced).
     """
 
     options: MissionOptions
@@ -139,6 +141,7 @@ class MissionFacts:
     audit_after: AuditReport
     policy_changed_at: int | None
     stage_errors: Mapping[str, int]
+    kafka_fenced: Mapping[str, int]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -479,6 +482,8 @@ def build(f: MissionFacts) -> dict[str, Any]:
             "chaos_kills_by_stage": dict(f.chaos_kills),
             "zombie_pauses": sum(f.zombie_pauses.values()),
             "zombie_pauses_by_stage": dict(f.zombie_pauses),
+            "zombie_transactions_fenced_by_kafka": sum(f.kafka_fenced.values()),
+            "zombie_transactions_fenced_by_stage": dict(f.kafka_fenced),
             "sink_faults_by_mode": dict(sink_faults),
             "sink_faults_fired": faults_fired,
             "broker_restarts": f.broker_restarts,
@@ -540,7 +545,8 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{fl['broker_restarts']}{note}, "
         f"stage restarts {fl['restarts']}",
         "  sink faults: " + ", ".join(f"{k} {n}" for k, n in fl["sink_faults_by_mode"].items()),
-        f"  resumer races {fl['resumer_races']}, stale dispatches {fl['stale_dispatches']}",
+        f"  resumer races {fl['resumer_races']}, stale dispatches {fl['stale_dispatches']}, "
+        f"zombie transactions fenced by Kafka {fl['zombie_transactions_fenced_by_kafka']}",
     ]
     for label, key in (("before", "before_compaction"), ("after", "after_compaction")):
         audit = report["audit"][key]

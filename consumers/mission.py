@@ -180,6 +180,8 @@ class Mission:
         self._next_case = 0
         self._chaos_done = 0
         self.stage_errors: Counter[str] = Counter()
+        #: (Unix time, stage process name) of every stage (re)start.
+        self.process_starts: list[tuple[float, str]] = []
 
     # ------------------------------------------------------------------ set-up
 
@@ -191,7 +193,7 @@ class Mission:
             self._sinks[sink] = self.harness.sinks[sink].client()
         for component in STAGES:
             for instance in range(self.options.instances):
-                self.harness.start(component, str(instance))
+                self._start_stage(f"{component}-{instance}")
         consumer = Consumer(
             self.settings.kafka(
                 **{
@@ -209,6 +211,10 @@ class Mission:
             ]
         )
         self._consumer = consumer
+
+    def _start_stage(self, name: str) -> None:
+        self.harness.start(*name.rsplit("-", 1))
+        self.process_starts.append((time.time(), name))
 
     def close(self) -> None:
         """Stop every process of the mission and close its clients."""
@@ -467,7 +473,7 @@ class Mission:
         for name, due in list(self.pending_restarts.items()):
             if now >= due:
                 del self.pending_restarts[name]
-                self.harness.start(*name.rsplit("-", 1))
+                self._start_stage(name)
                 self.restarts += 1
 
     def _sample(self) -> None:
@@ -569,10 +575,12 @@ class Mission:
             self.harness.resume(*name.rsplit("-", 1))
         self.paused_until.clear()
         for name, _ in list(self.pending_restarts.items()):
-            self.harness.start(*name.rsplit("-", 1))
+            self._start_stage(name)
             self.restarts += 1
         self.pending_restarts.clear()
-        self.restarts += len(self.harness.restart())
+        for name in self.harness.crashed():
+            self._start_stage(name)
+            self.restarts += 1
         try:
             self.harness.wait_quiescent(timeout_s)
         except LedgerError as exc:
@@ -710,5 +718,6 @@ class Mission:
             policy_changed_at=self.policy_changed_at,
             stage_errors=dict(self.stage_errors),
             kafka_fenced=self._kafka_fenced(),
+            process_starts=self.process_starts,
         )
         return build(facts)

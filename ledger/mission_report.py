@@ -109,6 +109,7 @@ class MissionFacts:
         stage_errors: stage -> exits other than by SIGKILL.
         kafka_fenced: stage process -> its transactions Kafka refused as a
             zombie's (group generation gone, producer fenced).
+        process_starts: ``(Unix time, stage process name)`` of every start.
     """
 
     options: MissionOptions
@@ -142,6 +143,7 @@ class MissionFacts:
     policy_changed_at: int | None
     stage_errors: Mapping[str, int]
     kafka_fenced: Mapping[str, int]
+    process_starts: Sequence[tuple[float, str]] = ()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -184,13 +186,17 @@ def _audit(report: AuditReport) -> dict[str, Any]:
 
 
 def readback_latencies(
-    journal: Sequence[JournalRow], fired: Sequence[Mapping[str, Any]]
+    journal: Sequence[JournalRow],
+    fired: Sequence[Mapping[str, Any]],
+    starts: Sequence[tuple[float, str]] = (),
 ) -> tuple[list[float], int]:
     """Time from the start of each resume to the authoritative readback that decided it.
 
-    A resume starts at the later of the last accepted claim on the operation
-    and the last fault-hook firing for it (the crash); it ends at the journal
-    entry whose decision wrote the recovery receipt. Receipts written from the
+    A resume starts at the latest of: the last accepted claim on the
+    operation, the last fault-hook firing for it (the crash), and the last
+    (re)start of the stage process that made the observation (a restarted
+    relay reads back what it may have sent). It ends at the journal entry
+    whose decision wrote the recovery receipt. Receipts written from the
     reconciler's end-of-mission readbacks are left out (their operations were
     held on purpose).
 
@@ -212,13 +218,15 @@ def readback_latencies(
             continue
         if isinstance(event, Readback | EffectReceipt) and event.observer == "reconciler":
             continue
-        starts = [t for t in crash_at.get(op, []) if t <= row.at_s]
+        begun = [t for t in crash_at.get(op, []) if t <= row.at_s]
         if op in last_claim:
-            starts.append(last_claim[op])
-        if not starts:
+            begun.append(last_claim[op])
+        observer = getattr(event, "observer", None)
+        begun += [t for t, name in starts if name == observer and t <= row.at_s]
+        if not begun:
             unattributed += 1
             continue
-        samples.append(round((row.at_s - max(starts)) * 1000.0, 1))
+        samples.append(round((row.at_s - max(begun)) * 1000.0, 1))
     return samples, unattributed
 
 
@@ -399,7 +407,7 @@ def build(f: MissionFacts) -> dict[str, Any]:
         )
     )
 
-    latencies, unattributed = readback_latencies(f.journal, f.fired)
+    latencies, unattributed = readback_latencies(f.journal, f.fired, f.process_starts)
 
     # faults
     kills_by_seam = Counter(str(x.get("seam")) for x in f.fired)

@@ -102,6 +102,9 @@ def test_readback_latency_runs_from_the_resume_to_the_deciding_readback() -> Non
     # a later crash for the operation, before the readback, is the resume's start
     samples, _ = readback_latencies(rows, [{"operation_id": op, "at": 200.5}])
     assert samples == [250.0]
+    # so is a later restart of the relay that read it back (not of another process)
+    samples, _ = readback_latencies(rows, [], [(200.6, "relay-0"), (200.7, "relay-1")])
+    assert samples == [150.0]
     # the reconciler's end-of-run readbacks are not resumes after a crash
     late = rb.model_copy(update={"observer": "reconciler"})
     rows = _rows([(i, 100.0), (admission(i), 100.1), (claim(op, "w", 2), 200.0), (late, 900.0)])

@@ -4,6 +4,8 @@
 #                  (the tests start the local broker themselves, or use
 #                  KAFKA_BOOTSTRAP_SERVERS when it is set)
 #   make demo      run the demo (starts/reuses the local broker)
+#   make mission   the 4,000-case fee-remediation mission with crashes everywhere
+#                  (CASES=, INSTANCES=, MODE=ledger|checkpoint-only to change it)
 #   make kafka     fetch the broker jars into .cache/kafka/libs (Maven, once)
 #
 # Needs python3 (3.11+), Java 17+ and Maven for the local broker; or Docker
@@ -15,7 +17,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := test
-.PHONY: venv kafka demo test lint fmt broker-start broker-stop broker-status clean distclean
+.PHONY: venv kafka demo mission mission-compare test lint fmt broker-start broker-stop broker-status clean distclean
 
 venv: $(STAMP)
 
@@ -31,6 +33,18 @@ kafka: venv
 
 demo: venv kafka
 	$(BIN)/ledger demo
+
+CASES     ?= 4000
+INSTANCES ?= 1
+MODE      ?= ledger
+
+mission: venv kafka
+	$(BIN)/ledger mission run --cases $(CASES) --crash-rate 0.05 --seed 7 \
+		--instances $(INSTANCES) --mode $(MODE)
+
+mission-compare: venv kafka
+	$(BIN)/ledger mission compare --cases $(CASES) --crash-rate 0.05 --seed 7 \
+		--instances $(INSTANCES)
 
 lint: venv
 	$(BIN)/ruff check .

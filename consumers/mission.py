@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -54,12 +54,13 @@ from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import Approval, OperatingEvent, OperationState, decode_event
 from ledger.events import RecoveryState as S
-from ledger.mission_plan import MISSION_SINKS, Case, MissionOptions, eligible, plan
+from ledger.mission_plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
 from ledger.mission_report import JournalRow, MissionFacts, build
 from ledger.signing import ReviewerKey, trust
 from ledger.topics import force_compaction
 from producers.intents import IntentPublisher
 from sinks.client import SinkClient
+from sinks.store import FaultMode
 
 log = logging.getLogger(__name__)
 
@@ -256,46 +257,39 @@ class Mission:
             self.harness.advance(2)
         return approval_id
 
-    def _arm(self, op: str, sink: str, case_faults: Any) -> None:
+    def _arm(self, op: str, sink: str, case_faults: OpFaults) -> None:
         if case_faults.seam is not None:
             self.harness.arm(case_faults.seam, op)
         if case_faults.sink_fault is not None:
-            self._sinks[sink].arm_fault(op, case_faults.sink_fault)
+            self._sinks[sink].arm_fault(op, cast("FaultMode", case_faults.sink_fault))
 
-    def _publish_refund(self, run: CaseRun, first: bool) -> None:
+    def _publish(self, run: CaseRun, op: str, first: bool) -> None:
+        """Request the review of one of the case's operations, then publish its intent."""
         case = run.case
-        human = case.fee_minor >= self.options.review_threshold_minor
-        approval_id = self._approve(run, case.refund_op, case.fee_minor, human)
-        if first:
-            self._arm(case.refund_op, "payments", case.refund)
-        self.publisher.publish(
-            operation_id=case.refund_op,
-            sink="payments",
-            action="refund",
-            params={"account": case.account, "amount_minor": case.fee_minor, "currency": "GBP"},
-            actor="svc-remediation",
-            subject=case.customer,
-            purpose="fee-remediation",
-            decision_version=1,
-            approval_id=approval_id,
-            published_at_ms=self.harness.clock.now_ms(),
-        )
-
-    def _publish_notify(self, run: CaseRun, first: bool) -> None:
-        case = run.case
-        approval_id = self._approve(run, case.notify_op, 0, human=False)
-        if first:
-            self._arm(case.notify_op, "mailer", case.notify)
-        self.publisher.publish(
-            operation_id=case.notify_op,
-            sink="mailer",
-            action="send_email",
-            params={
+        if op == case.refund_op:
+            sink, action, amount, planned = "payments", "refund", case.fee_minor, case.refund
+            params: dict[str, object] = {
+                "account": case.account,
+                "amount_minor": case.fee_minor,
+                "currency": "GBP",
+            }
+        else:
+            sink, action, amount, planned = "mailer", "send_email", 0, case.notify
+            params = {
                 "to": case.customer,
                 "template": "fee-refund-confirmation",
                 "refund_operation_id": case.refund_op,
                 "refund_amount_minor": case.fee_minor,
-            },
+            }
+        human = amount >= self.options.review_threshold_minor
+        approval_id = self._approve(run, op, amount, human)
+        if first:
+            self._arm(op, sink, planned)
+        self.publisher.publish(
+            operation_id=op,
+            sink=sink,
+            action=action,
+            params=params,
             actor="svc-remediation",
             subject=case.customer,
             purpose="fee-remediation",
@@ -311,7 +305,7 @@ class Mission:
             run.phase, run.outcome = "done", "not eligible"
             return
         run.phase = "refund"
-        self._publish_refund(run, first=True)
+        self._publish(run, run.case.refund_op, first=True)
 
     def _finish(self, run: CaseRun, outcome: str, held: bool = False) -> None:
         run.outcome = outcome
@@ -334,10 +328,7 @@ class Mission:
             return
         run.reauths += 1
         self.reauth_reasons[kind] += 1
-        if st.operation_id == run.case.refund_op:
-            self._publish_refund(run, first=False)
-        else:
-            self._publish_notify(run, first=False)
+        self._publish(run, st.operation_id, first=False)
 
     def _on_state(self, st: OperationState) -> None:
         number = self.op_case.get(st.operation_id)
@@ -356,7 +347,7 @@ class Mission:
             if state == S.OUTCOME_VERIFIED:
                 run.held = False
                 run.phase = "notify"
-                self._publish_notify(run, first=True)
+                self._publish(run, run.case.notify_op, first=True)
             elif state == S.NEEDS_REAUTHORISATION:
                 self._reauthorise(run, st)
             elif state == S.ABANDONED:
@@ -522,10 +513,7 @@ class Mission:
             nudged = True
             if st is None:
                 log.warning("mission: %s has no state; publishing its intent again", op)
-                if run.phase == "refund":
-                    self._publish_refund(run, first=False)
-                else:
-                    self._publish_notify(run, first=False)
+                self._publish(run, op, first=False)
             else:
                 self.nudge_claims.append(
                     self.publisher.publish_claim(op, "mission-resumer", st.version)

@@ -213,7 +213,7 @@ class OperationState(Event):
     dispatches: int = 0
     reauthorisations: int = 0
     recovery_receipts: int = 0
-    executions: int = 0
+    unavailable: int = 0
 
 
 class JournalEntry(Event):

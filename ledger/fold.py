@@ -37,10 +37,11 @@ from ledger.events import RecoveryState as S
 from ledger.identity import amount_of, parameter_digest
 from ledger.machine import IN_FLIGHT, allowed
 
-#: Most EXECUTE dispatches one operation gets while its effect keeps being
-#: observed absent (e.g. a sink answering "unavailable"); readbacks and
-#: verifications, which every resume adds, do not count.
-MAX_EXECUTIONS = 5
+#: "Unavailable" answers from a sink after which an operation is abandoned. An
+#: absence observed by readback does not count: the request may never have
+#: left (its sender crashed), and executing the same admitted operation again
+#: under its idempotency key is safe.
+MAX_UNAVAILABLE = 5
 
 Outcome = Literal["APPLIED", "REFUSED", "NOOP"]
 
@@ -462,9 +463,7 @@ def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decisio
     )
     out, n = _dispatch(admitted, "EXECUTE")
     reason = f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched"
-    decision = _move(
-        admitted, S.EFFECT_PENDING, reason, (out,), dispatches=n, executions=admitted.executions + 1
-    )
+    decision = _move(admitted, S.EFFECT_PENDING, reason, (out,), dispatches=n)
     return Decision(
         decision.state,
         "APPLIED",
@@ -561,11 +560,13 @@ def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> 
 def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision:
     """The effect is known absent: execute the same admitted operation again."""
     if state.state == S.EFFECT_PENDING:
-        if state.executions >= MAX_EXECUTIONS:
+        unavailable = state.unavailable + (1 if obs.status == "UNAVAILABLE" else 0)
+        if unavailable >= MAX_UNAVAILABLE:
             return _move(
                 state,
                 S.ABANDONED,
-                f"effect absent after {state.executions} executions; giving up ({obs.source})",
+                f"{state.sink} answered unavailable {unavailable} times; giving up ({obs.source})",
+                unavailable=unavailable,
             )
         out, n = _dispatch(state, "EXECUTE", on_resume=obs.on_resume)
         outputs: list[Output] = []
@@ -586,7 +587,7 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             update={
                 "version": state.version + 1,
                 "dispatches": n,
-                "executions": state.executions + 1,
+                "unavailable": unavailable,
                 "reason": reason,
                 **obs.fields(),
                 "recovery_receipts": state.recovery_receipts + (1 if obs.on_resume else 0),
@@ -615,7 +616,6 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             reason,
             outputs,
             dispatches=n,
-            executions=state.executions + 1,
             **obs.fields(),
             recovery_receipts=state.recovery_receipts + 1,
         )

@@ -179,3 +179,26 @@ def test_replay_of_journal_reproduces_state() -> None:
         for n, (d, e) in enumerate(zip(decisions, events, strict=True))
     ]
     assert replay(entries)[OP] == state2.state
+
+
+def test_only_unavailable_answers_count_towards_giving_up() -> None:
+    from ledger.fold import MAX_UNAVAILABLE
+
+    # Absences observed by readback (the request may never have left) never
+    # abandon: the same admitted operation is executed again each time.
+    state = admitted()
+    for n in range(MAX_UNAVAILABLE + 2):
+        d = decide(state, helpers.readback(OP, current_dispatch_id(state), "ABSENT"), f"r:0:{n}")
+        assert d.state is not None and d.state.state == S.EFFECT_PENDING
+        assert [o.event.kind for o in d.outputs if o.topic == "dispatches"] == ["EXECUTE"]
+        state = d.state
+    assert state.unavailable == 0
+    # A sink that keeps answering "unavailable" is given up on.
+    for n in range(MAX_UNAVAILABLE):
+        d = decide(
+            state, helpers.receipt(OP, current_dispatch_id(state), "UNAVAILABLE"), f"u:0:{n}"
+        )
+        assert d.state is not None
+        state = d.state
+    assert state.state == S.ABANDONED and state.unavailable == MAX_UNAVAILABLE
+    assert "unavailable 5 times" in state.reason

@@ -76,6 +76,9 @@ MAX_REAUTHORISATIONS = 3
 MAX_NUDGES = 3
 #: Seconds without any state change before the workflow checks for stuck work.
 STALL_S = 15.0
+#: Seconds without any state change after which the mission gives up (a stage
+#: is stuck: the error names where the logs are instead of hanging).
+NO_PROGRESS_S = 300.0
 
 SETTLED = {S.OUTCOME_VERIFIED, S.ABANDONED, S.UNKNOWN_OUTCOME}
 
@@ -174,7 +177,7 @@ class Mission:
         self.stale_dispatches: list[dict[str, Any]] = []
         self.reconciled: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
-        self.last_change = self.t0
+        self.last_change = self.last_state_at = self.t0
         self._next_sample = self.t0
         self._consumer: Consumer | None = None
         self._sinks: dict[str, SinkClient] = {}
@@ -397,7 +400,7 @@ class Mission:
                 self._on_state(event)
                 changed += 1
         if changed:
-            self.last_change = time.monotonic()
+            self.last_change = self.last_state_at = time.monotonic()
         return changed
 
     def _settled(self) -> int:
@@ -536,6 +539,12 @@ class Mission:
                     f"logs in {self.settings.run_dir / 'logs'}"
                 )
             self._drain()
+            if time.monotonic() - self.last_state_at > NO_PROGRESS_S:
+                raise LedgerError(
+                    f"no operation changed state for {NO_PROGRESS_S:.0f} s with "
+                    f"{total - self._settled()} cases open; lagging: {self.harness.lagging()}\n"
+                    f"{self.harness.log_tail(10)}"
+                )
             in_flight = self.started_cases - self._settled()
             budget = 50
             while self._next_case < total and in_flight < self.options.window and budget:

@@ -221,6 +221,8 @@ class Stage:
         self.processed = 0
         self.dead_letters = 0
         self.broker_bounced = False
+        #: Producers given up while blocked in a call (kept alive, see _send_offsets).
+        self._abandoned: list[Producer] = []
         self._last_skip_check = 0.0
         self._ready_reported = False
         self._assignment_seen = False
@@ -417,9 +419,7 @@ class Stage:
         self.handle(records, out)
         positions = self.consumer.position(self.consumer.assignment())
         offsets = [tp for tp in positions if tp.offset >= 0]
-        self.producer.send_offsets_to_transaction(
-            offsets, self.consumer.consumer_group_metadata(), 30
-        )
+        self._send_offsets(offsets)
         self.before_commit(records)
         self._commit()
         self.processed += len(msgs)
@@ -450,11 +450,54 @@ class Stage:
             self._committed_positions = current
             return
         self.producer.begin_transaction()
-        self.producer.send_offsets_to_transaction(
-            positions, self.consumer.consumer_group_metadata(), 30
-        )
+        self._send_offsets(positions)
         self._commit()
         self._committed_positions = current
+
+    def _send_offsets(
+        self, offsets: list[TopicPartition], timeout_s: float = 30.0, grace_s: float = 5.0
+    ) -> None:
+        """``send_offsets_to_transaction`` with a deadline that holds.
+
+        librdkafka can block in it past its timeout when the group coordinator
+        goes away during the call (confluentinc/librdkafka#5456, seen here
+        when the broker restarts mid-transaction). The call runs in a helper
+        thread; if it has not returned ``timeout_s + grace_s`` seconds later, the
+        stage gives the producer up as fatally failed: :meth:`_recover`
+        replaces it, and the new producer's ``init_transactions`` fences the
+        old one and aborts its transaction. The blocked producer is kept
+        referenced so that it is not freed under the call.
+
+        Raises:
+            KafkaException: the call's own error, or a fatal ``_TIMED_OUT``.
+        """
+        assert self.producer is not None and self.consumer is not None
+        producer, metadata = self.producer, self.consumer.consumer_group_metadata()
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, metadata, timeout_s)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call, name="send-offsets", daemon=True)
+        worker.start()
+        worker.join(timeout_s + grace_s)
+        if not outcome:
+            log.error(
+                "%s: send_offsets_to_transaction still blocked after %.1f s "
+                "(librdkafka#5456); replacing the producer",
+                self.component,
+                timeout_s + grace_s,
+            )
+            self._abandoned.append(producer)
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "send_offsets_to_transaction hung", fatal=True)
+            )
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def _commit(self, budget_s: float = 60.0) -> None:
         """Commit the open transaction, retrying retriable errors for ``budget_s`` seconds.

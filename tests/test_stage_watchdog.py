@@ -1,0 +1,65 @@
+"""A stage does not hang in ``send_offsets_to_transaction`` (librdkafka#5456).
+
+librdkafka can block in that call past its timeout when the group
+coordinator goes away during it; the stage gives such a producer up as
+fatally failed instead of hanging with its partitions.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from consumers.processor import Processor
+from ledger.config import LedgerSettings
+
+
+class _BlockedProducer:
+    def __init__(self, release: threading.Event, fail: bool = False) -> None:
+        self.release = release
+        self.fail = fail
+
+    def send_offsets_to_transaction(self, *args: Any) -> None:
+        self.release.wait(10)
+        if self.fail:
+            raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION, "stale"))
+
+
+class _Consumer:
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
+def _stage(tmp_path: Path, producer: object) -> Processor:
+    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage.producer = producer  # type: ignore[assignment]
+    stage.consumer = _Consumer()  # type: ignore[assignment]
+    return stage
+
+
+def test_a_hung_send_offsets_is_a_fatal_error_and_the_producer_is_kept(tmp_path: Path) -> None:
+    release = threading.Event()
+    blocked = _BlockedProducer(release)
+    stage = _stage(tmp_path, blocked)
+    try:
+        with pytest.raises(KafkaException) as caught:
+            stage._send_offsets([], timeout_s=0.05, grace_s=0.05)
+        err = caught.value.args[0]
+        assert err.fatal() and err.code() == KafkaError._TIMED_OUT
+        assert stage._abandoned == [blocked]  # not freed under the blocked call
+    finally:
+        release.set()
+
+
+def test_the_calls_own_error_reaches_the_stage(tmp_path: Path) -> None:
+    release = threading.Event()
+    release.set()
+    stage = _stage(tmp_path, _BlockedProducer(release, fail=True))
+    with pytest.raises(KafkaException) as caught:
+        stage._send_offsets([], timeout_s=1.0)
+    assert caught.value.args[0].code() == KafkaError.ILLEGAL_GENERATION
+    assert stage._abandoned == []

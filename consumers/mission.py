@@ -540,9 +540,13 @@ class Mission:
                 )
             self._drain()
             if time.monotonic() - self.last_state_at > NO_PROGRESS_S:
+                try:
+                    behind = str(self.harness.lagging())
+                except Exception as exc:  # noqa: BLE001 - the message must still be given
+                    behind = f"unknown ({exc})"
                 raise LedgerError(
                     f"no operation changed state for {NO_PROGRESS_S:.0f} s with "
-                    f"{total - self._settled()} cases open; lagging: {self.harness.lagging()}\n"
+                    f"{total - self._settled()} cases open; stages behind: {behind}\n"
                     f"{self.harness.log_tail(10)}"
                 )
             in_flight = self.started_cases - self._settled()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -126,6 +127,8 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
                 click.echo(f"{mode}: {done}/{total} cases settled · {status}", err=True)
 
         mission = Mission(options, settings, say=say, progress=progress)
+        # SIGTERM stops the mission like Ctrl-C: its stages and sinks are stopped too.
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
         try:
             report = mission.run()
         except LedgerError as exc:

@@ -132,6 +132,44 @@ class AuthorityKernel(Stage):
             self._write_notes(Writer(self.producer, self.settings))
             self._commit()
 
+    def before_transaction(self, records: list[Record]) -> None:
+        """Wait (bounded) for approvals hidden behind an unresolved transaction.
+
+        An approval the table does not hold is refused as not found, unless
+        its partition's last stable offset is held back by an open
+        transaction (a kernel instance killed or paused mid-transaction):
+        then the approval may be behind it, and the kernel waits, catching
+        up, until the approval appears or the transaction is resolved, for at
+        most the transaction timeout plus five seconds. This runs before the
+        kernel opens its own transaction, which would otherwise hold the
+        partition back itself.
+        """
+        missing = {
+            rec.partition
+            for rec in records
+            if isinstance(rec.event, AdmissionRequest)
+            and rec.event.approval_id not in self.approvals
+        }
+        if not missing:
+            return
+        self._catch_up()
+        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 5
+        waited = False
+        while time.monotonic() < deadline:
+            pending = {
+                rec.partition
+                for rec in records
+                if isinstance(rec.event, AdmissionRequest)
+                and rec.event.approval_id not in self.approvals
+            }
+            if not any(self._approvals.unsettled(p) for p in pending):
+                break
+            waited = True
+            time.sleep(0.2)
+            self._catch_up()
+        if waited:
+            log.info("authority: waited for an open transaction on %s", sorted(missing))
+
     def handle(self, records: list[Record], out: Writer) -> None:
         """Decide every admission request of the batch."""
         self._catch_up()

@@ -41,6 +41,7 @@ class TableFollower:
         self.full = settings.topic(topic)
         self.apply = apply
         self.partitions: set[int] = set()
+        self._uncommitted: Consumer | None = None
         self.consumer = Consumer(
             settings.kafka(
                 **{
@@ -116,6 +117,37 @@ class TableFollower:
                     ) from exc
                 time.sleep(0.2)
 
+    def unsettled(self, partition: int) -> bool:
+        """True while a transaction holds ``partition``'s last stable offset back.
+
+        A producer that died (or stalled) inside a transaction leaves the
+        partition's last stable offset below its high watermark until the
+        broker aborts the transaction or the producer's successor fences it:
+        records written after it, by anyone, are not visible yet. A table
+        reader that misses a key must then not conclude that it does not
+        exist.
+        """
+        if self._uncommitted is None:
+            self._uncommitted = Consumer(
+                self.settings.kafka(
+                    **{
+                        "group.id": f"{self.settings.topic_prefix}.table.{self.topic}.hw",
+                        "isolation.level": "read_uncommitted",
+                        "enable.auto.commit": False,
+                    }
+                )
+            )
+        tp = TopicPartition(self.full, partition)
+        try:
+            _, stable = self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+            _, high = self._uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)
+        except KafkaException:
+            return True  # cannot tell: treat as unsettled (the caller's wait is bounded)
+        return int(stable) < int(high)
+
     def close(self) -> None:
-        """Close the underlying consumer."""
+        """Close the underlying consumers."""
         self.consumer.close()
+        if self._uncommitted is not None:
+            self._uncommitted.close()
+            self._uncommitted = None

@@ -1,0 +1,85 @@
+"""The authority kernel does not call an approval "not found" while a
+transaction holds its partition back.
+
+A kernel instance killed or paused mid-transaction leaves the approvals
+partition's last stable offset behind; an approval published after that
+point is invisible to ``read_committed`` readers until the transaction is
+resolved. The kernel waits for it (bounded) instead of refusing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from consumers.authority import AuthorityKernel
+from consumers.reader import read_topic
+from consumers.stage import producer_config
+from ledger.config import LedgerSettings
+from ledger.events import AdmissionDecision, AdmissionRequest
+from producers.intents import IntentPublisher
+from tests.test_stages import approve
+
+pytestmark = pytest.mark.integration
+
+
+def test_kernel_waits_for_an_approval_behind_an_open_transaction(
+    ledger_settings: LedgerSettings,
+) -> None:
+    settings = ledger_settings
+    approval_id = "ap-behind"
+    # A stalled transaction on the approval's partition (same key, same partition).
+    stalled = Producer(producer_config(settings, **{"transactional.id": "stalled-kernel"}))
+    stalled.init_transactions(30)
+    stalled.begin_transaction()
+    stalled.produce(settings.topic("approvals"), key=approval_id.encode(), value=b"\x00")
+    stalled.flush(10)
+    pub = IntentPublisher(settings)
+    approve(pub, approval_id)  # lands after the open transaction
+    request = AdmissionRequest(
+        operation_id="refund:behind:v1",
+        approval_id=approval_id,
+        parameter_digest="0" * 64,
+        subject="customer-1",
+        amount_minor=100,
+        state_version=1,
+    )
+    raw = Producer(producer_config(settings))
+    raw.produce(
+        settings.topic("admission-requests"), key=approval_id.encode(), value=request.to_bytes()
+    )
+    raw.flush(10)
+    kernel = AuthorityKernel(settings)
+    thread = threading.Thread(target=kernel.run, daemon=True)
+    thread.start()
+    try:
+        decisions: list[AdmissionDecision] = []
+        deadline = time.monotonic() + 60
+        while not kernel.assigned and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for a condition, not synchronising on time
+        assert kernel.assigned
+        # While the transaction is open, the kernel must not decide.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not decisions:
+            decisions = [
+                r.event
+                for r in read_topic(settings, "admissions")
+                if isinstance(r.event, AdmissionDecision)
+            ]
+        assert decisions == []
+        stalled.abort_transaction(30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not decisions:
+            decisions = [
+                r.event
+                for r in read_topic(settings, "admissions")
+                if isinstance(r.event, AdmissionDecision)
+            ]
+        assert [(d.admitted, d.reason) for d in decisions] == [(True, "admitted")]
+    finally:
+        kernel.stopping = True
+        thread.join(30)
+        pub.close()

@@ -443,6 +443,8 @@ def build(f: MissionFacts) -> dict[str, Any]:
             )
         if unverified:
             failures.append(f"{len(unverified)} notification(s) describe an unverified refund")
+        if mismatched:
+            failures.append(f"{len(mismatched)} postcondition mismatch(es)")
         for label, audit in (("before", f.audit_before), ("after", f.audit_after)):
             if audit.violations:
                 failures.append(f"audit {label} compaction: {len(audit.violations)} violation(s)")

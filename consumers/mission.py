@@ -182,6 +182,7 @@ class Mission:
         self._consumer: Consumer | None = None
         self._sinks: dict[str, SinkClient] = {}
         self._next_case = 0
+        self._stop_requested = False
         self._chaos_done = 0
         self.stage_errors: Counter[str] = Counter()
         #: (Unix time, stage process name) of every stage (re)start.
@@ -215,6 +216,14 @@ class Mission:
             ]
         )
         self._consumer = consumer
+
+    def request_stop(self) -> None:
+        """Ask the mission to stop at its next step (safe from a signal handler)."""
+        self._stop_requested = True
+
+    def _check_stop(self) -> None:
+        if self._stop_requested:
+            raise LedgerError("mission interrupted (SIGTERM); its stages and sinks are stopped")
 
     def _start_stage(self, name: str) -> None:
         self.harness.start(*name.rsplit("-", 1))
@@ -537,6 +546,7 @@ class Mission:
     def _loop(self, deadline: float) -> None:
         total = self.options.cases
         while True:
+            self._check_stop()
             if time.monotonic() > deadline:
                 raise LedgerError(
                     f"mission did not finish in time: {self._settled()} of {total} cases settled; "
@@ -576,6 +586,7 @@ class Mission:
 
     def _settle(self, timeout_s: float = 180.0) -> None:
         """Every crashed stage restarted, every zombie woken, every stage caught up."""
+        self._check_stop()
         for name in list(self.paused_until):
             self.harness.resume(*name.rsplit("-", 1))
         self.paused_until.clear()
@@ -666,7 +677,10 @@ class Mission:
         self._start()
         deadline = time.monotonic() + 120 + 1.0 * self.options.cases
         self._loop(deadline)
-        self.say("all cases settled; restarting what crashed and letting the stages catch up")
+        self.say(
+            "every case has an outcome or is held; restarting what crashed and "
+            "letting the stages catch up"
+        )
         self._settle()
         self.say("reconciler: reading back the unknown outcomes that can be read back")
         for _ in range(3):
@@ -680,6 +694,7 @@ class Mission:
         self._stale_dispatches()
         self._settle()
         wall_s = time.monotonic() - self.t0
+        self._check_stop()
         self.say("auditing the ledger (before compaction) ...")
         before = run_audit(self.settings)
         self.say("forcing compaction and auditing again ...")

@@ -9,6 +9,7 @@ for its record of attempts.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,11 @@ from consumers.stage import Record, decode_record, key_text
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.topics import is_reserved_key
+
+log = logging.getLogger(__name__)
+
+#: Seconds a catch-up may see no progress before its consumer is replaced.
+STALL_S = 10.0
 
 
 class TableFollower:
@@ -42,15 +48,38 @@ class TableFollower:
         self.apply = apply
         self.partitions: set[int] = set()
         self._uncommitted: Consumer | None = None
-        self.consumer = Consumer(
-            settings.kafka(
+        self.consumer = self._new_consumer()
+
+    def _new_consumer(self) -> Consumer:
+        return Consumer(
+            self.settings.kafka(
                 **{
-                    "group.id": f"{settings.topic_prefix}.table.{topic}",
+                    "group.id": f"{self.settings.topic_prefix}.table.{self.topic}",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 20,
                 }
             )
+        )
+
+    def _reconnect(self, positions: dict[int, int]) -> None:
+        """Replace the consumer, resuming at ``positions`` (partition -> offset).
+
+        After a broker restart a consumer's fetch or metadata can stay stuck
+        for longer than a catch-up may wait; a fresh consumer asks again.
+        """
+        log.warning("%s: catch-up made no progress; reconnecting its reader", self.full)
+        self.consumer.close()
+        self.consumer = self._new_consumer()
+        self.consumer.assign(
+            [
+                TopicPartition(
+                    self.full,
+                    p,
+                    positions.get(p, -1) if positions.get(p, -1) >= 0 else OFFSET_BEGINNING,
+                )
+                for p in sorted(self.partitions)
+            ]
         )
 
     def follow(self, partitions: set[int]) -> None:
@@ -75,18 +104,26 @@ class TableFollower:
         deadline = time.monotonic() + timeout_s
         ends = {p: self._end(p, deadline) for p in self.partitions}
         count = 0
+        last: dict[int, int] = {}
+        moved_at = time.monotonic()
         while True:
+            positions = self.consumer.position(
+                [TopicPartition(self.full, p) for p in self.partitions]
+            )
             behind = [
-                tp
-                for tp in self.consumer.position(
-                    [TopicPartition(self.full, p) for p in self.partitions]
-                )
-                if ends[tp.partition] > 0 and tp.offset < ends[tp.partition]
+                tp for tp in positions if ends[tp.partition] > 0 and tp.offset < ends[tp.partition]
             ]
             if not behind:
                 return count
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise LedgerError(f"following {self.full} did not catch up in {timeout_s} s")
+            current = {tp.partition: tp.offset for tp in positions}
+            if current != last:
+                last, moved_at = current, now
+            elif now - moved_at > STALL_S:
+                self._reconnect(current)
+                moved_at = now
             for msg in self.consumer.consume(1000, 0.1):
                 if msg.error() is not None:
                     continue
@@ -104,6 +141,7 @@ class TableFollower:
         ("unknown partition", "transport"); those are retried until
         ``deadline``.
         """
+        failures = 0
         while True:
             try:
                 _, high = self.consumer.get_watermark_offsets(
@@ -115,6 +153,15 @@ class TableFollower:
                     raise LedgerError(
                         f"cannot read the end of {self.full}[{partition}]: {exc.args[0]}"
                     ) from exc
+                failures += 1
+                if failures % 25 == 0:  # about five seconds of refusals: ask afresh
+                    positions = {
+                        tp.partition: tp.offset
+                        for tp in self.consumer.position(
+                            [TopicPartition(self.full, p) for p in self.partitions]
+                        )
+                    }
+                    self._reconnect(positions)
                 time.sleep(0.2)
 
     def unsettled(self, partition: int) -> bool:

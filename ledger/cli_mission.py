@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import signal
@@ -74,7 +75,8 @@ def _mission_options(func: Options) -> Options:
             "html_path",
             type=click.Path(dir_okay=False, path_type=Path),
             default=None,
-            help="Write the HTML report here (default: next to the JSON report).",
+            help="Write the HTML page here (run: next to report.json in the mission's run "
+            "folder; compare: mission-compare.html, or next to the two runs).",
         ),
         click.option(
             "--keep-broker", is_flag=True, help="Leave the local broker running if this started it."
@@ -106,16 +108,16 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    tty = sys.stderr.isatty()
     bar_settings: dict[str, Any] = {
         "length": options.cases,
         "label": f"{mode:>15}",
-        "file": sys.stderr,
+        "file": sys.stderr if tty else io.StringIO(),  # no bar in logs: lines instead
         "show_pos": True,
         "show_percent": False,
         "item_show_func": lambda status: status,
     }
     with _broker(say, keep=kw["keep_broker"]) as settings, click.progressbar(**bar_settings) as bar:
-        tty = sys.stderr.isatty()
         last = [0.0]
 
         def progress(done: int, total: int, status: str) -> None:
@@ -127,8 +129,9 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
                 click.echo(f"{mode}: {done}/{total} cases settled · {status}", err=True)
 
         mission = Mission(options, settings, say=say, progress=progress)
-        # SIGTERM stops the mission like Ctrl-C: its stages and sinks are stopped too.
-        signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
+        # SIGTERM stops the mission like Ctrl-C, between two steps of its loop
+        # (never from inside a Kafka client call): its stages and sinks stop too.
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: mission.request_stop())
         try:
             report = mission.run()
         except LedgerError as exc:
@@ -180,8 +183,10 @@ def mission_run(mode: str, **kw: Any) -> None:
     sinks, unknown outcomes, stale-resumer rejections, reauthorisations,
     postcondition mismatches, readback latency after resumes, faults injected)
     and the audit of the whole ledger before and after forced compaction. The
-    JSON and HTML reports are written to the mission's run folder. Exits 0
-    when every check of the mode passes.
+    JSON and HTML reports are written to the mission's run folder
+    (.ledger/missions/<mode>-seed<S>-<N>c-<I>i/, emptied first). Exits 0 when
+    every check of the mode passes; in checkpoint-only mode the checks are
+    only that the run completed (its duplicates are what it is for).
 
     \b
     Examples:
@@ -238,9 +243,18 @@ def mission_compare(reports: tuple[Path, ...], **kw: Any) -> None:
             _write(report, run_dir, None)
             loaded.append(report)
         html = kw["html_path"] or run_dir.parent / f"compare-seed{kw['seed']}-{kw['cases']}c.html"
-    for report in loaded:
-        if "mission" not in report or "measures" not in report:
-            raise click.BadParameter("a report lacks 'mission' or 'measures': not a mission report")
+    for n, report in enumerate(loaded):
+        name = str(reports[n]) if reports else f"run {n + 1}"
+        if not (
+            isinstance(report, dict)
+            and isinstance(report.get("mission"), dict)
+            and isinstance(report.get("measures"), list)
+            and isinstance(report.get("checks"), dict)
+            and "mode" in report["mission"]
+        ):
+            raise click.BadParameter(
+                f"{name}: not a mission report (written by 'ledger mission run')"
+            )
     html.parent.mkdir(parents=True, exist_ok=True)
     html.write_text(compare_html(loaded))
     if as_json:

@@ -26,6 +26,19 @@ from tests.test_stages import approve
 pytestmark = pytest.mark.integration
 
 
+def _decisions_within(settings: LedgerSettings, seconds: float) -> list[AdmissionDecision]:
+    """Admission decisions, read until one appears or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    decisions: list[AdmissionDecision] = []
+    while time.monotonic() < deadline and not decisions:
+        decisions = [
+            r.event
+            for r in read_topic(settings, "admissions")
+            if isinstance(r.event, AdmissionDecision)
+        ]
+    return decisions
+
+
 def test_kernel_waits_for_an_approval_behind_an_open_transaction(
     ledger_settings: LedgerSettings,
 ) -> None:
@@ -56,28 +69,14 @@ def test_kernel_waits_for_an_approval_behind_an_open_transaction(
     thread = threading.Thread(target=kernel.run, daemon=True)
     thread.start()
     try:
-        decisions: list[AdmissionDecision] = []
         deadline = time.monotonic() + 60
         while not kernel.assigned and time.monotonic() < deadline:
             time.sleep(0.05)  # polling for a condition, not synchronising on time
         assert kernel.assigned
         # While the transaction is open, the kernel must not decide.
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and not decisions:
-            decisions = [
-                r.event
-                for r in read_topic(settings, "admissions")
-                if isinstance(r.event, AdmissionDecision)
-            ]
-        assert decisions == []
+        assert _decisions_within(settings, 3.0) == []
         stalled.abort_transaction(30)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not decisions:
-            decisions = [
-                r.event
-                for r in read_topic(settings, "admissions")
-                if isinstance(r.event, AdmissionDecision)
-            ]
+        decisions = _decisions_within(settings, 60.0)
         assert [(d.admitted, d.reason) for d in decisions] == [(True, "admitted")]
     finally:
         kernel.stopping = True

@@ -48,6 +48,8 @@ class TableFollower:
         self.apply = apply
         self.partitions: set[int] = set()
         self._uncommitted: Consumer | None = None
+        #: partition -> offset a replacement reader was told to start at.
+        self._resume_at: dict[int, int] = {}
         self.consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
@@ -71,12 +73,18 @@ class TableFollower:
         log.warning("%s: catch-up made no progress; reconnecting its reader", self.full)
         self.consumer.close()
         self.consumer = self._new_consumer()
+        # A fresh consumer reports no position for a partition until it has
+        # delivered from it: where it was told to start counts until then.
+        self._resume_at = {
+            p: positions[p] if positions.get(p, -1) >= 0 else self._resume_at.get(p, -1)
+            for p in self.partitions
+        }
         self.consumer.assign(
             [
                 TopicPartition(
                     self.full,
                     p,
-                    positions.get(p, -1) if positions.get(p, -1) >= 0 else OFFSET_BEGINNING,
+                    self._resume_at[p] if self._resume_at[p] >= 0 else OFFSET_BEGINNING,
                 )
                 for p in sorted(self.partitions)
             ]
@@ -85,6 +93,7 @@ class TableFollower:
     def follow(self, partitions: set[int]) -> None:
         """(Re)start following exactly ``partitions`` from the beginning."""
         self.partitions = set(partitions)
+        self._resume_at = {}
         self.consumer.assign(
             [TopicPartition(self.full, p, OFFSET_BEGINNING) for p in sorted(self.partitions)]
         )
@@ -110,19 +119,24 @@ class TableFollower:
             positions = self.consumer.position(
                 [TopicPartition(self.full, p) for p in self.partitions]
             )
-            behind = [
-                tp for tp in positions if ends[tp.partition] > 0 and tp.offset < ends[tp.partition]
-            ]
+            current = {
+                tp.partition: tp.offset if tp.offset >= 0 else self._resume_at.get(tp.partition, -1)
+                for tp in positions
+            }
+            behind = [p for p, at in current.items() if ends[p] > 0 and at < ends[p]]
             if not behind:
                 return count
             now = time.monotonic()
             if now > deadline:
                 raise LedgerError(f"following {self.full} did not catch up in {timeout_s} s")
-            current = {tp.partition: tp.offset for tp in positions}
             if current != last:
                 last, moved_at = current, now
             elif now - moved_at > STALL_S:
+                # Ask afresh for the ends too: one read just after a broker
+                # restart can be one the partition cannot reach.
+                log.info("%s: positions %s, ends %s", self.full, current, ends)
                 self._reconnect(current)
+                ends = {p: self._end(p, deadline) for p in self.partitions}
                 moved_at = now
             for msg in self.consumer.consume(1000, 0.1):
                 if msg.error() is not None:

@@ -108,7 +108,6 @@ class Race:
     """Two resumers racing to claim one in-flight operation."""
 
     operation_id: str
-    version: int
     epoch: int
     claims: dict[str, str]  # worker -> claim ID
 
@@ -182,6 +181,7 @@ class Mission:
         self._consumer: Consumer | None = None
         self._sinks: dict[str, SinkClient] = {}
         self._next_case = 0
+        self._fired = 0
         self._stop_requested = False
         self._chaos_done = 0
         self.stage_errors: Counter[str] = Counter()
@@ -389,7 +389,7 @@ class Mission:
     def _race(self, st: OperationState) -> None:
         workers = [f"resumer-a:{st.operation_id}", f"resumer-b:{st.operation_id}"]
         claims = {w: self.publisher.publish_claim(st.operation_id, w, st.version) for w in workers}
-        self.races.append(Race(st.operation_id, st.version, st.epoch, claims))
+        self.races.append(Race(st.operation_id, st.epoch, claims))
 
     # ------------------------------------------------------------------ the loop
 
@@ -486,6 +486,7 @@ class Mission:
         self._next_sample = now + 1.0
         counts = Counter(str(st.state) for st in self.states.values())
         self.timeline.append({"t_s": round(now - self.t0, 1), "states": dict(counts)})
+        self._fired = len(faults.fired(self.settings.run_dir))  # once a second, not every step
         self.peak_rss_kb = max(self.peak_rss_kb, self._rss_kb())
 
     def _rss_kb(self) -> int:
@@ -503,7 +504,7 @@ class Mission:
         return total
 
     def _status(self) -> str:
-        fired = len(faults.fired(self.settings.run_dir))
+        fired = self._fired
         held = sum(1 for r in self.runs if r.held)
         return (
             f"started {self.started_cases} · kills {fired + sum(self.chaos_kills.values())}"

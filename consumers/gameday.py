@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.auditor import run_audit
-from consumers.harness import Harness, run_dir_for
+from consumers.harness import Harness, run_dir_for, stale_dispatch
 from consumers.reader import current_states, read_topic
 from ledger import broker
 from ledger.config import LedgerSettings
@@ -249,28 +249,9 @@ class GameDay:
         if sink is None:
             raise LedgerError(f"stale_dispatch: sink {state.sink!r} is not running")
         token = state.epoch - 1
-        import json
-
         with sink.client() as client:
-            result = client.submit(
-                s.operation_id,
-                state.parameter_digest,
-                json.loads(state.params_json),
-                token,
-                f"{s.worker}:{uuid.uuid4().hex[:6]}",
-                use_key=sink.contract.idempotent,
-            )
+            result = stale_dispatch(client, sink.contract, state, token, s.worker, self.publisher)
         self.say(f"    stale dispatch by {s.worker} with token {token}: {result.status}")
-        if result.status == "stale_token":
-            self.publisher.publish_operating_event(
-                OperatingEvent(
-                    event_id=f"{s.worker}:{s.operation_id}:stale:{token}",
-                    operation_id=s.operation_id,
-                    component=s.worker,
-                    kind="STALE_TOKEN",
-                    reason=f"{state.sink} refused fencing token {token}: {result.detail}",
-                )
-            )
 
     def _step_dispose(self, d: Dispose) -> None:
         self.publisher.publish_disposition(

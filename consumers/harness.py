@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import IO
 
@@ -36,7 +37,10 @@ from ledger.clock import ManualClock
 from ledger.config import LedgerSettings
 from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sinks
 from ledger.errors import LedgerError
+from ledger.events import OperatingEvent, OperationState
 from ledger.topics import create_topics
+from producers.intents import IntentPublisher
+from sinks.client import SinkClient, SubmitResult
 from sinks.process import SinkProcess
 
 log = logging.getLogger(__name__)
@@ -338,3 +342,46 @@ def run_dir_for(base: Path, name: str) -> Path:
         shutil.rmtree(path)
     path.mkdir(parents=True)
     return path
+
+
+def stale_dispatch(
+    client: SinkClient,
+    contract: EffectContract,
+    state: OperationState,
+    token: int,
+    worker: str,
+    publisher: IntentPublisher,
+) -> SubmitResult:
+    """What a losing resumer does: dispatch to the sink with the token it held.
+
+    Args:
+        client: the operation's sink.
+        contract: the sink's contract (the idempotency key is sent if it has one).
+        state: the operation's current state (parameters, digest, sink).
+        token: the fencing token the resumer held (lower than the winner's).
+        worker: the resumer's name.
+        publisher: where a refusal is recorded as a ``STALE_TOKEN`` operating event.
+
+    Returns:
+        The sink's answer (``stale_token`` when fencing worked).
+    """
+    op = state.operation_id
+    result = client.submit(
+        op,
+        state.parameter_digest,
+        json.loads(state.params_json),
+        token,
+        f"{worker}:{uuid.uuid4().hex[:6]}",
+        use_key=contract.idempotent,
+    )
+    if result.status == "stale_token":
+        publisher.publish_operating_event(
+            OperatingEvent(
+                event_id=f"{worker}:{op}:stale:{token}",
+                operation_id=op,
+                component=worker,
+                kind="STALE_TOKEN",
+                reason=f"{state.sink} refused fencing token {token}: {result.detail}",
+            )
+        )
+    return result

@@ -26,7 +26,6 @@ into the report.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -45,14 +44,14 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from consumers import faults
 from consumers.auditor import run_audit
-from consumers.harness import STAGES, Harness, run_dir_for
+from consumers.harness import STAGES, Harness, run_dir_for, stale_dispatch
 from consumers.reader import current_states
 from consumers.reconciler import reconcile_once
 from consumers.stage import FENCED_MARKER, read_partition
 from ledger import broker
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
-from ledger.events import Approval, OperatingEvent, OperationState, decode_event
+from ledger.events import Approval, OperationState, decode_event
 from ledger.events import RecoveryState as S
 from ledger.mission_plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
 from ledger.mission_report import JournalRow, MissionFacts, build
@@ -613,29 +612,21 @@ class Mission:
             if len(winners) != 1:
                 continue
             loser = next(w for w in race.claims if w not in winners)
-            st = self.states[race.operation_id]
-            result = self._sinks["payments"].submit(
-                race.operation_id,
-                st.parameter_digest,
-                json.loads(st.params_json),
+            result = stale_dispatch(
+                self._sinks["payments"],
+                MISSION_SINKS["payments"],
+                self.states[race.operation_id],
                 race.epoch,
-                f"{loser}:{uuid.uuid4().hex[:6]}",
-                use_key=True,
+                loser,
+                self.publisher,
             )
-            refused = result.status == "stale_token"
             self.stale_dispatches.append(
-                {"operation_id": race.operation_id, "token": race.epoch, "refused": refused}
+                {
+                    "operation_id": race.operation_id,
+                    "token": race.epoch,
+                    "refused": result.status == "stale_token",
+                }
             )
-            if refused:
-                self.publisher.publish_operating_event(
-                    OperatingEvent(
-                        event_id=f"{loser}:stale:{race.epoch}",
-                        operation_id=race.operation_id,
-                        component="mission-resumer",
-                        kind="STALE_TOKEN",
-                        reason=f"payments refused fencing token {race.epoch}: {result.detail}",
-                    )
-                )
 
     def _kafka_fenced(self) -> dict[str, int]:
         """Zombie transactions Kafka refused, per stage process (from the stage logs)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from consumers import faults
-from consumers.stage import Record, Stage, Writer, read_partition, record_event
+from consumers.stage import Record, Stage, Writer, await_settled, read_partition, record_event
 from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState
 from ledger.events import RecoveryState as S
 from ledger.fold import Decision, decide, journal_entry, ref_of
@@ -59,6 +59,11 @@ class Processor(Stage):
                 self.states[rec.key] = rec.event
                 self.partition_of[rec.key] = rec.partition
 
+        # The stage has waited for stable offsets (Stage._restore); the state
+        # partitions may still wait for the same transaction's markers.
+        waited = await_settled(self.settings, "state", partitions)
+        if waited > 1.0:
+            log.info("processor: waited %.1f s for ledger.state to settle", waited)
         n = read_partition(self.settings, "state", partitions, load)
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
         # A resume follows a crash or a takeover: partitions this process

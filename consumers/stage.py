@@ -322,6 +322,56 @@ class Stage:
         self.assigned = {(self._short(tp.topic), tp.partition) for tp in partitions}
         parts = {tp.partition for tp in partitions}
         log.info("%s-%s assigned partitions %s", self.component, self.instance, sorted(parts))
+        self._restore(partitions)
+
+    def _restore(self, partitions: list[TopicPartition]) -> None:
+        """Wait out the previous owner's transaction, then let the stage restore its state.
+
+        A partition can change hands while its previous owner's last
+        transaction is still open: the owner was killed after asking to
+        commit, or it is a paused zombie that has already sent its offsets.
+        Restoring from the state topic at that moment would miss that
+        transaction's outputs while the consumer, once the transaction
+        commits, starts after its inputs: two owners would then decide from
+        different states (split brain). So :meth:`on_assign` runs only once
+        the group's committed offsets for these partitions are stable
+        (``OffsetFetch`` with ``require_stable``, KIP-447: librdkafka retries
+        ``UNSTABLE_OFFSET_COMMIT`` until the transaction ends, at most the
+        transaction timeout), and a stage reading a table waits for it to
+        settle as well (:func:`await_settled`).
+
+        Raises:
+            LedgerError: if the offsets stay unstable past the transaction
+                timeout plus 30 seconds.
+        """
+        assert self.consumer is not None
+        parts = {tp.partition for tp in partitions}
+        if partitions:
+            budget_s = self.settings.transaction_timeout_ms / 1000 + 30
+            deadline = time.monotonic() + budget_s
+            started = time.monotonic()
+            asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+            while True:
+                try:
+                    self.consumer.committed(asked, timeout=max(1.0, deadline - time.monotonic()))
+                    break
+                except KafkaException as exc:
+                    if time.monotonic() > deadline:
+                        raise LedgerError(
+                            f"{self.component}: committed offsets of partitions "
+                            f"{sorted(parts)} did not become stable in {budget_s:.0f} s",
+                            observed=str(exc.args[0]),
+                        ) from exc
+                    log.warning("%s: waiting for stable offsets: %s", self.component, exc)
+                    time.sleep(0.5)
+            waited = time.monotonic() - started
+            if waited > 1.0:
+                log.info(
+                    "%s-%s: waited %.1f s for the previous owner's transaction",
+                    self.component,
+                    self.instance,
+                    waited,
+                )
         self.on_assign(parts)
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -532,10 +582,19 @@ class Stage:
             except KafkaException as abort_exc:
                 log.error("%s: abort failed (%s); new producer", self.component, abort_exc)
                 self.producer = self._new_producer()
+            self.rebuild()
         else:
             log.error("%s: fatal producer error (%s); new producer", self.component, err)
             self.producer = self._new_producer()
-        self.rebuild()
+            # The old producer's last transaction may have committed after
+            # all (a commit that timed out had reached the coordinator; the
+            # new producer's init_transactions then completes it): what is
+            # in memory cannot tell, so the state is restored afresh.
+            self.rebuild()
+            if self.assigned and self.consumer is not None:
+                parts = {p for _, p in self.assigned}
+                self.on_revoke(parts)
+                self._restore(self.consumer.assignment())
         self._rewind()
 
     def run(self, stop_after_s: float | None = None) -> None:
@@ -625,6 +684,81 @@ class Stage:
         if self.producer is not None:
             self.producer.flush(10)
             self.producer = None
+
+
+def await_settled(
+    settings: LedgerSettings,
+    topic: str,
+    partitions: set[int],
+    timeout_s: float | None = None,
+) -> float:
+    """Wait until every transaction open on partitions of a ledger topic has ended.
+
+    The partition's high watermark is read first; the wait ends once its last
+    stable offset (what a ``read_committed`` reader can reach) has reached
+    that mark, i.e. every record written before the call is committed or
+    aborted. A transaction left open by a producer that died or stalled
+    keeps the last stable offset below until the broker aborts it (after
+    the transaction timeout) or its commit markers are written; a reader
+    restoring state before then would miss records about to become visible.
+    Transactions begun after the call (by a live writer) do not hold it.
+
+    Args:
+        settings: ledger settings.
+        topic: short topic name.
+        partitions: which partitions.
+        timeout_s: give up after this many seconds (default: the transaction
+            timeout plus 30 seconds).
+
+    Returns:
+        Seconds waited.
+
+    Raises:
+        LedgerError: if a partition is still unsettled at the deadline.
+    """
+    if not partitions:
+        return 0.0
+    if timeout_s is None:
+        timeout_s = settings.transaction_timeout_ms / 1000 + 30
+    full = settings.topic(topic)
+    group = f"{settings.topic_prefix}.settle"
+    stable_reader = Consumer(
+        settings.kafka(**{"group.id": group, "isolation.level": "read_committed"})
+    )
+    high_reader = Consumer(
+        settings.kafka(**{"group.id": group, "isolation.level": "read_uncommitted"})
+    )
+    started = time.monotonic()
+    deadline = started + timeout_s
+    marks: dict[int, int] = {}
+    try:
+        while True:
+            behind: dict[int, tuple[int, int]] = {}
+            for p in sorted(partitions):
+                tp = TopicPartition(full, p)
+                try:
+                    if p not in marks:
+                        _, high = high_reader.get_watermark_offsets(tp, timeout=10, cached=False)
+                        marks[p] = int(high)
+                    _, stable = stable_reader.get_watermark_offsets(tp, timeout=10, cached=False)
+                except KafkaException as exc:
+                    behind[p] = (-1, marks.get(p, -1))
+                    log.debug("settle %s[%d]: %s", full, p, exc)
+                    continue
+                if stable < marks[p]:
+                    behind[p] = (int(stable), marks[p])
+            if not behind:
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise LedgerError(
+                    f"{full}: partitions {sorted(behind)} still held back by an open "
+                    f"transaction after {timeout_s:.0f} s",
+                    observed=behind,
+                )
+            time.sleep(0.1)
+    finally:
+        stable_reader.close()
+        high_reader.close()
 
 
 def read_partition(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from consumers.stage import Record, decode_record, key_text
+from consumers.stage import Record, await_settled, decode_record, key_text
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.topics import is_reserved_key
@@ -91,7 +91,14 @@ class TableFollower:
         )
 
     def follow(self, partitions: set[int]) -> None:
-        """(Re)start following exactly ``partitions`` from the beginning."""
+        """(Re)start following exactly ``partitions`` from the beginning.
+
+        Waits first until no open transaction holds the partitions back
+        (:func:`consumers.stage.await_settled`), so that a stage taking over
+        from one that died inside a transaction reads what that transaction
+        wrote once it is decided.
+        """
+        await_settled(self.settings, self.topic, set(partitions))
         self.partitions = set(partitions)
         self._resume_at = {}
         self.consumer.assign(

@@ -77,16 +77,6 @@ def _measure(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(m for m in report["measures"] if m["name"] == name)
 
 
-# Known bug, open on issue 4: with two instances a processor can restore a
-# partition's state before the previous owner's last transaction is visible,
-# and decide from stale state (the audit then finds journal/state mismatches).
-SPLIT_BRAIN = pytest.mark.xfail(
-    reason="processor restores state before the previous owner's transaction resolves",
-    strict=False,
-)
-
-
-@SPLIT_BRAIN
 def test_ledger_mode_survives_crashes_everywhere(missions: Any) -> None:
     ledger, _control, _root = missions
     assert ledger["checks"] == {"passed": True, "failures": []}
@@ -134,7 +124,6 @@ def test_losing_resumers_are_fenced_and_unknowns_are_held(missions: Any) -> None
     assert latency["count"] > 0 and 0 <= latency["p50"] <= latency["p99"] <= latency["max"]
 
 
-@SPLIT_BRAIN
 def test_checkpoint_only_control_shows_its_duplicates(missions: Any) -> None:
     ledger, control, root = missions
     dup = _measure(control, "duplicate effects")

@@ -15,7 +15,7 @@ import logging
 
 from consumers import faults
 from consumers.stage import Record, Stage, Writer, await_settled, read_partition, record_event
-from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState
+from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState, decode_event
 from ledger.events import RecoveryState as S
 from ledger.fold import Decision, decide, journal_entry, ref_of
 from ledger.machine import IN_FLIGHT
@@ -34,7 +34,11 @@ class Processor(Stage):
     """Consume-transform-produce stage deciding every recovery transition.
 
     Attributes:
-        states: committed state of every operation on the assigned partitions.
+        states: committed state of every operation on the assigned partitions:
+            an :class:`OperationState` while the operation is in flight, its
+            encoded bytes once it rests (and as restored), decoded again when
+            an input for it arrives (see :meth:`current`). Resting operations
+            so cost about their record's size, not a model's.
         pending: states decided in the open transaction (merged on commit,
             dropped on abort).
     """
@@ -44,9 +48,11 @@ class Processor(Stage):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.states: dict[str, OperationState] = {}
+        self.states: dict[str, OperationState | bytes] = {}
         self.partition_of: dict[str, int] = {}
         self.pending: dict[str, OperationState] = {}
+        #: encoded form of each pending state (as written to ledger.state).
+        self.pending_raw: dict[str, bytes] = {}
         self.resume_queue: list[tuple[str, int]] = []
         #: Partitions this process has owned at some point of its life.
         self.ever_held: set[int] = set()
@@ -54,10 +60,14 @@ class Processor(Stage):
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
 
+        #: op -> (in a resumable state, version), from its latest record.
+        restored: dict[str, tuple[bool, int]] = {}
+
         def load(rec: Record | None, msg: object) -> None:
             if rec is not None and isinstance(rec.event, OperationState):
-                self.states[rec.key] = rec.event
+                self.states[rec.key] = rec.raw
                 self.partition_of[rec.key] = rec.partition
+                restored[rec.key] = (S(rec.event.state) in RESUMABLE, rec.event.version)
 
         # The stage has waited for stable offsets (Stage._restore); the state
         # partitions may still wait for the same transaction's markers.
@@ -72,9 +82,9 @@ class Processor(Stage):
         new = partitions - self.ever_held
         self.ever_held |= partitions
         self.resume_queue = sorted(
-            (op, st.version)
-            for op, st in self.states.items()
-            if self.partition_of.get(op) in new and S(st.state) in RESUMABLE
+            (op, version)
+            for op, (resumable, version) in restored.items()
+            if resumable and self.partition_of.get(op) in new
         )
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
@@ -85,6 +95,7 @@ class Processor(Stage):
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
         self.pending.clear()
+        self.pending_raw.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
 
     def settled(self) -> bool:
@@ -132,15 +143,30 @@ class Processor(Stage):
     def rebuild(self) -> None:
         """Drop decisions of the aborted transaction; committed state stays."""
         self.pending.clear()
+        self.pending_raw.clear()
 
     def after_commit(self) -> None:
-        """Make the committed batch's states current."""
-        self.states.update(self.pending)
+        """Make the committed batch's states current (resting ones as bytes)."""
+        for op, st in self.pending.items():
+            self.states[op] = st if S(st.state) in IN_FLIGHT else self.pending_raw[op]
         self.pending.clear()
+        self.pending_raw.clear()
 
     def current(self, operation_id: str) -> OperationState | None:
-        """State including the open transaction's decisions."""
-        return self.pending.get(operation_id) or self.states.get(operation_id)
+        """State including the open transaction's decisions (``None``: unknown operation).
+
+        Raises:
+            DecodeError: if a stored state no longer decodes (it did when stored).
+        """
+        st = self.pending.get(operation_id)
+        if st is not None:
+            return st
+        stored = self.states.get(operation_id)
+        if isinstance(stored, bytes):
+            event = decode_event(stored)
+            assert isinstance(event, OperationState)
+            self.states[operation_id] = stored = event
+        return stored
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Decide every record in order and write state, journal and outputs."""
@@ -159,10 +185,14 @@ class Processor(Stage):
                 journal_entry(decision, rec.event, rec.raw, rec.topic, rec.partition, rec.offset),
             )
             if decision.outcome == "APPLIED" and decision.state is not None:
+                raw = decision.state.to_bytes()
                 self.pending[op] = decision.state
+                self.pending_raw[op] = raw
                 self.partition_of[op] = rec.partition
-                out.write("state", op, decision.state)
-                log.info(
+                out.write_raw("state", op, raw)
+                # One line per transition only on request: the journal already
+                # records each one, and at INFO the log costs as much as the fold.
+                log.debug(
                     "%s: %s -> %s (%s)", op, decision.from_state, decision.to_state, decision.reason
                 )
             elif decision.outcome == "REFUSED":

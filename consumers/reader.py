@@ -6,7 +6,7 @@ import time
 
 from confluent_kafka import Message
 
-from consumers.stage import Record, key_text, read_partition
+from consumers.stage import Record, decode_record, key_text, read_partition
 from consumers.tables import TableFollower
 from ledger.config import LedgerSettings
 from ledger.events import JournalEntry, OperationState
@@ -45,18 +45,24 @@ def read_latest(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -
     """What compaction keeps of a topic: the latest record per key, tombstones applied.
 
     A key whose latest value is a tombstone (or does not decode) is absent.
+    Only the latest value of each key is decoded.
     """
-    latest: dict[str, Record] = {}
+    latest: dict[str, Message] = {}
 
-    def keep(rec: Record | None, msg: Message) -> None:
+    def keep(_: Record | None, msg: Message) -> None:
         key = key_text(msg)
-        if rec is None:
+        if msg.value() is None:
             latest.pop(key, None)
         else:
-            latest[key] = rec
+            latest[key] = msg
 
-    read_partition(settings, topic, None, keep, timeout_s)
-    return latest
+    read_partition(settings, topic, None, keep, timeout_s, decode=False)
+    out: dict[str, Record] = {}
+    for key, msg in latest.items():
+        rec = decode_record(topic, msg)
+        if rec is not None:
+            out[key] = rec
+    return out
 
 
 def current_states(settings: LedgerSettings) -> dict[str, OperationState]:

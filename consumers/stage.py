@@ -341,13 +341,13 @@ class Stage:
         settle as well (:func:`await_settled`).
 
         Raises:
-            LedgerError: if the offsets stay unstable past the transaction
-                timeout plus 30 seconds.
+            LedgerError: if the offsets stay unstable (or unreadable) for
+                ``takeover_wait_s`` seconds.
         """
         assert self.consumer is not None
         parts = {tp.partition for tp in partitions}
         if partitions:
-            budget_s = self.settings.transaction_timeout_ms / 1000 + 30
+            budget_s = self.settings.takeover_wait_s
             deadline = time.monotonic() + budget_s
             started = time.monotonic()
             asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
@@ -707,8 +707,8 @@ def await_settled(
         settings: ledger settings.
         topic: short topic name.
         partitions: which partitions.
-        timeout_s: give up after this many seconds (default: the transaction
-            timeout plus 30 seconds).
+        timeout_s: give up after this many seconds (default: the setting
+            ``takeover_wait_s``).
 
     Returns:
         Seconds waited.
@@ -719,21 +719,26 @@ def await_settled(
     if not partitions:
         return 0.0
     if timeout_s is None:
-        timeout_s = settings.transaction_timeout_ms / 1000 + 30
+        timeout_s = settings.takeover_wait_s
     full = settings.topic(topic)
     group = f"{settings.topic_prefix}.settle"
-    stable_reader = Consumer(
-        settings.kafka(**{"group.id": group, "isolation.level": "read_committed"})
-    )
-    high_reader = Consumer(
-        settings.kafka(**{"group.id": group, "isolation.level": "read_uncommitted"})
-    )
+
+    def readers() -> tuple[Consumer, Consumer]:
+        return (
+            Consumer(settings.kafka(**{"group.id": group, "isolation.level": "read_committed"})),
+            Consumer(settings.kafka(**{"group.id": group, "isolation.level": "read_uncommitted"})),
+        )
+
+    stable_reader, high_reader = readers()
     started = time.monotonic()
     deadline = started + timeout_s
     marks: dict[int, int] = {}
+    next_note = started + 15
+    fresh_at = started
     try:
         while True:
             behind: dict[int, tuple[int, int]] = {}
+            unreadable: dict[int, str] = {}
             for p in sorted(partitions):
                 tp = TopicPartition(full, p)
                 try:
@@ -742,19 +747,42 @@ def await_settled(
                         marks[p] = int(high)
                     _, stable = stable_reader.get_watermark_offsets(tp, timeout=10, cached=False)
                 except KafkaException as exc:
-                    behind[p] = (-1, marks.get(p, -1))
-                    log.debug("settle %s[%d]: %s", full, p, exc)
+                    unreadable[p] = str(exc.args[0])
                     continue
                 if stable < marks[p]:
                     behind[p] = (int(stable), marks[p])
-            if not behind:
+            if not behind and not unreadable:
                 return time.monotonic() - started
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
+                if unreadable:
+                    raise LedgerError(
+                        f"{full}: cannot read the offsets of partitions {sorted(unreadable)} "
+                        f"after {timeout_s:.0f} s (is the broker up?)",
+                        observed=unreadable,
+                    )
                 raise LedgerError(
                     f"{full}: partitions {sorted(behind)} still held back by an open "
-                    f"transaction after {timeout_s:.0f} s",
+                    f"transaction after {timeout_s:.0f} s (last stable offset, mark)",
                     observed=behind,
                 )
+            if unreadable and now - fresh_at > 2.0:
+                # A client whose first metadata came before the partitions
+                # were known (or before a broker restart) can keep answering
+                # "unknown partition"; fresh readers ask again.
+                stable_reader.close()
+                high_reader.close()
+                stable_reader, high_reader = readers()
+                fresh_at = now
+            if now > next_note:
+                log.warning(
+                    "%s: still waiting after %.0f s: held back %s, unreadable %s",
+                    full,
+                    now - started,
+                    behind,
+                    unreadable,
+                )
+                next_note = now + 15
             time.sleep(0.1)
     finally:
         stable_reader.close()
@@ -767,6 +795,8 @@ def read_partition(
     partitions: set[int] | None,
     handle: Callable[[Record | None, Message], None],
     timeout_s: float = 60.0,
+    *,
+    decode: bool = True,
 ) -> int:
     """Read partitions of a ledger topic from the beginning to their end.
 
@@ -781,6 +811,8 @@ def read_partition(
         handle: called with each decoded record (``None`` when the value does
             not decode, e.g. a tombstone) and the raw message.
         timeout_s: give up after this many seconds.
+        decode: ``False`` passes ``None`` for every record, leaving the
+            decoding (of only the values it keeps) to ``handle``.
 
     Returns:
         The number of records read.
@@ -823,13 +855,13 @@ def read_partition(
                     f"reading {full} did not reach its end in {timeout_s} s",
                     expected=ends,
                 )
-            for msg in consumer.consume(1000, 0.2):
+            for msg in consumer.consume(1000, 0.02):
                 if msg.error() is not None:
                     continue
                 p = msg.partition() or 0
                 if p in done:
                     continue
-                handle(decode_record(topic, msg), msg)
+                handle(decode_record(topic, msg) if decode else None, msg)
                 count += 1
             for tp in consumer.position([TopicPartition(full, p) for p in ends if p not in done]):
                 if tp.offset >= ends[tp.partition]:

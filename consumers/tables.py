@@ -145,7 +145,7 @@ class TableFollower:
                 self._reconnect(current)
                 ends = {p: self._end(p, deadline) for p in self.partitions}
                 moved_at = now
-            for msg in self.consumer.consume(1000, 0.1):
+            for msg in self.consumer.consume(1000, 0.02):
                 if msg.error() is not None:
                     continue
                 key = key_text(msg)

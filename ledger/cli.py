@@ -62,6 +62,9 @@ def _run_stage(component: str, instance: str) -> None:
     from consumers.harness import STAGES
 
     _logging(True)
+    # One line per sink request is noise at this level (the journal and the
+    # receipts hold every call's outcome).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     settings = _settings()
     if settings.kafka_debug:
         from ledger.broker import CLIENT_LOGGER

@@ -38,6 +38,9 @@ class LedgerSettings(BaseSettings):
             before it commits (milliseconds).
         transaction_timeout_ms: broker-side transaction timeout (milliseconds);
             an abandoned transaction is aborted after it.
+        takeover_wait_s: longest time a stage given partitions waits for the
+            previous owner's last transaction to end (and for the broker, if
+            it is unreachable) before it gives up with an error (seconds).
         sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
             that exceeds it is an ambiguous outcome.
         policy_version: policy version in force until a ``PolicyChange`` is
@@ -69,6 +72,7 @@ class LedgerSettings(BaseSettings):
     clock: str = "manual"
     commit_interval_ms: int = 100
     transaction_timeout_ms: int = 15000
+    takeover_wait_s: float = 180.0
     sink_timeout_s: float = 2.0
     policy_version: int = 1
     relay_mode: str = "ledger"

@@ -327,6 +327,7 @@ def intent_digest_problem(intent: Intent) -> str | None:
             subject=intent.subject,
             purpose=intent.purpose,
             decision_version=intent.decision_version,
+            params_checked=True,  # straight from json.loads
         )
         amount = amount_of(params)
     except Exception as exc:

@@ -18,18 +18,27 @@ from typing import Any
 from ledger.errors import LedgerError
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: Any, *, checked: bool = False) -> str:
     """Canonical JSON: sorted keys, no insignificant white space, UTF-8 text.
 
     Only JSON types are accepted (dict with str keys, list, str, int, bool,
     None, finite float); floats that are whole numbers stay floats, so ``1``
     and ``1.0`` differ, as they do to most payment APIs.
 
+    Args:
+        value: the value to encode.
+        checked: the caller guarantees ``value`` holds only JSON types with
+            string keys (it came from ``json.loads``), so the walk that checks
+            it is skipped.
+
     Raises:
         LedgerError: for non-JSON values (sets, bytes, NaN, non-str keys).
     """
-    _check_json(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if not checked:
+        _check_json(value)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def _check_json(value: Any) -> None:
@@ -61,6 +70,7 @@ def parameter_digest(
     subject: str,
     purpose: str,
     decision_version: int,
+    params_checked: bool = False,
 ) -> str:
     """SHA-256 (hex) of the canonical encoding of an operation's semantics.
 
@@ -69,8 +79,21 @@ def parameter_digest(
     part of it (a new approval for the same operation is reauthorisation,
     not drift).
 
+    Args:
+        action: action name.
+        params: semantic parameters (JSON values).
+        subject: represented subject.
+        purpose: declared purpose.
+        decision_version: version of the business decision.
+        params_checked: ``params`` came from ``json.loads`` (JSON types and
+            string keys only; see :func:`canonical_json`).
+
     Returns:
         64 lowercase hex characters.
+
+    Raises:
+        LedgerError: parameters that are not JSON values.
+        ValueError: non-finite numbers in parameters passed as checked.
     """
     body = canonical_json(
         {
@@ -79,7 +102,8 @@ def parameter_digest(
             "params": dict(params),
             "purpose": purpose,
             "subject": subject,
-        }
+        },
+        checked=params_checked,
     )
     return hashlib.sha256(body.encode("utf-8")).hexdigest()
 

@@ -128,13 +128,14 @@ def test_processor_restores_only_after_the_previous_owners_transaction(
             assert time.monotonic() < deadline, "the processor got no assignment"
             time.sleep(0.05)  # polling for a condition
         # Assigned, but it must not restore while the transaction is open.
-        assert op not in processor.states
+        assert processor.current(op) is None
         old_owner.commit_transaction(30)
         deadline = time.monotonic() + 60
-        while op not in processor.states:
+        while processor.current(op) is None:
             assert time.monotonic() < deadline, "the committed state was never restored"
             time.sleep(0.05)  # polling for a condition
-        assert processor.states[op].version == 5
+        restored = processor.current(op)
+        assert restored is not None and restored.version == 5
     finally:
         processor.stopping = True
         thread.join(60)

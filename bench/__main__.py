@@ -1,0 +1,202 @@
+"""``python -m bench``: run the benchmarks and write ``results.json`` and ``REPORT.md``.
+
+Every figure is the median of ``--runs`` repetitions (default 3) and every
+ledger figure is a ratio to a baseline measured in the same run on the same
+broker. ``make bench`` starts (or reuses) the local broker first.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bench import e2e, replay, report, throughput
+from bench.common import BENCH_DIR, median, say
+from ledger.config import PROJECT_ROOT, LedgerSettings
+
+SECTIONS = (
+    "kafka",
+    "txnloop",
+    "processor",
+    "e2e",
+    "recovery",
+    "memory",
+    "scale",
+    "peers",
+    "profile",
+)
+
+
+def _peers(bootstrap: str, python: Path, runs: int) -> dict[str, Any]:
+    """Run the peer benchmarks in their own virtualenv; each prints one JSON object."""
+    out: dict[str, Any] = {}
+    for name, script, extra in (
+        ("quixstreams", "quix_bench.py", ["--runs", str(runs)]),
+        ("dbos", "dbos_bench.py", ["--runs", str(runs)]),
+    ):
+        if not python.exists():
+            out[name] = {"error": f"{python} missing (make bench creates it)"}
+            continue
+        say(f"peer {name} ...")
+        started = time.monotonic()
+        proc = subprocess.run(
+            [str(python), str(BENCH_DIR / "peers" / script), "--bootstrap", bootstrap, *extra],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=PROJECT_ROOT,
+        )
+        if proc.returncode != 0:
+            out[name] = {"error": proc.stderr.strip().splitlines()[-5:]}
+            continue
+        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[name]["wall_s"] = time.monotonic() - started
+    return out
+
+
+@click.command()
+@click.option("--runs", default=3, show_default=True, help="Repetitions; figures are medians.")
+@click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(SECTIONS),
+    help="Run only these sections (repeatable); the others keep their previous results.",
+)
+@click.option("--records", default=20_000, show_default=True, help="Records per throughput run.")
+@click.option("--burst", default=300, show_default=True, help="Operations per end-to-end burst.")
+@click.option(
+    "--in-flight", default=1000, show_default=True, help="Operations in flight at the kill."
+)
+@click.option(
+    "--memory-ops", default=100_000, show_default=True, help="Operations in state (memory)."
+)
+@click.option(
+    "--peers-python",
+    type=click.Path(path_type=Path),
+    default=PROJECT_ROOT / ".venv-peers" / "bin" / "python",
+    show_default=True,
+    help="Python of the virtualenv holding Quix Streams and DBOS.",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=BENCH_DIR / "results.json",
+    show_default=True,
+)
+def main(
+    runs: int,
+    only: tuple[str, ...],
+    records: int,
+    burst: int,
+    in_flight: int,
+    memory_ops: int,
+    peers_python: Path,
+    out: Path,
+) -> None:
+    """Measure the ledger against the bare Kafka limit and against peers (bench/REPORT.md)."""
+    base = LedgerSettings()
+    sections = set(only or SECTIONS)
+    results: dict[str, Any] = {}
+    if only and out.exists():
+        results = json.loads(out.read_text())
+    results["meta"] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": runs,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {_cpus()} CPUs",
+        "bootstrap": base.bootstrap_servers,
+        "commit_interval_ms": base.commit_interval_ms,
+    }
+    started = time.monotonic()
+    if "kafka" in sections:
+        say(f"Kafka limit: raw produce/consume of {records} records x {runs}")
+        rows = [throughput.kafka_limit(base, records) for _ in range(runs)]
+        results["kafka"] = {
+            "runs": rows,
+            "produce_per_s": median([r["produce_per_s"] for r in rows]),
+            "consume_per_s": median([r["consume_per_s"] for r in rows]),
+            "record_bytes": rows[0]["record_bytes"],
+        }
+    if "txnloop" in sections or "processor" in sections:
+        say(f"bare transactional loop and processor stage: {records} records x {runs}")
+        loops, stages = [], []
+        for _ in range(runs):  # interleaved, so drift hits both alike
+            loops.append(throughput.transactional_loop(base, records))
+            stages.append(throughput.processor_stage(base, records))
+        results["txnloop"] = {"runs": loops, "per_s": median([r["per_s"] for r in loops])}
+        results["processor"] = {"runs": stages, "per_s": median([r["per_s"] for r in stages])}
+    if "e2e" in sections:
+        say(f"end to end: bursts of {burst}, then paced at 0.5x and 0.9x")
+        results["e2e"] = e2e.throughput_and_latency(base, burst, paced_s=10, runs=runs)
+    if "recovery" in sections:
+        say(f"recovery of {in_flight} in-flight operations x {runs} (and auditor replay)")
+        rows = []
+        for _ in range(runs):
+            rows.append(e2e.recovery(base, in_flight, after=_replay))
+        results["recovery"] = {
+            "runs": rows,
+            "ratio": median([r["ratio"] for r in rows]),
+            "recovery_s": median([r["recovery_s"] for r in rows]),
+            "fresh_s": median([r["fresh_s"] for r in rows]),
+        }
+        replays = [r["replay"] for r in rows]
+        results["replay"] = {
+            "runs": replays,
+            "auditor_per_s": median([r["auditor_per_s"] for r in replays]),
+            "raw_per_s": median([r["raw_per_s"] for r in replays]),
+            "ratio": median([r["ratio"] for r in replays]),
+        }
+    if "memory" in sections:
+        say(f"processor memory with {memory_ops} operations in state x {runs}")
+        rows = [replay.memory(base, memory_ops) for _ in range(runs)]
+        results["memory"] = {
+            "runs": rows,
+            "bytes_per_operation": median([r["bytes_per_operation"] for r in rows]),
+        }
+    if "scale" in sections:
+        say("scale: partitions 1, 2, 4 x instances 1, 2")
+        results["scale"] = e2e.scale(base, burst, [1, 2, 4], [1, 2], runs)
+    if "peers" in sections:
+        say("the lost-response crash against the ledger (200 operations, every 10th)")
+        results["lost_response"] = e2e.lost_response(base, 200)
+        results["peers"] = _peers(base.bootstrap_servers, peers_python, runs)
+    if "profile" in sections:
+        say("profiling the processor stage (pyinstrument)")
+        results["profile"] = throughput.profile_processor(base, records)
+    results["meta"]["wall_s"] = round(time.monotonic() - started, 1)
+    out.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    path = report.write(results, BENCH_DIR)
+    say(f"results: {out}")
+    say(f"report:  {path}")
+    for line in report.headlines(results):
+        print(line)
+
+
+def _replay(settings: LedgerSettings) -> dict[str, Any]:
+    raw = replay.raw_decode(settings)
+    audit = replay.auditor_replay(settings)
+    auditor_per_s = raw["events"] / audit["seconds"]
+    return {
+        "events": raw["events"],
+        "raw_per_s": raw["per_s"],
+        "auditor_per_s": auditor_per_s,
+        "ratio": auditor_per_s / raw["per_s"],
+        "violations": audit["violations"],
+    }
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""``bench/REPORT.md`` and its plots from ``bench/results.json`` (pure formatting).
+
+Targets come from the benchmark issue: processor stage at least 0.5 of the
+bare transactional loop; auditor replay at least 0.7 of a raw consume plus
+decode; recovery of 1,000 in-flight operations at most 2x fresh processing;
+at most 2 KB of processor memory per operation; throughput that grows with
+partitions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+#: Limits a measured ledger figure is held to: name -> (comparison, bound).
+TARGETS: dict[str, tuple[str, float]] = {
+    "processor / bare loop": (">=", 0.5),
+    "auditor / raw consume+decode": (">=", 0.7),
+    "recovery / fresh": ("<=", 2.0),
+    "processor bytes per operation": ("<=", 2048.0),
+}
+
+#: What limits each figure when its target is missed (from the profiles).
+LIMITS: dict[str, str] = {
+    "processor / bare loop": (
+        "per input the processor decodes the Avro record into a pydantic model, runs "
+        "the pure fold (which recomputes the SHA-256 parameter digest of every "
+        "intent), and encodes three records (state, journal with the input's bytes, "
+        "admission request) with schema validation; the bare loop copies bytes. "
+        "See the profile below."
+    ),
+    "auditor / raw consume+decode": (
+        "the auditor validates every record into a pydantic model and replays the "
+        "fold for every journal entry, on top of the same decode."
+    ),
+    "recovery / fresh": (
+        "recovery includes process start-up, the group join, waiting out the killed "
+        "owners' open transactions, the restore, one claim per in-flight operation "
+        "and a readback at the sink before each is completed."
+    ),
+    "processor bytes per operation": (
+        "resident memory includes Python's heap kept after the restore's reads."
+    ),
+}
+
+
+def _met(name: str, value: float) -> str:
+    op, bound = TARGETS[name]
+    if math.isnan(value):
+        return "n/a"
+    ok = value >= bound if op == ">=" else value <= bound
+    return "yes" if ok else "**no**"
+
+
+def _get(results: dict[str, Any], *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float | None]:
+    """The headline ratios (``None`` where a section did not run)."""
+    loop = _get(results, "txnloop", "per_s")
+    proc = _get(results, "processor", "per_s")
+    quix = _get(results, "peers", "quixstreams", "median_records_per_s")
+    dbos = _get(results, "peers", "dbos", "throughput", "median_ops_per_s")
+    e2e = _get(results, "e2e", "sustainable_ops_per_s")
+    return {
+        "bare loop / Kafka produce limit": (
+            loop / results["kafka"]["produce_per_s"] if loop and "kafka" in results else None
+        ),
+        "processor / bare loop": proc / loop if proc and loop else None,
+        "auditor / raw consume+decode": _get(results, "replay", "ratio"),
+        "recovery / fresh": _get(results, "recovery", "ratio"),
+        "processor bytes per operation": _get(results, "memory", "bytes_per_operation"),
+        "processor / Quix Streams EOS step": proc / quix if proc and quix else None,
+        "ledger end to end / DBOS workflow": e2e / dbos if e2e and dbos else None,
+    }
+
+
+def headlines(results: dict[str, Any]) -> list[str]:
+    """One line per headline ratio, with its target where it has one."""
+    lines = []
+    for name, value in ratios(results).items():
+        if value is None:
+            continue
+        target = TARGETS.get(name)
+        suffix = f" (target {target[0]} {target[1]:g}: {_met(name, value)})" if target else ""
+        shown = f"{value:,.0f}" if value > 100 else f"{value:.2f}"
+        lines.append(f"{name}: {shown}{suffix}".replace("**", ""))
+    return lines
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _plots(results: dict[str, Any], out: Path) -> list[str]:
+    """Write the SVG plots; returns their file names."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = []
+    rates = [
+        ("Kafka produce\n(acks=all, idem.)", _get(results, "kafka", "produce_per_s")),
+        ("Kafka consume", _get(results, "kafka", "consume_per_s")),
+        ("bare txn loop", _get(results, "txnloop", "per_s")),
+        ("ledger processor", _get(results, "processor", "per_s")),
+        ("Quix Streams EOS", _get(results, "peers", "quixstreams", "median_records_per_s")),
+    ]
+    rates = [(n, v) for n, v in rates if v]
+    if rates:
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        ax.barh([n for n, _ in rates][::-1], [v for _, v in rates][::-1], color="#4a7ab5")
+        ax.set_xlabel("records (transitions) per second, median")
+        ax.set_title("Throughput of one consume-transform-produce step")
+        fig.tight_layout()
+        fig.savefig(out / "throughput.svg")
+        plt.close(fig)
+        names.append("throughput.svg")
+    paced = _get(results, "e2e", "paced")
+    if paced:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        labels, p50, p99 = [], [], []
+        for fraction, rows in sorted(paced.items()):
+            labels.append(f"{float(fraction):.1f}x")
+            p50.append(sorted(r["p50_s"] for r in rows)[len(rows) // 2])
+            p99.append(sorted(r["p99_s"] for r in rows)[len(rows) // 2])
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], p50, width=0.4, label="p50")
+        ax.bar([i + 0.2 for i in x], p99, width=0.4, label="p99")
+        ax.set_xticks(list(x), labels)
+        ax.set_xlabel("offered load, fraction of the highest sustainable rate")
+        ax.set_ylabel("intent to OUTCOME_VERIFIED (s)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "latency.svg")
+        plt.close(fig)
+        names.append("latency.svg")
+    scale = results.get("scale")
+    if scale:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        for inst in sorted({r["instances"] for r in scale}):
+            rows = sorted(
+                (r for r in scale if r["instances"] == inst), key=lambda r: r["partitions"]
+            )
+            ax.plot(
+                [r["partitions"] for r in rows],
+                [r["ops_per_s"] for r in rows],
+                marker="o",
+                label=f"{inst} instance(s) per stage",
+            )
+        ax.set_xlabel("partitions")
+        ax.set_ylabel("operations per second")
+        ax.set_xticks(sorted({r["partitions"] for r in scale}))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "scale.svg")
+        plt.close(fig)
+        names.append("scale.svg")
+    return names
+
+
+def write(results: dict[str, Any], bench_dir: Path) -> Path:
+    """Write ``REPORT.md`` (and ``plots/*.svg``) into ``bench_dir``; returns its path."""
+    meta = results.get("meta", {})
+    r = ratios(results)
+    lines = [
+        "# Benchmarks: the ledger against the bare Kafka limit and against peers",
+        "",
+        f"Generated by `make bench` on {meta.get('date', '?')} ({meta.get('machine', '?')}, "
+        f"Python {meta.get('python', '?')}, broker {meta.get('bootstrap', '?')}, "
+        f"{meta.get('wall_s', '?')} s). Every figure is the median of "
+        f"{meta.get('runs', '?')} runs; every ledger figure is a ratio to a baseline "
+        "measured in the same run on the same broker. Raw numbers: "
+        "[`results.json`](results.json). How each is measured: the docstrings of "
+        "`bench/throughput.py`, `bench/e2e.py`, `bench/replay.py` and `bench/peers/`.",
+        "",
+        "## Headline ratios",
+        "",
+        "| ratio | value | target | met |",
+        "|---|---:|---|---|",
+    ]
+    for name, value in r.items():
+        target = TARGETS.get(name)
+        lines.append(
+            f"| {name} | {_fmt(value, 2) if value is None or value < 100 else _fmt(value)} | "
+            f"{f'{target[0]} {target[1]:g}' if target else ''} | "
+            f"{_met(name, value) if target and value is not None else ''} |"
+        )
+    missed = [n for n, v in r.items() if n in TARGETS and v is not None and _met(n, v) == "**no**"]
+    if missed:
+        lines += ["", "Where a target is missed, what limits it:", ""]
+        lines += [f"* **{n}**: {LIMITS[n]}" for n in missed]
+    lines += ["", "## Measurements", "", "| measurement | median | notes |", "|---|---:|---|"]
+
+    def row(name: str, value: Any, notes: str = "", digits: int = 0) -> None:
+        lines.append(f"| {name} | {_fmt(value, digits)} | {notes} |")
+
+    kafka = results.get("kafka")
+    if kafka:
+        row(
+            "1. Kafka produce, records/s",
+            kafka["produce_per_s"],
+            f"idempotent, acks=all, {kafka['record_bytes']} B records",
+        )
+        row("1. Kafka consume, records/s", kafka["consume_per_s"], "plain consumer, no decode")
+    if "txnloop" in results:
+        row(
+            "2. bare transactional loop, records/s",
+            results["txnloop"]["per_s"],
+            f"one output per input, offsets in the transaction, "
+            f"{meta.get('commit_interval_ms')} ms commit interval",
+        )
+    if "processor" in results:
+        row(
+            "3. processor stage, transitions/s",
+            results["processor"]["per_s"],
+            f"ratio to (2): {_fmt(r['processor / bare loop'], 2)}",
+        )
+    e2e = results.get("e2e")
+    if e2e:
+        row(
+            "4. end to end, operations/s",
+            e2e["sustainable_ops_per_s"],
+            "intent to OUTCOME_VERIFIED through all stages and the gateway",
+        )
+        for fraction, rows in sorted(e2e["paced"].items()):
+            p50 = sorted(x["p50_s"] for x in rows)[len(rows) // 2]
+            p99 = sorted(x["p99_s"] for x in rows)[len(rows) // 2]
+            row(
+                f"4. latency at {float(fraction):.1f}x, p50 / p99 (s)",
+                f"{p50:.2f} / {p99:.2f}",
+                f"{rows[0]['operations']} operations at {rows[0]['target_rate']:.0f}/s",
+            )
+    rep = results.get("replay")
+    if rep:
+        row("5. auditor replay, events/s", rep["auditor_per_s"], "journal, state, dispatches")
+        row("5. raw consume + fastavro decode, events/s", rep["raw_per_s"], "same topics")
+    rec = results.get("recovery")
+    if rec:
+        row(
+            "6. recovery after SIGKILL of every stage (s)",
+            rec["recovery_s"],
+            f"{rec['runs'][0]['operations']} in flight; fresh: {rec['fresh_s']:.1f} s",
+            1,
+        )
+    mem = results.get("memory")
+    if mem:
+        row(
+            "7. processor memory, bytes per operation",
+            mem["bytes_per_operation"],
+            f"{mem['runs'][0]['operations']:,} operations in state; "
+            f"{mem['bytes_per_operation'] * 100_000 / 2**20:.0f} MiB per 100,000",
+        )
+    scale = results.get("scale")
+    if scale:
+        for s in scale:
+            row(
+                f"8. {s['partitions']} partition(s), {s['instances']} instance(s), operations/s",
+                s["ops_per_s"],
+            )
+    peers = results.get("peers", {})
+    quix = peers.get("quixstreams")
+    if quix and "error" not in quix:
+        row(
+            "9. Quix Streams exactly-once step, records/s",
+            quix["median_records_per_s"],
+            quix.get("notes", "")[:200].replace("|", "/").replace("\n", " "),
+        )
+    dbos = peers.get("dbos")
+    if dbos and "error" not in dbos:
+        row(
+            "9. DBOS Transact workflow (SQLite), operations/s",
+            dbos["throughput"]["median_ops_per_s"],
+            "same refund through the same reference gateway",
+        )
+        lost = dbos.get("lost_response", {})
+        for variant, v in lost.get("variants", {}).items():
+            row(
+                f"9. DBOS duplicate effects, lost-response crash ({variant})",
+                v.get("duplicate_ops"),
+                f"{lost.get('crashes')} crashes over {lost.get('operations')} operations",
+            )
+    for name, peer in peers.items():
+        if "error" in peer:
+            row(f"9. {name}", "failed", str(peer["error"])[:200].replace("|", "/"))
+    ledger_lost = results.get("lost_response")
+    if ledger_lost:
+        row(
+            "9. ledger duplicate effects, lost-response crash",
+            ledger_lost["duplicate_ops"],
+            f"{ledger_lost['crashes']} relay crashes over {ledger_lost['operations']} operations",
+        )
+    plots = _plots(results, bench_dir / "plots")
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{p}](plots/{p})" for p in plots]
+    prof = results.get("profile")
+    if prof:
+        lines += [
+            "",
+            "## Profile of the processor stage (pyinstrument, this run)",
+            "",
+            f"{prof['records']:,} intents at {prof['per_s']:,.0f}/s under the profiler.",
+            "",
+            "```",
+            prof["text"],
+            "```",
+        ]
+    before = bench_dir / "BEFORE.md"
+    if before.exists():
+        lines += ["", before.read_text().strip()]
+    path = bench_dir / "REPORT.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

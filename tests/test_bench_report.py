@@ -1,0 +1,55 @@
+"""The benchmark report: ratios, targets met or missed, and what limits a miss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench import report
+
+
+def _results(processor_per_s: float, replay_ratio: float) -> dict[str, Any]:
+    return {
+        "meta": {"date": "2026-01-01T00:00:00Z", "runs": 3, "commit_interval_ms": 100},
+        "kafka": {"produce_per_s": 20_000.0, "consume_per_s": 90_000.0, "record_bytes": 250},
+        "txnloop": {"per_s": 10_000.0},
+        "processor": {"per_s": processor_per_s},
+        "replay": {"auditor_per_s": 7_000.0, "raw_per_s": 10_000.0, "ratio": replay_ratio},
+        "recovery": {
+            "ratio": 1.5,
+            "recovery_s": 15.0,
+            "fresh_s": 10.0,
+            "runs": [{"operations": 1000}],
+        },
+        "memory": {"bytes_per_operation": 900.0, "runs": [{"operations": 100_000}]},
+        "scale": [
+            {"partitions": p, "instances": i, "ops_per_s": 10.0 * p * i, "runs": []}
+            for p in (1, 2, 4)
+            for i in (1, 2)
+        ],
+    }
+
+
+def test_ratios_are_quotients_of_the_same_runs() -> None:
+    r = report.ratios(_results(4_000.0, 0.8))
+    assert r["processor / bare loop"] == 0.4
+    assert r["bare loop / Kafka produce limit"] == 0.5
+    assert r["auditor / raw consume+decode"] == 0.8
+    assert r["processor / Quix Streams EOS step"] is None  # the peers did not run
+
+
+def test_a_missed_target_is_flagged_with_what_limits_it(tmp_path: Path) -> None:
+    path = report.write(_results(4_000.0, 0.8), tmp_path)
+    text = path.read_text()
+    assert "| processor / bare loop | 0.40 | >= 0.5 | **no** |" in text
+    assert "| auditor / raw consume+decode | 0.80 | >= 0.7 | yes |" in text
+    assert report.LIMITS["processor / bare loop"] in text
+    assert report.LIMITS["auditor / raw consume+decode"] not in text
+    assert (tmp_path / "plots" / "scale.svg").exists()
+
+
+def test_a_met_target_needs_no_explanation(tmp_path: Path) -> None:
+    text = report.write(_results(6_000.0, 0.9), tmp_path).read_text()
+    assert "Where a target is missed" not in text
+    lines = report.headlines(_results(6_000.0, 0.9))
+    assert "processor / bare loop: 0.60 (target >= 0.5: yes)" in lines

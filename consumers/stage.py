@@ -821,26 +821,45 @@ def read_partition(
         LedgerError: if the end is not reached within ``timeout_s``.
     """
     full = settings.topic(topic)
-    consumer = Consumer(
-        settings.kafka(
-            **{
-                "group.id": f"{settings.topic_prefix}.reader",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "fetch.wait.max.ms": 50,
-            }
+
+    def reader() -> Consumer:
+        return Consumer(
+            settings.kafka(
+                **{
+                    "group.id": f"{settings.topic_prefix}.reader",
+                    "isolation.level": "read_committed",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": False,
+                    "fetch.wait.max.ms": 50,
+                }
+            )
         )
-    )
+
+    consumer = reader()
+    deadline = time.monotonic() + timeout_s
     try:
         if partitions is None:
             meta = consumer.list_topics(full, timeout=30)
             partitions = set(meta.topics[full].partitions)
         ends: dict[int, int] = {}
         for p in partitions:
-            _, high = consumer.get_watermark_offsets(
-                TopicPartition(full, p), timeout=30, cached=False
-            )
+            while True:
+                try:
+                    _, high = consumer.get_watermark_offsets(
+                        TopicPartition(full, p), timeout=10, cached=False
+                    )
+                    break
+                except KafkaException as exc:
+                    # A client that asked before the partition was known (or
+                    # during a broker restart) may keep answering "unknown
+                    # partition": a fresh one asks again.
+                    if time.monotonic() > deadline:
+                        raise LedgerError(
+                            f"cannot read the end of {full}[{p}]: {exc.args[0]}"
+                        ) from exc
+                    consumer.close()
+                    time.sleep(0.2)
+                    consumer = reader()
             if high > 0:
                 ends[p] = high
         if not ends:
@@ -848,7 +867,6 @@ def read_partition(
         consumer.assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in ends])
         done: set[int] = set()
         count = 0
-        deadline = time.monotonic() + timeout_s
         while len(done) < len(ends):
             if time.monotonic() > deadline:
                 raise LedgerError(

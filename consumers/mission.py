@@ -40,18 +40,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from consumers import faults
 from consumers.auditor import run_audit
 from consumers.harness import STAGES, Harness, run_dir_for, stale_dispatch
 from consumers.reader import current_states
 from consumers.reconciler import reconcile_once
-from consumers.stage import FENCED_MARKER, read_partition
+from consumers.stage import FENCED_MARKER, Record, read_partition
+from consumers.tables import TableFollower
 from ledger import broker
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
-from ledger.events import Approval, OperationState, decode_event
+from ledger.events import Approval, OperationState
 from ledger.events import RecoveryState as S
 from ledger.mission_plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
 from ledger.mission_report import JournalRow, MissionFacts, build
@@ -177,7 +176,8 @@ class Mission:
         self.t0 = time.monotonic()
         self.last_change = self.last_state_at = self.t0
         self._next_sample = self.t0
-        self._consumer: Consumer | None = None
+        self._follower: TableFollower | None = None
+        self._changed = 0
         self._sinks: dict[str, SinkClient] = {}
         self._next_case = 0
         self._fired = 0
@@ -198,23 +198,12 @@ class Mission:
         for component in STAGES:
             for instance in range(self.options.instances):
                 self._start_stage(f"{component}-{instance}")
-        consumer = Consumer(
-            self.settings.kafka(
-                **{
-                    "group.id": f"{self.settings.topic_prefix}.mission",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 50,
-                }
-            )
-        )
-        consumer.assign(
-            [
-                TopicPartition(self.settings.topic("state"), p, OFFSET_BEGINNING)
-                for p in range(self.settings.partitions)
-            ]
-        )
-        self._consumer = consumer
+        # A table follower, not a bare consumer: after a broker restart a
+        # consumer's fetch can stay stuck, and the follower replaces its
+        # reader when a catch-up makes no progress.
+        follower = TableFollower(self.settings, "state", self._apply_state)
+        follower.follow(set(range(self.settings.partitions)))
+        self._follower = follower
 
     def request_stop(self) -> None:
         """Ask the mission to stop at its next step (safe from a signal handler)."""
@@ -230,9 +219,9 @@ class Mission:
 
     def close(self) -> None:
         """Stop every process of the mission and close its clients."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        if self._follower is not None:
+            self._follower.close()
+            self._follower = None
         for client in self._sinks.values():
             client.close()
         self.publisher.close()
@@ -392,23 +381,29 @@ class Mission:
 
     # ------------------------------------------------------------------ the loop
 
+    def _apply_state(self, key: str, rec: Record | None) -> None:
+        if rec is None or not isinstance(rec.event, OperationState):
+            return  # a tombstone or a record that does not decode
+        self.states[rec.event.operation_id] = rec.event
+        self._on_state(rec.event)
+        self._changed += 1
+
     def _drain(self, timeout_s: float = 0.1) -> int:
-        assert self._consumer is not None
-        changed = 0
-        for msg in self._consumer.consume(num_messages=1000, timeout=timeout_s):
-            if msg.error() is not None or msg.value() is None:
-                continue
-            try:
-                event = decode_event(msg.value())
-            except Exception as exc:  # noqa: BLE001 - a bad record must not stop the workflow
-                log.warning("mission: undecodable state record skipped: %s", exc)
-                continue
-            if isinstance(event, OperationState):
-                self.states[event.operation_id] = event
-                self._on_state(event)
-                changed += 1
+        """Apply every new ``ledger.state`` record; returns how many there were.
+
+        Waits ``timeout_s`` seconds when there was nothing new (the loop's pace).
+        """
+        assert self._follower is not None
+        self._changed = 0
+        try:
+            self._follower.catch_up(timeout_s=30)
+        except LedgerError as exc:  # e.g. the broker is restarting: try again next step
+            log.info("mission: following ledger.state: %s", exc)
+        changed = self._changed
         if changed:
             self.last_change = self.last_state_at = time.monotonic()
+        else:
+            time.sleep(timeout_s)
         return changed
 
     def _settled(self) -> int:

@@ -89,6 +89,7 @@ def _peers(bootstrap: str, python: Path, runs: int) -> dict[str, Any]:
     type=click.Path(path_type=Path),
     default=BENCH_DIR / "results.json",
     show_default=True,
+    help="Results file; REPORT.md and plots/ are written beside it.",
 )
 def main(
     runs: int,
@@ -179,7 +180,7 @@ def main(
         results["profile"] = throughput.profile_processor(base, records)
     results["meta"]["wall_s"] = round(time.monotonic() - started, 1)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    path = report.write(results, BENCH_DIR)
+    path = report.write(results, out.parent)
     say(f"results: {out}")
     say(f"report:  {path}")
     for line in report.headlines(results):

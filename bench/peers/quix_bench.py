@@ -90,32 +90,11 @@ READY_TIMEOUT_S = 60.0
 
 
 def make_intent(k: int, published_at_ms: int) -> Any:
-    """Build operation ``k``'s ``Intent`` the way ``tests/helpers.py`` ``intent()`` does."""
-    from ledger.events import Intent
-    from ledger.identity import amount_of, canonical_json, parameter_digest
+    """Operation ``k``'s typical refund intent, the one every ledger benchmark uses."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root
+    from bench.common import sample_intent
 
-    subject = f"customer-{k}"
-    params = {"account": f"acct-{k}", "amount_minor": 100 + (k * 37) % 9900, "currency": "GBP"}
-    return Intent(
-        operation_id=f"refund:cust-{k}:v1",
-        sink="payments",
-        action="refund",
-        params_json=canonical_json(params),
-        actor="svc-remediation",
-        subject=subject,
-        purpose="fee-remediation",
-        decision_version=1,
-        approval_id=f"review-{k}",
-        amount_minor=amount_of(params),
-        parameter_digest=parameter_digest(
-            action="refund",
-            params=params,
-            subject=subject,
-            purpose="fee-remediation",
-            decision_version=1,
-        ),
-        published_at_ms=published_at_ms,
-    )
+    return sample_intent(k).model_copy(update={"published_at_ms": published_at_ms})
 
 
 def preload(bootstrap: str, topic: str, records: int, operations: int, seed: int) -> dict[str, int]:

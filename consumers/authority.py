@@ -16,14 +16,15 @@ from __future__ import annotations
 import logging
 import time
 
+from confluent_kafka import Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from consumers import faults
-from consumers.stage import Record, Stage, Writer, record_event
+from consumers.stage import Record, Stage, Writer, key_text, record_event
 from consumers.tables import TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import Clock, clock_for
-from ledger.events import AdmissionRequest, Approval, Event, PolicyChange
+from ledger.events import AdmissionRequest, Approval, Event, OperatingEvent, PolicyChange
 from ledger.signing import load_trusted
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,12 @@ class AuthorityKernel(Stage):
         self.notes: list[tuple[str, str, Event]] = []
         self.policy_version = self.settings.policy_version
         self._last_catch_up = 0.0
-        self._approvals = TableFollower(self.settings, "approvals", self._apply_approval)
-        self._policy = TableFollower(self.settings, "policy", self._apply_policy)
+        self._approvals = TableFollower(
+            self.settings, "approvals", self._apply_approval, on_bad=self._bad_table_value
+        )
+        self._policy = TableFollower(
+            self.settings, "policy", self._apply_policy, on_bad=self._bad_table_value
+        )
 
     def on_start(self) -> None:
         """Load the policy version in force."""
@@ -116,6 +121,32 @@ class AuthorityKernel(Stage):
         self._approvals.catch_up()
         self._policy.catch_up()
         self._last_catch_up = time.monotonic()
+
+    def _bad_table_value(self, msg: Message, reason: str) -> None:
+        """An approval or policy record that does not decode becomes an operating event.
+
+        It is treated as absent (an intent relying on it is refused: approval
+        not found), and the event keeps its original bytes.
+        """
+        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
+        key = key_text(msg)
+        self.notes.append(
+            (
+                "operating-events",
+                key or "(no key)",
+                OperatingEvent(
+                    event_id=f"authority:{topic}:{msg.partition()}:{msg.offset()}:BAD_INPUT",
+                    operation_id=None,
+                    component="authority",
+                    kind="BAD_INPUT",
+                    reason=f"{topic} record {key!r} does not decode: {reason}",
+                    source_topic=topic,
+                    source_partition=msg.partition(),
+                    source_offset=msg.offset(),
+                    original_bytes=msg.value(),
+                ),
+            )
+        )
 
     def _write_notes(self, out: Writer) -> None:
         for topic, key, event in self.notes:

@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.stage import Record, await_settled, decode_record, key_text
 from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
+from ledger.events import decode_event
 from ledger.topics import is_reserved_key
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class TableFollower:
         topic: short topic name.
         apply: called with each decodable record (tombstones and undecodable
             values are passed as ``None`` with the key).
+        on_bad: called once per follow with each value that does not decode
+            (the message and the reason), so the stage can record an
+            operating event; such a value is otherwise treated as absent.
     """
 
     def __init__(
@@ -41,11 +45,15 @@ class TableFollower:
         settings: LedgerSettings,
         topic: str,
         apply: Callable[[str, Record | None], None],
+        on_bad: Callable[[Message, str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = topic
         self.full = settings.topic(topic)
         self.apply = apply
+        self.on_bad = on_bad
+        #: (partition, offset) of undecodable values already reported since follow().
+        self._reported: set[tuple[int, int]] = set()
         self.partitions: set[int] = set()
         self._uncommitted: Consumer | None = None
         #: partition -> offset a replacement reader was told to start at.
@@ -100,6 +108,7 @@ class TableFollower:
         """
         await_settled(self.settings, self.topic, set(partitions))
         self.partitions = set(partitions)
+        self._reported.clear()
         self._resume_at = {}
         self.consumer.assign(
             [TopicPartition(self.full, p, OFFSET_BEGINNING) for p in sorted(self.partitions)]
@@ -152,8 +161,25 @@ class TableFollower:
                 if is_reserved_key(key):
                     continue
                 rec = decode_record(self.topic, msg)
+                if rec is None and msg.value() is not None:
+                    self._bad(msg)
                 self.apply(key, rec)
                 count += 1
+
+    def _bad(self, msg: Message) -> None:
+        """Report a value that does not decode (once per follow)."""
+        where = (msg.partition() or 0, msg.offset() or 0)
+        if where in self._reported:
+            return
+        self._reported.add(where)
+        try:
+            decode_event(msg.value())
+            reason = "reserved or unreadable record"
+        except Exception as exc:  # the reason is what is wanted here
+            reason = f"{type(exc).__name__}: {exc}"
+        log.warning("%s[%d]@%d: value does not decode: %s", self.full, *where, reason)
+        if self.on_bad is not None:
+            self.on_bad(msg, reason)
 
     def _end(self, partition: int, deadline: float) -> int:
         """Last stable offset of a partition, retried while the broker settles.

@@ -22,7 +22,7 @@ from ledger.errors import LedgerError
 
 _SETTINGS_HELP = """
 Settings come from the environment (prefix LEDGER_): LEDGER_BOOTSTRAP_SERVERS
-(or KAFKA_BOOTSTRAP_SERVERS; default 127.0.0.1:19092), LEDGER_TOPIC_PREFIX
+(or KAFKA_BOOTSTRAP_SERVERS; default 127.0.0.1:LEDGER_KAFKA_PORT, 19092), LEDGER_TOPIC_PREFIX
 (default 'ledger'), LEDGER_PARTITIONS (3), LEDGER_RUN_DIR (.ledger/),
 LEDGER_CLOCK ('manual' ledger clock or 'system'), LEDGER_RELAY_MODE ('ledger'
 or 'checkpoint-only'). Run 'ledger config' to see the values in force.

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: Project root: the folder that holds ``pyproject.toml`` and ``schemas/``.
@@ -23,7 +23,9 @@ class LedgerSettings(BaseSettings):
     """Settings of one ledger process (stage, CLI, demo or test).
 
     Attributes:
-        bootstrap_servers: Kafka bootstrap list, ``host:port[,host:port]``.
+        bootstrap_servers: Kafka bootstrap list, ``host:port[,host:port]``
+            (``LEDGER_BOOTSTRAP_SERVERS`` or ``KAFKA_BOOTSTRAP_SERVERS``; when
+            neither is set, the local broker: ``127.0.0.1:{kafka_port}``).
         topic_prefix: prefix of every ledger topic (``{prefix}.intents`` ...);
             tests and demo cases use their own prefix for isolation.
         partitions: partition count of every operation-keyed topic (all are
@@ -62,7 +64,7 @@ class LedgerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
 
     bootstrap_servers: str = Field(
-        default_factory=lambda: os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+        default_factory=lambda: os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
     )
     topic_prefix: str = "ledger"
     partitions: int = 3
@@ -80,6 +82,13 @@ class LedgerSettings(BaseSettings):
     trusted_keys_file: Path | None = None
     require_signed_approvals: bool = True
     kafka_debug: str = ""
+
+    @model_validator(mode="after")
+    def _local_broker_by_default(self) -> LedgerSettings:
+        """With no bootstrap list given, clients go to the local broker's port."""
+        if not self.bootstrap_servers:
+            self.bootstrap_servers = f"127.0.0.1:{self.kafka_port}"
+        return self
 
     def trusted_keys_path(self) -> Path:
         """Where trusted reviewer keys live (``trusted_keys_file`` or ``run_dir/...``)."""

@@ -19,7 +19,7 @@ from consumers.authority import AuthorityKernel
 from consumers.reader import read_topic
 from consumers.stage import producer_config
 from ledger.config import LedgerSettings
-from ledger.events import AdmissionDecision, AdmissionRequest
+from ledger.events import AdmissionDecision, AdmissionRequest, OperatingEvent
 from producers.intents import IntentPublisher
 from tests.test_stages import approve
 
@@ -82,3 +82,41 @@ def test_kernel_waits_for_an_approval_behind_an_open_transaction(
         kernel.stopping = True
         thread.join(30)
         pub.close()
+
+
+def test_an_approval_that_does_not_decode_is_refused_and_reported(
+    ledger_settings: LedgerSettings,
+) -> None:
+    settings = ledger_settings
+    approval_id = "ap-garbled"
+    garbage = b"\xc3\x01not an avro approval"
+    raw = Producer(producer_config(settings))
+    raw.produce(settings.topic("approvals"), key=approval_id.encode(), value=garbage)
+    request = AdmissionRequest(
+        operation_id="refund:garbled:v1",
+        approval_id=approval_id,
+        parameter_digest="0" * 64,
+        subject="customer-1",
+        amount_minor=100,
+        state_version=1,
+    )
+    raw.produce(
+        settings.topic("admission-requests"), key=approval_id.encode(), value=request.to_bytes()
+    )
+    raw.flush(10)
+    kernel = AuthorityKernel(settings)
+    thread = threading.Thread(target=kernel.run, daemon=True)
+    thread.start()
+    try:
+        decisions = _decisions_within(settings, 60.0)
+        assert [(d.admitted, d.reason) for d in decisions] == [(False, "approval not found")]
+        reported = [
+            r.event
+            for r in read_topic(settings, "operating-events")
+            if isinstance(r.event, OperatingEvent) and r.event.source_topic == "approvals"
+        ]
+        assert [(e.kind, e.original_bytes) for e in reported] == [("BAD_INPUT", garbage)]
+        assert approval_id in reported[0].reason
+    finally:
+        kernel.stopping = True
+        thread.join(30)

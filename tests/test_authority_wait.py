@@ -9,8 +9,10 @@ resolved. The kernel waits for it (bounded) instead of refusing.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
@@ -39,6 +41,34 @@ def _decisions_within(settings: LedgerSettings, seconds: float) -> list[Admissio
     return decisions
 
 
+@contextlib.contextmanager
+def _kernel_after_request(
+    settings: LedgerSettings, approval_id: str, op: str
+) -> Iterator[AuthorityKernel]:
+    """Publish an admission request relying on ``approval_id``, then run a kernel (a thread)."""
+    request = AdmissionRequest(
+        operation_id=op,
+        approval_id=approval_id,
+        parameter_digest="0" * 64,
+        subject="customer-1",
+        amount_minor=100,
+        state_version=1,
+    )
+    raw = Producer(producer_config(settings))
+    raw.produce(
+        settings.topic("admission-requests"), key=approval_id.encode(), value=request.to_bytes()
+    )
+    raw.flush(10)
+    kernel = AuthorityKernel(settings)
+    thread = threading.Thread(target=kernel.run, daemon=True)
+    thread.start()
+    try:
+        yield kernel
+    finally:
+        kernel.stopping = True
+        thread.join(30)
+
+
 def test_kernel_waits_for_an_approval_behind_an_open_transaction(
     ledger_settings: LedgerSettings,
 ) -> None:
@@ -52,35 +82,18 @@ def test_kernel_waits_for_an_approval_behind_an_open_transaction(
     stalled.flush(10)
     pub = IntentPublisher(settings)
     approve(pub, approval_id)  # lands after the open transaction
-    request = AdmissionRequest(
-        operation_id="refund:behind:v1",
-        approval_id=approval_id,
-        parameter_digest="0" * 64,
-        subject="customer-1",
-        amount_minor=100,
-        state_version=1,
-    )
-    raw = Producer(producer_config(settings))
-    raw.produce(
-        settings.topic("admission-requests"), key=approval_id.encode(), value=request.to_bytes()
-    )
-    raw.flush(10)
-    kernel = AuthorityKernel(settings)
-    thread = threading.Thread(target=kernel.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while not kernel.assigned and time.monotonic() < deadline:
-            time.sleep(0.05)  # polling for a condition, not synchronising on time
-        assert kernel.assigned
-        # While the transaction is open, the kernel must not decide.
-        assert _decisions_within(settings, 3.0) == []
-        stalled.abort_transaction(30)
-        decisions = _decisions_within(settings, 60.0)
-        assert [(d.admitted, d.reason) for d in decisions] == [(True, "admitted")]
+        with _kernel_after_request(settings, approval_id, "refund:behind:v1") as kernel:
+            deadline = time.monotonic() + 60
+            while not kernel.assigned and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling for a condition, not synchronising on time
+            assert kernel.assigned
+            # While the transaction is open, the kernel must not decide.
+            assert _decisions_within(settings, 3.0) == []
+            stalled.abort_transaction(30)
+            decisions = _decisions_within(settings, 60.0)
+            assert [(d.admitted, d.reason) for d in decisions] == [(True, "admitted")]
     finally:
-        kernel.stopping = True
-        thread.join(30)
         pub.close()
 
 
@@ -92,22 +105,8 @@ def test_an_approval_that_does_not_decode_is_refused_and_reported(
     garbage = b"\xc3\x01not an avro approval"
     raw = Producer(producer_config(settings))
     raw.produce(settings.topic("approvals"), key=approval_id.encode(), value=garbage)
-    request = AdmissionRequest(
-        operation_id="refund:garbled:v1",
-        approval_id=approval_id,
-        parameter_digest="0" * 64,
-        subject="customer-1",
-        amount_minor=100,
-        state_version=1,
-    )
-    raw.produce(
-        settings.topic("admission-requests"), key=approval_id.encode(), value=request.to_bytes()
-    )
     raw.flush(10)
-    kernel = AuthorityKernel(settings)
-    thread = threading.Thread(target=kernel.run, daemon=True)
-    thread.start()
-    try:
+    with _kernel_after_request(settings, approval_id, "refund:garbled:v1"):
         decisions = _decisions_within(settings, 60.0)
         assert [(d.admitted, d.reason) for d in decisions] == [(False, "approval not found")]
         reported = [
@@ -117,6 +116,3 @@ def test_an_approval_that_does_not_decode_is_refused_and_reported(
         ]
         assert [(e.kind, e.original_bytes) for e in reported] == [("BAD_INPUT", garbage)]
         assert approval_id in reported[0].reason
-    finally:
-        kernel.stopping = True
-        thread.join(30)

@@ -8,6 +8,7 @@ what it was, since the ledger decides asynchronously.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -460,6 +461,11 @@ def sink_serve(name: str, contract: str, port: int) -> None:
     click.echo(
         f"sink {name} at {sink.url} (log {sink.log_path}); registered in {settings.sinks_path()}"
     )
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a plain `kill`) stops the sink as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         while sink.is_running():
             time.sleep(0.5)

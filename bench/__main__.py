@@ -8,6 +8,7 @@ broker. ``make bench`` starts (or reuses) the local broker first.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def main(
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
         "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {_cpus()} CPUs",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "bootstrap": base.bootstrap_servers,
         "commit_interval_ms": base.commit_interval_ms,
     }
@@ -198,12 +199,6 @@ def _replay(settings: LedgerSettings) -> dict[str, Any]:
         "ratio": auditor_per_s / raw["per_s"],
         "violations": audit["violations"],
     }
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 0
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from confluent_kafka.admin import AdminClient
 from ledger import broker
 from ledger.config import PROJECT_ROOT, LedgerSettings
 from ledger.events import Approval, Intent
-from ledger.identity import amount_of, canonical_json, parameter_digest
 from ledger.topics import create_topics
+from producers.intents import build_intent
 
 #: Where ``make bench`` writes its results and run folders.
 BENCH_DIR = PROJECT_ROOT / "bench"
@@ -73,32 +73,27 @@ def drop(settings: LedgerSettings) -> None:
                 future.result(timeout=30)
 
 
+def sample_operation_id(i: int) -> str:
+    """Operation ID of the ``i``-th benchmark operation."""
+    return f"refund:{i:06d}:v1"
+
+
 def sample_intent(i: int, approval_id: str | None = None, subject: str | None = None) -> Intent:
-    """A typical refund intent (the mission's shape): operation ``refund:{i:06d}:v1``.
+    """A typical refund intent (the mission's shape) for operation :func:`sample_operation_id`.
 
     The amount is in minor currency units (pence).
     """
-    customer = subject or f"customer-{i % 997:04d}"
-    params = {"account": f"acct-{i:06d}", "amount_minor": 1500 + i % 9000, "currency": "GBP"}
-    return Intent(
-        operation_id=f"refund:{i:06d}:v1",
+    op = sample_operation_id(i)
+    return build_intent(
+        operation_id=op,
         sink="payments",
         action="refund",
-        params_json=canonical_json(params),
+        params={"account": f"acct-{i:06d}", "amount_minor": 1500 + i % 9000, "currency": "GBP"},
         actor="svc-remediation",
-        subject=customer,
+        subject=subject or f"customer-{i % 997:04d}",
         purpose="fee-remediation",
         decision_version=1,
-        approval_id=approval_id or f"auto:refund:{i:06d}:v1",
-        amount_minor=amount_of(params),
-        parameter_digest=parameter_digest(
-            action="refund",
-            params=params,
-            subject=customer,
-            purpose="fee-remediation",
-            decision_version=1,
-        ),
-        published_at_ms=int(time.time() * 1000),
+        approval_id=approval_id or f"auto:{op}",
     )
 
 

@@ -23,7 +23,6 @@ effect was performed and read back from the sink.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +30,14 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from bench.common import drop, percentile, sample_approval, sample_intent, settings_for
+from bench.common import (
+    drop,
+    percentile,
+    sample_approval,
+    sample_intent,
+    sample_operation_id,
+    settings_for,
+)
 from consumers.harness import STAGES, Harness
 from ledger.config import LedgerSettings
 from ledger.contracts import PAYMENT_GATEWAY
@@ -98,17 +104,7 @@ class Rig:
         now_ms = int(time.time() * 1000)
         self.publisher.publish_approval(self.key.sign(sample_approval(intent, now_ms)))
         at = time.perf_counter()
-        self.publisher.publish(
-            operation_id=intent.operation_id,
-            sink=intent.sink,
-            action=intent.action,
-            params=json.loads(intent.params_json),
-            actor=intent.actor,
-            subject=intent.subject,
-            purpose=intent.purpose,
-            decision_version=intent.decision_version,
-            approval_id=intent.approval_id,
-        )
+        self.publisher.publish_intent(intent)
         return intent.operation_id, at
 
     def poll(self, timeout_s: float = 0.05) -> None:
@@ -172,7 +168,7 @@ class Rig:
         driver = threading.Thread(target=self._drive, args=(numbers, rate, published))
         start = time.perf_counter()
         driver.start()
-        ops = [sample_intent(i).operation_id for i in numbers]
+        ops = [sample_operation_id(i) for i in numbers]
         deadline = time.monotonic() + timeout_s
         while driver.is_alive() or len(published) < n:
             self.poll()
@@ -309,7 +305,7 @@ def lost_response(base: LedgerSettings, n: int, every: int = 10) -> dict[str, An
     rig = Rig(base, "lostresponse")
     try:
         numbers = rig.allocate(n)
-        ops = [sample_intent(i).operation_id for i in numbers]
+        ops = [sample_operation_id(i) for i in numbers]
         for k, op in enumerate(ops):
             if k % every == 0:
                 rig.harness.arm("after_sink_commit_before_receipt", op)

@@ -25,6 +25,7 @@ from consumers.auditor import run_audit
 from consumers.harness import Harness
 from ledger.config import LedgerSettings
 from ledger.events import OperationState, RecoveryState
+from ledger.fold import decide
 from ledger.serde import HEADER_LEN, registry
 
 #: Topics the auditor reads.
@@ -86,34 +87,26 @@ def auditor_replay(settings: LedgerSettings) -> dict[str, Any]:
 
 
 def verified_state(i: int) -> OperationState:
-    """A typical resting state: a refund read back and verified."""
-    intent = sample_intent(i)
-    return OperationState(
-        operation_id=intent.operation_id,
-        state=RecoveryState.OUTCOME_VERIFIED,
-        version=6,
-        epoch=1,
-        parameter_digest=intent.parameter_digest,
-        sink=intent.sink,
-        action=intent.action,
-        params_json=intent.params_json,
-        actor=intent.actor,
-        subject=intent.subject,
-        purpose=intent.purpose,
-        decision_version=intent.decision_version,
-        approval_id=intent.approval_id,
-        amount_minor=intent.amount_minor,
-        admitted_approval_id=intent.approval_id,
-        admitted_policy_version=1,
-        admitted_at_ms=1_760_000_000_000,
-        approval_expires_at_ms=1_760_086_400_000,
-        reason="read back: committed",
-        owner="relay-0",
-        effect_id=f"pay-{i:08d}",
-        observation_source="readback",
-        observation_status="committed",
-        observed_at_ms=1_760_000_001_000,
-        dispatches=1,
+    """A typical resting state: the fold's state for a refund intent, read back and verified."""
+    recorded = decide(None, sample_intent(i), "bench").state
+    assert recorded is not None
+    return recorded.model_copy(
+        update={
+            "state": RecoveryState.OUTCOME_VERIFIED,
+            "version": 6,
+            "epoch": 1,
+            "admitted_approval_id": recorded.approval_id,
+            "admitted_policy_version": 1,
+            "admitted_at_ms": 1_760_000_000_000,
+            "approval_expires_at_ms": 1_760_086_400_000,
+            "reason": "read back: committed",
+            "owner": "relay-0",
+            "effect_id": f"pay-{i:08d}",
+            "observation_source": "readback",
+            "observation_status": "committed",
+            "observed_at_ms": 1_760_000_001_000,
+            "dispatches": 1,
+        }
     )
 
 

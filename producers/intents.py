@@ -33,6 +33,67 @@ from ledger.events import (
 from ledger.identity import amount_of, canonical_json, parameter_digest
 
 
+def build_intent(
+    *,
+    operation_id: str,
+    sink: str,
+    action: str,
+    params: Mapping[str, Any],
+    actor: str,
+    subject: str,
+    purpose: str,
+    decision_version: int,
+    approval_id: str | None = None,
+    published_at_ms: int | None = None,
+) -> Intent:
+    """Build (without publishing) the intent :meth:`IntentPublisher.publish` would send.
+
+    The parameter digest and the amount (minor currency units) are derived
+    from ``params``; the arguments are those of :meth:`IntentPublisher.publish`.
+
+    Raises:
+        LedgerError: an empty name field, a negative decision version, or
+            parameters that are not JSON values.
+    """
+    for name, value in (
+        ("operation_id", operation_id),
+        ("sink", sink),
+        ("action", action),
+        ("actor", actor),
+        ("subject", subject),
+        ("purpose", purpose),
+    ):
+        if not value or not value.strip():
+            raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
+    if decision_version < 0:
+        raise LedgerError(
+            "decision_version must be 0 or more",
+            operation_id=operation_id,
+            observed=decision_version,
+        )
+    digest = parameter_digest(
+        action=action,
+        params=params,
+        subject=subject,
+        purpose=purpose,
+        decision_version=decision_version,
+    )
+    return Intent(
+        operation_id=operation_id,
+        sink=sink,
+        action=action,
+        params_json=canonical_json(dict(params)),
+        actor=actor,
+        subject=subject,
+        purpose=purpose,
+        decision_version=decision_version,
+        approval_id=approval_id,
+        amount_minor=amount_of(params),
+        parameter_digest=digest,
+        published_at_ms=published_at_ms if published_at_ms is not None else int(time.time() * 1000),
+    )
+
+
 @dataclass(frozen=True)
 class PublishedIntent:
     """What :meth:`IntentPublisher.publish` returns.
@@ -143,47 +204,31 @@ class IntentPublisher:
             LedgerError: invalid parameters, or the broker did not accept it.
             SchemaValidationError: the intent does not fit its schema.
         """
-        for name, value in (
-            ("operation_id", operation_id),
-            ("sink", sink),
-            ("action", action),
-            ("actor", actor),
-            ("subject", subject),
-            ("purpose", purpose),
-        ):
-            if not value or not value.strip():
-                raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
-        if decision_version < 0:
-            raise LedgerError(
-                "decision_version must be 0 or more",
-                operation_id=operation_id,
-                observed=decision_version,
-            )
-        digest = parameter_digest(
-            action=action,
-            params=params,
-            subject=subject,
-            purpose=purpose,
-            decision_version=decision_version,
-        )
-        intent = Intent(
+        intent = build_intent(
             operation_id=operation_id,
             sink=sink,
             action=action,
-            params_json=canonical_json(dict(params)),
+            params=params,
             actor=actor,
             subject=subject,
             purpose=purpose,
             decision_version=decision_version,
             approval_id=approval_id,
-            amount_minor=amount_of(params),
-            parameter_digest=digest,
-            published_at_ms=published_at_ms
-            if published_at_ms is not None
-            else int(time.time() * 1000),
+            published_at_ms=published_at_ms,
         )
-        msg = self._send("intents", operation_id, intent)
-        return PublishedIntent(operation_id, digest, msg.partition() or 0, msg.offset() or 0)
+        return self.publish_intent(intent)
+
+    def publish_intent(self, intent: Intent) -> PublishedIntent:
+        """Publish an intent built with :func:`build_intent` (key: its operation ID).
+
+        Raises:
+            LedgerError: the broker did not accept it.
+            SchemaValidationError: the intent does not fit its schema.
+        """
+        msg = self._send("intents", intent.operation_id, intent)
+        return PublishedIntent(
+            intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
+        )
 
     def publish_approval(self, approval: Approval) -> None:
         """Publish a review decision (key: approval ID).

@@ -20,7 +20,11 @@ import click
 
 from bench import e2e, replay, report, throughput
 from bench.common import BENCH_DIR, median, say
-from ledger.config import PROJECT_ROOT, LedgerSettings
+from ledger.settings import LedgerSettings
+
+#: The checkout: the folder that holds ``pyproject.toml``.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 
 SECTIONS = (
     "kafka",

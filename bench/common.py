@@ -22,10 +22,14 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from ledger import broker
-from ledger.config import PROJECT_ROOT, LedgerSettings
 from ledger.events import Approval, Intent
+from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.intents import build_intent
+
+#: The checkout: the folder that holds ``pyproject.toml``.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 
 #: Where ``make bench`` writes its results and run folders.
 BENCH_DIR = PROJECT_ROOT / "bench"

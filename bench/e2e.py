@@ -39,10 +39,11 @@ from bench.common import (
     settings_for,
 )
 from consumers.harness import STAGES, Harness
-from ledger.config import LedgerSettings
 from ledger.contracts import PAYMENT_GATEWAY
-from ledger.events import OperationState, RecoveryState, decode_event
+from ledger.events import OperationState, decode_event
+from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
+from ledger.states import RecoveryState
 from producers.intents import IntentPublisher
 
 

@@ -23,10 +23,11 @@ from fastavro import schemaless_reader
 from bench.common import create, drop, preload, rss_kb, sample_intent, settings_for
 from consumers.auditor import run_audit
 from consumers.harness import Harness
-from ledger.config import LedgerSettings
-from ledger.events import OperationState, RecoveryState
+from ledger.events import OperationState
 from ledger.fold import decide
 from ledger.serde import HEADER_LEN, registry
+from ledger.settings import LedgerSettings
+from ledger.states import RecoveryState
 
 #: Topics the auditor reads.
 AUDITED = ("journal", "state", "dispatches", "recovery-receipts")

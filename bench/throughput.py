@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from bench.common import create, drop, preload, sample_intent, settings_for
 from consumers.processor import Processor
 from consumers.stage import producer_config
-from ledger.config import LedgerSettings
+from ledger.settings import LedgerSettings
 
 
 def intents(n: int) -> list[tuple[str, bytes]]:

@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from consumers.reader import read_latest, read_topic
 from ledger.audit import AuditReport, audit
-from ledger.config import LedgerSettings
 from ledger.contracts import load_sinks
 from ledger.events import Dispatch, JournalEntry, OperationState, RecoveryReceipt
+from ledger.settings import LedgerSettings
 from sinks.client import SinkClient
 
 log = logging.getLogger(__name__)

@@ -22,12 +22,12 @@ from confluent_kafka import Consumer
 
 from consumers.harness import Harness, run_dir_for
 from consumers.reader import current_states, latest_by_key, read_topic
-from ledger.config import LedgerSettings
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 from ledger.errors import LedgerError
 from ledger.events import Approval, JournalEntry, RecoveryReceipt
-from ledger.machine import COMPLETE
+from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
+from ledger.states import COMPLETE
 from producers.intents import IntentPublisher
 
 Say = Callable[[str], None]

@@ -19,7 +19,6 @@ from consumers.auditor import run_audit
 from consumers.harness import Harness, run_dir_for, stale_dispatch
 from consumers.reader import current_states, read_topic
 from ledger import broker
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import (
     Approval,
@@ -30,7 +29,6 @@ from ledger.events import (
     OperationState,
     decode_event,
 )
-from ledger.events import RecoveryState as S
 from ledger.scenario import (
     TOTALS,
     Advance,
@@ -49,7 +47,9 @@ from ledger.scenario import (
     SinkFault,
     StaleDispatch,
 )
+from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
+from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
 from producers.intents import IntentPublisher
 

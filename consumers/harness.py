@@ -34,10 +34,10 @@ from consumers.processor import Processor
 from consumers.relay import Relay
 from consumers.stage import Stage
 from ledger.clock import ManualClock
-from ledger.config import LedgerSettings
 from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sinks
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
+from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.intents import IntentPublisher
 from sinks.client import SinkClient, SubmitResult

@@ -48,13 +48,13 @@ from consumers.reconciler import reconcile_once
 from consumers.stage import FENCED_MARKER, Record, read_partition
 from consumers.tables import TableFollower
 from ledger import broker
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import Approval, OperationState
-from ledger.events import RecoveryState as S
 from ledger.mission_plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
 from ledger.mission_report import JournalRow, MissionFacts, build
+from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
+from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
 from producers.intents import IntentPublisher
 from sinks.client import SinkClient

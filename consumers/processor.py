@@ -16,9 +16,9 @@ import logging
 from consumers import faults
 from consumers.stage import Record, Stage, Writer, await_settled, read_partition, record_event
 from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState, decode_event
-from ledger.events import RecoveryState as S
 from ledger.fold import Decision, decide, journal_entry, ref_of
-from ledger.machine import IN_FLIGHT
+from ledger.states import IN_FLIGHT
+from ledger.states import RecoveryState as S
 
 log = logging.getLogger(__name__)
 

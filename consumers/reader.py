@@ -8,8 +8,8 @@ from confluent_kafka import Message
 
 from consumers.stage import Record, decode_record, key_text, read_partition
 from consumers.tables import TableFollower
-from ledger.config import LedgerSettings
 from ledger.events import JournalEntry, OperationState
+from ledger.settings import LedgerSettings
 
 
 def read_topic(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -> list[Record]:

@@ -42,9 +42,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
+from ledger.settings import LedgerSettings
 from ledger.topics import check_topics, is_reserved_key
 
 log = logging.getLogger(__name__)

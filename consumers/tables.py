@@ -16,9 +16,9 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.stage import Record, await_settled, decode_record, key_text
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import decode_event
+from ledger.settings import LedgerSettings
 from ledger.topics import is_reserved_key
 
 log = logging.getLogger(__name__)

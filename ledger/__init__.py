@@ -1,73 +1,10 @@
-"""Event-sourced recovery ledger on Apache Kafka: the core.
+"""Event-sourced recovery ledger on Apache Kafka.
 
-Public names of the pure core are re-exported here: the events, the state
-machine, the fold, the authority decision, identity and settings.
+The pure core (states and the transition table, events, identity, the fold,
+authority and effect-contract rules, the auditor's invariants, errors) and
+what every process shares (settings, clock, serde, Kafka client settings,
+topic names and administration), with the CLI in :mod:`ledger.cli`.
+
+Importing this package loads nothing: import the module you need, e.g.
+``from ledger.states import RecoveryState`` or ``from ledger.fold import decide``.
 """
-
-from ledger.authority import evaluate as evaluate_admission
-from ledger.config import LedgerSettings
-from ledger.errors import (
-    DecodeError,
-    ForbiddenTransitionError,
-    LedgerError,
-    ParameterDriftError,
-    SchemaValidationError,
-    TopicConfigError,
-    UnknownSchemaError,
-)
-from ledger.events import (
-    AdmissionDecision,
-    AdmissionRequest,
-    Approval,
-    Claim,
-    Dispatch,
-    Disposition,
-    EffectReceipt,
-    Intent,
-    JournalEntry,
-    OperatingEvent,
-    OperationState,
-    PolicyChange,
-    Readback,
-    RecoveryReceipt,
-    RecoveryState,
-    decode_event,
-)
-from ledger.fold import Decision, decide, replay
-from ledger.identity import canonical_json, operation_id, parameter_digest
-from ledger.machine import TRANSITIONS
-
-__all__ = [
-    "TRANSITIONS",
-    "AdmissionDecision",
-    "AdmissionRequest",
-    "Approval",
-    "Claim",
-    "Decision",
-    "DecodeError",
-    "Dispatch",
-    "Disposition",
-    "EffectReceipt",
-    "ForbiddenTransitionError",
-    "Intent",
-    "JournalEntry",
-    "LedgerError",
-    "LedgerSettings",
-    "OperatingEvent",
-    "OperationState",
-    "ParameterDriftError",
-    "PolicyChange",
-    "Readback",
-    "RecoveryReceipt",
-    "RecoveryState",
-    "SchemaValidationError",
-    "TopicConfigError",
-    "UnknownSchemaError",
-    "canonical_json",
-    "decide",
-    "decode_event",
-    "evaluate_admission",
-    "operation_id",
-    "parameter_digest",
-    "replay",
-]

@@ -42,8 +42,8 @@ from ledger.events import (
     Readback,
     RecoveryReceipt,
 )
-from ledger.events import RecoveryState as S
 from ledger.fold import replay_decisions
+from ledger.states import RecoveryState as S
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,13 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ledger.config import PROJECT_ROOT, LedgerSettings
 from ledger.errors import BrokerError
+from ledger.settings import LedgerSettings
 
 #: Fixed KRaft cluster ID (the official image's default); one cluster per data dir.
 CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
 #: Maven project that resolves the broker's runtime jars.
-POM_PATH = PROJECT_ROOT / "kafka" / "pom.xml"
+POM_PATH = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
 #: Java heap of the broker.
 JVM_HEAP = ("-Xms256m", "-Xmx512m")
 

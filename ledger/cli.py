@@ -1,7 +1,7 @@
 """The ``ledger`` command: operators', auditors' and demo entry points.
 
 Every command reads its settings from the environment (``LEDGER_*``, see
-:class:`ledger.config.LedgerSettings`); ``ledger config`` prints them.
+:class:`ledger.settings.LedgerSettings`); ``ledger config`` prints them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import click
 
 from ledger.cli_infra import broker_group, topics_group
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
+from ledger.settings import LedgerSettings
 
 _SETTINGS_HELP = """
 Settings come from the environment (prefix LEDGER_): LEDGER_BOOTSTRAP_SERVERS

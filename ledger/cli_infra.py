@@ -1,7 +1,7 @@
 """Command-line groups for the infrastructure: ``ledger broker ...`` and ``ledger topics ...``.
 
 The root ``ledger`` command adds these groups (``main.add_command(broker_group)``).
-Settings come from :class:`ledger.config.LedgerSettings` (environment,
+Settings come from :class:`ledger.settings.LedgerSettings` (environment,
 prefix ``LEDGER_``), or from a ``LedgerSettings`` the root command put in the
 click context object.
 """
@@ -15,8 +15,8 @@ from typing import ParamSpec, TypeVar
 import click
 
 from ledger import broker, topics
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
+from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
 
 P = ParamSpec("P")

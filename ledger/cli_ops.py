@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
+from ledger.settings import LedgerSettings
 
 
 def _settings() -> LedgerSettings:

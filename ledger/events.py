@@ -7,26 +7,13 @@ currency units (``*_minor``).
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ledger.errors import DecodeError
 from ledger.serde import registry
-
-
-class RecoveryState(StrEnum):
-    """The closed set of recovery states (DESIGN.md, "The recovery state machine")."""
-
-    NOT_ADMITTED = "NOT_ADMITTED"
-    ADMITTED = "ADMITTED"
-    EFFECT_PENDING = "EFFECT_PENDING"
-    EFFECT_COMMITTED = "EFFECT_COMMITTED"
-    OUTCOME_VERIFIED = "OUTCOME_VERIFIED"
-    UNKNOWN_OUTCOME = "UNKNOWN_OUTCOME"
-    NEEDS_REAUTHORISATION = "NEEDS_REAUTHORISATION"
-    ABANDONED = "ABANDONED"
+from ledger.states import RecoveryState
 
 
 class Event(BaseModel):

@@ -33,9 +33,9 @@ from ledger.events import (
     RecoveryReceipt,
     decode_event,
 )
-from ledger.events import RecoveryState as S
 from ledger.identity import amount_of, parameter_digest
-from ledger.machine import IN_FLIGHT, allowed
+from ledger.states import IN_FLIGHT, allowed
+from ledger.states import RecoveryState as S
 
 #: "Unavailable" answers from a sink after which an operation is abandoned. An
 #: absence observed by readback does not count: the request may never have

@@ -29,7 +29,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from ledger.events import RecoveryState
+from ledger.states import RecoveryState
 
 __all__ = ["audit_html", "compare_html", "figure_svg", "mission_html"]
 

@@ -31,9 +31,9 @@ from ledger.events import (
     RecoveryReceipt,
     decode_event,
 )
-from ledger.events import RecoveryState as S
 from ledger.fold import replay_decisions
 from ledger.mission_plan import MISSION_SINKS, PURE_CLASS, SEAM_STAGE, Case, MissionOptions
+from ledger.states import RecoveryState as S
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,28 @@ import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.validation import validate
 
-from ledger.config import PROJECT_ROOT
 from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
 
 MARKER = b"\xc3\x01"
 HEADER_LEN = 10
-SCHEMA_DIR = PROJECT_ROOT / "schemas"
+#: The ``schemas`` package: ``.avsc`` files shipped inside the wheel.
+SCHEMA_DIR: Traversable = files("schemas")
+
+
+def schema_files(folder: Traversable = SCHEMA_DIR) -> list[Traversable]:
+    """The ``.avsc`` files directly in ``folder``, sorted by name."""
+    return sorted(
+        (f for f in folder.iterdir() if f.is_file() and f.name.endswith(".avsc")),
+        key=lambda f: f.name,
+    )
 
 
 @dataclass(frozen=True)
@@ -52,18 +61,18 @@ class SchemaRegistry:
     """Local registry of the ledger's schemas, by name and by fingerprint.
 
     Args:
-        schema_dir: folder of ``.avsc`` files (default: the project's
-            ``schemas/``).
+        schema_dir: folder of ``.avsc`` files, with older versions in its
+            ``history/`` (default: the ``schemas`` package shipped in the wheel).
     """
 
-    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+    def __init__(self, schema_dir: Traversable = SCHEMA_DIR) -> None:
         self.by_name: dict[str, EventSchema] = {}
         self.by_fingerprint: dict[bytes, EventSchema] = {}
-        for path in sorted(schema_dir.glob("*.avsc")):
+        for path in schema_files(schema_dir):
             self.add(json.loads(path.read_text()))
         # Every released version stays readable: events written with it resolve
         # to the current schema (Avro schema resolution).
-        for path in sorted((schema_dir / "history").glob("*.avsc")):
+        for path in schema_files(schema_dir / "history"):
             self.add(json.loads(path.read_text()))
 
     def add(self, raw: Mapping[str, Any]) -> EventSchema:

@@ -45,8 +45,8 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from ledger.broker import CLIENT_LOGGER
-from ledger.config import LedgerSettings
 from ledger.errors import BrokerError, TopicConfigError
+from ledger.settings import LedgerSettings
 from ledger.topology import TOPIC_BY_NAME, TOPICS, TopicSpec
 
 #: Key of the roll-forcing tombstones written by :func:`force_compaction`.

@@ -18,7 +18,6 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
 from ledger.events import (
     Approval,
@@ -31,6 +30,7 @@ from ledger.events import (
     Readback,
 )
 from ledger.identity import amount_of, canonical_json, parameter_digest
+from ledger.settings import LedgerSettings
 
 
 def build_intent(

@@ -29,8 +29,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from ledger import broker, topics
-from ledger.config import PROJECT_ROOT, LedgerSettings
 from ledger.errors import BrokerError
+from ledger.settings import LedgerSettings
+from tests.helpers import PROJECT_ROOT
 
 LOCAL_KAFKA_HOME = PROJECT_ROOT / ".cache" / "kafka"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ledger.events import (
@@ -13,6 +14,9 @@ from ledger.events import (
     Readback,
 )
 from ledger.identity import amount_of, canonical_json, parameter_digest
+
+#: The checkout: the folder that holds ``pyproject.toml``.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def intent(

@@ -9,9 +9,9 @@ from confluent_kafka import Producer
 
 from consumers.auditor import run_audit
 from consumers.harness import Harness
-from ledger.config import LedgerSettings
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Dispatch, EffectReceipt
+from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
 from producers.intents import IntentPublisher
 from tests.test_stages import approve, publish

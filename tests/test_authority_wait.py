@@ -20,8 +20,8 @@ from confluent_kafka import Producer
 from consumers.authority import AuthorityKernel
 from consumers.reader import read_topic
 from consumers.stage import producer_config
-from ledger.config import LedgerSettings
 from ledger.events import AdmissionDecision, AdmissionRequest, OperatingEvent
+from ledger.settings import LedgerSettings
 from producers.intents import IntentPublisher
 from tests.test_stages import approve
 

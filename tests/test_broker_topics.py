@@ -19,8 +19,8 @@ from confluent_kafka.admin import (
 )
 
 from ledger import broker, topics
-from ledger.config import LedgerSettings
 from ledger.errors import TopicConfigError
+from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
 
 if TYPE_CHECKING:

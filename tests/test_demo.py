@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from consumers.demo import EXPECTED, run_demo
-from ledger.config import LedgerSettings
+from ledger.settings import LedgerSettings
 
 pytestmark = pytest.mark.integration
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ledger.events import Event, OperationState
-from ledger.events import RecoveryState as S
 from ledger.fold import Decision, current_dispatch_id, decide, journal_entry, replay
+from ledger.states import RecoveryState as S
 from tests import helpers
 
 OP = "refund:c1:v1"

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.events import Event, OperationState
-from ledger.events import RecoveryState as S
 from ledger.fold import current_dispatch_id, decide, journal_entry, replay
-from ledger.machine import allowed
+from ledger.states import RecoveryState as S
+from ledger.states import allowed
 from tests import helpers
 
 OPS = ["refund:a:v1", "refund:b:v1", "refund:c:v1"]

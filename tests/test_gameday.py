@@ -15,8 +15,9 @@ import pytest
 
 from consumers.gameday import GameDay, check
 from ledger import broker
-from ledger.config import PROJECT_ROOT, LedgerSettings
 from ledger.scenario import ScenarioError, load, parse
+from ledger.settings import LedgerSettings
+from tests.helpers import PROJECT_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ledger.errors import ForbiddenTransitionError, LedgerError
-from ledger.events import RecoveryState as S
 from ledger.identity import canonical_json, operation_id, parameter_digest
-from ledger.machine import TRANSITIONS, evidence_for
+from ledger.states import TRANSITIONS, evidence_for
+from ledger.states import RecoveryState as S
 
 
 def digest(**over):
@@ -56,7 +58,7 @@ def test_table_forbids_leaving_unknown_outcome_on_a_timer() -> None:
 
 PURE = [
     "identity.py",
-    "machine.py",
+    "states.py",
     "fold.py",
     "authority.py",
     "events.py",
@@ -87,3 +89,16 @@ def test_core_imports_no_io_clock_or_randomness(name: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & IO_MODULES, imported & IO_MODULES
+
+
+def test_state_machine_module_loads_no_avro_kafka_or_settings() -> None:
+    """``import ledger.states`` in a fresh interpreter pulls in none of the heavy layers."""
+    probe = (
+        "import sys, ledger.states; "
+        "print(','.join(m for m in ('fastavro', 'confluent_kafka', 'pydantic_settings', "
+        "'pydantic', 'click', 'cryptography') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "", f"importing ledger.states loaded {out}"

@@ -23,7 +23,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ledger.config import LedgerSettings
+from ledger.settings import LedgerSettings
 
 pytestmark = pytest.mark.integration
 

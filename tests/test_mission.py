@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient
 from consumers.mission import Mission
 from ledger import broker
 from ledger.cli import main
-from ledger.config import LedgerSettings
 from ledger.mission_plan import SEAM_STAGE, MissionOptions, plan
+from ledger.settings import LedgerSettings
 from tests.conftest import LOCAL_KAFKA_HOME
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import pytest
 
 from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
 from ledger.events import EVENT_TYPES, OperatingEvent, decode_event
-from ledger.serde import MARKER, SCHEMA_DIR, registry
+from ledger.serde import MARKER, registry, schema_files
 from tests import helpers
 
 
@@ -80,7 +80,7 @@ def test_models_mirror_schemas(name: str) -> None:
 
 
 def test_every_avsc_has_namespace_version_and_model() -> None:
-    files = sorted(SCHEMA_DIR.glob("*.avsc"))
+    files = schema_files()
     assert len(files) == len(EVENT_TYPES)
     for path in files:
         raw = json.loads(path.read_text())

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from consumers.processor import Processor
-from ledger.config import LedgerSettings
+from ledger.settings import LedgerSettings
 
 
 class _BlockedProducer:

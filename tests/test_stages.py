@@ -14,12 +14,12 @@ from consumers.harness import Harness
 from consumers.processor import Processor
 from consumers.reader import current_states, read_topic
 from consumers.stage import Record, Writer
-from ledger.config import LedgerSettings
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval, JournalEntry, OperatingEvent
-from ledger.events import RecoveryState as S
 from ledger.serde import MARKER
+from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
+from ledger.states import RecoveryState as S
 from producers.intents import IntentPublisher
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from consumers.processor import Processor
 from consumers.stage import await_settled, producer_config, read_partition
-from ledger.config import LedgerSettings
 from ledger.errors import LedgerError
-from ledger.events import OperationState, RecoveryState
+from ledger.events import OperationState
+from ledger.settings import LedgerSettings
+from ledger.states import RecoveryState
 
 pytestmark = pytest.mark.integration
 

@@ -148,8 +148,8 @@ def run_app(args: argparse.Namespace) -> int:
     """Child process: build the Quix app, say READY on stdout, run until SIGTERM."""
     from quixstreams import Application
 
-    from ledger.config import LedgerSettings
     from ledger.events import Intent, decode_event
+    from ledger.settings import LedgerSettings
 
     commit_interval_s = LedgerSettings().commit_interval_ms / 1000.0
     app = Application(
@@ -441,7 +441,7 @@ def main(argv: list[str]) -> int:
 
     import quixstreams
 
-    from ledger.config import LedgerSettings
+    from ledger.settings import LedgerSettings
 
     commit_interval_ms = LedgerSettings().commit_interval_ms
     runs = [one_run(args, i) for i in range(args.runs)]

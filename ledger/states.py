@@ -1,5 +1,8 @@
 """The recovery state machine as data: states, allowed transitions, evidence.
 
+Importing this module loads nothing but :mod:`ledger.errors`: no Avro, no
+Kafka client, no settings (a test says so).
+
 Source: DESIGN.md "The recovery state machine (closed set)". Anything not in
 :data:`TRANSITIONS` is forbidden: it fails closed and becomes an operating
 event.
@@ -7,8 +10,25 @@ event.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from ledger.errors import ForbiddenTransitionError
-from ledger.events import RecoveryState as S
+
+
+class RecoveryState(StrEnum):
+    """The closed set of recovery states (DESIGN.md, "The recovery state machine")."""
+
+    NOT_ADMITTED = "NOT_ADMITTED"
+    ADMITTED = "ADMITTED"
+    EFFECT_PENDING = "EFFECT_PENDING"
+    EFFECT_COMMITTED = "EFFECT_COMMITTED"
+    OUTCOME_VERIFIED = "OUTCOME_VERIFIED"
+    UNKNOWN_OUTCOME = "UNKNOWN_OUTCOME"
+    NEEDS_REAUTHORISATION = "NEEDS_REAUTHORISATION"
+    ABANDONED = "ABANDONED"
+
+
+S = RecoveryState
 
 #: (from, to) -> the evidence that permits the transition.
 TRANSITIONS: dict[tuple[S, S], str] = {

@@ -15,8 +15,13 @@ from typing import Any
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-#: Project root: the folder that holds ``pyproject.toml`` and ``schemas/``.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+def ledger_home() -> Path:
+    """The folder run-time files live under: ``$LEDGER_HOME``, else the current directory.
+
+    Never the installed package: a wheel in site-packages must not write there.
+    """
+    return Path(os.environ.get("LEDGER_HOME") or ".").absolute()
 
 
 class LedgerSettings(BaseSettings):
@@ -30,9 +35,11 @@ class LedgerSettings(BaseSettings):
             tests and demo cases use their own prefix for isolation.
         partitions: partition count of every operation-keyed topic (all are
             co-partitioned, so they share it).
-        run_dir: folder for run-time files: the ledger clock, armed fault
-            hooks, stage status files, sink databases.
-        kafka_home: folder where the broker's jars, config, data and logs live.
+        run_dir: folder for run-time files: the ledger clock, stage status
+            files, sink registry and databases (default
+            ``{LEDGER_HOME or the current directory}/.ledger``).
+        kafka_home: folder where the local broker's jars, config, data and logs
+            live (default ``{LEDGER_HOME or the current directory}/.cache/kafka``).
         kafka_port: broker listener port on 127.0.0.1 (controller uses +1).
         clock: ``system`` (wall clock) or ``manual`` (the ledger clock in
             ``run_dir/clock``, moved only by ``ledger clock advance``).
@@ -68,8 +75,8 @@ class LedgerSettings(BaseSettings):
     )
     topic_prefix: str = "ledger"
     partitions: int = 3
-    run_dir: Path = PROJECT_ROOT / ".ledger"
-    kafka_home: Path = PROJECT_ROOT / ".cache" / "kafka"
+    run_dir: Path = Field(default_factory=lambda: ledger_home() / ".ledger")
+    kafka_home: Path = Field(default_factory=lambda: ledger_home() / ".cache" / "kafka")
     kafka_port: int = 19092
     clock: str = "manual"
     commit_interval_ms: int = 100

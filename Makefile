@@ -1,15 +1,19 @@
 # Kafka recovery ledger: developer entry points.
 #
-#   make test      venv + broker jars, then lint, format check, mypy and pytest
-#                  (the tests start the local broker themselves, or use
-#                  KAFKA_BOOTSTRAP_SERVERS when it is set)
-#   make demo      run the demo (starts/reuses the local broker)
+#   make demo      install the ledger and its testbed (no dev tools), then run
+#                  the demo (starts/reuses the local broker)
+#   make check     lint, format check, types, layer rules and the unit tests
+#                  (no broker; under a minute)
+#   make test      the whole suite: `make check`'s checks, every test on the
+#                  real broker, then the wheel check (the built wheel installed
+#                  outside the checkout runs `ledger demo --json`)
 #   make mission   the 4,000-case fee-remediation mission with crashes everywhere
 #                  (CASES=, INSTANCES=, MODE=ledger|checkpoint-only to change it)
 #   make bench     benchmarks against the bare Kafka limit and against peers
 #                  (Quix Streams, DBOS in .venv-peers): bench/results.json and
 #                  bench/REPORT.md (RUNS=, BENCH_ARGS= to change it)
 #   make kafka     fetch the broker jars into .cache/kafka/libs (Maven, once)
+#   make wheel-check   only the wheel check
 #
 # Needs python3 (3.11+), Java 17+ and Maven for the local broker; or Docker
 # (`docker compose up -d`, then KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092).
@@ -17,35 +21,49 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := test
-.PHONY: venv kafka demo mission mission-compare bench test lint fmt broker-start broker-stop broker-status clean distclean
+.PHONY: venv venv-run kafka demo mission mission-compare bench check test wheel-check lint fmt broker-start broker-stop broker-status clean distclean
 
-venv: $(STAMP)
+# Two stamps in one virtualenv: the runtime with its testbed (what the demo
+# and missions need), and the developer tools on top (what the tests need).
+# Each re-installs only when pyproject.toml changes; pip's pages of output go
+# to $(VENV)/install.log and are shown only when an install fails.
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
-# Re-install only when the project's dependencies change.
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --upgrade --quiet pip
-	$(BIN)/pip install -e '.[dev]'
-	touch $@
+venv: $(DEV_STAMP)
+venv-run: $(RUN_STAMP)
 
-kafka: venv
-	$(BIN)/ledger broker fetch
+$(RUN_STAMP): pyproject.toml
+	@echo "installing the ledger and its testbed into $(VENV) (first run: a minute) ..."
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install --upgrade --quiet pip > $(VENV)/install.log 2>&1 \
+	  && $(BIN)/pip install --quiet -e '.[testbed]' >> $(VENV)/install.log 2>&1 \
+	  || { tail -n 30 $(VENV)/install.log; exit 1; }
+	@touch $@
 
-demo: venv kafka
+$(DEV_STAMP): $(RUN_STAMP)
+	@echo "installing the developer tools into $(VENV) ..."
+	@$(BIN)/pip install --quiet -e '.[testbed,dev]' >> $(VENV)/install.log 2>&1 \
+	  || { tail -n 30 $(VENV)/install.log; exit 1; }
+	@touch $@
+
+kafka: venv-run
+	@$(BIN)/ledger broker fetch
+
+demo: venv-run kafka
 	$(BIN)/ledger demo
 
 CASES     ?= 4000
 INSTANCES ?= 1
 MODE      ?= ledger
 
-mission: venv kafka
+mission: venv-run kafka
 	$(BIN)/ledger mission run --cases $(CASES) --crash-rate 0.05 --seed 7 \
 		--instances $(INSTANCES) --mode $(MODE)
 
-mission-compare: venv kafka
+mission-compare: venv-run kafka
 	$(BIN)/ledger mission compare --cases $(CASES) --crash-rate 0.05 --seed 7 \
 		--instances $(INSTANCES)
 
@@ -63,24 +81,50 @@ $(PEERS_STAMP): pyproject.toml bench/peers/requirements.txt
 	$(PEERS)/bin/pip install --quiet -e . -r bench/peers/requirements.txt
 	touch $@
 
-$(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+$(BENCH_STAMP): $(DEV_STAMP)
+	$(BIN)/pip install --quiet -e '.[testbed,dev,bench]'
 	touch $@
 
 bench: venv kafka $(BENCH_STAMP) $(PEERS_STAMP)
 	$(BIN)/ledger broker start
 	$(BIN)/python -m bench --runs $(RUNS) $(BENCH_ARGS)
 
+MYPY_PATHS := ledger consumers producers sinks testbed bench
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy ledger consumers producers sinks bench
+	$(BIN)/mypy $(MYPY_PATHS)
+	$(BIN)/lint-imports
 
-test: venv kafka
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy ledger consumers producers sinks bench
+check: lint
+	$(BIN)/pytest -q tests/unit
+
+test: lint kafka
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory wheel-check
+
+# The wheel as a user gets it: built from the checkout, installed with its
+# [testbed] extra into a fresh virtualenv outside the checkout, and run from
+# an empty folder (so nothing resolves to the checkout) on the same broker jars.
+WHEEL_DIR := build/wheel-check
+
+wheel-check: venv kafka
+	@rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)/dist $(WHEEL_DIR)/home
+	@echo "wheel check: building the wheel ..."
+	@$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(WHEEL_DIR)/dist . \
+	  > $(WHEEL_DIR)/build.log 2>&1 || { tail -n 30 $(WHEEL_DIR)/build.log; exit 1; }
+	@echo "wheel check: installing $$(ls $(WHEEL_DIR)/dist) with [testbed] into a fresh virtualenv ..."
+	@$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	@$(WHEEL_DIR)/venv/bin/pip install --quiet "$$(ls $(WHEEL_DIR)/dist/*.whl)[testbed]" \
+	  > $(WHEEL_DIR)/install.log 2>&1 || { tail -n 30 $(WHEEL_DIR)/install.log; exit 1; }
+	@echo "wheel check: ledger demo --json from $(WHEEL_DIR)/home ..."
+	cd $(WHEEL_DIR)/home && LEDGER_HOME=$(CURDIR)/$(WHEEL_DIR)/home \
+	  LEDGER_KAFKA_HOME=$(CURDIR)/.cache/kafka \
+	  $(CURDIR)/$(WHEEL_DIR)/venv/bin/ledger demo --json > demo.json
+	@$(BIN)/python -c "import json,sys; r=json.load(open('$(WHEEL_DIR)/home/demo.json')); \
+	  sys.exit(0 if r['effect_readback_positive']['external_effects'] == 1 else 1)"
+	@echo "wheel check: passed (report in $(WHEEL_DIR)/home/demo.json)"
 
 fmt: venv
 	$(BIN)/ruff check --fix .
@@ -103,4 +147,4 @@ clean:
 # Everything generated: also stops our broker, removes the venv, jars and data.
 distclean: clean
 	-[ -x $(BIN)/ledger ] && $(BIN)/ledger broker stop
-	rm -rf $(VENV) $(PEERS) .cache .ledger
+	rm -rf $(VENV) $(PEERS) .cache .ledger build

@@ -21,8 +21,8 @@ from typing import Any
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from ledger import broker
 from ledger.events import Approval, Intent
+from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.intents import build_intent
@@ -65,9 +65,7 @@ def create(settings: LedgerSettings) -> None:
 
 def drop(settings: LedgerSettings) -> None:
     """Delete every topic of the benchmark ledger (best effort)."""
-    admin = AdminClient(
-        {"bootstrap.servers": settings.bootstrap_servers}, logger=broker.CLIENT_LOGGER
-    )
+    admin = AdminClient(client_config(settings))
     doomed = [
         n for n in admin.list_topics(timeout=10).topics if n.startswith(settings.topic_prefix + ".")
     ]
@@ -125,14 +123,15 @@ def preload(settings: LedgerSettings, topic: str, records: Iterable[tuple[str, b
         RuntimeError: if some were not delivered.
     """
     producer = Producer(
-        settings.kafka(
+        client_config(
+            settings,
             **{
                 "enable.idempotence": True,
                 "acks": "all",
                 "partitioner": "murmur2_random",
                 "linger.ms": 5,
                 "queue.buffering.max.messages": 1_000_000,
-            }
+            },
         )
     )
     n = 0

@@ -38,13 +38,15 @@ from bench.common import (
     sample_operation_id,
     settings_for,
 )
-from consumers.harness import STAGES, Harness
+from consumers.stages import STAGES
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import OperationState, decode_event
+from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState
 from producers.intents import IntentPublisher
+from testbed.harness import Harness
 
 
 class Rig:
@@ -74,13 +76,14 @@ class Rig:
         self.verified_at: dict[str, float] = {}
         self.next_op = 0
         self.consumer = Consumer(
-            self.settings.kafka(
+            client_config(
+                self.settings,
                 **{
                     "group.id": f"{self.settings.topic_prefix}.driver",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 10,
-                }
+                },
             )
         )
         self.consumer.assign(

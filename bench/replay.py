@@ -22,12 +22,13 @@ from fastavro import schemaless_reader
 
 from bench.common import create, drop, preload, rss_kb, sample_intent, settings_for
 from consumers.auditor import run_audit
-from consumers.harness import Harness
 from ledger.events import OperationState
 from ledger.fold import decide
+from ledger.kafka import client_config
 from ledger.serde import HEADER_LEN, registry
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState
+from testbed.harness import Harness
 
 #: Topics the auditor reads.
 AUDITED = ("journal", "state", "dispatches", "recovery-receipts")
@@ -41,13 +42,14 @@ def raw_decode(settings: LedgerSettings) -> dict[str, Any]:
     for short in AUDITED:
         full = settings.topic(short)
         consumer = Consumer(
-            settings.kafka(
+            client_config(
+                settings,
                 **{
                     "group.id": f"{settings.topic_prefix}.rawreplay",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 10,
-                }
+                },
             )
         )
         ends = {}

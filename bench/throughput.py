@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from bench.common import create, drop, preload, sample_intent, settings_for
 from consumers.processor import Processor
-from consumers.stage import producer_config
+from ledger.kafka import client_config, producer_config
 from ledger.settings import LedgerSettings
 
 
@@ -51,13 +51,14 @@ def kafka_limit(base: LedgerSettings, records: int, partitions: int = 3) -> dict
         data = intents(records)
         topic = settings.topic("intents")
         producer = Producer(
-            settings.kafka(
+            client_config(
+                settings,
                 **{
                     "enable.idempotence": True,
                     "acks": "all",
                     "partitioner": "murmur2_random",
                     "queue.buffering.max.messages": 1_000_000,
-                }
+                },
             )
         )
         producer.produce(topic, key=b"warm-up", value=data[0][1])  # connect first
@@ -73,12 +74,13 @@ def kafka_limit(base: LedgerSettings, records: int, partitions: int = 3) -> dict
         assert producer.flush(120) == 0
         produce_s = time.perf_counter() - started
         consumer = Consumer(
-            settings.kafka(
+            client_config(
+                settings,
                 **{
                     "group.id": f"{settings.topic_prefix}.raw",
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 50,
-                }
+                },
             )
         )
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -111,7 +113,8 @@ def transactional_loop(base: LedgerSettings, records: int, partitions: int = 3) 
         preload(settings, "intents", intents(records))
         source, target = settings.topic("intents"), settings.topic("state")
         consumer = Consumer(
-            settings.kafka(
+            client_config(
+                settings,
                 **{
                     "group.id": f"{settings.topic_prefix}.loop",
                     "isolation.level": "read_committed",
@@ -119,7 +122,7 @@ def transactional_loop(base: LedgerSettings, records: int, partitions: int = 3) 
                     "auto.offset.reset": "earliest",
                     "partition.assignment.strategy": "range",
                     "fetch.wait.max.ms": 50,
-                }
+                },
             )
         )
         assigned: list[float] = []

@@ -19,7 +19,6 @@ import time
 from confluent_kafka import Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from consumers import faults
 from consumers.stage import Record, Stage, Writer, key_text, record_event
 from consumers.tables import TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
@@ -211,7 +210,7 @@ class AuthorityKernel(Stage):
             if not isinstance(request, AdmissionRequest):
                 log.warning("authority: ignoring %s at %s", request.KIND, rec.offset)
                 continue
-            faults.seam(self.run_dir, "before_admission", request.operation_id)
+            self.hooks.seam("before_admission", request.operation_id)
             approval = self.pending.get(request.approval_id) or self.approvals.get(
                 request.approval_id
             )

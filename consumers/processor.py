@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from consumers import faults
 from consumers.stage import Record, Stage, Writer, await_settled, read_partition, record_event
 from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState, decode_event
 from ledger.fold import Decision, decide, journal_entry, ref_of
@@ -210,7 +209,7 @@ class Processor(Stage):
             and rec.event.admitted
             and decision.outcome == "APPLIED"
         ):
-            faults.seam(self.run_dir, "after_admission_before_dispatch", rec.event.operation_id)
+            self.hooks.seam("after_admission_before_dispatch", rec.event.operation_id)
 
 
 def _bad_key(rec: Record, op: str | None) -> OperatingEvent:

@@ -22,7 +22,6 @@ import logging
 import uuid
 from typing import Any
 
-from consumers import faults
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import Clock, clock_for
@@ -214,7 +213,7 @@ class Relay(Stage):
         """Seam: the receipt is written but its transaction not committed."""
         for rec in records:
             if isinstance(rec.event, Dispatch) and rec.event.kind == "EXECUTE":
-                faults.seam(self.run_dir, "after_receipt_before_commit", rec.event.operation_id)
+                self.hooks.seam("after_receipt_before_commit", rec.event.operation_id)
 
     def _attempt_marker(self, d: Dispatch, now: int) -> EffectReceipt:
         return EffectReceipt(
@@ -253,7 +252,7 @@ class Relay(Stage):
         client = self._client(d.sink, endpoint)
         contract = endpoint.contract
         if d.kind == "VERIFY":
-            faults.seam(self.run_dir, "after_commit_before_verification", d.operation_id)
+            self.hooks.seam("after_commit_before_verification", d.operation_id)
             return [self._verify(d, client, contract, now)]
         if d.kind == "READBACK":
             return [self._read_effect(d, client, contract, now, on_resume=d.on_resume)]
@@ -263,7 +262,7 @@ class Relay(Stage):
         if not fresh:
             # A previous run may have sent this dispatch: never send blindly.
             return [self._ambiguous(d, client, contract, first, now, on_resume=True)]
-        faults.seam(self.run_dir, "after_dispatch_before_send", d.operation_id)
+        self.hooks.seam("after_dispatch_before_send", d.operation_id)
         return [self._submit(d, client, contract, first, now, fresh_identity=False)]
 
     def _receipt(
@@ -315,7 +314,7 @@ class Relay(Stage):
             use_key=contract.idempotent and not fresh_identity,
         )
         if result.status == "committed":
-            faults.seam(self.run_dir, "after_sink_commit_before_receipt", d.operation_id)
+            self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)
             detail = "replayed by the sink" if result.replayed else "committed"
             return (
                 "receipts",

@@ -30,7 +30,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -42,8 +41,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumers.hooks import NO_FAULTS, FaultHooks
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
+from ledger.kafka import client_config, consumer_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics, is_reserved_key
 
@@ -86,18 +87,6 @@ FENCING_CODES = frozenset(
 
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
-
-
-def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
-    """librdkafka producer settings every ledger producer shares."""
-    config: dict[str, Any] = {
-        "enable.idempotence": True,
-        "acks": "all",
-        "partitioner": "murmur2_random",
-        "linger.ms": 5,
-        "retry.backoff.ms": 10,
-    }
-    return settings.kafka(**config, **extra)
 
 
 def record_event(
@@ -208,9 +197,13 @@ class Stage:
     inputs: tuple[str, ...] = ()
     batch_size = 500
 
-    def __init__(self, settings: LedgerSettings, instance: str = "0") -> None:
+    def __init__(
+        self, settings: LedgerSettings, instance: str = "0", hooks: FaultHooks = NO_FAULTS
+    ) -> None:
         self.settings = settings
         self.instance = instance
+        #: fault hooks called at each named seam (do nothing unless a testbed passes its own).
+        self.hooks = hooks
         self.run_dir = settings.run_dir
         self.group_id = f"{settings.topic_prefix}.{self.component}"
         self.transactional_id = f"{settings.topic_prefix}.{self.component}.{instance}"
@@ -292,7 +285,8 @@ class Stage:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            self.settings.kafka(
+            client_config(
+                self.settings,
                 **{
                     "group.id": self.group_id,
                     "client.id": f"{self.component}-{self.instance}",
@@ -308,7 +302,7 @@ class Stage:
                     "session.timeout.ms": 10000,
                     "heartbeat.interval.ms": 1000,
                     "max.poll.interval.ms": 300000,
-                }
+                },
             )
         )
 
@@ -725,8 +719,8 @@ def await_settled(
 
     def readers() -> tuple[Consumer, Consumer]:
         return (
-            Consumer(settings.kafka(**{"group.id": group, "isolation.level": "read_committed"})),
-            Consumer(settings.kafka(**{"group.id": group, "isolation.level": "read_uncommitted"})),
+            Consumer(consumer_config(settings, group)),
+            Consumer(consumer_config(settings, group, isolation="read_uncommitted")),
         )
 
     stable_reader, high_reader = readers()
@@ -824,14 +818,15 @@ def read_partition(
 
     def reader() -> Consumer:
         return Consumer(
-            settings.kafka(
+            client_config(
+                settings,
                 **{
                     "group.id": f"{settings.topic_prefix}.reader",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "enable.partition.eof": False,
                     "fetch.wait.max.ms": 50,
-                }
+                },
             )
         )
 

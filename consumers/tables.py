@@ -18,6 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from consumers.stage import Record, await_settled, decode_record, key_text
 from ledger.errors import LedgerError
 from ledger.events import decode_event
+from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topics import is_reserved_key
 
@@ -62,13 +63,14 @@ class TableFollower:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            self.settings.kafka(
+            client_config(
+                self.settings,
                 **{
                     "group.id": f"{self.settings.topic_prefix}.table.{self.topic}",
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 20,
-                }
+                },
             )
         )
 
@@ -223,12 +225,13 @@ class TableFollower:
         """
         if self._uncommitted is None:
             self._uncommitted = Consumer(
-                self.settings.kafka(
+                client_config(
+                    self.settings,
                     **{
                         "group.id": f"{self.settings.topic_prefix}.table.{self.topic}.hw",
                         "isolation.level": "read_uncommitted",
                         "enable.auto.commit": False,
-                    }
+                    },
                 )
             )
         tp = TopicPartition(self.full, partition)

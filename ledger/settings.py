@@ -7,10 +7,8 @@ honoured as well, because test harnesses and Docker users set it.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -104,22 +102,6 @@ class LedgerSettings(BaseSettings):
     def sinks_path(self) -> Path:
         """Where the sink registry lives (``sinks_file`` or ``run_dir/sinks.json``)."""
         return self.sinks_file or self.run_dir / "sinks.json"
-
-    def kafka(self, **extra: Any) -> dict[str, Any]:
-        """librdkafka settings every client of this ledger starts from.
-
-        ``bootstrap.servers``, the ``ledger.kafka.client`` logger (so client
-        logs never flood a terminal), and ``debug`` when ``kafka_debug`` is
-        set; ``extra`` entries are added on top.
-        """
-        config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "logger": logging.getLogger("ledger.kafka.client"),
-        }
-        if self.kafka_debug:
-            config["debug"] = self.kafka_debug
-        config.update(extra)
-        return config
 
     def topic(self, name: str) -> str:
         """Full topic name for a short name, e.g. ``intents`` -> ``ledger.intents``."""

@@ -44,8 +44,8 @@ from confluent_kafka.admin._config import (
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
-from ledger.broker import CLIENT_LOGGER
 from ledger.errors import BrokerError, TopicConfigError
+from ledger.kafka import CLIENT_LOGGER
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPIC_BY_NAME, TOPICS, TopicSpec
 

@@ -30,6 +30,7 @@ from ledger.events import (
     Readback,
 )
 from ledger.identity import amount_of, canonical_json, parameter_digest
+from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 
 
@@ -133,15 +134,7 @@ class IntentPublisher:
         #: (short topic, partition, offset) of the last record published.
         self.last_position: tuple[str, int, int] | None = None
         self.producer = Producer(
-            settings.kafka(
-                **{
-                    "client.id": client_id,
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "partitioner": "murmur2_random",
-                    "linger.ms": 1,
-                }
-            )
+            producer_config(settings, **{"client.id": client_id, "linger.ms": 1})
         )
 
     def _send(self, topic: str, key: str, event: Event, timeout_s: float = 30.0) -> Message:

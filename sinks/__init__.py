@@ -1,12 +1,10 @@
-"""Reference effect sinks: HTTP gateways that honour an :class:`EffectContract`.
+"""The sink side of the ledger: the protocol a sink speaks and the client the relay uses.
 
-* :mod:`sinks.store` -- the durable SQLite store of one sink (effects, fences,
-  armed faults, counters).
-* :mod:`sinks.gateway` -- the Starlette app (one implementation; the contract
-  switches idempotency, readback, postcondition and fencing on or off) and the
-  ``python -m sinks.gateway`` entry point.
-* :mod:`sinks.client` -- the synchronous client the relay, reconcilers and
-  tests use; it maps every HTTP answer and transport failure to a typed result.
-* :mod:`sinks.process` -- run a gateway as a subprocess (start, stop, SIGKILL,
-  restart on the same database).
+* :mod:`sinks.client` -- the synchronous HTTP client the relay, reconcilers and
+  auditor use (submit with idempotency key and fencing token, readback by
+  operation ID, postcondition query, health); it maps every HTTP answer and
+  transport failure to a typed result.
+
+The reference sinks that speak this protocol for demos and tests (a payment
+gateway with faults, and an unsafe sink) live in :mod:`testbed.sinks`.
 """

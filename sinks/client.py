@@ -1,4 +1,4 @@
-"""Synchronous client of a reference sink (see :mod:`sinks.gateway`).
+"""Synchronous client of a reference sink (see :mod:`testbed.sinks.gateway`).
 
 Every expected outcome is a value, never an exception: the methods return
 frozen result objects whose ``status`` says what happened. Transport
@@ -21,12 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Self
 from urllib.parse import quote
 
 import httpx
-
-from sinks.store import FaultMode
 
 SubmitStatus = Literal[
     "committed", "rejected", "stale_token", "key_reused", "unavailable", "ambiguous"
@@ -56,7 +54,7 @@ class SinkProtocolError(SinkClientError):
         self.body = body[:500]
         super().__init__(
             f"{method} {path} answered {http_status}: {self.body!r}; check that the URL points "
-            "at a reference sink and that the request matches sinks.gateway"
+            "at a reference sink and that the request matches testbed.sinks.gateway"
         )
 
 
@@ -203,7 +201,7 @@ class SinkClient:
         """Close the connection pool."""
         self._http.close()
 
-    def __enter__(self) -> SinkClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -380,47 +378,6 @@ class SinkClient:
         if code >= 500:
             return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
         raise SinkProtocolError("GET", path, code, answer.text)
-
-    def _admin(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        answer = self._send(method, path, **kwargs)
-        if isinstance(answer, _NoAnswer):
-            raise SinkUnreachableError(
-                f"{method} {self.base_url}{path} got no answer ({answer.detail}); "
-                "is the sink running?"
-            )
-        if answer.status_code != 200:
-            raise SinkProtocolError(method, path, answer.status_code, answer.text)
-        return _json(answer)
-
-    def arm_fault(self, operation_id: str, mode: FaultMode, times: int = 1) -> None:
-        """Arm a fault for the operation's next ``times`` submits (admin).
-
-        Raises:
-            SinkProtocolError: for an unknown mode or ``times < 1``.
-            SinkUnreachableError: if the sink cannot be reached.
-        """
-        self._admin(
-            "POST",
-            "/admin/faults",
-            json={"operation_id": operation_id, "mode": mode, "times": times},
-        )
-
-    def effects(self) -> dict[str, int]:
-        """Return ``{operation_id: effects held by the sink}`` (admin).
-
-        Raises:
-            SinkUnreachableError: if the sink cannot be reached.
-        """
-        counts = self._admin("GET", "/admin/effects").get("effects", {})
-        return {str(op): int(n) for op, n in counts.items()}
-
-    def stats(self) -> dict[str, int]:
-        """Return the sink's counters, e.g. ``stale_rejections`` (admin).
-
-        Raises:
-            SinkUnreachableError: if the sink cannot be reached.
-        """
-        return {str(name): int(value) for name, value in self._admin("GET", "/admin/stats").items()}
 
     def health_info(self) -> dict[str, Any] | None:
         """Return the ``/health`` body (name, pid, contract), or ``None`` when down."""

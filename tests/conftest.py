@@ -3,7 +3,7 @@
 Broker, in this order (a missing broker is a failure, never a skip):
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` is set: use it as is, start nothing.
-2. The local broker (``ledger.broker``, Java 17 + Maven jars) with
+2. The local broker (``testbed.broker``, Java 17 + Maven jars) with
    ``kafka_home=<project>/.cache/kafka`` on ``LEDGER_KAFKA_PORT`` (19092). If
    this session started it, it is stopped at the end; a broker that was
    already running is left running.
@@ -28,9 +28,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
-from ledger import broker, topics
+from ledger import topics
 from ledger.errors import BrokerError
 from ledger.settings import LedgerSettings
+from testbed import broker
 from tests.helpers import PROJECT_ROOT
 
 LOCAL_KAFKA_HOME = PROJECT_ROOT / ".cache" / "kafka"

@@ -4,8 +4,8 @@ The DBOS application
 --------------------
 One workflow, ``refund_workflow(operation_id, account, amount_minor)``, whose
 single step ``refund(operation_id, account, amount_minor)`` calls the project's
-reference payment gateway (``sinks.gateway``, started with
-``sinks.process.SinkProcess`` and the gateway's contract
+reference payment gateway (``testbed.sinks.gateway``, started with
+``testbed.sinks.process.SinkProcess`` and the gateway's contract
 ``ledger.contracts.PAYMENT_GATEWAY``: idempotent, readback, fencing) through
 ``sinks.client.SinkClient.submit``. The workflow returns what the step returns.
 DBOS keeps its system database in SQLite (``sqlite:///...`` in a temporary
@@ -111,7 +111,7 @@ WORKER_TIMEOUT_S = 120.0
 NOTES = (
     "DBOS Transact with a SQLite system database (temp dir, fresh per run); one workflow per "
     "refund, workflow ID = operation ID, one step calling the reference payment gateway "
-    "(sinks.gateway, PAYMENT_GATEWAY contract, fresh store per run) via SinkClient.submit. "
+    "(testbed.sinks.gateway, PAYMENT_GATEWAY contract, fresh store per run) via SinkClient.submit. "
     "Throughput: operations enqueued on a DBOS queue (worker_concurrency={C}, "
     "polling_interval_sec={P}) and awaited in order via handles (get_result polling every 0.1 "
     "s: with SQLite every DBOS transaction, polls included, is BEGIN IMMEDIATE, so faster "
@@ -242,7 +242,7 @@ class Gateway:
 
     def __init__(self, run_dir: Path) -> None:
         from ledger.contracts import PAYMENT_GATEWAY
-        from sinks.process import SinkProcess
+        from testbed.sinks.process import SinkProcess
 
         self.sink = SinkProcess(
             "payments", PAYMENT_GATEWAY, run_dir, clock="system", log_level="warning"

@@ -1,0 +1,37 @@
+"""The fault-hooks port: where a stage lets a test harness break it.
+
+Every stage calls ``self.hooks.seam(name, operation_id)`` at each named seam
+(SCENARIOS.md: ``before_admission`` ... ``after_commit_before_verification``).
+In production the hooks are :data:`NO_FAULTS`, which does nothing: a stage
+started as an operator starts it (``ledger processor``) cannot be made to
+crash by a file in its run folder or by anything else outside its process.
+Only the testbed (``python -m testbed.stage``) hands a stage hooks that fire
+(:class:`testbed.faults.ArmedFaults`, SIGKILL at an armed seam).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class FaultHooks(Protocol):
+    """What a stage calls at each named seam."""
+
+    def seam(self, name: str, operation_id: str) -> None:
+        """Reached seam ``name`` while handling ``operation_id``.
+
+        Args:
+            name: the seam, one of SCENARIOS.md's seam names.
+            operation_id: the operation being handled.
+        """
+
+
+class NoFaults:
+    """Fault hooks that never fire: the production default."""
+
+    def seam(self, name: str, operation_id: str) -> None:
+        """Do nothing (production stages never inject faults)."""
+
+
+#: The hooks every stage gets unless a test harness passes its own.
+NO_FAULTS: FaultHooks = NoFaults()

@@ -1,0 +1,91 @@
+"""The ``ledger`` command: operators', auditors' and stage entry points.
+
+One root group (:data:`main`, a :class:`~ledger.cli.common.LedgerGroup` that
+says every :class:`~ledger.errors.LedgerError` as ``Error: ...`` with exit
+status 1), one registration list (:data:`COMMANDS`), one settings helper
+(:func:`ledger.cli.common.current_settings`).
+
+Other packages add commands through the entry-point group ``ledger.cli``:
+each entry names a sequence of click commands. The testbed (local broker,
+reference sinks, demo, game days, missions) comes in that way, so the product
+never imports it; without the ``[testbed]`` extra those commands are absent.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import entry_points
+
+import click
+
+from ledger.cli import ops, stages, topics
+from ledger.cli.common import LedgerGroup, current_settings
+
+#: Entry-point group through which other packages add commands to ``ledger``.
+PLUGIN_GROUP = "ledger.cli"
+
+_SETTINGS_HELP = """
+Settings come from the environment (prefix LEDGER_): LEDGER_BOOTSTRAP_SERVERS
+(or KAFKA_BOOTSTRAP_SERVERS; default 127.0.0.1:LEDGER_KAFKA_PORT, 19092), LEDGER_TOPIC_PREFIX
+(default 'ledger'), LEDGER_PARTITIONS (3), LEDGER_HOME (run folder .ledger/ and
+broker home .cache/kafka/ live under it; default the current directory),
+LEDGER_CLOCK ('manual' ledger clock or 'system'), LEDGER_RELAY_MODE ('ledger'
+or 'checkpoint-only'). Run 'ledger config' to see the values in force.
+"""
+
+
+@click.group(
+    cls=LedgerGroup, help="Event-sourced recovery ledger on Apache Kafka.\n" + _SETTINGS_HELP
+)
+@click.version_option(package_name="kafka-recovery-ledger")
+def main() -> None:
+    """Root command group."""
+
+
+@click.command("config")
+def config_cmd() -> None:
+    """Print the settings in force (after LEDGER_* environment variables)."""
+    for key, value in current_settings().model_dump().items():
+        click.echo(f"LEDGER_{key.upper()}={value}")
+
+
+#: Every command of the product, in one list: ``ledger --help`` shows them all.
+COMMANDS: tuple[click.Command, ...] = (
+    config_cmd,
+    *stages.COMMANDS,
+    topics.topics_group,
+    *ops.COMMANDS,
+)
+
+
+def _load_plugins(group: click.Group) -> None:
+    """Add the commands of every installed ``ledger.cli`` entry point.
+
+    A plug-in that fails to import (e.g. the testbed without its extra's
+    dependencies) is skipped with a warning naming the remedy; the product's
+    own commands keep working.
+    """
+    for entry in entry_points(group=PLUGIN_GROUP):
+        try:
+            commands = entry.load()
+        except ImportError as exc:
+            logging.getLogger(__name__).warning(
+                "ledger: commands of %r are unavailable (%s); install "
+                "'kafka-recovery-ledger[%s]' for them",
+                entry.name,
+                exc,
+                entry.name,
+            )
+            continue
+        for command in commands:
+            if command.name not in group.commands:
+                group.add_command(command)
+
+
+for _command in COMMANDS:
+    main.add_command(_command)
+_load_plugins(main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""``python -m ledger.cli``: the ``ledger`` command."""
+
+from ledger.cli import main
+
+main()

@@ -1,0 +1,73 @@
+"""What every ``ledger`` command shares: settings, logging, and how errors are said.
+
+* :func:`current_settings` -- the one settings helper: the :class:`LedgerSettings` a
+  parent command (or a test) put in the click context, else one read from the
+  environment (``LEDGER_*``).
+* :class:`LedgerGroup` -- the root group's class: a :class:`LedgerError`
+  raised by any command becomes ``Error: <message>`` on standard error and
+  exit status 1 (the message names the remedy), never a traceback.
+* :func:`setup_logging` -- log lines to standard error.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from ledger.errors import LedgerError
+from ledger.settings import LedgerSettings
+
+#: Exit status of a command whose work failed with a LedgerError.
+EXIT_ERROR = 1
+
+
+class LedgerCommandError(click.ClickException):
+    """A :class:`LedgerError` said as a CLI error (``Error: ...``, exit status 1).
+
+    Args:
+        error: the ledger error; its message is shown, with ``(retryable)``
+            appended when trying again later can succeed.
+    """
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, error: LedgerError) -> None:
+        retryable = getattr(error, "retryable", False)
+        suffix = " (retryable: try again once the cause is gone)" if retryable else ""
+        super().__init__(error.message + suffix)
+        self.error = error
+
+
+class LedgerGroup(click.Group):
+    """A click group that translates every :class:`LedgerError` once, for all commands."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the chosen command; a LedgerError becomes :class:`LedgerCommandError`."""
+        try:
+            return super().invoke(ctx)
+        except LedgerError as exc:
+            raise LedgerCommandError(exc) from exc
+
+
+def current_settings() -> LedgerSettings:
+    """The settings of this command: from the click context if set there, else the environment.
+
+    Returns:
+        A :class:`LedgerSettings` (``LEDGER_*`` environment variables, see
+        ``ledger config``).
+    """
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(LedgerSettings) if ctx is not None else None
+    return found if found is not None else LedgerSettings()
+
+
+def setup_logging(verbose: bool) -> None:
+    """Log to standard error: INFO and up when ``verbose``, else WARNING and up."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,550 @@
+"""Operators' and auditors' commands: intents, approvals, claims, state,
+reconciliation, audit, the ledger clock and the reference sinks.
+
+Commands that publish wait (by default) for the processor's decision and say
+what it was, since the ledger decides asynchronously.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ledger.cli.common import current_settings
+from ledger.settings import LedgerSettings
+
+
+def _ready(settings: LedgerSettings) -> None:
+    """Fail fast, with the remedy, when the broker or the topics are not there."""
+    from ledger.topics import check_topics
+
+    check_topics(settings)
+
+
+def _publisher(settings: LedgerSettings) -> Any:
+    from producers.intents import IntentPublisher
+
+    return IntentPublisher(settings, client_id="ledger-cli")
+
+
+def _report_decision(
+    settings: LedgerSettings, position: tuple[str, int, int], wait_s: float
+) -> None:
+    """Print the processor's journaled decision on an input; exit 1 if it refused it."""
+    from consumers.reader import wait_for_decision
+
+    topic, partition, offset = position
+    entry = wait_for_decision(settings, topic, partition, offset, wait_s)
+    if entry is None:
+        click.echo(
+            f"no decision within {wait_s:g} s: is the processor running ('ledger processor')?",
+            err=True,
+        )
+        sys.exit(3)
+    moved = (
+        f"{entry.from_state} -> {entry.to_state}"
+        if entry.from_state != entry.to_state
+        else str(entry.to_state)
+    )
+    click.echo(f"{entry.outcome}: {entry.operation_id} {moved} ({entry.reason})")
+    if entry.outcome == "REFUSED":
+        sys.exit(1)
+
+
+_WAIT = click.option(
+    "--wait-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="How long to wait for the processor's decision; 0 publishes without waiting.",
+)
+
+
+# ---------------------------------------------------------------------- intents
+
+
+@click.group("intent")
+def intent_group() -> None:
+    """Publish intents (what services do through producers.IntentPublisher)."""
+
+
+@intent_group.command("publish")
+@click.option("--operation-id", required=True, help="Stable operation ID, e.g. refund:1842:v3.")
+@click.option("--sink", required=True, help="Sink name, as registered in the sink registry.")
+@click.option("--action", required=True, help="Action, e.g. refund.")
+@click.option(
+    "--params",
+    "params_json",
+    required=True,
+    help='JSON object, e.g. \'{"account":"a","amount_minor":5000,"currency":"GBP"}\'.',
+)
+@click.option("--actor", required=True, help="Requesting actor (service or person).")
+@click.option("--subject", required=True, help="Represented subject, e.g. the customer.")
+@click.option("--purpose", required=True, help="Declared purpose.")
+@click.option("--decision-version", type=click.IntRange(min=0), required=True)
+@click.option("--approval-id", default=None, help="Approval to admit the operation with.")
+@_WAIT
+def intent_publish(
+    operation_id: str,
+    sink: str,
+    action: str,
+    params_json: str,
+    actor: str,
+    subject: str,
+    purpose: str,
+    decision_version: int,
+    approval_id: str | None,
+    wait_s: float,
+) -> None:
+    """Publish one intent and print the processor's decision on it.
+
+    Prints the operation ID and its parameter digest, then waits for the
+    processor: 'APPLIED' with the new state, or 'REFUSED' with the reason
+    (for example parameter drift) and exit status 1.
+    """
+    from ledger.contracts import load_sinks
+
+    try:
+        params = json.loads(params_json)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--params") from exc
+    if not isinstance(params, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--params")
+    settings = current_settings()
+    _ready(settings)
+    if sink not in load_sinks(settings.sinks_path()):
+        click.echo(
+            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the relay will not "
+            "find it (start one with 'ledger sink serve')",
+            err=True,
+        )
+    pub = _publisher(settings)
+    try:
+        result = pub.publish(
+            operation_id=operation_id,
+            sink=sink,
+            action=action,
+            params=params,
+            actor=actor,
+            subject=subject,
+            purpose=purpose,
+            decision_version=decision_version,
+            approval_id=approval_id,
+        )
+        position = pub.last_position
+    finally:
+        pub.close()
+    click.echo(json.dumps(result.__dict__))
+    if wait_s > 0 and position is not None:
+        _report_decision(settings, position, wait_s)
+
+
+# ---------------------------------------------------------------------- authority
+
+
+@click.group("reviewer")
+def reviewer_group() -> None:
+    """Reviewer signing keys (Ed25519) the authority kernel trusts."""
+
+
+@reviewer_group.command("add")
+@click.argument("name")
+def reviewer_add(name: str) -> None:
+    """Create a signing key for reviewer NAME and trust it.
+
+    The private key goes to LEDGER_RUN_DIR/reviewers/NAME.key (mode 0600); its
+    public half is added to the trusted keys file the authority kernel reads
+    (LEDGER_TRUSTED_KEYS_FILE, default LEDGER_RUN_DIR/trusted_keys.json).
+    """
+    from ledger.signing import ReviewerKey, trust
+
+    settings = current_settings()
+    path = settings.run_dir / "reviewers" / f"{name}.key"
+    if path.exists():
+        raise click.ClickException(f"reviewer {name!r} already has a key at {path}")
+    key = ReviewerKey.generate(name)
+    key.save(path)
+    trust(settings.trusted_keys_path(), key)
+    click.echo(f"key for {name} written to {path}; trusted in {settings.trusted_keys_path()}")
+
+
+def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
+    from ledger.signing import ReviewerKey
+
+    path = settings.run_dir / "reviewers" / f"{name}.key"
+    if not path.exists():
+        raise click.ClickException(
+            f"reviewer {name!r} has no signing key; create one with 'ledger reviewer add {name}'"
+        )
+    return ReviewerKey.from_file(path)
+
+
+@click.command("approve")
+@click.option("--approval-id", required=True, help="Approval ID (the review decision's ID).")
+@click.option("--reviewer", required=True, help="Reviewer; signs with their key.")
+@click.option("--subject", required=True, help="Subject the approval covers.")
+@click.option(
+    "--max-amount-minor", type=click.IntRange(min=0), required=True, help="Largest amount covered."
+)
+@click.option(
+    "--expires-in-s",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="Expiry, seconds after now on the ledger clock.",
+)
+@click.option("--operation-id", default=None, help="Bind the approval to one operation.")
+@click.option(
+    "--policy-version", type=int, default=None, help="Policy granted under (default: in force)."
+)
+def approve_cmd(
+    approval_id: str,
+    reviewer: str,
+    subject: str,
+    max_amount_minor: int,
+    expires_in_s: float,
+    operation_id: str | None,
+    policy_version: int | None,
+) -> None:
+    """Publish a signed review decision (an approval).
+
+    The authority kernel admits one exact operation with it, once, while it is
+    current: not expired or revoked, granted under the policy in force, and
+    covering the operation's subject and amount.
+    """
+    from ledger.clock import clock_for
+    from ledger.events import Approval
+
+    settings = current_settings()
+    _ready(settings)
+    key = _reviewer_key(settings, reviewer)
+    now = clock_for(settings.clock, settings.run_dir).now_ms()
+    approval = key.sign(
+        Approval(
+            approval_id=approval_id,
+            reviewer=reviewer,
+            policy_version=policy_version or settings.policy_version,
+            expires_at_ms=now + int(expires_in_s * 1000),
+            scope_subject=subject,
+            scope_max_amount_minor=max_amount_minor,
+            scope_operation_id=operation_id,
+            granted_at_ms=now,
+        )
+    )
+    pub = _publisher(settings)
+    try:
+        pub.publish_approval(approval)
+    finally:
+        pub.close()
+    click.echo(
+        f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units, "
+        f"expires at {approval.expires_at_ms / 1000:g} s (ledger clock)"
+    )
+
+
+@click.command("revoke")
+@click.argument("approval_id")
+@click.option("--by", required=True, help="Who revokes it (attributable).")
+def revoke_cmd(approval_id: str, by: str) -> None:
+    """Withdraw an approval; nothing new may be admitted with it."""
+    from consumers.reader import latest_by_key, read_topic
+    from ledger.events import Approval
+
+    settings = current_settings()
+    _ready(settings)
+    record = latest_by_key(read_topic(settings, "approvals")).get(approval_id)
+    if record is None or not isinstance(record.event, Approval):
+        raise click.ClickException(f"no approval {approval_id!r} in the ledger")
+    pub = _publisher(settings)
+    try:
+        pub.publish_approval(
+            record.event.model_copy(update={"status": "REVOKED", "revoked_by": by})
+        )
+    finally:
+        pub.close()
+    click.echo(f"approval {approval_id} revoked by {by}")
+
+
+@click.group("policy")
+def policy_group() -> None:
+    """The policy version in force (approvals under older versions admit nothing new)."""
+
+
+@policy_group.command("set")
+@click.argument("version", type=int)
+@click.option("--by", required=True, help="Who changes it.")
+def policy_set(version: int, by: str) -> None:
+    """Publish VERSION as the policy in force."""
+    from ledger.clock import clock_for
+
+    settings = current_settings()
+    _ready(settings)
+    pub = _publisher(settings)
+    try:
+        pub.publish_policy(version, by, clock_for(settings.clock, settings.run_dir).now_ms())
+    finally:
+        pub.close()
+    click.echo(f"policy {version} in force")
+
+
+# ---------------------------------------------------------------------- state and claims
+
+
+@click.command("state")
+@click.argument("operation_id", required=False)
+def state_cmd(operation_id: str | None) -> None:
+    """Show the recovery state of one operation (JSON), or a table of all.
+
+    Columns: operation ID, recovery state, state version (what a claim must
+    name), fencing epoch, and the reason of the latest transition.
+    """
+    from consumers.reader import current_states
+
+    settings = current_settings()
+    _ready(settings)
+    states = current_states(settings)
+    if operation_id is not None:
+        st = states.get(operation_id)
+        if st is None:
+            raise click.ClickException(f"no operation {operation_id!r} in the ledger")
+        click.echo(json.dumps(st.model_dump(mode="json"), indent=2))
+        return
+    if not states:
+        click.echo(f"no operations in the ledger (topic prefix {settings.topic_prefix!r})")
+        return
+    click.echo("OPERATION\tSTATE\tVERSION\tEPOCH\tREASON")
+    for op, st in sorted(states.items()):
+        click.echo(f"{op}\t{st.state}\t{st.version}\t{st.epoch}\t{st.reason}")
+
+
+@click.command("claim")
+@click.argument("operation_id")
+@click.option("--worker", required=True, help="Who claims ownership of the resume.")
+@click.option(
+    "--expected-version",
+    default="current",
+    show_default=True,
+    help="State version the claimant read ('current' reads it now).",
+)
+@_WAIT
+def claim_cmd(operation_id: str, worker: str, expected_version: str, wait_s: float) -> None:
+    """Claim an operation for resume: compare-and-swap on its state version.
+
+    An accepted claim bumps the operation's fencing token and makes the ledger
+    read the effect back before anything else; a claim naming an old version
+    is rejected (exit status 1).
+    """
+    from consumers.reader import current_states
+
+    settings = current_settings()
+    _ready(settings)
+    if expected_version == "current":
+        st = current_states(settings).get(operation_id)
+        if st is None:
+            raise click.ClickException(f"no operation {operation_id!r} in the ledger")
+        version = st.version
+    else:
+        try:
+            version = int(expected_version)
+        except ValueError as exc:
+            raise click.BadParameter(
+                "takes an integer or 'current'", param_hint="--expected-version"
+            ) from exc
+    pub = _publisher(settings)
+    try:
+        claim_id = pub.publish_claim(operation_id, worker, version)
+        position = pub.last_position
+    finally:
+        pub.close()
+    click.echo(json.dumps({"claim_id": claim_id, "expected_version": version}))
+    if wait_s > 0 and position is not None:
+        _report_decision(settings, position, wait_s)
+
+
+# ---------------------------------------------------------------------- clock
+
+
+@click.group("clock")
+def clock_group() -> None:
+    """The manual ledger clock (LEDGER_CLOCK=manual): show it or move it forward."""
+
+
+@clock_group.command("show")
+def clock_show() -> None:
+    """Print the ledger time in seconds."""
+    from ledger.clock import clock_for
+
+    s = current_settings()
+    click.echo(f"{clock_for(s.clock, s.run_dir).now_ms() / 1000:g}")
+
+
+@clock_group.command("advance", context_settings={"ignore_unknown_options": True})
+@click.argument("seconds", type=float)
+def clock_advance(seconds: float) -> None:
+    """Move the manual ledger clock forward by SECONDS (it never goes back)."""
+    from ledger.clock import ManualClock
+
+    s = current_settings()
+    if s.clock != "manual":
+        raise click.ClickException("LEDGER_CLOCK is not 'manual'; the system clock cannot be moved")
+    try:
+        now = ManualClock(s.run_dir / "clock").advance(seconds)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="SECONDS") from exc
+    click.echo(f"{now / 1000:g}")
+
+
+# ---------------------------------------------------------------------- reconciliation
+
+
+@click.group("reconcile")
+def reconcile_group() -> None:
+    """Unknown outcomes: list them, retry readback, record attributable dispositions."""
+
+
+@reconcile_group.command("list")
+def reconcile_list() -> None:
+    """Show the operations held in UNKNOWN_OUTCOME: age, sink, last observation."""
+    from consumers.reconciler import open_items
+    from ledger.clock import clock_for
+
+    settings = current_settings()
+    _ready(settings)
+    now = clock_for(settings.clock, settings.run_dir).now_ms()
+    items = open_items(settings)
+    if not items:
+        click.echo("no unknown outcomes open")
+        return
+    click.echo("OPERATION\tSINK\tAGE_S\tLAST OBSERVATION")
+    for st in items:
+        age = (now - st.observed_at_ms) / 1000 if st.observed_at_ms is not None else float("nan")
+        click.echo(
+            f"{st.operation_id}\t{st.sink}\t{age:g}\t"
+            f"{st.observation_status} via {st.observation_source}"
+        )
+
+
+@reconcile_group.command("run")
+def reconcile_run() -> None:
+    """Drain the reconciliation queue once: read back every open unknown outcome
+    whose sink offers readback, and record each observation in the ledger."""
+    from consumers.reconciler import reconcile_once
+
+    settings = current_settings()
+    _ready(settings)
+    results = reconcile_once(settings, say=lambda text: click.echo(text, err=True))
+    click.echo(json.dumps(results, indent=2))
+
+
+@reconcile_group.command("dispose")
+@click.argument("operation_id")
+@click.option(
+    "--decision",
+    type=click.Choice(["committed", "absent", "abandon"]),
+    required=True,
+    help="committed: the effect happened; absent: it did not (the same admitted operation "
+    "is executed again); abandon: give the operation up.",
+)
+@click.option("--by", required=True, help="Who decides (attributable).")
+@click.option("--evidence", required=True, help="What the decision rests on.")
+@_WAIT
+def reconcile_dispose(
+    operation_id: str, decision: str, by: str, evidence: str, wait_s: float
+) -> None:
+    """Record an attributable disposition of an unknown outcome."""
+    import uuid
+
+    from ledger.clock import clock_for
+    from ledger.events import Disposition
+
+    settings = current_settings()
+    _ready(settings)
+    if not by.strip() or not evidence.strip():
+        raise click.BadParameter("a disposition needs --by and --evidence")
+    pub = _publisher(settings)
+    try:
+        pub.publish_disposition(
+            Disposition(
+                disposition_id=f"disposition:{by}:{uuid.uuid4().hex[:8]}",
+                operation_id=operation_id,
+                decision=decision.upper(),  # type: ignore[arg-type]
+                by=by,
+                evidence=evidence,
+                disposed_at_ms=clock_for(settings.clock, settings.run_dir).now_ms(),
+            )
+        )
+        position = pub.last_position
+    finally:
+        pub.close()
+    if wait_s > 0 and position is not None:
+        _report_decision(settings, position, wait_s)
+
+
+# ---------------------------------------------------------------------- audit
+
+
+@click.command("audit")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--no-sinks", is_flag=True, help="Do not ask sinks how many effects they hold.")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Also write the report as a self-contained HTML page (inline plots) to FILE.",
+)
+def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
+    """Replay the whole ledger with the processor's own fold and check its invariants.
+
+    Exits 0 when there is no violation, 1 otherwise; each violation names the
+    operation and the evidence. With --html FILE the report is also written as
+    one self-contained HTML page (verdict, invariants checked, violations) and
+    'wrote FILE' is said on stderr when --json keeps stdout for the JSON.
+    """
+    from consumers.auditor import run_audit
+
+    settings = current_settings()
+    _ready(settings)
+    report = run_audit(settings, read_sinks=not no_sinks)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        click.echo(
+            f"{report.operations} operations, {report.journal_entries} journal entries replayed; "
+            f"{len(report.violations)} violation(s)"
+        )
+        for v in report.violations:
+            click.echo(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
+    if html_path is not None:
+        from ledger.cli.html import audit_html
+
+        page = audit_html({**report.to_dict(), "ledger": settings.topic_prefix})
+        try:
+            html_path.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot write the HTML report to {html_path}: {exc.strerror or exc}; "
+                "choose a writable --html path"
+            ) from exc
+        click.echo(f"wrote {html_path}", err=as_json)
+    sys.exit(1 if report.violations else 0)
+
+
+#: The operators' and auditors' commands, in the order ``ledger --help`` lists them.
+COMMANDS: tuple[click.Command, ...] = (
+    intent_group,
+    reviewer_group,
+    approve_cmd,
+    revoke_cmd,
+    policy_group,
+    state_cmd,
+    claim_cmd,
+    clock_group,
+    reconcile_group,
+    audit_cmd,
+)

@@ -1,0 +1,298 @@
+"""The testbed's ``ledger`` commands: local broker, reference sinks, demo, game days, missions.
+
+They reach the ``ledger`` command as a plug-in (entry-point group
+``ledger.cli``, see :mod:`ledger.cli`): the product never imports the testbed,
+and an install without the ``[testbed]`` extra simply has no such commands.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ledger.cli.common import current_settings
+from testbed import broker
+from testbed.broker import running_broker
+from testbed.cli_mission import mission_group
+
+_BROKER_HELP = """Run the local single-node Kafka 4 broker (KRaft) from Maven jars.
+
+\b
+No Docker, no tarball: Java 17+ and Maven are enough. Everything lives in
+LEDGER_KAFKA_HOME (default <project>/.cache/kafka):
+  libs/             broker jars (fetched once by Maven)
+  config/           server.properties, log4j2.properties (rewritten on start)
+  data/             topics, offsets, transactions (kept across restarts)
+  logs/server.log   the broker's log        logs/broker.out  java stdout/stderr
+  broker.pid        PID of the broker `start` launched
+
+\b
+Environment:
+  LEDGER_KAFKA_HOME   broker folder (above)
+  LEDGER_KAFKA_PORT   client port on 127.0.0.1 (default 19092; controller +1)
+
+\b
+Clients use LEDGER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS (default
+127.0.0.1:19092). With Docker instead: `docker compose up -d` and
+KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092.
+"""
+
+
+def _echo_status(st: broker.BrokerStatus) -> None:
+    click.echo(st.message)
+    click.echo(f"  bootstrap : {st.bootstrap}")
+    click.echo(f"  pid       : {st.pid if st.pid is not None else '-'}")
+    click.echo(f"  log       : {st.log_file}")
+    click.echo(f"  stdout    : {st.stdout_file}")
+    click.echo(f"  data      : {st.data_dir}")
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@click.group("broker", help=_BROKER_HELP)
+def broker_group() -> None:
+    """Run the local Kafka broker (see the group help)."""
+
+
+@broker_group.command("fetch")
+def broker_fetch() -> None:
+    """Download the broker's jars into LEDGER_KAFKA_HOME/libs (only if missing).
+
+    Runs `mvn dependency:copy-dependencies` on kafka/pom.xml (about 60 MB the
+    first time; Maven's output goes to LEDGER_KAFKA_HOME/logs/mvn.log). Does
+    nothing when the jars are there and kafka/pom.xml did not change.
+    """
+    libs = broker.fetch_jars(current_settings())
+    jars = sum(1 for _ in libs.glob("*.jar"))
+    click.echo(f"{jars} jars in {libs}")
+
+
+@broker_group.command("start")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=90,
+    show_default=True,
+    help="Seconds to wait until the broker answers.",
+)
+def broker_start(wait_s: float) -> None:
+    """Start the broker in the background, or reuse the one already running.
+
+    Fetches the jars if needed, writes the configs, formats the storage once,
+    launches java detached (it keeps running after this command exits) and
+    waits until the broker answers. If a broker we started is running, or any
+    Kafka answers on LEDGER_KAFKA_PORT, it is reused. Stop it with
+    `ledger broker stop`.
+    """
+    _echo_status(broker.start(current_settings(), wait_s=wait_s))
+
+
+@broker_group.command("stop")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=30,
+    show_default=True,
+    help="Seconds to wait after SIGTERM before SIGKILL.",
+)
+def broker_stop(timeout_s: float) -> None:
+    """Stop the broker `ledger broker start` launched (by its recorded PID).
+
+    A broker someone else runs on the port is never touched. Without a
+    recorded broker this does nothing and says so.
+    """
+    click.echo(broker.stop(current_settings(), timeout_s=timeout_s))
+
+
+@broker_group.command("restart")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=90,
+    show_default=True,
+    help="Seconds to wait until the broker answers again.",
+)
+def broker_restart(wait_s: float) -> None:
+    """Stop and start our broker on the same data (game days: broker loss).
+
+    Topics, records, committed offsets and transactions survive; clients see
+    the broker vanish for a few seconds.
+    """
+    _echo_status(broker.restart(current_settings(), wait_s=wait_s))
+
+
+@broker_group.command("status")
+def broker_status() -> None:
+    """Say whether the broker runs, its PID, address, log and data paths.
+
+    Exit status: 0 when a broker answers on LEDGER_KAFKA_PORT, 3 when not.
+    """
+    st = broker.status(current_settings())
+    _echo_status(st)
+    if not st.running:
+        raise click.exceptions.Exit(3)
+
+
+# --------------------------------------------------------------------------- topics
+
+
+@click.group("sink")
+def sink_group() -> None:
+    """Reference sinks (the payment gateway and the unsafe sink)."""
+
+
+@sink_group.command("serve")
+@click.argument("name")
+@click.option(
+    "--contract",
+    default="payments",
+    show_default=True,
+    help="'payments' (idempotent, readback, postcondition, fencing), 'unsafe' (none of "
+    "these), or a JSON effect contract.",
+)
+@click.option("--port", type=int, default=0, show_default=True, help="0 picks a free port.")
+def sink_serve(name: str, contract: str, port: int) -> None:
+    """Run reference sink NAME in the foreground and register it for the relay.
+
+    Its SQLite database and log live under LEDGER_RUN_DIR/sinks/; the relay
+    finds it through the sink registry (LEDGER_SINKS_FILE, default
+    LEDGER_RUN_DIR/sinks.json). Stop it with Ctrl-C.
+    """
+    from ledger.contracts import (
+        PAYMENT_GATEWAY,
+        UNSAFE_SINK,
+        EffectContract,
+        SinkEndpoint,
+        load_sinks,
+        save_sinks,
+    )
+    from testbed.sinks.process import SinkProcess
+
+    named = {"payments": PAYMENT_GATEWAY, "unsafe": UNSAFE_SINK}
+    try:
+        chosen = named.get(contract) or EffectContract.model_validate_json(contract)
+    except ValueError as exc:
+        raise click.BadParameter(f"not a known contract or contract JSON: {exc}") from exc
+    settings = current_settings()
+    clock = "manual" if settings.clock == "manual" else "system"
+    sink = SinkProcess(name, chosen, settings.run_dir, clock=clock, port=port)  # type: ignore[arg-type]
+    sink.start()
+    registry = load_sinks(settings.sinks_path())
+    registry[name] = SinkEndpoint(url=sink.url, contract=chosen)
+    save_sinks(settings.sinks_path(), registry)
+    click.echo(
+        f"sink {name} at {sink.url} (log {sink.log_path}); registered in {settings.sinks_path()}"
+    )
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a plain `kill`) stops the sink as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        while sink.is_running():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sink.stop()
+
+
+@click.command("demo")
+@click.option("--verbose", is_flag=True, help="Show each journaled transition as it happens.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@click.option(
+    "--keep-broker",
+    is_flag=True,
+    help="Leave the local broker running afterwards if the demo started it.",
+)
+def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
+    """Run the article's four interruption cases through real processes on Kafka.
+
+    Starts (or reuses) the local broker, then for each case creates its own
+    topics, starts a reference sink and the processor, authority kernel and
+    relay as separate processes, kills one of them with SIGKILL at the named
+    seam, restarts it, and reads back what happened: effects from the sink,
+    phases from ledger.state, claim decisions from the journal. Prints the
+    report as JSON and exits 0 only if every value matches the expected one.
+    """
+    from testbed.demo import EXPECTED, run_demo
+
+    def say(text: str) -> None:
+        if not as_json:
+            click.echo(text, err=True)
+
+    with running_broker(current_settings(), say, keep=keep_broker) as settings:
+        t0 = time.monotonic()
+        report = run_demo(settings, say, verbose=verbose)
+        say(f"demo finished in {time.monotonic() - t0:.1f} s")
+    click.echo(json.dumps(report, indent=2))
+    mismatches = [
+        f"{case}.{key}: expected {value!r}, observed {report.get(case, {}).get(key)!r}"
+        for case, fields in EXPECTED.items()
+        for key, value in fields.items()
+        if report.get(case, {}).get(key) != value
+    ]
+    if mismatches:
+        for line in mismatches:
+            click.echo(f"MISMATCH {line}", err=True)
+        sys.exit(1)
+
+
+@click.group("gameday")
+def gameday_group() -> None:
+    """Game days: scenario files (shared/SCENARIOS.md format) run on the real ledger."""
+
+
+@gameday_group.command("run")
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON reports.")
+def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
+    """Run scenario FILES (JSON or YAML) one after another.
+
+    Each scenario gets its own topics, run folder and ledger clock, its
+    declared reference sinks and the real stage processes; faults are real
+    SIGKILLs at the named seams. Starts (or reuses) the local broker. Exits 0
+    when every expectation of every file holds, 1 otherwise, 2 for a
+    malformed file (the message names the bad key or value).
+    """
+    from testbed.gameday import run_files
+    from testbed.scenario import ScenarioError, load
+
+    for path in files:
+        try:
+            load(path)
+        except ScenarioError as exc:
+            click.echo(f"error: {exc.message}", err=True)
+            sys.exit(2)
+
+    def say(text: str) -> None:
+        if not as_json:
+            click.echo(text, err=True)
+
+    with running_broker(current_settings(), say) as settings:
+        reports = run_files(list(files), settings, say)
+    if as_json:
+        click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    else:
+        for report in reports:
+            click.echo(f"{'PASS' if report['passed'] else 'FAIL'}  {report['name']}")
+    sys.exit(0 if all(r["passed"] for r in reports) else 1)
+
+
+#: The commands this plug-in adds to ``ledger`` (entry point ``ledger.cli: testbed``).
+COMMANDS: tuple[click.Command, ...] = (
+    broker_group,
+    sink_group,
+    demo_cmd,
+    gameday_group,
+    mission_group,
+)

@@ -1,0 +1,294 @@
+"""``ledger mission run|compare``: the fee-remediation mission from the command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+Options = Callable[..., Any]
+
+
+def _mission_options(func: Options) -> Options:
+    options = [
+        click.option(
+            "--cases", type=click.IntRange(min=1), default=300, show_default=True, help="Cases."
+        ),
+        click.option(
+            "--crash-rate",
+            type=click.FloatRange(0, 1),
+            default=0.05,
+            show_default=True,
+            help="Per operation: chance that a stage is SIGKILLed at a seam while handling it.",
+        ),
+        click.option("--seed", type=int, default=7, show_default=True, help="Random seed."),
+        click.option(
+            "--instances",
+            type=click.IntRange(1, 4),
+            default=1,
+            show_default=True,
+            help="Instances of each stage in the same consumer groups (2: partitions move, "
+            "zombies wake up).",
+        ),
+        click.option(
+            "--sink-fault-rate",
+            type=click.FloatRange(0, 1),
+            default=None,
+            help="Per operation: chance of a sink fault (reject, unavailable, timeouts, dropped "
+            "response). Default: the crash rate.",
+        ),
+        click.option(
+            "--window",
+            type=click.IntRange(min=1),
+            default=200,
+            show_default=True,
+            help="Cases in flight at once.",
+        ),
+        click.option(
+            "--broker-restart/--no-broker-restart",
+            default=True,
+            show_default=True,
+            help="Restart the local broker once, part-way through (only a broker started by "
+            "'ledger broker start').",
+        ),
+        click.option(
+            "--chaos-every",
+            type=click.IntRange(min=0),
+            default=500,
+            show_default=True,
+            help="Every this many cases, SIGKILL a random stage at an arbitrary point (with "
+            "several instances, or pause it past its session timeout: a zombie). 0: never.",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
+        click.option(
+            "--html",
+            "html_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            help="Write the HTML page here (run: next to report.json in the mission's run "
+            "folder; compare: mission-compare.html, or next to the two runs).",
+        ),
+        click.option(
+            "--keep-broker", is_flag=True, help="Leave the local broker running if this started it."
+        ),
+        click.option("--verbose", is_flag=True, help="Log what the stages' clients do."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
+    """Run one mission on the configured (or local) broker; returns (report, run folder)."""
+    from ledger.cli.common import current_settings
+    from testbed.broker import running_broker
+    from testbed.mission.plan import MissionOptions
+    from testbed.mission.run import Mission
+
+    try:
+        options = MissionOptions(
+            cases=kw["cases"],
+            crash_rate=kw["crash_rate"],
+            seed=kw["seed"],
+            mode=mode,  # type: ignore[arg-type]
+            instances=kw["instances"],
+            sink_fault_rate=kw["sink_fault_rate"],
+            window=kw["window"],
+            broker_restart=kw["broker_restart"],
+            chaos_every=kw["chaos_every"],
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    tty = sys.stderr.isatty()
+    bar_settings: dict[str, Any] = {
+        "length": options.cases,
+        "label": f"{mode:>15}",
+        "file": sys.stderr if tty else io.StringIO(),  # no bar in logs: lines instead
+        "show_pos": True,
+        "show_percent": False,
+        "item_show_func": lambda status: status,
+    }
+    with (
+        running_broker(current_settings(), say, keep=kw["keep_broker"]) as settings,
+        click.progressbar(**bar_settings) as bar,
+    ):
+        last = [0.0]
+
+        def progress(done: int, total: int, status: str) -> None:
+            if tty:
+                bar.update(max(0, done - bar.pos), status)
+            elif time.monotonic() - last[0] >= 10 or done == total:
+                # Not a terminal (CI, a log file): a line every ten seconds.
+                last[0] = time.monotonic()
+                click.echo(f"{mode}: {done}/{total} cases settled · {status}", err=True)
+
+        mission = Mission(options, settings, say=say, progress=progress)
+        # SIGTERM stops the mission like Ctrl-C, between two steps of its loop
+        # (never from inside a Kafka client call): its stages and sinks stop too.
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: mission.request_stop())
+        try:
+            report = mission.run()
+        finally:
+            mission.close()
+    return report, mission.settings.run_dir
+
+
+def _write(report: dict[str, Any], run_dir: Path, html_path: Path | None) -> tuple[Path, Path]:
+    from testbed.mission.html import mission_html
+
+    out = run_dir / "report.json"
+    out.write_text(json.dumps(report, indent=2))
+    html = html_path or run_dir / "report.html"
+    html.parent.mkdir(parents=True, exist_ok=True)
+    html.write_text(mission_html(report))
+    return out, html
+
+
+@click.group("mission")
+def mission_group() -> None:
+    """The fee-remediation mission: thousands of cases, crashes everywhere, then an audit."""
+
+
+@mission_group.command("run")
+@click.option(
+    "--mode",
+    type=click.Choice(["ledger", "checkpoint-only"]),
+    default="ledger",
+    show_default=True,
+    help="ledger, or checkpoint-only: the negative control (the relay trusts its checkpoint "
+    "and resubmits without readback or idempotency key).",
+)
+@_mission_options
+def mission_run(mode: str, **kw: Any) -> None:
+    """Run the fee-remediation mission against the real ledger, with faults everywhere.
+
+    Each case: an eligibility decision (pure), a signed approval (a human
+    reviewer's above 100.00 GBP, the policy engine's below; some expire before
+    use, the policy version changes half-way), a refund through the payment
+    gateway and, once the refund is verified, a notification through a mail
+    sink that has no readback. While it runs, stages are SIGKILLed at every
+    named seam, sinks answer with every fault mode, resumers race, the broker
+    restarts once, and with --instances 2 instances are killed or paused so
+    that partitions move and zombies wake up.
+
+    Ends with a report (cases, final states, duplicate effects counted by the
+    sinks, unknown outcomes, stale-resumer rejections, reauthorisations,
+    postcondition mismatches, readback latency after resumes, faults injected)
+    and the audit of the whole ledger before and after forced compaction. The
+    JSON and HTML reports are written to the mission's run folder
+    (.ledger/missions/<mode>-seed<S>-<N>c-<I>i/, emptied first). Exits 0 when
+    every check of the mode passes; in checkpoint-only mode the checks are
+    only that the run completed (its duplicates are what it is for).
+
+    \b
+    Examples:
+      ledger mission run --cases 4000 --crash-rate 0.05 --seed 7
+      ledger mission run --cases 4000 --instances 2 --html mission.html
+      ledger mission run --cases 300 --mode checkpoint-only --json > control.json
+    """
+    from testbed.mission.report import render_text
+
+    as_json = kw["as_json"]
+    _log(kw["verbose"])
+    say = _say(as_json)
+    report, run_dir = _run(mode, kw, say)
+    out, html = _write(report, run_dir, kw["html_path"])
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render_text(report))
+    click.echo(f"report: {out}\nHTML:   {html}", err=True)
+    sys.exit(0 if report["checks"]["passed"] else 1)
+
+
+@mission_group.command("compare")
+@click.argument("reports", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_mission_options
+def mission_compare(reports: tuple[Path, ...], **kw: Any) -> None:
+    """Show missions side by side: the ledger against its checkpoint-only control.
+
+    With REPORTS (JSON files written by 'ledger mission run'), compares them.
+    Without, runs the mission twice with the same options and seed - in
+    ledger mode, then in checkpoint-only mode - and compares the two.
+
+    Exits 0 when every ledger-mode mission passed its checks and every
+    checkpoint-only mission shows the duplicate effects it exists to show.
+    """
+    from testbed.mission.html import compare_html
+    from testbed.mission.report import compare_text
+
+    as_json = kw["as_json"]
+    _log(kw["verbose"])
+    say = _say(as_json)
+    loaded: list[dict[str, Any]] = []
+    if reports:
+        for path in reports:
+            try:
+                loaded.append(json.loads(path.read_text()))
+            except ValueError as exc:
+                raise click.BadParameter(f"{path}: not a JSON report ({exc})") from exc
+        html = kw["html_path"] or Path("mission-compare.html")
+    else:
+        run_dir = Path(".")
+        for mode in ("ledger", "checkpoint-only"):
+            report, run_dir = _run(mode, kw, say)
+            _write(report, run_dir, None)
+            loaded.append(report)
+        html = kw["html_path"] or run_dir.parent / f"compare-seed{kw['seed']}-{kw['cases']}c.html"
+    for n, report in enumerate(loaded):
+        name = str(reports[n]) if reports else f"run {n + 1}"
+        if not (
+            isinstance(report, dict)
+            and isinstance(report.get("mission"), dict)
+            and isinstance(report.get("measures"), list)
+            and isinstance(report.get("checks"), dict)
+            and "mode" in report["mission"]
+        ):
+            raise click.BadParameter(
+                f"{name}: not a mission report (written by 'ledger mission run')"
+            )
+    html.parent.mkdir(parents=True, exist_ok=True)
+    html.write_text(compare_html(loaded))
+    if as_json:
+        click.echo(json.dumps(loaded, indent=2))
+    else:
+        click.echo(compare_text(loaded))
+    click.echo(f"HTML: {html}", err=True)
+    problems = []
+    for report in loaded:
+        mode = report["mission"]["mode"]
+        if mode == "ledger" and not report["checks"]["passed"]:
+            problems.append("the ledger mission failed: " + "; ".join(report["checks"]["failures"]))
+        if mode == "checkpoint-only":
+            dup = next(m for m in report["measures"] if m["name"] == "duplicate effects")
+            if dup["count"] == 0:
+                problems.append(
+                    "the checkpoint-only control showed no duplicate effects at this seed and "
+                    "crash rate; raise --crash-rate or --cases"
+                )
+    for problem in problems:
+        click.echo(f"FAIL: {problem}", err=True)
+    sys.exit(1 if problems else 0)
+
+
+def _say(as_json: bool) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        click.echo(text, err=True)
+
+    return say
+
+
+def _log(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

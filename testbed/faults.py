@@ -1,0 +1,169 @@
+"""Fault hooks: a stage process dies (SIGKILL) at a named seam when armed.
+
+A game-day runner or the demo arms a hook by writing a small file under
+``{run_dir}/faults/``; each stage calls :func:`seam` at every named seam.
+When a hook for that seam (and operation, or any operation) is armed, its
+remaining count is decremented durably first, then the process sends itself
+SIGKILL: a real crash, with no ``finally`` blocks, flushes or commits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+#: Seams named by SCENARIOS.md, in the order an operation reaches them.
+SEAMS: tuple[str, ...] = (
+    "before_admission",
+    "after_admission_before_dispatch",
+    "after_dispatch_before_send",
+    "after_sink_commit_before_receipt",
+    "after_receipt_before_commit",
+    "after_commit_before_verification",
+)
+
+ANY = "*"
+
+
+def _file(run_dir: Path, seam: str, operation_id: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", operation_id) if operation_id != ANY else "ANY"
+    return run_dir / "faults" / f"{seam}--{safe}.json"
+
+
+def arm(run_dir: Path, seam: str, operation_id: str = ANY, times: int = 1) -> Path:
+    """Arm a fault hook.
+
+    Args:
+        run_dir: the ledger run folder shared by all processes.
+        seam: one of :data:`SEAMS`.
+        operation_id: the operation whose arrival at the seam kills the
+            process, or ``"*"`` for any operation.
+        times: how many times it fires.
+
+    Returns:
+        The hook file.
+
+    Raises:
+        ValueError: for an unknown seam or a non-positive count.
+    """
+    if seam not in SEAMS:
+        raise ValueError(f"unknown seam {seam!r}; seams are: {', '.join(SEAMS)}")
+    if times < 1:
+        raise ValueError("times must be at least 1")
+    path = _file(run_dir, seam, operation_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"seam": seam, "operation_id": operation_id, "times": times}))
+    os.replace(tmp, path)
+    return path
+
+
+def armed(run_dir: Path) -> list[dict[str, object]]:
+    """The hooks still armed (for reports)."""
+    folder = run_dir / "faults"
+    if not folder.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+def _take(path: Path) -> bool:
+    """Claim one firing of the hook at ``path``; True if it should fire."""
+    claimed = path.with_suffix(f".claim{os.getpid()}")
+    try:
+        os.rename(path, claimed)
+    except FileNotFoundError:
+        return False
+    try:
+        spec = json.loads(claimed.read_text())
+        remaining = int(spec.get("times", 1)) - 1
+        if remaining > 0:
+            spec["times"] = remaining
+            claimed.write_text(json.dumps(spec))
+            os.replace(claimed, path)
+        else:
+            claimed.unlink()
+        # Make the decrement durable before dying, so a restart does not re-fire.
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except Exception:
+        return False
+    return True
+
+
+def seam(run_dir: Path, name: str, operation_id: str) -> None:
+    """Die here (SIGKILL) if a hook is armed for this seam and operation.
+
+    Args:
+        run_dir: the ledger run folder.
+        name: the seam reached.
+        operation_id: the operation being handled.
+    """
+    folder = run_dir / "faults"
+    if not folder.is_dir():
+        return
+    for op in (operation_id, ANY):
+        if _take(_file(run_dir, name, op)):
+            _log_firing(folder, name, operation_id)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: One JSON line per firing: ``{"at": unix seconds, "seam", "operation_id", "pid", "process"}``.
+FIRED_LOG = "fired.jsonl"
+
+
+def _log_firing(folder: Path, name: str, operation_id: str) -> None:
+    line = json.dumps(
+        {
+            "at": time.time(),
+            "seam": name,
+            "operation_id": operation_id,
+            "pid": os.getpid(),
+            "process": " ".join(sys.argv[1:4]),
+        }
+    )
+    fd = os.open(folder / FIRED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fired(run_dir: Path) -> list[dict[str, object]]:
+    """Every firing so far, oldest first (see :data:`FIRED_LOG`)."""
+    path = run_dir / "faults" / FIRED_LOG
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by the SIGKILL that followed it
+    return out
+
+
+class ArmedFaults:
+    """Fault hooks (:class:`consumers.hooks.FaultHooks`) that fire the hooks armed in a run folder.
+
+    Only the testbed hands these to a stage (``python -m testbed.stage``);
+    a production stage gets :data:`consumers.hooks.NO_FAULTS`.
+
+    Args:
+        run_dir: the ledger run folder whose ``faults/`` holds armed hooks.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def seam(self, name: str, operation_id: str) -> None:
+        """SIGKILL this process if a hook is armed for ``name`` and the operation (:func:`seam`)."""
+        seam(self.run_dir, name, operation_id)

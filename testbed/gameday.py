@@ -1,0 +1,446 @@
+"""``ledger gameday run``: game-day scenarios on the real ledger (SCENARIOS.md).
+
+Each scenario gets its own ledger (topic prefix, run folder, ledger clock
+starting at 0), its declared reference sinks, and the real stage processes.
+Faults are real SIGKILLs at the named seams; ``broker_restart`` restarts the
+local broker; ``compact`` forces log compaction; ``audit`` replays the whole
+ledger. The report counts effects from the sinks themselves.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from consumers.auditor import run_audit
+from consumers.reader import current_states, read_topic
+from ledger.errors import LedgerError
+from ledger.events import (
+    Approval,
+    Claim,
+    Disposition,
+    JournalEntry,
+    OperatingEvent,
+    OperationState,
+    decode_event,
+)
+from ledger.settings import LedgerSettings
+from ledger.signing import ReviewerKey, trust
+from ledger.states import RecoveryState as S
+from ledger.topics import force_compaction
+from producers.intents import IntentPublisher
+from testbed import broker
+from testbed.harness import Harness, run_dir_for, stale_dispatch
+from testbed.scenario import (
+    TOTALS,
+    Advance,
+    Approve,
+    Bound,
+    ClaimStep,
+    Dispose,
+    Fault,
+    IntentStep,
+    Policy,
+    Race,
+    Restart,
+    Revoke,
+    Run,
+    Scenario,
+    SinkFault,
+    StaleDispatch,
+)
+
+Say = Callable[[str], None]
+
+#: Steps before which the runner waits for quiescence.
+SETTLE_FIRST = {"claim", "race", "stale_dispatch", "dispose", "compact", "audit"}
+
+
+class GameDay:
+    """Runs one scenario and builds its report.
+
+    Args:
+        scenario: the parsed scenario.
+        base: settings of the broker to use (bootstrap, kafka home).
+        root: folder under which the scenario's run folder is made.
+        say: progress callback.
+    """
+
+    def __init__(self, scenario: Scenario, base: LedgerSettings, root: Path, say: Say) -> None:
+        self.scenario = scenario
+        self.base = base
+        self.say = say
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in scenario.name)
+        self.settings = base.model_copy(
+            update={
+                "topic_prefix": f"gameday-{safe}-{uuid.uuid4().hex[:6]}",
+                "run_dir": run_dir_for(root, safe),
+                "clock": "manual",
+                "relay_mode": scenario.mode,
+                "policy_version": scenario.policy_version,
+                "sinks_file": None,
+                "trusted_keys_file": None,
+            }
+        )
+        self.harness = Harness(self.settings)
+        self.publisher = IntentPublisher(self.settings, client_id=f"gameday-{safe}")
+        self.reviewers: dict[str, ReviewerKey] = {}
+        self.approvals: dict[str, Approval] = {}
+        self.claims: list[dict[str, Any]] = []
+        self.audit_violations: int | None = None
+        self.audit_details: list[str] = []
+        self.started = False
+
+    # ------------------------------------------------------------------ helpers
+
+    def _reviewer(self, name: str) -> ReviewerKey:
+        key = self.reviewers.get(name)
+        if key is None:
+            key = ReviewerKey.generate(f"{name}-key")
+            trust(self.settings.trusted_keys_path(), key)
+            self.reviewers[name] = key
+        return key
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        """Wait until every live stage has caught up.
+
+        Raises:
+            LedgerError: not quiescent in time, or a stage died of an error
+                (not of a fault hook's SIGKILL); the message has the log tails.
+        """
+        if not self.started:
+            return
+        try:
+            self.harness.wait_quiescent(timeout_s)
+        except LedgerError as exc:
+            raise LedgerError(f"{exc}\n{self.harness.log_tail()}") from exc
+        failed = self.harness.failed()
+        if failed:
+            raise LedgerError(
+                "stage(s) died of an error, not of a fault hook: "
+                + ", ".join(f"{name} (exit status {code})" for name, code in failed.items())
+                + f"\n{self.harness.log_tail()}"
+            )
+
+    def state(self, operation_id: str) -> OperationState:
+        st = current_states(self.settings).get(operation_id)
+        if st is None:
+            raise LedgerError(
+                f"scenario {self.scenario.name}: operation {operation_id!r} is not in the ledger"
+            )
+        return st
+
+    def _claim_results(self, claim_ids: list[str]) -> dict[str, bool]:
+        results: dict[str, bool] = {}
+        for rec in read_topic(self.settings, "journal"):
+            entry = rec.event
+            if not isinstance(entry, JournalEntry) or entry.kind != "Claim":
+                continue
+            claim = decode_event(entry.input_event)
+            if isinstance(claim, Claim) and claim.claim_id in claim_ids:
+                results[claim.claim_id] = entry.outcome == "APPLIED"
+        return results
+
+    def _record_claims(self, claims: list[tuple[str, str]]) -> None:
+        self.settle()
+        results = self._claim_results([cid for _, cid in claims])
+        for worker, cid in claims:
+            if cid not in results:
+                raise LedgerError(
+                    f"claim {cid} by {worker} was not decided; is the processor running "
+                    "(a 'run' step must come first)?"
+                )
+            self.claims.append({"worker": worker, "accepted": results[cid]})
+            self.say(f"    claim by {worker}: {'accepted' if results[cid] else 'rejected'}")
+
+    # ------------------------------------------------------------------ steps
+
+    def step(self, kind: str, args: Any) -> None:
+        """Carry out one step."""
+        if kind in SETTLE_FIRST:
+            self.settle()
+        handler = getattr(self, f"_step_{kind}")
+        handler(args)
+
+    def _step_approve(self, a: Approve) -> None:
+        approval = self._reviewer(a.reviewer).sign(
+            Approval(
+                approval_id=a.approval_id,
+                reviewer=a.reviewer,
+                policy_version=a.policy_version,
+                expires_at_ms=int(a.expires_at * 1000),
+                scope_subject=a.scope.subject,
+                scope_max_amount_minor=a.scope.max_amount_minor,
+                scope_operation_id=a.scope.operation_id,
+                granted_at_ms=self.harness.clock.now_ms(),
+            )
+        )
+        self.approvals[a.approval_id] = approval
+        self.publisher.publish_approval(approval)
+
+    def _step_revoke(self, r: Revoke) -> None:
+        grant = self.approvals.get(r.approval_id)
+        if grant is None:
+            raise LedgerError(f"revoke: approval {r.approval_id!r} was not approved earlier")
+        self.publisher.publish_approval(
+            grant.model_copy(update={"status": "REVOKED", "revoked_by": r.by})
+        )
+
+    def _step_policy(self, p: Policy) -> None:
+        self.publisher.publish_policy(p.version, "gameday", self.harness.clock.now_ms())
+
+    def _step_intent(self, i: IntentStep) -> None:
+        self.publisher.publish(
+            operation_id=i.operation_id,
+            sink=i.sink,
+            action=i.action,
+            params=i.params,
+            actor=i.actor,
+            subject=i.subject,
+            purpose=i.purpose,
+            decision_version=i.decision_version,
+            approval_id=i.approval_id,
+            published_at_ms=self.harness.clock.now_ms(),
+        )
+
+    def _step_fault(self, f: Fault) -> None:
+        self.harness.arm(f.seam, f.operation_id or "*", f.times)
+
+    def _step_sink_fault(self, f: SinkFault) -> None:
+        with self.harness.sinks[f.sink].client() as client:
+            client.arm_fault(f.operation_id, f.mode)
+
+    def _step_run(self, r: Run) -> None:
+        self.harness.start_all()
+        self.started = True
+        self.settle(r.timeout_s)
+        crashed = self.harness.crashed()
+        if crashed:
+            self.say(f"    crashed at a seam: {', '.join(crashed)}")
+
+    def _step_restart(self, r: Restart) -> None:
+        restarted = self.harness.restart(r.component)
+        self.say(f"    restarted: {', '.join(restarted) or 'nothing had crashed'}")
+
+    def _step_advance(self, a: Advance) -> None:
+        now = self.harness.advance(a.seconds)
+        self.say(f"    clock at {now / 1000:g} s")
+
+    def _step_claim(self, c: ClaimStep) -> None:
+        version = (
+            self.state(c.operation_id).version
+            if c.expected_version == "current"
+            else int(c.expected_version)
+        )
+        cid = self.publisher.publish_claim(c.operation_id, c.worker, version)
+        self._record_claims([(c.worker, cid)])
+
+    def _step_race(self, r: Race) -> None:
+        version = self.state(r.operation_id).version
+        claims = [(w, self.publisher.publish_claim(r.operation_id, w, version)) for w in r.workers]
+        self._record_claims(claims)
+
+    def _step_stale_dispatch(self, s: StaleDispatch) -> None:
+        state = self.state(s.operation_id)
+        sink = self.harness.sinks.get(state.sink)
+        if sink is None:
+            raise LedgerError(f"stale_dispatch: sink {state.sink!r} is not running")
+        token = state.epoch - 1
+        with sink.client() as client:
+            result = stale_dispatch(client, sink.contract, state, token, s.worker, self.publisher)
+        self.say(f"    stale dispatch by {s.worker} with token {token}: {result.status}")
+
+    def _step_dispose(self, d: Dispose) -> None:
+        self.publisher.publish_disposition(
+            Disposition(
+                disposition_id=f"disposition:{d.by}:{uuid.uuid4().hex[:8]}",
+                operation_id=d.operation_id,
+                decision=d.decision.upper(),  # type: ignore[arg-type]
+                by=d.by,
+                evidence=d.evidence,
+                disposed_at_ms=self.harness.clock.now_ms(),
+            )
+        )
+
+    def _step_broker_restart(self, _: object) -> None:
+        status = broker.status(self.settings)
+        if not status.owned:
+            raise LedgerError(
+                "broker_restart needs the local broker started by 'ledger broker start'; "
+                f"this run uses {self.settings.bootstrap_servers} ({status.message})"
+            )
+        broker.restart(self.settings)
+
+    def _step_compact(self, _: object) -> None:
+        force_compaction(self.settings)
+
+    def _step_audit(self, _: object) -> None:
+        report = run_audit(self.settings)
+        self.audit_violations = len(report.violations)
+        self.audit_details = [
+            f"{v.invariant} {v.operation_id or ''}: {v.evidence}" for v in report.violations
+        ]
+        self.say(f"    audit: {self.audit_violations} violation(s)")
+        for line in self.audit_details:
+            self.say(f"      {line}")
+
+    # ------------------------------------------------------------------ report
+
+    def observe(self) -> dict[str, Any]:
+        """What happened, in the shape of ``expect``."""
+        self.settle()
+        states = current_states(self.settings)
+        effects: dict[str, int] = {}
+        stale = 0
+        for sink in self.harness.sinks.values():
+            with sink.client() as client:
+                for op, n in client.effects().items():
+                    effects[op] = effects.get(op, 0) + n
+                stale += client.stats().get("stale_rejections", 0)
+        operating = [
+            r.event
+            for r in read_topic(self.settings, "operating-events")
+            if isinstance(r.event, OperatingEvent)
+        ]
+        ops = sorted(set(states) | set(self.scenario.expect.operations) | set(effects))
+        operations = {}
+        for op in ops:
+            st = states.get(op)
+            operations[op] = {
+                "state": str(st.state) if st else None,
+                "effects": effects.get(op, 0),
+                "reason": st.reason if st else "",
+                "recovery_receipts": st.recovery_receipts if st else 0,
+            }
+        totals = {
+            "duplicate_effects": sum(max(0, n - 1) for n in effects.values()),
+            "unknown_outcomes_open": sum(
+                1 for st in states.values() if st.state == S.UNKNOWN_OUTCOME
+            ),
+            "stale_rejections": stale,
+            "reauthorisations": sum(1 for st in states.values() if st.reauthorisations > 0),
+            "accepted_claims": sum(1 for c in self.claims if c["accepted"]),
+            "rejected_claims": sum(1 for c in self.claims if not c["accepted"]),
+            "drift_rejections": sum(1 for e in operating if e.kind == "PARAMETER_DRIFT"),
+            "postcondition_mismatches": sum(
+                1 for e in operating if e.kind == "POSTCONDITION_MISMATCH"
+            ),
+            "operating_events": len(operating),
+        }
+        return {
+            "operations": operations,
+            "claims": list(self.claims),
+            "totals": totals,
+            "audit": {"violations": self.audit_violations, "details": self.audit_details},
+        }
+
+    def run(self) -> dict[str, Any]:
+        """Run every step, then observe and check the expectations."""
+        started = time.monotonic()
+        try:
+            if self.scenario.policy_version != 1:
+                self.publisher.publish_policy(self.scenario.policy_version, "gameday", 0)
+            for name, spec in self.scenario.sinks.items():
+                self.harness.start_sink(
+                    name, spec.contract, hang_s=2 * self.settings.sink_timeout_s
+                )
+            for n, step in enumerate(self.scenario.steps):
+                self.say(f"  step {n}: {step.kind}")
+                self.step(step.kind, step.args)
+            observed = self.observe()
+        finally:
+            self.publisher.close()
+            self.harness.stop()
+        failures = check(self.scenario, observed)
+        return {
+            "name": self.scenario.name,
+            **observed,
+            "passed": not failures,
+            "failures": failures,
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+
+
+def _matches(expected: int | Bound, observed: int | None) -> bool:
+    if observed is None:
+        return False
+    if isinstance(expected, Bound):
+        return (expected.min is None or observed >= expected.min) and (
+            expected.max is None or observed <= expected.max
+        )
+    return observed == expected
+
+
+def _show(expected: int | Bound) -> Any:
+    return expected.model_dump(exclude_none=True) if isinstance(expected, Bound) else expected
+
+
+def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
+    """Compare observations with ``expect``; one failure per path that differs."""
+    failures: list[dict[str, Any]] = []
+
+    def fail(path: str, expected: Any, got: Any) -> None:
+        failures.append({"path": path, "expected": expected, "observed": got})
+
+    exp = scenario.expect
+    for op, want in exp.operations.items():
+        got = observed["operations"].get(op, {})
+        base = f"operations.{op}"
+        if want.state is not None and got.get("state") != want.state:
+            fail(f"{base}.state", want.state, got.get("state"))
+        if want.effects is not None and not _matches(want.effects, got.get("effects")):
+            fail(f"{base}.effects", _show(want.effects), got.get("effects"))
+        if want.reason_contains and want.reason_contains not in (got.get("reason") or ""):
+            fail(f"{base}.reason_contains", want.reason_contains, got.get("reason"))
+        if want.recovery_receipts_min is not None and (
+            got.get("recovery_receipts", 0) < want.recovery_receipts_min
+        ):
+            fail(
+                f"{base}.recovery_receipts_min",
+                want.recovery_receipts_min,
+                got.get("recovery_receipts"),
+            )
+    if exp.claims is not None:
+        want_claims = [c.model_dump() for c in exp.claims]
+        if want_claims != observed["claims"]:
+            fail("claims", want_claims, observed["claims"])
+    for name in TOTALS:
+        want_total = getattr(exp.totals, name)
+        if want_total is not None and not _matches(want_total, observed["totals"].get(name)):
+            fail(f"totals.{name}", _show(want_total), observed["totals"].get(name))
+    if exp.audit is not None and not _matches(
+        exp.audit.violations, observed["audit"]["violations"]
+    ):
+        fail("audit.violations", _show(exp.audit.violations), observed["audit"]["violations"])
+    return failures
+
+
+def run_files(paths: list[Path], base: LedgerSettings, say: Say) -> list[dict[str, Any]]:
+    """Run scenario files one after another; returns one report per file."""
+    from testbed.scenario import load
+
+    scenarios = [(path, load(path)) for path in paths]  # fail fast on malformed files
+    reports = []
+    root = base.run_dir / "gameday"
+    for path, scenario in scenarios:
+        say(f"scenario {scenario.name} ({path.name})")
+        try:
+            report = GameDay(scenario, base, root, say).run()
+        except LedgerError as exc:
+            report = {
+                "name": scenario.name,
+                "passed": False,
+                "failures": [
+                    {"path": "(run)", "expected": "the scenario runs", "observed": exc.message}
+                ],
+            }
+        report["file"] = str(path)
+        verdict = "PASS" if report["passed"] else "FAIL"
+        say(f"{verdict} {scenario.name} in {report.get('wall_s', '?')} s")
+        for f in report["failures"]:
+            say(f"  {f['path']}: expected {f['expected']!r}, observed {f['observed']!r}")
+        reports.append(report)
+    return reports

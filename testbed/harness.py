@@ -1,0 +1,380 @@
+"""Running the ledger's stages as real processes, for demos, game days and tests.
+
+A :class:`Harness` owns one ledger (one topic prefix and run folder): it
+starts the reference sinks and the stage processes (``ledger processor``,
+``ledger authority``, ``ledger relay``), arms fault hooks, restarts crashed
+stages, and waits until the ledger is quiescent.
+
+Quiescence is read from Kafka, not from timers: for every live stage's
+consumer group, the committed offset of every input partition has reached
+that partition's last stable offset. Committed offsets move only with the
+transaction that also wrote the stage's outputs, so when every live group has
+caught up (committed offsets read first, end offsets second), no live stage
+holds work it can still progress.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import IO
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from consumers.stages import STAGES
+from ledger.clock import ManualClock
+from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sinks
+from ledger.errors import LedgerError
+from ledger.events import OperatingEvent, OperationState
+from ledger.kafka import client_config
+from ledger.settings import LedgerSettings
+from ledger.topics import create_topics
+from producers.intents import IntentPublisher
+from sinks.client import SinkClient, SubmitResult
+from testbed import faults
+from testbed.sinks.process import SinkProcess
+
+log = logging.getLogger(__name__)
+
+
+def settings_env(settings: LedgerSettings) -> dict[str, str]:
+    """Environment that gives a child process the same settings (``LEDGER_*``)."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            env[f"LEDGER_{name.upper()}"] = str(value)
+    return env
+
+
+class Harness:
+    """One ledger's processes.
+
+    Args:
+        settings: the ledger's settings (its own ``topic_prefix`` and
+            ``run_dir``).
+        create: create the ledger's topics first.
+    """
+
+    def __init__(self, settings: LedgerSettings, *, create: bool = True) -> None:
+        self.settings = settings
+        self.run_dir = settings.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self.clock = ManualClock(self.run_dir / "clock")
+        if not (self.run_dir / "clock").exists():
+            self.clock.set_ms(0)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: Stage processes stopped by :meth:`pause` (names).
+        self.paused: set[str] = set()
+        self._logs: dict[str, IO[bytes]] = {}
+        self.sinks: dict[str, SinkProcess] = {}
+        self._group_consumers: dict[str, Consumer] = {}
+        self._lso_consumer: Consumer | None = None
+        if create:
+            create_topics(settings)
+
+    # ------------------------------------------------------------------ sinks
+
+    def start_sink(self, name: str, contract: EffectContract, hang_s: float = 5.0) -> SinkProcess:
+        """Start a reference sink and register it for the relay."""
+        sink = SinkProcess(name, contract, self.run_dir, clock="manual", hang_s=hang_s)
+        sink.start()
+        self.sinks[name] = sink
+        registry = load_sinks(self.settings.sinks_path())
+        registry[name] = SinkEndpoint(url=sink.url, contract=contract)
+        save_sinks(self.settings.sinks_path(), registry)
+        return sink
+
+    def effects(self, sink: str, operation_id: str) -> int:
+        """How many effects a sink itself holds for an operation."""
+        with self.sinks[sink].client() as client:
+            return client.effects().get(operation_id, 0)
+
+    # ------------------------------------------------------------------ stages
+
+    def start(self, component: str, instance: str = "0") -> None:
+        """Start one stage process with armed fault hooks (``python -m testbed.stage``)."""
+        if component not in STAGES:
+            raise LedgerError(f"unknown component {component!r}; one of {sorted(STAGES)}")
+        name = f"{component}-{instance}"
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            return
+        log = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
+        self._logs[name] = log
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "testbed.stage", component, "--instance", instance],
+            env=settings_env(self.settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def start_all(self) -> None:
+        """Start every stage that was never started (crashed ones wait for :meth:`restart`)."""
+        for component in STAGES:
+            if f"{component}-0" not in self.procs:
+                self.start(component)
+
+    def alive(self, component: str, instance: str = "0") -> bool:
+        """True while that stage process runs."""
+        proc = self.procs.get(f"{component}-{instance}")
+        return proc is not None and proc.poll() is None
+
+    def kill(self, component: str, instance: str = "0") -> None:
+        """SIGKILL one stage process (a crash at an arbitrary point)."""
+        proc = self.procs.get(f"{component}-{instance}")
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def pause(self, component: str, instance: str = "0") -> bool:
+        """SIGSTOP one stage process: it keeps its sockets but stops heartbeating.
+
+        Once its session times out, its partitions move to the other instances;
+        on :meth:`resume` it is a zombie that Kafka (consumer-group generation,
+        transactional fencing) and the sinks' fencing tokens must refuse.
+
+        Returns:
+            True if a live process was paused.
+        """
+        proc = self.procs.get(f"{component}-{instance}")
+        if proc is None or proc.poll() is not None:
+            return False
+        proc.send_signal(signal.SIGSTOP)
+        self.paused.add(f"{component}-{instance}")
+        return True
+
+    def resume(self, component: str, instance: str = "0") -> None:
+        """SIGCONT a stage process paused by :meth:`pause`."""
+        name = f"{component}-{instance}"
+        proc = self.procs.get(name)
+        self.paused.discard(name)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+
+    def crashed(self) -> list[str]:
+        """Stages whose process has ended."""
+        return [name for name, proc in self.procs.items() if proc.poll() is not None]
+
+    def failed(self) -> dict[str, int]:
+        """Stages that ended other than by SIGKILL (an error, not a fault hook): name -> status."""
+        return {
+            name: code
+            for name, proc in self.procs.items()
+            if (code := proc.poll()) is not None and code != -signal.SIGKILL
+        }
+
+    def restart(self, component: str | None = None) -> list[str]:
+        """Restart crashed stages (all, or one component); returns what was restarted."""
+        restarted = []
+        for name in self.crashed():
+            comp, _, instance = name.rpartition("-")
+            if component is None or comp == component:
+                self.start(comp, instance)
+                restarted.append(name)
+        return restarted
+
+    def arm(self, seam: str, operation_id: str = faults.ANY, times: int = 1) -> None:
+        """Arm a fault hook: the stage reaching ``seam`` for that operation dies."""
+        faults.arm(self.run_dir, seam, operation_id, times)
+
+    def advance(self, seconds: float) -> int:
+        """Move the ledger clock forward; returns the new time (ms)."""
+        return self.clock.advance(seconds)
+
+    # ------------------------------------------------------------------ quiescence
+
+    def _committed(self, component: str, tps: list[TopicPartition]) -> list[TopicPartition]:
+        group = f"{self.settings.topic_prefix}.{component}"
+        consumer = self._group_consumers.get(group)
+        if consumer is None:
+            consumer = Consumer(
+                client_config(self.settings, **{"group.id": group, "enable.auto.commit": False})
+            )
+            self._group_consumers[group] = consumer
+        result: list[TopicPartition] = consumer.committed(tps, timeout=30)
+        return result
+
+    def _ends(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
+        if self._lso_consumer is None:
+            self._lso_consumer = Consumer(
+                client_config(
+                    self.settings,
+                    **{
+                        "group.id": f"{self.settings.topic_prefix}.harness",
+                        "isolation.level": "read_committed",
+                    },
+                )
+            )
+        ends = {}
+        for tp in tps:
+            _, high = self._lso_consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+            ends[(tp.topic, tp.partition)] = high
+        return ends
+
+    def _ready(self, name: str, pid: int) -> bool:
+        path = self.run_dir / "status" / f"{name}.json"
+        try:
+            return int(json.loads(path.read_text()).get("pid", -1)) == pid
+        except (OSError, ValueError):
+            return False
+
+    def lagging(self) -> dict[str, int]:
+        """Records each live stage has yet to commit past (empty when quiescent).
+
+        A stage that has not yet said it is ready (partitions assigned,
+        start-up work such as resume claims done) counts as one behind.
+        """
+        behind: dict[str, int] = {}
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                continue
+            component = name.rpartition("-")[0]
+            if not self._ready(name, proc.pid):
+                behind[component] = behind.get(component, 0) + 1
+                continue
+            tps = [
+                TopicPartition(self.settings.topic(t), p)
+                for t in STAGES[component].inputs
+                for p in range(self.settings.partitions)
+            ]
+            committed = self._committed(component, tps)
+            ends = self._ends(tps)
+            lag = sum(
+                max(0, ends[(tp.topic, tp.partition)] - max(tp.offset, 0)) for tp in committed
+            )
+            if lag:
+                behind[component] = behind.get(component, 0) + lag
+        return behind
+
+    def wait_quiescent(self, timeout_s: float = 60.0, poll_s: float = 0.1) -> None:
+        """Block until no live stage has uncommitted input.
+
+        Raises:
+            LedgerError: if the ledger is not quiescent within ``timeout_s``
+                (the message says which stage is behind, and by how much).
+        """
+        deadline = time.monotonic() + timeout_s
+        stable = 0
+        behind: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            try:
+                behind = self.lagging()
+            except KafkaException as exc:  # e.g. NOT_COORDINATOR just after a broker restart
+                behind = {"(broker)": 1}
+                log.info("quiescence check failed (%s); retrying", exc)
+                self._drop_clients()
+            stable = stable + 1 if not behind else 0
+            if stable >= 2:
+                return
+            time.sleep(poll_s)
+        raise LedgerError(
+            f"ledger {self.settings.topic_prefix} not quiescent after {timeout_s} s; "
+            f"behind: {behind}; logs in {self.run_dir / 'logs'}"
+        )
+
+    def _drop_clients(self) -> None:
+        for consumer in self._group_consumers.values():
+            consumer.close()
+        self._group_consumers.clear()
+        if self._lso_consumer is not None:
+            self._lso_consumer.close()
+            self._lso_consumer = None
+
+    # ------------------------------------------------------------------ teardown
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop every stage (SIGTERM, then SIGKILL) and every sink."""
+        for name in list(self.paused):
+            self.resume(*name.rsplit("-", 1))
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for log in self._logs.values():
+            log.close()
+        for sink in self.sinks.values():
+            sink.stop()
+        self._drop_clients()
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of every stage log (for error reports)."""
+        parts = []
+        for path in sorted((self.run_dir / "logs").glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {path.name}\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_dir_for(base: Path, name: str) -> Path:
+    """A fresh run folder ``base/name`` (emptied if it exists)."""
+    import shutil
+
+    path = base / name
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def stale_dispatch(
+    client: SinkClient,
+    contract: EffectContract,
+    state: OperationState,
+    token: int,
+    worker: str,
+    publisher: IntentPublisher,
+) -> SubmitResult:
+    """What a losing resumer does: dispatch to the sink with the token it held.
+
+    Args:
+        client: the operation's sink.
+        contract: the sink's contract (the idempotency key is sent if it has one).
+        state: the operation's current state (parameters, digest, sink).
+        token: the fencing token the resumer held (lower than the winner's).
+        worker: the resumer's name.
+        publisher: where a refusal is recorded as a ``STALE_TOKEN`` operating event.
+
+    Returns:
+        The sink's answer (``stale_token`` when fencing worked).
+    """
+    op = state.operation_id
+    result = client.submit(
+        op,
+        state.parameter_digest,
+        json.loads(state.params_json),
+        token,
+        f"{worker}:{uuid.uuid4().hex[:6]}",
+        use_key=contract.idempotent,
+    )
+    if result.status == "stale_token":
+        publisher.publish_operating_event(
+            OperatingEvent(
+                event_id=f"{worker}:{op}:stale:{token}",
+                operation_id=op,
+                component=worker,
+                kind="STALE_TOKEN",
+                reason=f"{state.sink} refused fencing token {token}: {result.detail}",
+            )
+        )
+    return result

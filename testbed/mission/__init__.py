@@ -1,0 +1,1 @@
+"""The fee-remediation mission: plan (pure), run (real processes), report (pure), HTML."""

@@ -1,0 +1,242 @@
+"""The fee-remediation mission's plan: its cases and its faults, from a seed.
+
+Everything here is a pure function of :class:`MissionOptions` (and so of the
+seed): the same options give the same cases, the same eligibility decisions,
+the same approvals that expire before use and the same faults armed against
+the same operations, in ``ledger`` and in ``checkpoint-only`` mode alike. That
+is what makes the two modes comparable (``ledger mission compare``).
+
+A case is one customer charged a fee in error. Its chain of operations:
+
+1. **eligibility** - a pure decision over the case's data, cheap to replay,
+   never an operation of the ledger (it has no effect outside);
+2. **review** - a signed approval: a human reviewer's above
+   :attr:`MissionOptions.review_threshold_minor`, the policy engine's below;
+   some approvals expire before they are used, and the policy version changes
+   part-way through the mission, so some operations need reauthorisation;
+3. **refund** (``refund:{case}:v1``) through the payment gateway;
+4. **notification** (``notify:{case}:v1``) through a mail sink with no
+   readback; it may only describe a verified refund, so it is published only
+   once the refund is ``OUTCOME_VERIFIED``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ledger.contracts import PAYMENT_GATEWAY, EffectContract
+
+#: Seams of ``testbed.faults`` and the stage that reaches each.
+SEAM_STAGE: dict[str, str] = {
+    "before_admission": "authority",
+    "after_admission_before_dispatch": "processor",
+    "after_dispatch_before_send": "relay",
+    "after_sink_commit_before_receipt": "relay",
+    "after_receipt_before_commit": "relay",
+    "after_commit_before_verification": "relay",
+}
+
+#: Fault modes of the reference sinks (``POST /admin/faults``).
+SINK_FAULT_MODES: tuple[str, ...] = (
+    "reject",
+    "unavailable",
+    "timeout_before_commit",
+    "commit_then_drop_response",
+    "timeout_after_commit",
+)
+
+#: The mail sink: sends cannot be read back nor deduplicated. A wrong or
+#: repeated notification can be corrected by a follow-up message, so its
+#: consequence class is ``reversible-external``.
+MAILER = EffectContract(consequence="reversible-external")
+
+#: Sink name -> contract, as the mission registers them.
+MISSION_SINKS: dict[str, EffectContract] = {"payments": PAYMENT_GATEWAY, "mailer": MAILER}
+
+#: Consequence class of the pure eligibility step (no effect outside the workflow).
+PURE_CLASS = "reversible-internal"
+
+#: Days of the billing outage in which fees were charged in error (inclusive).
+OUTAGE_DAYS = (5, 94)
+
+Mode = Literal["ledger", "checkpoint-only"]
+
+
+@dataclass(frozen=True)
+class MissionOptions:
+    """What to run.
+
+    Attributes:
+        cases: number of cases.
+        crash_rate: probability, per operation, that a stage process is
+            SIGKILLed at a seam while handling it (0..1).
+        seed: random seed; the same seed gives the same cases and faults.
+        mode: ``ledger``, or ``checkpoint-only`` (the negative control: the
+            relay trusts its checkpoint and resubmits without readback).
+        instances: instances of each stage in the same consumer groups.
+        sink_fault_rate: probability, per operation, of a sink fault
+            (``None``: the crash rate).
+        review_threshold_minor: refunds at or above this amount (minor
+            currency units) need a human reviewer's approval.
+        expiring_rate: share of approvals that expire before they are used.
+        race_rate: share of refunds raced by two resumers (``None``: half
+            the crash rate).
+        window: cases in flight at once.
+        broker_restart: restart the (local) broker once, part-way through.
+        chaos_every: a SIGKILL (or, with two instances, a pause that makes a
+            zombie) at an arbitrary point every this many cases started;
+            0 disables.
+    """
+
+    cases: int = 300
+    crash_rate: float = 0.05
+    seed: int = 7
+    mode: Mode = "ledger"
+    instances: int = 1
+    sink_fault_rate: float | None = None
+    review_threshold_minor: int = 10_000
+    expiring_rate: float = 0.05
+    race_rate: float | None = None
+    window: int = 200
+    broker_restart: bool = True
+    chaos_every: int = 500
+
+    def __post_init__(self) -> None:
+        for name in ("crash_rate", "expiring_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, not {value}")
+        for name in ("sink_fault_rate", "race_rate"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, not {value}")
+        if self.cases < 1:
+            raise ValueError("a mission needs at least one case")
+        if self.instances not in (1, 2, 3, 4):
+            raise ValueError("instances must be between 1 and 4")
+        if self.window < 1:
+            raise ValueError("window must be at least 1")
+        if self.mode not in ("ledger", "checkpoint-only"):
+            raise ValueError(f"mode must be ledger or checkpoint-only, not {self.mode!r}")
+
+    @property
+    def sink_faults(self) -> float:
+        """The sink-fault rate in force."""
+        return self.crash_rate if self.sink_fault_rate is None else self.sink_fault_rate
+
+    @property
+    def races(self) -> float:
+        """The resumer-race rate in force."""
+        return self.crash_rate / 2 if self.race_rate is None else self.race_rate
+
+
+@dataclass(frozen=True)
+class OpFaults:
+    """Faults armed against one operation.
+
+    Attributes:
+        seam: a seam at which the stage handling it is SIGKILLed, or ``None``.
+        sink_fault: a sink fault mode armed for it, or ``None``.
+        race: two resumers race to claim it while it is in flight.
+    """
+
+    seam: str | None = None
+    sink_fault: str | None = None
+    race: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    """One customer's case.
+
+    Attributes:
+        number: case number (0-based).
+        customer: the represented subject, e.g. ``customer-00042``.
+        account: account to credit.
+        fee_minor: the fee to refund (minor currency units, GBP).
+        charged_day: day the fee was charged (0..99).
+        already_refunded: the fee was refunded by hand before the mission.
+        expiring: the first approval expires before it is used.
+        refund: faults armed against the refund.
+        notify: faults armed against the notification.
+    """
+
+    number: int
+    customer: str
+    account: str
+    fee_minor: int
+    charged_day: int
+    already_refunded: bool
+    expiring: bool
+    refund: OpFaults = field(default_factory=OpFaults)
+    notify: OpFaults = field(default_factory=OpFaults)
+
+    @property
+    def refund_op(self) -> str:
+        """The refund's operation ID (stable: chosen before the first attempt)."""
+        return f"refund:{self.number:05d}:v1"
+
+    @property
+    def notify_op(self) -> str:
+        """The notification's operation ID."""
+        return f"notify:{self.number:05d}:v1"
+
+
+def eligible(case: Case) -> bool:
+    """The eligibility step: a pure decision over the case's own data.
+
+    A fee is refunded when it was charged during the billing outage and was not
+    already refunded by hand. Replaying it after a crash costs nothing and has
+    no effect outside, which is why it needs no ledger entry.
+    """
+    first, last = OUTAGE_DAYS
+    return first <= case.charged_day <= last and not case.already_refunded
+
+
+def plan(options: MissionOptions) -> list[Case]:
+    """The mission's cases and the faults armed against their operations.
+
+    Coverage is guaranteed, not left to chance: the first crashes planned
+    cycle through every seam, and the first sink faults through every mode
+    (as long as the rates plan at least that many), so every named seam and
+    fault mode is exercised in every mission big enough to hold them.
+
+    Returns:
+        ``options.cases`` cases, numbered from 0.
+    """
+    rng = random.Random(options.seed)
+    seams = list(SEAM_STAGE)
+    modes = list(SINK_FAULT_MODES)
+    crashes = sink_faults = 0
+    cases = []
+
+    def faults(sink: str) -> OpFaults:
+        nonlocal crashes, sink_faults
+        seam = mode = None
+        if rng.random() < options.crash_rate:
+            seam = seams[crashes] if crashes < len(seams) else rng.choice(seams)
+            crashes += 1
+        if rng.random() < options.sink_faults:
+            mode = modes[sink_faults] if sink_faults < len(modes) else rng.choice(modes)
+            sink_faults += 1
+        race = sink == "payments" and rng.random() < options.races
+        return OpFaults(seam, mode, race)
+
+    for n in range(options.cases):
+        fee = rng.choice((500, 1_500, 2_500, 3_500, 4_900, 7_500, 12_000, 25_000, 40_000))
+        cases.append(
+            Case(
+                number=n,
+                customer=f"customer-{n:05d}",
+                account=f"acct-{n:05d}",
+                fee_minor=fee,
+                charged_day=rng.randrange(100),
+                already_refunded=rng.random() < 0.03,
+                expiring=rng.random() < options.expiring_rate,
+                refund=faults("payments"),
+                notify=faults("mailer"),
+            )
+        )
+    return cases

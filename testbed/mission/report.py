@@ -1,0 +1,602 @@
+"""The mission report: a pure function of what the sinks and the ledger hold.
+
+:func:`build` takes the facts a finished mission gathered (final states,
+effects counted by the sinks themselves, the journal with its Kafka
+timestamps, fault-hook firings, the audits) and returns the report as a
+JSON-ready dict; :func:`render_text` prints it for a terminal and
+:func:`compare_text` puts several side by side. The HTML page comes from
+:mod:`testbed.mission.html`.
+
+Every measure carries its denominator and its split by consequence class
+(``irreversible`` refunds, ``reversible-external`` notifications).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ledger.audit import AuditReport
+from ledger.events import (
+    Claim,
+    Disposition,
+    EffectReceipt,
+    Event,
+    JournalEntry,
+    OperationState,
+    Readback,
+    RecoveryReceipt,
+    decode_event,
+)
+from ledger.fold import replay_decisions
+from ledger.states import RecoveryState as S
+from testbed.mission.plan import MISSION_SINKS, PURE_CLASS, SEAM_STAGE, Case, MissionOptions
+
+
+@dataclass(frozen=True)
+class JournalRow:
+    """One journal entry with when Kafka stored it.
+
+    Attributes:
+        entry: the journal entry.
+        at_s: the record's Kafka timestamp (Unix seconds).
+        claim_id: the claim's ID when the input was a claim.
+        postcondition: the readback status when the input was a postcondition readback.
+    """
+
+    entry: JournalEntry
+    at_s: float
+    claim_id: str | None = None
+    postcondition: str | None = None
+
+    @classmethod
+    def of(cls, event: Event, at_s: float) -> JournalRow:
+        """Wrap a decoded journal record.
+
+        Raises:
+            TypeError: ``event`` is not a journal entry.
+        """
+        if not isinstance(event, JournalEntry):
+            raise TypeError(f"not a journal entry: {event.KIND}")
+        claim_id = postcondition = None
+        if event.kind in ("Claim", "Readback"):
+            inner = decode_event(event.input_event)
+            if isinstance(inner, Claim):
+                claim_id = inner.claim_id
+            elif isinstance(inner, Readback) and inner.kind == "POSTCONDITION":
+                postcondition = inner.status
+        return cls(event, at_s, claim_id, postcondition)
+
+
+@dataclass(frozen=True)
+class MissionFacts:
+    """Everything a finished mission observed (input of :func:`build`).
+
+    Attributes:
+        options: the mission's options.
+        ledger: its topic prefix.
+        started_at: ISO-8601 UTC start time.
+        wall_s: wall time of the mission up to the audits (seconds).
+        peak_rss_mb: peak resident memory of all its processes together (MiB,
+            sampled once a second).
+        driver_peak_rss_mb: peak resident memory of the workflow process (MiB).
+        cases: the planned cases.
+        outcomes: case number -> outcome.
+        eligibility_evaluations: eligibility decisions made (pure steps).
+        states: final ``ledger.state`` per operation.
+        effects: sink -> operation -> effects the sink holds.
+        sink_stats: sink -> its counters.
+        journal: the journal, in order per partition.
+        fired: fault-hook firings (``testbed.faults.fired``).
+        armed: hooks still armed at the end (never reached).
+        chaos_kills: component -> SIGKILLs at arbitrary points.
+        zombie_pauses: component -> pauses past the session timeout.
+        restarts: stage processes restarted.
+        broker_restarts: broker restarts done.
+        broker_restart_note: why a planned broker restart did not happen.
+        races: ``(operation ID, [claim IDs])`` per resumer race.
+        nudge_claims: claims the workflow made on operations that stopped moving.
+        stale_dispatches: ``{"operation_id", "token", "refused"}`` per stale dispatch sent.
+        reauth_reasons: reason -> reauthorisations.
+        reconciled: the reconciler's results.
+        timeline: ``{"t_s", "states"}`` samples.
+        audit_before: the audit before forced compaction.
+        audit_after: the audit after it.
+        policy_changed_at: cases started when the policy version changed.
+        stage_errors: stage -> exits other than by SIGKILL.
+        kafka_fenced: stage process -> its transactions Kafka refused as a
+            zombie's (group generation gone, producer fenced).
+        process_starts: ``(Unix time, stage process name)`` of every start.
+    """
+
+    options: MissionOptions
+    ledger: str
+    started_at: str
+    wall_s: float
+    peak_rss_mb: float
+    driver_peak_rss_mb: float
+    cases: Sequence[Case]
+    outcomes: Mapping[int, str]
+    eligibility_evaluations: int
+    states: Mapping[str, OperationState]
+    effects: Mapping[str, Mapping[str, int]]
+    sink_stats: Mapping[str, Mapping[str, int]]
+    journal: Sequence[JournalRow]
+    fired: Sequence[Mapping[str, Any]]
+    armed: Sequence[Mapping[str, Any]]
+    chaos_kills: Mapping[str, int]
+    zombie_pauses: Mapping[str, int]
+    restarts: int
+    broker_restarts: int
+    broker_restart_note: str
+    races: Sequence[tuple[str, list[str]]]
+    nudge_claims: Sequence[str]
+    stale_dispatches: Sequence[Mapping[str, Any]]
+    reauth_reasons: Mapping[str, int]
+    reconciled: Sequence[Mapping[str, Any]]
+    timeline: Sequence[Mapping[str, Any]]
+    audit_before: AuditReport
+    audit_after: AuditReport
+    policy_changed_at: int | None
+    stage_errors: Mapping[str, int]
+    kafka_fenced: Mapping[str, int]
+    process_starts: Sequence[tuple[float, str]] = ()
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _measure(
+    name: str,
+    count: int,
+    of: int,
+    denominator: str,
+    by_class: Mapping[str, tuple[int, int]],
+    note: str = "",
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "count": count,
+        "of": of,
+        "denominator": denominator,
+        "by_class": {k: list(v) for k, v in by_class.items()},
+        "note": note,
+    }
+
+
+def _audit(report: AuditReport) -> dict[str, Any]:
+    return {
+        "violations": len(report.violations),
+        "details": [
+            f"{v.invariant} {v.operation_id or '-'}: {v.evidence}" for v in report.violations[:200]
+        ],
+        "checked": dict(report.checked),
+        "operations": report.operations,
+        "journal_entries": report.journal_entries,
+    }
+
+
+def readback_latencies(
+    journal: Sequence[JournalRow],
+    fired: Sequence[Mapping[str, Any]],
+    starts: Sequence[tuple[float, str]] = (),
+) -> tuple[list[float], int]:
+    """Time from the start of each resume to the authoritative readback that decided it.
+
+    A resume starts at the latest of: the last accepted claim on the
+    operation, the last fault-hook firing for it (the crash), and the last
+    (re)start of the stage process that made the observation (a restarted
+    relay reads back what it may have sent). It ends at the journal entry
+    whose decision wrote the recovery receipt. Receipts written from the
+    reconciler's end-of-mission readbacks are left out (their operations were
+    held on purpose).
+
+    Returns:
+        ``(latencies in milliseconds, resumes with no attributable start)``.
+    """
+    _, steps = replay_decisions(row.entry for row in journal)
+    crash_at: dict[str, list[float]] = defaultdict(list)
+    for f in fired:
+        crash_at[str(f.get("operation_id"))].append(float(f.get("at", 0.0)))
+    last_claim: dict[str, float] = {}
+    samples: list[float] = []
+    unattributed = 0
+    for row, (entry, event, _before, decision) in zip(journal, steps, strict=True):
+        op = entry.operation_id
+        if entry.kind == "Claim" and entry.outcome == "APPLIED":
+            last_claim[op] = row.at_s
+        if not any(isinstance(out.event, RecoveryReceipt) for out in decision.outputs):
+            continue
+        if isinstance(event, Readback | EffectReceipt) and event.observer == "reconciler":
+            continue
+        begun = [t for t in crash_at.get(op, []) if t <= row.at_s]
+        if op in last_claim:
+            begun.append(last_claim[op])
+        observer = getattr(event, "observer", None)
+        begun += [t for t, name in starts if name == observer and t <= row.at_s]
+        if not begun:
+            unattributed += 1
+            continue
+        samples.append(round((row.at_s - max(begun)) * 1000.0, 1))
+    return samples, unattributed
+
+
+def build(f: MissionFacts) -> dict[str, Any]:
+    """The mission report (the shape ``testbed.mission.html.mission_html`` renders).
+
+    Returns:
+        A JSON-ready dict with ``mission``, ``cases``, ``operations``,
+        ``measures``, ``readback_latency_ms``, ``faults``, ``timeline``,
+        ``effects_per_case``, ``audit`` and ``checks``.
+    """
+    opts = f.options
+    sink_of: dict[str, str] = {}
+    for case in f.cases:
+        sink_of[case.refund_op] = "payments"
+        sink_of[case.notify_op] = "mailer"
+    ops = [op for op in sink_of if op in f.states]
+
+    def cls(op: str) -> str:
+        return MISSION_SINKS[sink_of[op]].consequence
+
+    def effects(op: str) -> int:
+        return int(f.effects.get(sink_of[op], {}).get(op, 0))
+
+    def split(selected: Sequence[str], hits: set[str]) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for op in selected:
+            c, n = out.get(cls(op), (0, 0))
+            out[cls(op)] = (c + (op in hits), n + 1)
+        return out
+
+    # operations and their final states
+    by_state = Counter(str(f.states[op].state) for op in ops)
+    by_class: dict[str, dict[str, int]] = defaultdict(dict)
+    for op in ops:
+        state = str(f.states[op].state)
+        by_class[cls(op)][state] = by_class[cls(op)].get(state, 0) + 1
+    by_class[PURE_CLASS] = {"eligibility decisions (pure, not in the ledger)": len(f.cases)}
+
+    measures: list[dict[str, Any]] = []
+
+    # duplicate effects, counted by the sinks
+    with_effect = [op for op in ops if effects(op) > 0]
+    dups = {op for op in with_effect if effects(op) > 1}
+    extra = sum(effects(op) - 1 for op in dups)
+    measures.append(
+        _measure(
+            "duplicate effects",
+            len(dups),
+            len(with_effect),
+            "operations with an effect at a sink",
+            split(with_effect, dups),
+            f"counted by the sinks themselves; {extra} effect(s) beyond the first",
+        )
+    )
+
+    # unknown outcomes
+    ever_unknown = {
+        r.entry.operation_id
+        for r in f.journal
+        if r.entry.to_state == S.UNKNOWN_OUTCOME and r.entry.outcome == "APPLIED"
+    }
+    still = {op for op in ops if f.states[op].state == S.UNKNOWN_OUTCOME}
+    released_by: Counter[str] = Counter()
+    for r in f.journal:
+        e = r.entry
+        if e.from_state == S.UNKNOWN_OUTCOME and e.to_state not in (None, S.UNKNOWN_OUTCOME):
+            released_by["disposition" if e.kind == Disposition.KIND else "readback"] += 1
+    unknown_ops = sorted(op for op in ops if op in ever_unknown)
+    measures.append(
+        _measure(
+            "unresolved unknown outcomes",
+            len(still),
+            len(unknown_ops),
+            "operations that entered UNKNOWN_OUTCOME",
+            split(unknown_ops, still),
+            f"held for reconciliation, none released by time; resolved: "
+            f"{released_by['readback']} by readback, {released_by['disposition']} by disposition",
+        )
+    )
+
+    # racing and stale resumers
+    claim_outcome = {r.claim_id: r.entry.outcome for r in f.journal if r.claim_id}
+    losers = losers_refused = double_winners = undecided = 0
+    for _op, claim_ids in f.races:
+        applied = sum(1 for c in claim_ids if claim_outcome.get(c) == "APPLIED")
+        undecided += sum(1 for c in claim_ids if c not in claim_outcome)
+        double_winners += applied > 1
+        losers += len(claim_ids) - min(applied, 1)
+        losers_refused += sum(1 for c in claim_ids if claim_outcome.get(c) == "REFUSED")
+    stale_sent = len(f.stale_dispatches)
+    stale_refused = sum(1 for s in f.stale_dispatches if s.get("refused"))
+    gateway_refusals = sum(int(s.get("stale_rejections", 0)) for s in f.sink_stats.values())
+    raced_ops = [op for op, _ in f.races if op in f.states]
+    measures.append(
+        _measure(
+            "stale-resumer rejections",
+            losers_refused + stale_refused,
+            losers + stale_sent,
+            "losing resumers (claims that lost a race, stale dispatches sent)",
+            {"irreversible": (losers_refused + stale_refused, losers + stale_sent)},
+            f"{len(f.races)} races on {len(raced_ops)} refunds: {double_winners} with two "
+            f"winners, {undecided} claims undecided; the sinks refused {gateway_refusals} stale "
+            "fencing token(s) in all (zombie relays included)",
+        )
+    )
+
+    # reauthorisations
+    reauthorised = {op for op in ops if f.states[op].reauthorisations > 0}
+    reasons = ", ".join(f"{n} {k}" for k, n in sorted(f.reauth_reasons.items())) or "none"
+    measures.append(
+        _measure(
+            "reauthorisations",
+            sum(f.states[op].reauthorisations for op in ops),
+            len(ops),
+            "operations submitted for admission",
+            split(ops, reauthorised),
+            f"by reason: {reasons}; policy version 2 from case "
+            f"{f.policy_changed_at if f.policy_changed_at is not None else '-'}",
+        )
+    )
+
+    # postcondition mismatches
+    post = [r for r in f.journal if r.postcondition is not None]
+    mismatched = {r.entry.operation_id for r in post if r.postcondition == "MISMATCH"}
+    post_ops = sorted({r.entry.operation_id for r in post})
+    measures.append(
+        _measure(
+            "postcondition mismatches",
+            len(mismatched),
+            len(post_ops),
+            "operations with a postcondition readback",
+            split(post_ops, mismatched),
+        )
+    )
+
+    # compensations
+    compensable = [op for op in ops if MISSION_SINKS[sink_of[op]].compensable]
+    measures.append(
+        _measure(
+            "compensation failures",
+            0,
+            len(compensable),
+            "compensable operations",
+            split(compensable, set()),
+            "no sink in this mission offers a compensation; nothing was compensated",
+        )
+    )
+
+    # notifications must describe a verified refund
+    refund_of = {c.notify_op: c.refund_op for c in f.cases}
+    sent = [op for op in ops if sink_of[op] == "mailer" and effects(op) > 0]
+    unverified = {
+        op
+        for op in sent
+        if refund_of[op] not in f.states or f.states[refund_of[op]].state != S.OUTCOME_VERIFIED
+    }
+    measures.append(
+        _measure(
+            "notifications describing an unverified refund",
+            len(unverified),
+            len(sent),
+            "notifications sent",
+            split(sent, unverified),
+        )
+    )
+
+    # resumes
+    resumed = {op for op in ops if f.states[op].recovery_receipts > 0}
+    measures.append(
+        _measure(
+            "operations resumed with a recovery receipt",
+            len(resumed),
+            len(ops),
+            "operations",
+            split(ops, resumed),
+            f"{sum(f.states[op].recovery_receipts for op in ops)} recovery receipts in all",
+        )
+    )
+
+    latencies, unattributed = readback_latencies(f.journal, f.fired, f.process_starts)
+
+    # faults
+    kills_by_seam = Counter(str(x.get("seam")) for x in f.fired)
+    sink_faults = Counter(
+        mode
+        for c in f.cases
+        for mode, op in ((c.refund.sink_fault, c.refund_op), (c.notify.sink_fault, c.notify_op))
+        if mode is not None and op in f.states
+    )
+    faults_fired = sum(int(s.get("faults_fired", 0)) for s in f.sink_stats.values())
+    unreached = Counter(str(a.get("seam")) for a in f.armed)
+
+    # effects per case
+    per_case = Counter(str(effects(c.refund_op) + effects(c.notify_op)) for c in f.cases if True)
+    # (cases never published have no state and so no effects: they count as 0)
+
+    # checks
+    failures: list[str] = []
+    outcomes = Counter(f.outcomes.values())
+    unfinished = sum(n for o, n in outcomes.items() if o.startswith(("unfinished", "stuck")))
+    if unfinished:
+        failures.append(f"{unfinished} case(s) did not reach an outcome")
+    if f.stage_errors:
+        failures.append(f"stage process(es) died of an error: {dict(f.stage_errors)}")
+    if opts.mode == "ledger":
+        if dups:
+            failures.append(f"{len(dups)} operation(s) with duplicate effects")
+        if double_winners or losers_refused != losers or stale_refused != stale_sent:
+            failures.append(
+                f"losing resumers not all fenced: {double_winners} races with two winners, "
+                f"{losers_refused}/{losers} losing claims refused, "
+                f"{stale_refused}/{stale_sent} stale dispatches refused"
+            )
+        if unverified:
+            failures.append(f"{len(unverified)} notification(s) describe an unverified refund")
+        if mismatched:
+            failures.append(f"{len(mismatched)} postcondition mismatch(es)")
+        for label, audit in (("before", f.audit_before), ("after", f.audit_after)):
+            if audit.violations:
+                failures.append(f"audit {label} compaction: {len(audit.violations)} violation(s)")
+    return {
+        "mission": {
+            "cases": opts.cases,
+            "seed": opts.seed,
+            "crash_rate": opts.crash_rate,
+            "sink_fault_rate": opts.sink_faults,
+            "race_rate": opts.races,
+            "mode": opts.mode,
+            "instances": opts.instances,
+            "started_at": f.started_at,
+            "wall_s": round(f.wall_s, 1),
+            "peak_rss_mb": round(f.peak_rss_mb, 1),
+            "driver_peak_rss_mb": round(f.driver_peak_rss_mb, 1),
+            "ledger": f.ledger,
+        },
+        "cases": {"total": len(f.cases), "by_outcome": dict(outcomes.most_common())},
+        "eligibility": {
+            "evaluated": f.eligibility_evaluations,
+            "eligible": sum(1 for c in f.cases if c.refund_op in f.states),
+        },
+        "operations": {
+            "total": len(ops),
+            "by_state": dict(by_state.most_common()),
+            "by_class": {k: dict(v) for k, v in by_class.items()},
+        },
+        "measures": measures,
+        "readback_latency_ms": {
+            "count": len(latencies),
+            "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99),
+            "max": max(latencies) if latencies else None,
+            "unattributed": unattributed,
+            "samples": latencies,
+        },
+        "faults": {
+            "kills_by_seam": {s: kills_by_seam.get(s, 0) for s in SEAM_STAGE},
+            "kills_by_stage": dict(
+                Counter(SEAM_STAGE.get(str(x.get("seam")), "?") for x in f.fired)
+            ),
+            "hooks_never_reached": dict(unreached),
+            "chaos_kills": sum(f.chaos_kills.values()),
+            "chaos_kills_by_stage": dict(f.chaos_kills),
+            "zombie_pauses": sum(f.zombie_pauses.values()),
+            "zombie_pauses_by_stage": dict(f.zombie_pauses),
+            "zombie_transactions_fenced_by_kafka": sum(f.kafka_fenced.values()),
+            "zombie_transactions_fenced_by_stage": dict(f.kafka_fenced),
+            "sink_faults_by_mode": dict(sink_faults),
+            "sink_faults_fired": faults_fired,
+            "broker_restarts": f.broker_restarts,
+            "broker_restart_note": f.broker_restart_note,
+            "restarts": f.restarts,
+            "resumer_races": len(f.races),
+            "stale_dispatches": stale_sent,
+            "nudges": len(f.nudge_claims),
+        },
+        "timeline": list(f.timeline),
+        "effects_per_case": dict(sorted(per_case.items(), key=lambda kv: int(kv[0]))),
+        "reconciled": Counter(str(r.get("observed")) for r in f.reconciled),
+        "audit": {
+            "before_compaction": _audit(f.audit_before),
+            "after_compaction": _audit(f.audit_after),
+        },
+        "checks": {"passed": not failures, "failures": failures},
+    }
+
+
+def _rate(count: int, of: int) -> str:
+    return f"{count}/{of}" + (f" ({100 * count / of:.1f}%)" if of else "")
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    """The report for a terminal: a few aligned tables."""
+    m = report["mission"]
+    lines = [
+        f"mission {m['mode']}: {m['cases']} cases, seed {m['seed']}, "
+        f"crash rate {m['crash_rate']}, {m['instances']} instance(s) per stage - "
+        f"{m['wall_s']} s, peak RSS {m['peak_rss_mb']} MiB",
+        "",
+        "cases:",
+    ]
+    lines += [f"  {n:>6}  {o}" for o, n in report["cases"]["by_outcome"].items()]
+    lines += ["", "operations by final state (per consequence class):"]
+    for klass, states in report["operations"]["by_class"].items():
+        lines.append(f"  {klass}: " + ", ".join(f"{s} {n}" for s, n in states.items()))
+    lines += ["", "measures:"]
+    for ms in report["measures"]:
+        split = "; ".join(f"{k} {_rate(*v)}" for k, v in ms["by_class"].items())
+        lines.append(f"  {ms['name']:<48} {_rate(ms['count'], ms['of']):>18}  [{split}]")
+        lines.append(
+            f"  {'':<48} of {ms['denominator']}" + (f"; {ms['note']}" if ms["note"] else "")
+        )
+    lat = report["readback_latency_ms"]
+    lines += [
+        "",
+        f"time to authoritative readback after a resume: p50 {lat['p50']} ms, p99 {lat['p99']} ms,"
+        f" max {lat['max']} ms over {lat['count']} resumes",
+    ]
+    fl = report["faults"]
+    note = f" ({fl['broker_restart_note']})" if fl["broker_restart_note"] else ""
+    lines += [
+        "",
+        "faults injected:",
+        "  kills at seams: " + ", ".join(f"{s} {n}" for s, n in fl["kills_by_seam"].items()),
+        f"  chaos kills {fl['chaos_kills']}, zombie pauses {fl['zombie_pauses']}, broker restarts "
+        f"{fl['broker_restarts']}{note}, "
+        f"stage restarts {fl['restarts']}",
+        "  sink faults: " + ", ".join(f"{k} {n}" for k, n in fl["sink_faults_by_mode"].items()),
+        f"  resumer races {fl['resumer_races']}, stale dispatches {fl['stale_dispatches']}, "
+        f"zombie transactions fenced by Kafka {fl['zombie_transactions_fenced_by_kafka']}",
+    ]
+    for label, key in (("before", "before_compaction"), ("after", "after_compaction")):
+        audit = report["audit"][key]
+        lines.append(f"audit {label} compaction: {audit['violations']} violation(s)")
+        lines += [f"  {d}" for d in audit["details"][:20]]
+    checks = report["checks"]
+    lines.append("PASSED" if checks["passed"] else "FAILED: " + "; ".join(checks["failures"]))
+    return "\n".join(lines)
+
+
+def compare_text(reports: Sequence[Mapping[str, Any]]) -> str:
+    """Several mission reports side by side (one column per report)."""
+    heads = [f"{r['mission']['mode']} ({r['mission']['instances']}i)" for r in reports]
+    width = max(20, *(len(h) for h in heads))
+    lines = [f"{'':<48}" + "".join(f"{h:>{width + 2}}" for h in heads)]
+
+    def row(label: str, values: Sequence[str]) -> None:
+        lines.append(f"{label:<48}" + "".join(f"{v:>{width + 2}}" for v in values))
+
+    row("cases", [str(r["cases"]["total"]) for r in reports])
+    row("operations", [str(r["operations"]["total"]) for r in reports])
+    names = [m["name"] for m in reports[0]["measures"]]
+    for name in names:
+        values = []
+        for r in reports:
+            ms = next((m for m in r["measures"] if m["name"] == name), None)
+            values.append(_rate(ms["count"], ms["of"]) if ms else "-")
+        row(name, values)
+    row(
+        "readback after resume p50 / p99 (ms)",
+        [f"{r['readback_latency_ms']['p50']} / {r['readback_latency_ms']['p99']}" for r in reports],
+    )
+    row(
+        "audit violations (before / after compaction)",
+        [
+            f"{r['audit']['before_compaction']['violations']} / "
+            f"{r['audit']['after_compaction']['violations']}"
+            for r in reports
+        ],
+    )
+    row("wall time (s)", [str(r["mission"]["wall_s"]) for r in reports])
+    row("verdict", ["PASSED" if r["checks"]["passed"] else "FAILED" for r in reports])
+    return "\n".join(lines)

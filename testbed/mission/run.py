@@ -1,0 +1,730 @@
+"""``ledger mission run``: the fee-remediation mission, on the real ledger, under faults.
+
+A :class:`Mission` plays the remediation workflow for every case of
+:func:`testbed.mission.plan.plan` against its own ledger (topic prefix, run
+folder, reference sinks, stage processes). The workflow itself only reacts to
+what ``ledger.state`` says (it follows the topic ``read_committed``): it
+publishes each operation's approval and intent, reauthorises an operation the
+authority kernel refused, publishes the notification once the refund is
+``OUTCOME_VERIFIED``, and leaves an unknown outcome held.
+
+While it runs, faults are injected at the rates of
+:class:`~testbed.mission.plan.MissionOptions`: stage processes SIGKILL
+themselves at the named seams (fault hooks armed per operation), the sinks
+answer with every fault mode, two resumers race to claim in-flight refunds,
+the broker restarts once, the policy version changes half-way, and at
+arbitrary moments a stage process is SIGKILLed or (with two instances) paused
+past its session timeout so that its partitions move and it wakes up a zombie.
+Crashed stages are restarted - with several instances, sometimes only after
+the partner took over their partitions.
+
+At the end the reconciler reads back what can be read back, the auditor
+replays the whole ledger before and after forced compaction, and
+:func:`testbed.mission.report.build` turns what the sinks and the ledger hold
+into the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import resource
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+from consumers.auditor import run_audit
+from consumers.reader import current_states
+from consumers.reconciler import reconcile_once
+from consumers.stage import FENCED_MARKER, Record, read_partition
+from consumers.stages import STAGES
+from consumers.tables import TableFollower
+from ledger.errors import LedgerError
+from ledger.events import Approval, OperationState
+from ledger.settings import LedgerSettings
+from ledger.signing import ReviewerKey, trust
+from ledger.states import RecoveryState as S
+from ledger.topics import force_compaction
+from producers.intents import IntentPublisher
+from testbed import broker, faults
+from testbed.harness import Harness, run_dir_for, stale_dispatch
+from testbed.mission.plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
+from testbed.mission.report import JournalRow, MissionFacts, build
+from testbed.sinks.admin import ReferenceSinkClient
+from testbed.sinks.store import FaultMode
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[str], None]
+Progress = Callable[[int, int, str], None]
+
+#: Stage session timeout (ms) set in ``consumers/stage.py``; a partner takes
+#: over a silent instance's partitions after it.
+SESSION_TIMEOUT_S = 10.0
+#: Reauthorisations per operation before the workflow gives up on it.
+MAX_REAUTHORISATIONS = 3
+#: Times the workflow nudges a stuck operation (a claim) before giving up.
+MAX_NUDGES = 3
+#: Seconds without any state change before the workflow checks for stuck work.
+STALL_S = 15.0
+#: Seconds without any state change after which the mission gives up (a stage
+#: is stuck: the error names where the logs are instead of hanging).
+NO_PROGRESS_S = 300.0
+
+SETTLED = {S.OUTCOME_VERIFIED, S.ABANDONED, S.UNKNOWN_OUTCOME}
+
+
+@dataclass
+class CaseRun:
+    """The workflow's own progress on one case (its checkpoint)."""
+
+    case: Case
+    phase: str = "waiting"  # waiting | refund | notify | done
+    outcome: str | None = None
+    held: bool = False
+    approvals: int = 0
+    reauths: int = 0
+    nudges: int = 0
+    reacted: dict[str, int] = field(default_factory=dict)
+    raced: bool = False
+
+    @property
+    def settled(self) -> bool:
+        """True when the case needs nothing more from the workflow (done, or held)."""
+        return self.phase == "done" or self.held
+
+
+@dataclass
+class Race:
+    """Two resumers racing to claim one in-flight operation."""
+
+    operation_id: str
+    epoch: int
+    claims: dict[str, str]  # worker -> claim ID
+
+
+class Mission:
+    """One mission run on its own ledger.
+
+    Args:
+        options: what to run.
+        base: settings of the broker to use (bootstrap, kafka home, run folder).
+        say: one-line progress messages.
+        progress: ``(cases settled, cases, status line)`` after each step.
+    """
+
+    def __init__(
+        self,
+        options: MissionOptions,
+        base: LedgerSettings,
+        say: Say = lambda _: None,
+        progress: Progress = lambda _d, _t, _s: None,
+    ) -> None:
+        self.options = options
+        self.say = say
+        self.progress = progress
+        name = f"{options.mode}-seed{options.seed}-{options.cases}c-{options.instances}i"
+        self.settings = base.model_copy(
+            update={
+                "topic_prefix": f"mission-{name}-{uuid.uuid4().hex[:6]}",
+                "run_dir": run_dir_for(base.run_dir / "missions", name).resolve(),
+                "clock": "manual",
+                "relay_mode": options.mode,
+                "policy_version": 1,
+                "sink_timeout_s": 0.5,
+                "sinks_file": None,
+                "trusted_keys_file": None,
+            }
+        )
+        self.cases = plan(options)
+        self.runs = [CaseRun(c) for c in self.cases]
+        self.op_case: dict[str, int] = {}
+        for run in self.runs:
+            self.op_case[run.case.refund_op] = run.case.number
+            self.op_case[run.case.notify_op] = run.case.number
+        self.rng = random.Random(options.seed + 1)
+        self.harness = Harness(self.settings)
+        self.publisher = IntentPublisher(self.settings, client_id="mission-workflow")
+        self.reviewer = ReviewerKey.generate("reviewer-alex-key")
+        self.engine = ReviewerKey.generate("policy-engine-key")
+        self.policy_version = 1
+        self.states: dict[str, OperationState] = {}
+        self.started_cases = 0
+        self.eligibility_evaluations = 0
+        self.races: list[Race] = []
+        self.nudge_claims: list[str] = []
+        self.reauth_reasons: Counter[str] = Counter()
+        self.chaos_kills: Counter[str] = Counter()
+        self.zombie_pauses: Counter[str] = Counter()
+        self.restarts = 0
+        self.broker_restarts = 0
+        self.broker_restart_note = ""
+        self.policy_changed_at: int | None = None
+        self.pending_restarts: dict[str, float] = {}
+        self.paused_until: dict[str, float] = {}
+        self.timeline: list[dict[str, Any]] = []
+        self.peak_rss_kb = 0
+        self.stale_dispatches: list[dict[str, Any]] = []
+        self.reconciled: list[dict[str, Any]] = []
+        self.t0 = time.monotonic()
+        self.last_change = self.last_state_at = self.t0
+        self._next_sample = self.t0
+        self._follower: TableFollower | None = None
+        self._changed = 0
+        self._sinks: dict[str, ReferenceSinkClient] = {}
+        self._next_case = 0
+        self._fired = 0
+        self._stop_requested = False
+        self._chaos_done = 0
+        self.stage_errors: Counter[str] = Counter()
+        #: (Unix time, stage process name) of every stage (re)start.
+        self.process_starts: list[tuple[float, str]] = []
+
+    # ------------------------------------------------------------------ set-up
+
+    def _start(self) -> None:
+        trust(self.settings.trusted_keys_path(), self.reviewer)
+        trust(self.settings.trusted_keys_path(), self.engine)
+        for sink, contract in MISSION_SINKS.items():
+            self.harness.start_sink(sink, contract, hang_s=1.0)
+            self._sinks[sink] = self.harness.sinks[sink].client()
+        for component in STAGES:
+            for instance in range(self.options.instances):
+                self._start_stage(f"{component}-{instance}")
+        # A table follower, not a bare consumer: after a broker restart a
+        # consumer's fetch can stay stuck, and the follower replaces its
+        # reader when a catch-up makes no progress.
+        follower = TableFollower(self.settings, "state", self._apply_state)
+        follower.follow(set(range(self.settings.partitions)))
+        self._follower = follower
+
+    def request_stop(self) -> None:
+        """Ask the mission to stop at its next step (safe from a signal handler)."""
+        self._stop_requested = True
+
+    def _check_stop(self) -> None:
+        if self._stop_requested:
+            raise LedgerError("mission interrupted (SIGTERM); its stages and sinks are stopped")
+
+    def _start_stage(self, name: str) -> None:
+        self.harness.start(*name.rsplit("-", 1))
+        self.process_starts.append((time.time(), name))
+
+    def close(self) -> None:
+        """Stop every process of the mission and close its clients."""
+        if self._follower is not None:
+            self._follower.close()
+            self._follower = None
+        for client in self._sinks.values():
+            client.close()
+        self.publisher.close()
+        self.harness.stop()
+
+    # ------------------------------------------------------------------ the workflow
+
+    def _approve(self, run: CaseRun, op: str, amount: int, human: bool) -> str:
+        run.approvals += 1
+        key, reviewer = (
+            (self.reviewer, "reviewer-alex") if human else (self.engine, "policy-engine")
+        )
+        now = self.harness.clock.now_ms()
+        expiring = run.case.expiring and run.approvals == 1 and op == run.case.refund_op
+        approval_id = f"{'review' if human else 'auto'}:{op}:{run.approvals}"
+        self.publisher.publish_approval(
+            key.sign(
+                Approval(
+                    approval_id=approval_id,
+                    reviewer=reviewer,
+                    policy_version=self.policy_version,
+                    expires_at_ms=now + (1_000 if expiring else 86_400_000),
+                    scope_subject=run.case.customer,
+                    scope_max_amount_minor=amount,
+                    scope_operation_id=op,
+                    granted_at_ms=now,
+                )
+            )
+        )
+        if expiring:
+            # The review sat in a queue: the approval has lapsed by the time
+            # the intent reaches the authority kernel.
+            self.harness.advance(2)
+        return approval_id
+
+    def _arm(self, op: str, sink: str, case_faults: OpFaults) -> None:
+        if case_faults.seam is not None:
+            self.harness.arm(case_faults.seam, op)
+        if case_faults.sink_fault is not None:
+            self._sinks[sink].arm_fault(op, cast("FaultMode", case_faults.sink_fault))
+
+    def _publish(self, run: CaseRun, op: str, first: bool) -> None:
+        """Request the review of one of the case's operations, then publish its intent."""
+        case = run.case
+        if op == case.refund_op:
+            sink, action, amount, planned = "payments", "refund", case.fee_minor, case.refund
+            params: dict[str, object] = {
+                "account": case.account,
+                "amount_minor": case.fee_minor,
+                "currency": "GBP",
+            }
+        else:
+            sink, action, amount, planned = "mailer", "send_email", 0, case.notify
+            params = {
+                "to": case.customer,
+                "template": "fee-refund-confirmation",
+                "refund_operation_id": case.refund_op,
+                "refund_amount_minor": case.fee_minor,
+            }
+        human = amount >= self.options.review_threshold_minor
+        approval_id = self._approve(run, op, amount, human)
+        if first:
+            self._arm(op, sink, planned)
+        self.publisher.publish(
+            operation_id=op,
+            sink=sink,
+            action=action,
+            params=params,
+            actor="svc-remediation",
+            subject=case.customer,
+            purpose="fee-remediation",
+            decision_version=1,
+            approval_id=approval_id,
+            published_at_ms=self.harness.clock.now_ms(),
+        )
+
+    def _begin(self, run: CaseRun) -> None:
+        self.started_cases += 1
+        self.eligibility_evaluations += 1
+        if not eligible(run.case):
+            run.phase, run.outcome = "done", "not eligible"
+            return
+        run.phase = "refund"
+        self._publish(run, run.case.refund_op, first=True)
+
+    def _finish(self, run: CaseRun, outcome: str, held: bool = False) -> None:
+        run.outcome = outcome
+        run.held = held
+        if not held:
+            run.phase = "done"
+
+    def _reauthorise(self, run: CaseRun, st: OperationState) -> None:
+        reason = st.reason.lower()
+        kind = (
+            "approval expired"
+            if "expired" in reason
+            else "policy version changed"
+            if "policy" in reason
+            else "other refusal"
+        )
+        if run.reauths >= MAX_REAUTHORISATIONS:
+            which = "refund" if st.operation_id == run.case.refund_op else "notification"
+            self._finish(run, f"{which} not authorised")
+            return
+        run.reauths += 1
+        self.reauth_reasons[kind] += 1
+        self._publish(run, st.operation_id, first=False)
+
+    def _on_state(self, st: OperationState) -> None:
+        number = self.op_case.get(st.operation_id)
+        if number is None:
+            return
+        run = self.runs[number]
+        if run.reacted.get(st.operation_id, -1) >= st.version:
+            return
+        run.reacted[st.operation_id] = st.version
+        state = S(st.state)
+        if st.operation_id == run.case.refund_op:
+            if run.phase != "refund":
+                return
+            if state != S.UNKNOWN_OUTCOME:
+                run.held = False  # released: by a readback or a disposition
+            if state == S.OUTCOME_VERIFIED:
+                run.held = False
+                run.phase = "notify"
+                self._publish(run, run.case.notify_op, first=True)
+            elif state == S.NEEDS_REAUTHORISATION:
+                self._reauthorise(run, st)
+            elif state == S.ABANDONED:
+                rejected = "rejected" in st.reason
+                self._finish(
+                    run, "refund rejected by the gateway" if rejected else "refund abandoned"
+                )
+            elif state == S.UNKNOWN_OUTCOME:
+                self._finish(run, "refund held (unknown outcome)", held=True)
+            elif (
+                state in (S.EFFECT_PENDING, S.EFFECT_COMMITTED)
+                and run.case.refund.race
+                and not run.raced
+            ):
+                run.raced = True
+                self._race(st)
+        elif st.operation_id == run.case.notify_op and run.phase == "notify":
+            if state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
+                self._finish(run, "refunded and notified")
+            elif state == S.UNKNOWN_OUTCOME:
+                self._finish(run, "notification held (unknown outcome)", held=True)
+            elif state == S.ABANDONED:
+                self._finish(run, "notification rejected by the mail sink")
+            elif state == S.NEEDS_REAUTHORISATION:
+                self._reauthorise(run, st)
+
+    def _race(self, st: OperationState) -> None:
+        workers = [f"resumer-a:{st.operation_id}", f"resumer-b:{st.operation_id}"]
+        claims = {w: self.publisher.publish_claim(st.operation_id, w, st.version) for w in workers}
+        self.races.append(Race(st.operation_id, st.epoch, claims))
+
+    # ------------------------------------------------------------------ the loop
+
+    def _apply_state(self, key: str, rec: Record | None) -> None:
+        if rec is None or not isinstance(rec.event, OperationState):
+            return  # a tombstone or a record that does not decode
+        self.states[rec.event.operation_id] = rec.event
+        self._on_state(rec.event)
+        self._changed += 1
+
+    def _drain(self, timeout_s: float = 0.1) -> int:
+        """Apply every new ``ledger.state`` record; returns how many there were.
+
+        Waits ``timeout_s`` seconds when there was nothing new (the loop's pace).
+        """
+        assert self._follower is not None
+        self._changed = 0
+        try:
+            self._follower.catch_up(timeout_s=30)
+        except LedgerError as exc:  # e.g. the broker is restarting: try again next step
+            log.info("mission: following ledger.state: %s", exc)
+        changed = self._changed
+        if changed:
+            self.last_change = self.last_state_at = time.monotonic()
+        else:
+            time.sleep(timeout_s)
+        return changed
+
+    def _settled(self) -> int:
+        return sum(1 for r in self.runs if r.settled)
+
+    def _inject(self) -> None:
+        """Faults and changes tied to how far the mission has got."""
+        n, total = self.started_cases, self.options.cases
+        if self.policy_changed_at is None and n >= total // 2:
+            self.policy_version = 2
+            self.publisher.publish_policy(2, "mission", self.harness.clock.now_ms())
+            self.policy_changed_at = n
+            self.say(f"policy version 2 in force after {n} cases")
+        if self.options.broker_restart and not self.broker_restarts and n >= (total * 3) // 5:
+            self.broker_restarts = -1  # tried (even if it cannot be done)
+            status = broker.status(self.settings)
+            if not status.owned:
+                self.broker_restart_note = (
+                    "skipped: the broker was not started by 'ledger broker start'"
+                )
+                self.say(f"broker restart {self.broker_restart_note}")
+            else:
+                self.say(f"restarting the broker after {n} cases ...")
+                broker.restart(self.settings)
+                self.broker_restarts = 1
+        every = self.options.chaos_every
+        if every and n and n % every == 0 and n // every > self._chaos_done:
+            self._chaos_done = n // every
+            self._chaos()
+
+    def _chaos(self) -> None:
+        component = self.rng.choice(list(STAGES))
+        instance = str(self.rng.randrange(self.options.instances))
+        name = f"{component}-{instance}"
+        if name in self.harness.paused or not self.harness.alive(component, instance):
+            return
+        # With several instances every other chaos event makes a zombie.
+        if self.options.instances > 1 and self._chaos_done % 2 == 0:
+            if self.harness.pause(component, instance):
+                self.zombie_pauses[component] += 1
+                self.paused_until[name] = time.monotonic() + SESSION_TIMEOUT_S + 3
+        else:
+            self.harness.kill(component, instance)
+            self.chaos_kills[component] += 1
+
+    def _supervise(self) -> None:
+        """Restart crashed stages and wake paused ones when their time has come."""
+        now = time.monotonic()
+        for name, until in list(self.paused_until.items()):
+            if now >= until:
+                del self.paused_until[name]
+                self.harness.resume(*name.rsplit("-", 1))
+        for name in self.harness.crashed():
+            if name in self.pending_restarts:
+                continue
+            code = self.harness.procs[name].returncode
+            if code != -signal.SIGKILL:
+                log.warning("mission: %s ended with status %s; restarting it", name, code)
+                self.stage_errors[name] += 1
+            delay = 0.0
+            if self.options.instances > 1 and self.rng.random() < 1 / 3:
+                delay = SESSION_TIMEOUT_S + 1  # the partner takes its partitions first
+            self.pending_restarts[name] = now + delay
+        for name, due in list(self.pending_restarts.items()):
+            if now >= due:
+                del self.pending_restarts[name]
+                self._start_stage(name)
+                self.restarts += 1
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        if now < self._next_sample:
+            return
+        self._next_sample = now + 1.0
+        counts = Counter(str(st.state) for st in self.states.values())
+        self.timeline.append({"t_s": round(now - self.t0, 1), "states": dict(counts)})
+        self._fired = len(faults.fired(self.settings.run_dir))  # once a second, not every step
+        self.peak_rss_kb = max(self.peak_rss_kb, self._rss_kb())
+
+    def _rss_kb(self) -> int:
+        pids = [os.getpid()]
+        pids += [p.pid for p in self.harness.procs.values() if p.poll() is None]
+        pids += [pid for s in self.harness.sinks.values() if (pid := s.pid) is not None]
+        total = 0
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except (OSError, ValueError):
+                continue
+        return total
+
+    def _status(self) -> str:
+        fired = self._fired
+        held = sum(1 for r in self.runs if r.held)
+        return (
+            f"started {self.started_cases} · kills {fired + sum(self.chaos_kills.values())}"
+            f" · restarts {self.restarts} · held {held}"
+        )
+
+    def _nudge(self) -> bool:
+        """Claim operations that stopped moving; False when nothing is left to nudge."""
+        nudged = False
+        for run in self.runs:
+            if run.settled or run.phase == "waiting":
+                continue
+            op = run.case.refund_op if run.phase == "refund" else run.case.notify_op
+            st = self.states.get(op)
+            if run.nudges >= MAX_NUDGES:
+                if st is not None and st.state == S.EFFECT_COMMITTED and op == run.case.refund_op:
+                    # Verified only by a matching postcondition; the case may not go on.
+                    self._finish(run, "refund not verified (postcondition not confirmed)")
+                else:
+                    self._finish(run, f"stuck in {st.state if st else 'no state'}")
+                continue
+            run.nudges += 1
+            nudged = True
+            if st is None:
+                log.warning("mission: %s has no state; publishing its intent again", op)
+                self._publish(run, op, first=False)
+            else:
+                self.nudge_claims.append(
+                    self.publisher.publish_claim(op, "mission-resumer", st.version)
+                )
+        return nudged
+
+    def _quiet(self) -> bool:
+        try:
+            return not self.harness.lagging()
+        except Exception as exc:  # noqa: BLE001 - e.g. during a broker restart
+            log.info("mission: lag check failed: %s", exc)
+            return False
+
+    def _loop(self, deadline: float) -> None:
+        total = self.options.cases
+        while True:
+            self._check_stop()
+            if time.monotonic() > deadline:
+                raise LedgerError(
+                    f"mission did not finish in time: {self._settled()} of {total} cases settled; "
+                    f"logs in {self.settings.run_dir / 'logs'}"
+                )
+            self._drain()
+            if time.monotonic() - self.last_state_at > NO_PROGRESS_S:
+                try:
+                    behind = str(self.harness.lagging())
+                except Exception as exc:  # noqa: BLE001 - the message must still be given
+                    behind = f"unknown ({exc})"
+                raise LedgerError(
+                    f"no operation changed state for {NO_PROGRESS_S:.0f} s with "
+                    f"{total - self._settled()} cases open; stages behind: {behind}\n"
+                    f"{self.harness.log_tail(10)}"
+                )
+            in_flight = self.started_cases - self._settled()
+            budget = 50
+            while self._next_case < total and in_flight < self.options.window and budget:
+                run = self.runs[self._next_case]
+                self._next_case += 1
+                self._begin(run)
+                self._inject()
+                in_flight += 0 if run.settled else 1
+                budget -= 1
+            exhausted = self._next_case >= total
+            self._supervise()
+            self._sample()
+            settled = self._settled()
+            self.progress(settled, total, self._status())
+            if exhausted and settled == total:
+                return
+            if time.monotonic() - self.last_change > STALL_S and self._quiet():
+                self.last_change = time.monotonic()
+                if not self._nudge() and exhausted and self._settled() == total:
+                    return
+
+    def _settle(self, timeout_s: float = 180.0) -> None:
+        """Every crashed stage restarted, every zombie woken, every stage caught up."""
+        self._check_stop()
+        for name in list(self.paused_until):
+            self.harness.resume(*name.rsplit("-", 1))
+        self.paused_until.clear()
+        for name, _ in list(self.pending_restarts.items()):
+            self._start_stage(name)
+            self.restarts += 1
+        self.pending_restarts.clear()
+        for name in self.harness.crashed():
+            self._start_stage(name)
+            self.restarts += 1
+        try:
+            self.harness.wait_quiescent(timeout_s)
+        except LedgerError as exc:
+            raise LedgerError(f"{exc}\n{self.harness.log_tail()}") from exc
+        while self._drain(0.2):
+            pass
+
+    def _stale_dispatches(self) -> None:
+        """Each race's loser tries the gateway with the token it held: it must be refused."""
+        won = self._claim_outcomes()
+        for race in self.races:
+            winners = [w for w, cid in race.claims.items() if won.get(cid)]
+            if len(winners) != 1:
+                continue
+            loser = next(w for w in race.claims if w not in winners)
+            result = stale_dispatch(
+                self._sinks["payments"],
+                MISSION_SINKS["payments"],
+                self.states[race.operation_id],
+                race.epoch,
+                loser,
+                self.publisher,
+            )
+            self.stale_dispatches.append(
+                {
+                    "operation_id": race.operation_id,
+                    "token": race.epoch,
+                    "refused": result.status == "stale_token",
+                }
+            )
+
+    def _kafka_fenced(self) -> dict[str, int]:
+        """Zombie transactions Kafka refused, per stage process (from the stage logs)."""
+        counts: dict[str, int] = {}
+        for path in sorted((self.settings.run_dir / "logs").glob("*.log")):
+            n = path.read_text(errors="replace").count(FENCED_MARKER)
+            if n:
+                counts[path.stem] = n
+        return counts
+
+    def _claim_outcomes(self) -> dict[str, bool]:
+        return {r.claim_id: r.entry.outcome == "APPLIED" for r in self._journal() if r.claim_id}
+
+    def _journal(self) -> list[JournalRow]:
+        rows: list[JournalRow] = []
+
+        def keep(rec: Any, msg: Any) -> None:
+            if rec is not None:
+                rows.append(JournalRow.of(rec.event, msg.timestamp()[1] / 1000.0))
+
+        read_partition(self.settings, "journal", None, keep, timeout_s=120)
+        return rows
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict[str, Any]:
+        """Run the mission and return its report (see :func:`testbed.mission.report.build`).
+
+        Raises:
+            LedgerError: the mission could not finish (the message says where
+                it stopped and where the logs are).
+        """
+        started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.say(
+            f"mission: {self.options.cases} cases, mode {self.options.mode}, "
+            f"{self.options.instances} instance(s) per stage, crash rate "
+            f"{self.options.crash_rate}, seed {self.options.seed}; "
+            f"ledger {self.settings.topic_prefix}"
+        )
+        self._start()
+        deadline = time.monotonic() + 120 + 1.0 * self.options.cases
+        self._loop(deadline)
+        self.say(
+            "every case has an outcome or is held; restarting what crashed and "
+            "letting the stages catch up"
+        )
+        self._settle()
+        self.say("reconciler: reading back the unknown outcomes that can be read back")
+        for _ in range(3):
+            results = reconcile_once(self.settings)
+            self.reconciled.extend(results)
+            if not any(r["observed"] in ("COMMITTED", "ABSENT") for r in results):
+                break
+            self._settle()
+            self._loop(deadline)  # a refund released from UNKNOWN goes on to its notification
+            self._settle()
+        self._stale_dispatches()
+        self._settle()
+        wall_s = time.monotonic() - self.t0
+        self._check_stop()
+        self.say("auditing the ledger (before compaction) ...")
+        before = run_audit(self.settings)
+        self.say("forcing compaction and auditing again ...")
+        force_compaction(self.settings)
+        after = run_audit(self.settings)
+        effects: dict[str, dict[str, int]] = {}
+        gateway_stats: dict[str, dict[str, int]] = {}
+        for sink, client in self._sinks.items():
+            effects[sink] = client.effects()
+            gateway_stats[sink] = client.stats()
+        self.peak_rss_kb = max(self.peak_rss_kb, self._rss_kb())
+        facts = MissionFacts(
+            options=self.options,
+            ledger=self.settings.topic_prefix,
+            started_at=started_at,
+            wall_s=wall_s,
+            peak_rss_mb=self.peak_rss_kb / 1024,
+            driver_peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            cases=self.cases,
+            outcomes={r.case.number: r.outcome or f"unfinished ({r.phase})" for r in self.runs},
+            eligibility_evaluations=self.eligibility_evaluations,
+            states=current_states(self.settings),
+            effects=effects,
+            sink_stats=gateway_stats,
+            journal=self._journal(),
+            fired=faults.fired(self.settings.run_dir),
+            armed=faults.armed(self.settings.run_dir),
+            chaos_kills=dict(self.chaos_kills),
+            zombie_pauses=dict(self.zombie_pauses),
+            restarts=self.restarts,
+            broker_restarts=max(0, self.broker_restarts),
+            broker_restart_note=self.broker_restart_note,
+            races=[(r.operation_id, list(r.claims.values())) for r in self.races],
+            nudge_claims=self.nudge_claims,
+            stale_dispatches=self.stale_dispatches,
+            reauth_reasons=dict(self.reauth_reasons),
+            reconciled=self.reconciled,
+            timeline=self.timeline,
+            audit_before=before,
+            audit_after=after,
+            policy_changed_at=self.policy_changed_at,
+            stage_errors=dict(self.stage_errors),
+            kafka_fenced=self._kafka_fenced(),
+            process_starts=self.process_starts,
+        )
+        return build(facts)

@@ -1,0 +1,58 @@
+"""The reference sinks' admin API: arm faults, count effects, read counters.
+
+Only the testbed's reference sinks (:mod:`testbed.sinks.gateway`) offer
+``/admin/...``; the relay's :class:`sinks.client.SinkClient` speaks only the
+sink protocol (submit, readback, postcondition, health).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sinks.client import SinkClient, SinkProtocolError, SinkUnreachableError, _json, _NoAnswer
+from testbed.sinks.store import FaultMode
+
+
+class ReferenceSinkClient(SinkClient):
+    """A :class:`SinkClient` that also drives a reference sink's admin endpoints."""
+
+    def _admin(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        answer = self._send(method, path, **kwargs)
+        if isinstance(answer, _NoAnswer):
+            raise SinkUnreachableError(
+                f"{method} {self.base_url}{path} got no answer ({answer.detail}); "
+                "is the sink running?"
+            )
+        if answer.status_code != 200:
+            raise SinkProtocolError(method, path, answer.status_code, answer.text)
+        return _json(answer)
+
+    def arm_fault(self, operation_id: str, mode: FaultMode, times: int = 1) -> None:
+        """Arm a fault for the operation's next ``times`` submits (admin).
+
+        Raises:
+            SinkProtocolError: for an unknown mode or ``times < 1``.
+            SinkUnreachableError: if the sink cannot be reached.
+        """
+        self._admin(
+            "POST",
+            "/admin/faults",
+            json={"operation_id": operation_id, "mode": mode, "times": times},
+        )
+
+    def effects(self) -> dict[str, int]:
+        """Return ``{operation_id: effects held by the sink}`` (admin).
+
+        Raises:
+            SinkUnreachableError: if the sink cannot be reached.
+        """
+        counts = self._admin("GET", "/admin/effects").get("effects", {})
+        return {str(op): int(n) for op, n in counts.items()}
+
+    def stats(self) -> dict[str, int]:
+        """Return the sink's counters, e.g. ``stale_rejections`` (admin).
+
+        Raises:
+            SinkUnreachableError: if the sink cannot be reached.
+        """
+        return {str(name): int(value) for name, value in self._admin("GET", "/admin/stats").items()}

@@ -1,0 +1,124 @@
+"""Game-day scenarios through ``ledger gameday run``'s runner, on the real broker.
+
+Runs the public scenarios (``../shared/scenarios``, beside the checkout) and
+the project's own (``tests/testbed/scenarios``), each in its own ledger with real
+stage processes and real SIGKILLs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ledger.settings import LedgerSettings
+from testbed import broker
+from testbed.gameday import GameDay, check
+from testbed.scenario import ScenarioError, load, parse
+from tests.helpers import PROJECT_ROOT
+
+pytestmark = pytest.mark.integration
+
+PUBLIC = Path(os.environ.get("LEDGER_SCENARIOS_DIR", PROJECT_ROOT.parent / "shared" / "scenarios"))
+OWN = PROJECT_ROOT / "tests" / "testbed" / "scenarios"
+FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("*.yaml")])
+
+
+def test_scenario_folders_are_found() -> None:
+    assert sorted(OWN.glob("*.json")), OWN
+    if not PUBLIC.is_dir():
+        pytest.skip(f"public scenarios not found at {PUBLIC} (set LEDGER_SCENARIOS_DIR)")
+    assert sorted(PUBLIC.glob("*.json")), PUBLIC
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
+    scenario = load(path)
+    uses_broker_restart = any(s.kind == "broker_restart" for s in scenario.steps)
+    if uses_broker_restart and not broker.status(ledger_settings).owned:
+        pytest.skip("broker_restart needs the broker this test session started itself")
+    lines: list[str] = []
+    report = GameDay(scenario, ledger_settings, ledger_settings.run_dir, lines.append).run()
+    assert report["passed"], json.dumps(report["failures"], indent=2) + "\n" + "\n".join(lines)
+    # The report always carries every total and the audit result.
+    assert set(report["totals"]) >= {"duplicate_effects", "unknown_outcomes_open"}
+    if any(s.kind == "audit" for s in scenario.steps):
+        assert report["audit"]["violations"] == 0
+
+
+def test_expectations_can_fail() -> None:
+    scenario = parse(
+        {
+            "name": "x",
+            "steps": [{"run": {}}, {"claim": {"operation_id": "op", "worker": "w"}}],
+            "expect": {
+                "operations": {"op": {"state": "OUTCOME_VERIFIED", "effects": {"max": 0}}},
+                "totals": {"duplicate_effects": 0, "stale_rejections": {"min": 1}},
+            },
+        }
+    )
+    observed = {
+        "operations": {"op": {"state": "EFFECT_COMMITTED", "effects": 2, "reason": ""}},
+        "claims": [],
+        "totals": {"duplicate_effects": 1, "stale_rejections": 0},
+        "audit": {"violations": None},
+    }
+    paths = {f["path"] for f in check(scenario, observed)}
+    assert paths == {
+        "operations.op.state",
+        "operations.op.effects",
+        "totals.duplicate_effects",
+        "totals.stale_rejections",
+    }
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["steps"][0]["approve"].update(colour="red"), "unknown key 'colour'"),
+        (lambda d: d["expect"]["totals"].update(dupes=1), "unknown key 'expect.totals.dupes'"),
+        (lambda d: d["steps"].append({"explode": {}}), "unknown step 'explode'"),
+        (lambda d: d["steps"].append({"run": {}, "audit": {}}), "exactly one key"),
+        (lambda d: d["steps"][0]["approve"].pop("reviewer"), "missing key 'reviewer'"),
+        (lambda d: d.update(mode="yolo"), "mode"),
+        (lambda d: d["sinks"]["payments"]["contract"].update(idempotent="yes"), "idempotent"),
+        (lambda d: d.update(steps=[]), "non-empty list"),
+        (
+            lambda d: d["expect"]["operations"]["refund:rev:v1"].update(state="DONE"),
+            "expect.operations.refund:rev:v1.state",
+        ),
+        (
+            lambda d: d["expect"]["operations"].update({"refund:typo:v1": {"effects": 0}}),
+            "'refund:typo:v1' is not named by any step",
+        ),
+        (
+            lambda d: d["steps"].append({"fault": {"seam": "somewhere"}}),
+            "steps[9].fault: seam",
+        ),
+        (
+            lambda d: d["steps"].append(
+                {"sink_fault": {"sink": "nope", "operation_id": "o", "mode": "reject"}}
+            ),
+            "sink 'nope' is not declared",
+        ),
+    ],
+)
+def test_malformed_scenarios_name_the_bad_key(mutate, message, tmp_path: Path) -> None:
+    base = json.loads((OWN / "g01-revoked-before-admission.json").read_text())
+    base["steps"] = base["steps"] * 1
+    while len(base["steps"]) < 9:
+        base["steps"].append({"run": {}})
+    mutate(base)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(base))
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load(path)
+
+
+def test_yaml_scenarios_are_read(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("name: y\nsteps:\n  - run: {}\n  - advance: {seconds: 5}\n")
+    scenario = load(path)
+    assert [s.kind for s in scenario.steps] == ["run", "advance"]

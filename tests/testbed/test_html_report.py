@@ -1,0 +1,343 @@
+"""HTML reports: one self-contained page per mission, comparison or audit,
+with every text from the report escaped. Pure: no broker."""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+from typing import Any
+
+import pytest
+
+from ledger.audit import AuditReport
+from ledger.cli.html import audit_html
+from testbed.mission.html import compare_html, mission_html
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def mission_report(mode: str = "ledger", seed: int = 7) -> dict[str, Any]:
+    """A realistic mission report (the schema documented in testbed.mission.html)."""
+    rng = random.Random(seed)
+    checkpoint = mode == "checkpoint-only"
+    timeline = []
+    for t in range(0, 413, 3):
+        done = min(1.0, t / 380)
+        timeline.append(
+            {
+                "t_s": float(t),
+                "states": {
+                    "NOT_ADMITTED": int(300 * (1 - done)),
+                    "ADMITTED": int(120 * (1 - done)),
+                    "EFFECT_PENDING": int(80 * (1 - done)),
+                    "EFFECT_COMMITTED": int(3500 * done),
+                    "OUTCOME_VERIFIED": int(3560 * done),
+                    "UNKNOWN_OUTCOME": int(12 * done),
+                    "ABANDONED": int(40 * done),
+                },
+            }
+        )
+    duplicates = 212 if checkpoint else 0
+    return {
+        "mission": {
+            "cases": 4000,
+            "seed": seed,
+            "crash_rate": 0.05,
+            "sink_fault_rate": 0.05,
+            "mode": mode,
+            "instances": 1,
+            "started_at": "2026-11-29T10:00:00Z",
+            "wall_s": 412.3,
+            "peak_rss_mb": 650.1,
+            "ledger": f"mission-ledger-{seed}-abc123",
+        },
+        "cases": {
+            "total": 4000,
+            "by_outcome": {
+                "refunded and notified": 3500,
+                "not eligible": 380,
+                "refund rejected by the gateway": 40,
+                "refund held (unknown outcome)": 0,
+                "notification held (unknown outcome)": 12,
+                "refunded, notification pending": 68,
+            },
+        },
+        "operations": {
+            "total": 7112,
+            "by_state": {
+                "OUTCOME_VERIFIED": 3560,
+                "EFFECT_COMMITTED": 3500,
+                "UNKNOWN_OUTCOME": 12,
+                "ABANDONED": 40,
+            },
+            "by_class": {
+                "irreversible": {"OUTCOME_VERIFIED": 3560, "ABANDONED": 40},
+                "reversible-external": {"EFFECT_COMMITTED": 3500, "UNKNOWN_OUTCOME": 12},
+            },
+        },
+        "measures": [
+            {
+                "name": "duplicate effects",
+                "count": duplicates,
+                "of": 7093,
+                "denominator": "operations with an effect at a sink",
+                "by_class": {
+                    "irreversible": [duplicates, 3553],
+                    "reversible-external": [0, 3540],
+                },
+                "note": "counted by the sinks themselves",
+            },
+            {
+                "name": "unknown outcomes retried blind",
+                "count": 0,
+                "of": 12,
+                "denominator": "operations held in UNKNOWN_OUTCOME",
+                "by_class": {"irreversible": [0, 0], "reversible-external": [0, 12]},
+            },
+            {
+                "name": "resumes without a recovery receipt",
+                "count": 0,
+                "of": 230,
+                "denominator": "resumes",
+                "by_class": {"irreversible": [0, 131], "reversible-external": [0, 99]},
+            },
+        ],
+        "readback_latency_ms": {
+            "count": 180,
+            "p50": 850.0,
+            "p99": 6100.0,
+            "max": 7400.0,
+            "samples": [round(rng.lognormvariate(6.8, 0.6), 1) for _ in range(180)],
+        },
+        "faults": {
+            "kills_by_seam": {
+                "before_admission": 31,
+                "after_admission_before_dispatch": 30,
+                "after_sink_commit_before_receipt": 29,
+            },
+            "chaos_kills": 8,
+            "zombie_pauses": 4,
+            "sink_faults_by_mode": {
+                "reject": 35,
+                "unavailable": 33,
+                "timeout_before_commit": 30,
+                "commit_then_drop_response": 36,
+                "timeout_after_commit": 29,
+            },
+            "broker_restarts": 1,
+            "restarts": 230,
+        },
+        "timeline": timeline,
+        "effects_per_case": (
+            {"0": 420, "1": 20, "2": 3348, "3": 212}
+            if checkpoint
+            else {"0": 420, "1": 28, "2": 3540, "3": 12}
+        ),
+        "audit": {
+            "before_compaction": {
+                "violations": 0,
+                "details": [],
+                "checked": {"state": 7112, "single-effect": 7093, "admission": 7100},
+            },
+            "after_compaction": {
+                "violations": 0,
+                "details": [],
+                "checked": {"state": 7112, "single-effect": 7093, "admission": 7100},
+            },
+        },
+        "checks": {"passed": not checkpoint, "failures": []},
+    }
+
+
+def audit_report(violations: int = 2) -> dict[str, Any]:
+    found = [
+        {
+            "invariant": "single-effect",
+            "operation_id": "refund:1842:v3",
+            "evidence": "the sink holds 2 effects for the operation",
+        },
+        {
+            "invariant": "consume-once",
+            "operation_id": None,
+            "evidence": "approval review-7 admitted 2 operations: ['refund:1:v1', 'refund:2:v1']",
+        },
+    ][:violations]
+    return {
+        "operations": 7112,
+        "journal_entries": 48311,
+        "checked": {"state": 7112, "single-effect": 7093, "consume-once": 3600, "fencing": 7093},
+        "violations": found,
+        "ledger": "mission-ledger-7-abc123",
+        "compacted": True,
+    }
+
+
+def assert_self_contained(page: str) -> None:
+    assert page.startswith("<!DOCTYPE html>")
+    assert page.count("<html") == 1 and page.rstrip().endswith("</html>")
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", page, re.I)
+    assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", page, re.I)
+    assert "@import" not in page and "<link" not in page.lower()
+    assert "<script" not in page.lower()
+    assert "<?xml" not in page and "<!DOCTYPE svg" not in page
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), "SVG IDs collide between plots"
+    assert len(page.encode()) < 1_000_000
+
+
+# ---------------------------------------------------------------------- mission
+
+
+def test_mission_page_is_one_self_contained_document_with_three_plots() -> None:
+    page = mission_html(mission_report())
+    assert_self_contained(page)
+    assert page.count("<svg") == 3
+    assert page.count("</svg>") == 3
+    assert "PASSED" in page and "FAILED" not in page
+
+
+def test_mission_page_shows_the_reports_numbers() -> None:
+    report = mission_report("checkpoint-only")
+    page = mission_html(report)
+    duplicates = report["measures"][0]
+    assert "duplicate effects" in page
+    assert f'<td class="num">{duplicates["count"]}</td>' in page
+    assert f'<td class="num">{duplicates["of"]}</td>' in page
+    assert "operations with an effect at a sink" in page
+    assert "2.99&nbsp;%" in page  # 212 / 7093
+    assert "212 / 3553" in page  # per-class split
+    for value in ("850", "6100", "7400", "412.3", "650.1", "mission-ledger-7-abc123"):
+        assert value in page
+    for seam in ("before_admission", "commit_then_drop_response", "zombie pauses"):
+        assert seam in page
+    assert "refunded and notified" in page and "3500" in page
+
+
+def test_mission_page_escapes_report_text() -> None:
+    report = mission_report()
+    report["cases"]["by_outcome"][HOSTILE] = 3
+    report["audit"]["after_compaction"] = {
+        "violations": 1,
+        "details": [f"single-effect refund:{HOSTILE}:v1: the sink holds 2 effects"],
+    }
+    report["measures"][0]["note"] = HOSTILE
+    report["effects_per_case"][HOSTILE] = 1
+    page = mission_html(report)
+    assert "<script" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    assert "1 VIOLATION" in page
+
+
+def test_failed_mission_shows_the_badge_and_each_failure() -> None:
+    report = mission_report()
+    report["checks"] = {
+        "passed": False,
+        "failures": ["duplicate effects: 3 > 0", f"audit after compaction: {HOSTILE}"],
+    }
+    page = mission_html(report)
+    assert "FAILED" in page and "PASSED" not in page
+    assert "duplicate effects: 3 &gt; 0" in page
+    assert "audit after compaction: &lt;script&gt;" in page
+
+
+def test_mission_page_renders_with_only_the_required_keys() -> None:
+    page = mission_html({"mission": {"mode": "ledger"}, "checks": {"passed": True}})
+    assert_self_contained(page)
+    assert "<svg" not in page
+    assert "no timeline recorded" in page and "no measures recorded" in page
+
+
+def test_mission_page_thins_a_long_timeline() -> None:
+    report = mission_report()
+    report["timeline"] = [
+        {"t_s": t / 10, "states": {"ADMITTED": t % 50, "OUTCOME_VERIFIED": t}} for t in range(20000)
+    ]
+    page = mission_html(report)
+    assert_self_contained(page)
+
+
+# ---------------------------------------------------------------------- comparison
+
+
+def test_compare_shows_one_column_per_mode() -> None:
+    ledger, checkpoint = mission_report("ledger"), mission_report("checkpoint-only")
+    page = compare_html([ledger, checkpoint])
+    assert_self_contained(page)
+    assert '<th class="num">ledger</th>' in page
+    assert '<th class="num">checkpoint-only</th>' in page
+    assert "0 / 7093" in page and "212 / 7093" in page
+    assert page.count("<svg") == 3  # grouped effects bars + one timeline per report
+    assert "PASSED" in page and "FAILED" in page
+
+
+def test_compare_labels_reports_of_the_same_mode_apart() -> None:
+    page = compare_html([mission_report(seed=1), copy.deepcopy(mission_report(seed=2))])
+    assert "ledger #1" in page and "ledger #2" in page
+    assert_self_contained(page)
+
+
+def test_compare_needs_a_report() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        compare_html([])
+
+
+# ---------------------------------------------------------------------- audit
+
+
+def test_audit_page_lists_each_violation() -> None:
+    audit = audit_report()
+    audit["violations"].append(
+        {"invariant": "state", "operation_id": f"op:{HOSTILE}", "evidence": HOSTILE}
+    )
+    page = audit_html(audit)
+    assert_self_contained(page)
+    assert page.count("<svg") == 1
+    assert "3 violations" in page and "clean" not in page.lower()
+    assert "refund:1842:v3" in page and "the sink holds 2 effects for the operation" in page
+    assert "approval review-7 admitted 2 operations" in page
+    assert "<script" not in page
+    assert "op:&lt;script&gt;" in page
+    assert "mission-ledger-7-abc123" in page and "after compaction" in page
+
+
+def test_audit_page_says_clean_for_zero_violations() -> None:
+    page = audit_html(audit_report(violations=0))
+    assert_self_contained(page)
+    assert "CLEAN" in page and "clean: no violations in 24898 facts checked" in page
+    assert "violations of the ledger" not in page
+    assert page.count("<svg") == 1  # facts checked per invariant
+
+
+def test_audit_page_renders_an_empty_dict() -> None:
+    page = audit_html({})
+    assert_self_contained(page)
+    assert "clean" in page
+
+
+def test_audit_report_to_dict() -> None:
+    report = AuditReport(operations=3, journal_entries=11)
+    report.checked["state"] += 3
+    report.checked["consume-once"] += 2
+    report.add("state", "refund:1:v1", "ledger.state holds nothing")
+    report.add("consume-once", None, "approval a admitted 2 operations")
+    data = report.to_dict()
+    assert data == {
+        "operations": 3,
+        "journal_entries": 11,
+        "checked": {"state": 3, "consume-once": 2},
+        "violations": [
+            {
+                "invariant": "state",
+                "operation_id": "refund:1:v1",
+                "evidence": "ledger.state holds nothing",
+            },
+            {
+                "invariant": "consume-once",
+                "operation_id": None,
+                "evidence": "approval a admitted 2 operations",
+            },
+        ],
+    }
+    assert type(data["checked"]) is dict  # not the defaultdict
+    assert "invariant" in audit_html(data)

@@ -1,0 +1,147 @@
+"""The fee-remediation mission on the real broker, at a size that fits ``make test``.
+
+One 300-case mission in ledger mode with two instances of every stage
+(kills at every seam, sink faults, resumer races, zombies, a broker
+restart when the broker is ours) and its checkpoint-only control with the
+same seed. Both reports are built from what the sinks and the ledger hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from confluent_kafka.admin import AdminClient
+
+from ledger.cli import main
+from ledger.settings import LedgerSettings
+from testbed import broker
+from testbed.mission.plan import SEAM_STAGE, MissionOptions, plan
+from testbed.mission.run import Mission
+from tests.conftest import LOCAL_KAFKA_HOME
+
+pytestmark = pytest.mark.integration
+
+CASES = 300
+
+
+def _drop_topics(bootstrap: str, prefix: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=broker.CLIENT_LOGGER)
+    doomed = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix + ".")]
+    if doomed:
+        for future in admin.delete_topics(doomed, operation_timeout=30).values():
+            with contextlib.suppress(Exception):
+                future.result(timeout=30)
+
+
+def _run(options: MissionOptions, bootstrap: str, root: Path) -> dict[str, Any]:
+    base = LedgerSettings(
+        bootstrap_servers=bootstrap, run_dir=root, kafka_home=LOCAL_KAFKA_HOME, partitions=3
+    )
+    mission = Mission(options, base)
+    try:
+        report = mission.run()
+    finally:
+        mission.close()
+        _drop_topics(bootstrap, mission.settings.topic_prefix)
+    (root / f"{options.mode}.json").write_text(json.dumps(report))
+    return report
+
+
+@pytest.fixture(scope="module")
+def missions(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], Path]]:
+    root = tmp_path_factory.mktemp("missions")
+    ledger = _run(
+        MissionOptions(cases=CASES, crash_rate=0.05, seed=11, instances=2, chaos_every=60),
+        kafka_bootstrap,
+        root,
+    )
+    control = _run(
+        MissionOptions(
+            cases=CASES, crash_rate=0.05, seed=11, mode="checkpoint-only", broker_restart=False
+        ),
+        kafka_bootstrap,
+        root,
+    )
+    yield ledger, control, root
+
+
+def _measure(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(m for m in report["measures"] if m["name"] == name)
+
+
+def test_ledger_mode_survives_crashes_everywhere(missions: Any) -> None:
+    ledger, _control, _root = missions
+    assert ledger["checks"] == {"passed": True, "failures": []}
+    assert sum(ledger["cases"]["by_outcome"].values()) == CASES
+    assert ledger["cases"]["by_outcome"].get("refunded and notified", 0) > CASES // 2
+    dup = _measure(ledger, "duplicate effects")
+    assert dup["count"] == 0 and dup["of"] > CASES
+    per_case = {int(k): n for k, n in ledger["effects_per_case"].items()}
+    assert max(per_case) <= 2  # one refund and one notification at most
+    for key in ("before_compaction", "after_compaction"):
+        audit = ledger["audit"][key]
+        assert audit["violations"] == 0, audit["details"]
+        assert (
+            audit["checked"]["fencing"] > 0
+            and audit["checked"]["state"] == ledger["operations"]["total"]
+        )
+
+
+def test_every_fault_was_injected_and_accounted_for(missions: Any) -> None:
+    ledger, _control, _root = missions
+    faults = ledger["faults"]
+    options = MissionOptions(cases=CASES, crash_rate=0.05, seed=11)
+    planned = sum((c.refund.seam is not None) + (c.notify.seam is not None) for c in plan(options))
+    fired = sum(faults["kills_by_seam"].values())
+    unreached = sum(faults["hooks_never_reached"].values())
+    # a hook is either fired or still armed (its operation never got there)
+    assert 0 < fired <= planned and fired + unreached <= planned
+    assert sum(1 for s in SEAM_STAGE if faults["kills_by_seam"][s] > 0) >= 5
+    assert sum(faults["sink_faults_by_mode"].values()) >= 5 and faults["sink_faults_fired"] > 0
+    assert faults["zombie_pauses"] >= 1 and faults["chaos_kills"] >= 1
+    assert faults["restarts"] >= fired
+    assert faults["resumer_races"] > 0
+
+
+def test_losing_resumers_are_fenced_and_unknowns_are_held(missions: Any) -> None:
+    ledger, _control, _root = missions
+    stale = _measure(ledger, "stale-resumer rejections")
+    assert stale["of"] > 0 and stale["count"] == stale["of"]
+    unknown = _measure(ledger, "unresolved unknown outcomes")
+    held = ledger["operations"]["by_state"].get("UNKNOWN_OUTCOME", 0)
+    assert unknown["count"] == held <= unknown["of"]
+    unverified = _measure(ledger, "notifications describing an unverified refund")
+    assert unverified["count"] == 0 and unverified["of"] > 0
+    latency = ledger["readback_latency_ms"]
+    assert latency["count"] > 0 and 0 <= latency["p50"] <= latency["p99"] <= latency["max"]
+
+
+def test_checkpoint_only_control_shows_its_duplicates(missions: Any) -> None:
+    ledger, control, root = missions
+    dup = _measure(control, "duplicate effects")
+    assert dup["count"] > 0
+    # the auditor sees them too
+    details = control["audit"]["before_compaction"]["details"]
+    assert any(d.startswith("single-effect") for d in details)
+    result = CliRunner().invoke(
+        main,
+        [
+            "mission",
+            "compare",
+            str(root / "ledger.json"),
+            str(root / "checkpoint-only.json"),
+            "--html",
+            str(root / "compare.html"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "duplicate effects" in result.output and "checkpoint-only" in result.output
+    assert (root / "compare.html").read_text().count("<svg") >= 2

@@ -1,0 +1,104 @@
+"""Operation identity, canonical encoding, the transition table, and core purity."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ledger.errors import ForbiddenTransitionError, LedgerError
+from ledger.identity import canonical_json, operation_id, parameter_digest
+from ledger.states import TRANSITIONS, evidence_for
+from ledger.states import RecoveryState as S
+
+
+def digest(**over):
+    base = dict(
+        action="refund", params={"a": 1, "b": [1, 2]}, subject="s", purpose="p", decision_version=1
+    )
+    base.update(over)
+    return parameter_digest(**base)
+
+
+def test_digest_ignores_key_order_but_binds_every_semantic_field() -> None:
+    assert digest() == digest(params={"b": [1, 2], "a": 1})
+    others = [
+        digest(action="charge"),
+        digest(params={"a": 2, "b": [1, 2]}),
+        digest(subject="t"),
+        digest(purpose="q"),
+        digest(decision_version=2),
+    ]
+    assert len({digest(), *others}) == 6
+
+
+def test_canonical_json_refuses_non_json() -> None:
+    with pytest.raises(LedgerError):
+        canonical_json({"x": {1, 2}})
+    with pytest.raises(LedgerError):
+        canonical_json({"x": float("nan")})
+    assert canonical_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
+
+
+def test_operation_id_is_stable_and_refuses_ambiguous_parts() -> None:
+    assert operation_id("refund", "1842", 3) == "refund:1842:v3"
+    with pytest.raises(LedgerError):
+        operation_id("refund", "18:42", 3)
+
+
+def test_table_forbids_leaving_unknown_outcome_on_a_timer() -> None:
+    with pytest.raises(ForbiddenTransitionError):
+        evidence_for(S.UNKNOWN_OUTCOME, S.EFFECT_PENDING)
+    assert evidence_for(S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED)
+    assert all(a != b for a, b in TRANSITIONS)
+
+
+PURE = [
+    "identity.py",
+    "states.py",
+    "fold.py",
+    "authority.py",
+    "events.py",
+    "serde.py",
+    "errors.py",
+]
+IO_MODULES = {
+    "confluent_kafka",
+    "socket",
+    "httpx",
+    "random",
+    "time",
+    "datetime",
+    "uuid",
+    "os",
+    "subprocess",
+    "sqlite3",
+}
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_core_imports_no_io_clock_or_randomness(name: str) -> None:
+    tree = ast.parse((Path(__file__).parents[2] / "ledger" / name).read_text())
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert not imported & IO_MODULES, imported & IO_MODULES
+
+
+def test_state_machine_module_loads_no_avro_kafka_or_settings() -> None:
+    """``import ledger.states`` in a fresh interpreter pulls in none of the heavy layers."""
+    probe = (
+        "import sys, ledger.states; "
+        "print(','.join(m for m in ('fastavro', 'confluent_kafka', 'pydantic_settings', "
+        "'pydantic', 'click', 'cryptography') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "", f"importing ledger.states loaded {out}"

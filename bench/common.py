@@ -25,7 +25,7 @@ from ledger.events import Approval, Intent
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
-from producers.intents import build_intent
+from producers.publisher import build_intent
 
 #: The checkout: the folder that holds ``pyproject.toml``.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

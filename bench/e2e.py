@@ -45,7 +45,7 @@ from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
 
 
@@ -71,7 +71,7 @@ class Rig:
         for component in STAGES:
             for i in range(instances):
                 self.harness.start(component, str(i))
-        self.publisher = IntentPublisher(self.settings, client_id="bench-driver")
+        self.publisher = LedgerPublisher(self.settings, client_id="bench-driver")
         self.states: dict[str, str] = {}
         self.verified_at: dict[str, float] = {}
         self.next_op = 0

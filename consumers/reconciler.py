@@ -27,7 +27,7 @@ from ledger.events import OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient
 
 
@@ -59,7 +59,7 @@ def reconcile_once(
     sinks = load_sinks(settings.sinks_path())
     now = clock_for(settings.clock, settings.run_dir).now_ms()
     results: list[dict[str, Any]] = []
-    publisher = IntentPublisher(settings, client_id="reconciler")
+    publisher = LedgerPublisher(settings, client_id="reconciler")
     try:
         for st in open_items(settings):
             endpoint = sinks.get(st.sink)

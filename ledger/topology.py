@@ -41,7 +41,7 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("intents", "operation ID", "compact", writers="services (IntentPublisher)"),
+    TopicSpec("intents", "operation ID", "compact", writers="services (LedgerPublisher)"),
     TopicSpec("approvals", "approval ID", "compact", writers="review systems; authority kernel"),
     TopicSpec(
         "admission-requests",

@@ -1,5 +1,10 @@
-"""Producers: what services and review systems use to write to the ledger."""
+"""Producers: everything that publishes into the ledger (services, review systems, operators).
 
-from producers.intents import IntentPublisher, PublishedIntent
+:class:`LedgerPublisher` (also importable as ``IntentPublisher``, its former
+name) validates each record against its Avro schema and produces it
+idempotently with the ``murmur2_random`` partitioner.
+"""
 
-__all__ = ["IntentPublisher", "PublishedIntent"]
+from producers.publisher import IntentPublisher, LedgerPublisher, PublishedIntent
+
+__all__ = ["IntentPublisher", "LedgerPublisher", "PublishedIntent"]

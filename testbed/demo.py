@@ -28,7 +28,7 @@ from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import COMPLETE
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed.harness import Harness, run_dir_for
 
 Say = Callable[[str], None]
@@ -123,7 +123,7 @@ class Case:
         self.harness = Harness(self.settings)
         self.reviewer = ReviewerKey.generate("reviewer-1")
         trust(self.settings.trusted_keys_path(), self.reviewer)
-        self.publisher = IntentPublisher(self.settings, client_id=f"demo-{name}")
+        self.publisher = LedgerPublisher(self.settings, client_id=f"demo-{name}")
         self.tail: JournalTail | None = None
 
     def __enter__(self) -> Case:

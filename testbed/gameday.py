@@ -31,7 +31,7 @@ from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed import broker
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.scenario import (
@@ -86,7 +86,7 @@ class GameDay:
             }
         )
         self.harness = Harness(self.settings)
-        self.publisher = IntentPublisher(self.settings, client_id=f"gameday-{safe}")
+        self.publisher = LedgerPublisher(self.settings, client_id=f"gameday-{safe}")
         self.reviewers: dict[str, ReviewerKey] = {}
         self.approvals: dict[str, Approval] = {}
         self.claims: list[dict[str, Any]] = []

@@ -36,7 +36,7 @@ from ledger.events import OperatingEvent, OperationState
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient, SubmitResult
 from testbed import faults
 from testbed.sinks.process import SinkProcess
@@ -343,7 +343,7 @@ def stale_dispatch(
     state: OperationState,
     token: int,
     worker: str,
-    publisher: IntentPublisher,
+    publisher: LedgerPublisher,
 ) -> SubmitResult:
     """What a losing resumer does: dispatch to the sink with the token it held.
 

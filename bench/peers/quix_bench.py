@@ -12,7 +12,7 @@ processor's keyed stateful step, on a real Kafka broker:
   spread over ``--operations`` operation IDs (default ``N // 4``: each
   operation's intent is published four times, in shuffled order) and
   produced with the ledger's partitioner (``murmur2_random``, idempotent
-  producer), so keys land where the ledger's ``IntentPublisher`` puts them;
+  producer), so keys land where the ledger's ``LedgerPublisher`` puts them;
 * per record the app decodes the value with the project's decoder
   (``ledger.events.decode_event``), reads and updates a per-key state in
   Quix's RocksDB state store (backed by a changelog topic): a version counter,

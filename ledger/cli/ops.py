@@ -26,9 +26,9 @@ def _ready(settings: LedgerSettings) -> None:
 
 
 def _publisher(settings: LedgerSettings) -> Any:
-    from producers.intents import IntentPublisher
+    from producers.publisher import LedgerPublisher
 
-    return IntentPublisher(settings, client_id="ledger-cli")
+    return LedgerPublisher(settings, client_id="ledger-cli")
 
 
 def _report_decision(
@@ -69,7 +69,7 @@ _WAIT = click.option(
 
 @click.group("intent")
 def intent_group() -> None:
-    """Publish intents (what services do through producers.IntentPublisher)."""
+    """Publish intents (what services do through producers.LedgerPublisher)."""
 
 
 @intent_group.command("publish")

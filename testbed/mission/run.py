@@ -52,7 +52,7 @@ from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed import broker, faults
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.mission.plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
@@ -151,7 +151,7 @@ class Mission:
             self.op_case[run.case.notify_op] = run.case.number
         self.rng = random.Random(options.seed + 1)
         self.harness = Harness(self.settings)
-        self.publisher = IntentPublisher(self.settings, client_id="mission-workflow")
+        self.publisher = LedgerPublisher(self.settings, client_id="mission-workflow")
         self.reviewer = ReviewerKey.generate("reviewer-alex-key")
         self.engine = ReviewerKey.generate("policy-engine-key")
         self.policy_version = 1

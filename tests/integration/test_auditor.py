@@ -13,7 +13,7 @@ from ledger.events import Dispatch, EffectReceipt
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
 from tests.test_stages import approve, publish
 
@@ -30,7 +30,7 @@ def test_audit_is_clean_then_catches_corruption(ledger_settings: LedgerSettings)
     settings = ledger_settings
     harness = Harness(settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = IntentPublisher(settings)
+    pub = LedgerPublisher(settings)
     try:
         approve(pub, "ap-1")
         approve(pub, "ap-2")

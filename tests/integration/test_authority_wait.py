@@ -22,7 +22,7 @@ from consumers.reader import read_topic
 from ledger.events import AdmissionDecision, AdmissionRequest, OperatingEvent
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from tests.test_stages import approve
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,7 @@ def test_kernel_waits_for_an_approval_behind_an_open_transaction(
     stalled.begin_transaction()
     stalled.produce(settings.topic("approvals"), key=approval_id.encode(), value=b"\x00")
     stalled.flush(10)
-    pub = IntentPublisher(settings)
+    pub = LedgerPublisher(settings)
     approve(pub, approval_id)  # lands after the open transaction
     try:
         with _kernel_after_request(settings, approval_id, "refund:behind:v1") as kernel:

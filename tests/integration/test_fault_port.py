@@ -20,7 +20,7 @@ from consumers.reader import current_states
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed import faults
 from testbed.harness import Harness, settings_env
 from tests.integration.test_stages import approve, publish
@@ -49,7 +49,7 @@ def _wait_for_state(settings: LedgerSettings, op: str, want: S, timeout_s: float
 def test_production_processor_ignores_an_armed_fault_file(ledger_settings: LedgerSettings) -> None:
     harness = Harness(ledger_settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = IntentPublisher(ledger_settings)
+    pub = LedgerPublisher(ledger_settings)
     hook = faults.arm(ledger_settings.run_dir, SEAM, faults.ANY, times=3)
     armed = _remaining(hook)
     log_path = ledger_settings.run_dir / "logs" / "operator-processor.log"
@@ -86,7 +86,7 @@ def test_testbed_processor_fires_the_same_fault_file(ledger_settings: LedgerSett
     """The control: the hook that the production stage ignored kills a testbed stage."""
     harness = Harness(ledger_settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = IntentPublisher(ledger_settings)
+    pub = LedgerPublisher(ledger_settings)
     hook = faults.arm(ledger_settings.run_dir, SEAM, faults.ANY, times=1)
     try:
         harness.start_all()

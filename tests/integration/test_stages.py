@@ -19,7 +19,7 @@ from ledger.serde import MARKER
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
-from producers.intents import IntentPublisher
+from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
 
 pytestmark = pytest.mark.integration
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 PARAMS = {"account": "acct-1", "amount_minor": 5000, "currency": "GBP"}
 
 
-def publish(pub: IntentPublisher, op: str, amount: int = 5000, approval: str = "ap-1") -> None:
+def publish(pub: LedgerPublisher, op: str, amount: int = 5000, approval: str = "ap-1") -> None:
     pub.publish(
         operation_id=op,
         sink="payments",
@@ -44,7 +44,7 @@ def publish(pub: IntentPublisher, op: str, amount: int = 5000, approval: str = "
 REVIEWER = ReviewerKey.generate("reviewer-test")
 
 
-def approve(pub: IntentPublisher, approval_id: str = "ap-1", max_amount: int = 9000) -> None:
+def approve(pub: LedgerPublisher, approval_id: str = "ap-1", max_amount: int = 9000) -> None:
     trust(pub.settings.trusted_keys_path(), REVIEWER)
     pub.publish_approval(
         REVIEWER.sign(
@@ -62,10 +62,10 @@ def approve(pub: IntentPublisher, approval_id: str = "ap-1", max_amount: int = 9
 
 
 @pytest.fixture
-def ledger(ledger_settings: LedgerSettings) -> Iterator[tuple[Harness, IntentPublisher]]:
+def ledger(ledger_settings: LedgerSettings) -> Iterator[tuple[Harness, LedgerPublisher]]:
     harness = Harness(ledger_settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = IntentPublisher(ledger_settings)
+    pub = LedgerPublisher(ledger_settings)
     try:
         yield harness, pub
     finally:
@@ -171,7 +171,7 @@ class FailingProcessor(Processor):
 def test_failed_transaction_is_invisible_and_its_input_reprocessed(
     ledger_settings: LedgerSettings, error: KafkaError
 ) -> None:
-    pub = IntentPublisher(ledger_settings)
+    pub = LedgerPublisher(ledger_settings)
     ops = [f"refund:abort{n}:v1" for n in range(3)]
     for op in ops:
         publish(pub, op, approval=f"ap-{op}")
@@ -239,7 +239,7 @@ def test_unknown_outcome_is_held_until_an_attributable_disposition(
 
     harness = Harness(ledger_settings, create=False)
     harness.start_sink("mailer", EffectContract(), hang_s=2 * ledger_settings.sink_timeout_s)
-    pub = IntentPublisher(ledger_settings)
+    pub = LedgerPublisher(ledger_settings)
     op = "notify:held:v1"
     try:
         approve(pub)
@@ -296,7 +296,7 @@ def test_two_instances_of_each_stage_survive_kills_without_duplicates(
     settings = ledger_settings
     harness = Harness(settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = IntentPublisher(settings)
+    pub = LedgerPublisher(settings)
     trust(settings.trusted_keys_path(), REVIEWER)
     ops = [f"refund:multi{n}:v1" for n in range(60)]
     try:

@@ -1,0 +1,283 @@
+"""The ledger's publisher: every record a party outside the stages writes into the ledger.
+
+:class:`LedgerPublisher` publishes seven kinds of record: intents (services),
+approvals and revocations (review systems), claims (resumers), policy
+changes and dispositions (operators), readbacks (reconcilers) and operating
+events. ``LedgerPublisher`` is the same class under its former name. Every record is
+validated against its Avro schema before it is sent, produced by an
+idempotent producer with the ``murmur2_random`` partitioner (so Java and
+Python producers agree on co-partitioning), and flushed before the call
+returns.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from ledger.errors import LedgerError
+from ledger.events import (
+    Approval,
+    Claim,
+    Disposition,
+    Event,
+    Intent,
+    OperatingEvent,
+    PolicyChange,
+    Readback,
+)
+from ledger.identity import amount_of, canonical_json, parameter_digest
+from ledger.kafka import producer_config
+from ledger.settings import LedgerSettings
+
+
+def build_intent(
+    *,
+    operation_id: str,
+    sink: str,
+    action: str,
+    params: Mapping[str, Any],
+    actor: str,
+    subject: str,
+    purpose: str,
+    decision_version: int,
+    approval_id: str | None = None,
+    published_at_ms: int | None = None,
+) -> Intent:
+    """Build (without publishing) the intent :meth:`LedgerPublisher.publish` would send.
+
+    The parameter digest and the amount (minor currency units) are derived
+    from ``params``; the arguments are those of :meth:`LedgerPublisher.publish`.
+
+    Raises:
+        LedgerError: an empty name field, a negative decision version, or
+            parameters that are not JSON values.
+    """
+    for name, value in (
+        ("operation_id", operation_id),
+        ("sink", sink),
+        ("action", action),
+        ("actor", actor),
+        ("subject", subject),
+        ("purpose", purpose),
+    ):
+        if not value or not value.strip():
+            raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
+    if decision_version < 0:
+        raise LedgerError(
+            "decision_version must be 0 or more",
+            operation_id=operation_id,
+            observed=decision_version,
+        )
+    digest = parameter_digest(
+        action=action,
+        params=params,
+        subject=subject,
+        purpose=purpose,
+        decision_version=decision_version,
+    )
+    return Intent(
+        operation_id=operation_id,
+        sink=sink,
+        action=action,
+        params_json=canonical_json(dict(params)),
+        actor=actor,
+        subject=subject,
+        purpose=purpose,
+        decision_version=decision_version,
+        approval_id=approval_id,
+        amount_minor=amount_of(params),
+        parameter_digest=digest,
+        published_at_ms=published_at_ms if published_at_ms is not None else int(time.time() * 1000),
+    )
+
+
+@dataclass(frozen=True)
+class PublishedIntent:
+    """What :meth:`LedgerPublisher.publish` returns.
+
+    Attributes:
+        operation_id: the stable operation ID.
+        parameter_digest: SHA-256 hex digest the operation is bound to.
+        partition: partition the intent landed on.
+        offset: its offset.
+    """
+
+    operation_id: str
+    parameter_digest: str
+    partition: int
+    offset: int
+
+
+class LedgerPublisher:
+    """Publishes ledger inputs from services.
+
+    Args:
+        settings: ledger settings (bootstrap servers, topic prefix).
+        client_id: identifies the publishing service in broker logs.
+
+    Example:
+        >>> pub = LedgerPublisher(LedgerSettings())
+        >>> pub.publish(operation_id="refund:1842:v3", sink="payments",
+        ...             action="refund", params={"account": "acct-1842",
+        ...             "amount_minor": 5000, "currency": "GBP"},
+        ...             actor="svc-remediation", subject="customer-1842",
+        ...             purpose="fee-remediation", decision_version=3,
+        ...             approval_id="review-1842")
+    """
+
+    def __init__(self, settings: LedgerSettings, client_id: str = "intent-publisher") -> None:
+        self.settings = settings
+        #: (short topic, partition, offset) of the last record published.
+        self.last_position: tuple[str, int, int] | None = None
+        self.producer = Producer(
+            producer_config(settings, **{"client.id": client_id, "linger.ms": 1})
+        )
+
+    def _send(self, topic: str, key: str, event: Event, timeout_s: float = 30.0) -> Message:
+        value = event.to_bytes()  # validates against the schema first
+        delivered: list[tuple[KafkaError | None, Message]] = []
+        self.producer.produce(
+            self.settings.topic(topic),
+            key=key.encode("utf-8"),
+            value=value,
+            on_delivery=lambda err, msg: delivered.append((err, msg)),
+        )
+        deadline = time.monotonic() + timeout_s
+        while not delivered:
+            if time.monotonic() > deadline:
+                raise LedgerError(
+                    f"publishing to {self.settings.topic(topic)} timed out after {timeout_s} s; "
+                    "is the broker running (ledger broker status)?"
+                )
+            self.producer.poll(0.1)
+        err, msg = delivered[0]
+        if err is not None:
+            raise LedgerError(f"publishing to {self.settings.topic(topic)} failed: {err}")
+        self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
+        return msg
+
+    def publish(
+        self,
+        *,
+        operation_id: str,
+        sink: str,
+        action: str,
+        params: Mapping[str, Any],
+        actor: str,
+        subject: str,
+        purpose: str,
+        decision_version: int,
+        approval_id: str | None = None,
+        published_at_ms: int | None = None,
+    ) -> PublishedIntent:
+        """Publish an intent for one consequential operation.
+
+        Args:
+            operation_id: stable operation ID chosen from case state, e.g.
+                ``refund:1842:v3`` (see :func:`ledger.identity.operation_id`).
+            sink: name of the sink that performs the effect.
+            action: action name.
+            params: semantic parameters (JSON values); ``amount_minor`` is in
+                minor currency units.
+            actor: requesting actor.
+            subject: represented subject.
+            purpose: declared purpose.
+            decision_version: version of the business decision.
+            approval_id: approval relied on for admission.
+            published_at_ms: informational timestamp (ms); default wall clock.
+
+        Returns:
+            The operation ID, its parameter digest and where it landed.
+
+        Raises:
+            LedgerError: invalid parameters, or the broker did not accept it.
+            SchemaValidationError: the intent does not fit its schema.
+        """
+        intent = build_intent(
+            operation_id=operation_id,
+            sink=sink,
+            action=action,
+            params=params,
+            actor=actor,
+            subject=subject,
+            purpose=purpose,
+            decision_version=decision_version,
+            approval_id=approval_id,
+            published_at_ms=published_at_ms,
+        )
+        return self.publish_intent(intent)
+
+    def publish_intent(self, intent: Intent) -> PublishedIntent:
+        """Publish an intent built with :func:`build_intent` (key: its operation ID).
+
+        Raises:
+            LedgerError: the broker did not accept it.
+            SchemaValidationError: the intent does not fit its schema.
+        """
+        msg = self._send("intents", intent.operation_id, intent)
+        return PublishedIntent(
+            intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
+        )
+
+    def publish_approval(self, approval: Approval) -> None:
+        """Publish a review decision (key: approval ID).
+
+        Raises:
+            LedgerError: the broker did not accept it.
+        """
+        self._send("approvals", approval.approval_id, approval)
+
+    def publish_claim(self, operation_id: str, worker: str, expected_version: int) -> str:
+        """Ask to own an operation, compare-and-swap on its version.
+
+        Returns:
+            The claim ID; the processor's decision is journaled under it.
+        """
+        if not worker.strip():
+            raise LedgerError("a claim needs a worker name", operation_id=operation_id)
+        claim_id = f"claim:{worker}:{uuid.uuid4().hex[:12]}"
+        self._send(
+            "claims",
+            operation_id,
+            Claim(
+                claim_id=claim_id,
+                operation_id=operation_id,
+                worker=worker,
+                expected_version=expected_version,
+            ),
+        )
+        return claim_id
+
+    def publish_policy(self, version: int, set_by: str, effective_at_ms: int) -> None:
+        """Publish the policy version now in force."""
+        self._send(
+            "policy",
+            "current",
+            PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms),
+        )
+
+    def publish_disposition(self, disposition: Disposition) -> None:
+        """Publish an attributable disposition of an unknown outcome (key: operation ID)."""
+        self._send("dispositions", disposition.operation_id, disposition)
+
+    def publish_readback(self, readback: Readback) -> None:
+        """Publish an observation of an effect (reconcilers; key: operation ID)."""
+        self._send("readbacks", readback.operation_id, readback)
+
+    def publish_operating_event(self, event: OperatingEvent) -> None:
+        """Publish an operating event (e.g. a worker's refused stale dispatch)."""
+        self._send("operating-events", event.operation_id or "", event)
+
+    def close(self) -> None:
+        """Flush outstanding records."""
+        self.producer.flush(10)
+
+
+#: The former name of :class:`LedgerPublisher`, kept for services that import it.
+IntentPublisher = LedgerPublisher

@@ -46,7 +46,8 @@ from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
 from ledger.kafka import client_config, consumer_config, producer_config
 from ledger.settings import LedgerSettings
-from ledger.topics import check_topics, is_reserved_key
+from ledger.topics import check_topics
+from ledger.topology import is_reserved_key
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from ledger.errors import LedgerError
 from ledger.events import decode_event
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
-from ledger.topics import is_reserved_key
+from ledger.topology import is_reserved_key
 
 log = logging.getLogger(__name__)
 

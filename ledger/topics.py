@@ -47,10 +47,9 @@ from confluent_kafka.cimpl import NewTopic
 from ledger.errors import BrokerError, TopicConfigError
 from ledger.kafka import CLIENT_LOGGER
 from ledger.settings import LedgerSettings
-from ledger.topology import TOPIC_BY_NAME, TOPICS, TopicSpec
+from ledger.topology import COMPACTION_KEY, TOPIC_BY_NAME, TOPICS, TopicSpec, is_reserved_key
 
 #: Key of the roll-forcing tombstones written by :func:`force_compaction`.
-COMPACTION_KEY = b"__compaction__"
 
 #: Segment roll interval of compacted topics (ms): the active segment is never
 #: compacted, so this bounds how much uncompacted history a state rebuild
@@ -70,20 +69,6 @@ _ADMIN_TIMEOUT_S = 30.0
 _REROLL_S = 3.0
 #: (topic, partition)
 _TP = tuple[str, int]
-
-
-def is_reserved_key(key: bytes | str | None) -> bool:
-    """Tell whether a record key is reserved (a :func:`force_compaction` tombstone).
-
-    Args:
-        key: the record key as read (bytes) or decoded (str).
-
-    Returns:
-        True for ``__compaction__``; readers must skip such records.
-    """
-    if isinstance(key, str):
-        key = key.encode()
-    return key == COMPACTION_KEY
 
 
 def topic_names(settings: LedgerSettings, names: Iterable[str] | None = None) -> list[str]:

@@ -83,3 +83,22 @@ TOPICS: tuple[TopicSpec, ...] = (
 )
 
 TOPIC_BY_NAME: dict[str, TopicSpec] = {t.name: t for t in TOPICS}
+
+
+#: The reserved record key of the tombstones ``ledger topics compact`` appends to roll a
+#: segment; every reader of a compacted ledger topic skips it.
+COMPACTION_KEY = b"__compaction__"
+
+
+def is_reserved_key(key: bytes | str | None) -> bool:
+    """Tell whether a record key is reserved (a :func:`force_compaction` tombstone).
+
+    Args:
+        key: the record key as read (bytes) or decoded (str).
+
+    Returns:
+        True for ``__compaction__``; readers must skip such records.
+    """
+    if isinstance(key, str):
+        key = key.encode()
+    return key == COMPACTION_KEY

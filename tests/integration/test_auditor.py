@@ -15,7 +15,7 @@ from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
-from tests.test_stages import approve, publish
+from tests.integration.test_stages import approve, publish
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from ledger.events import AdmissionDecision, AdmissionRequest, OperatingEvent
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from producers.publisher import LedgerPublisher
-from tests.test_stages import approve
+from tests.integration.test_stages import approve
 
 pytestmark = pytest.mark.integration
 

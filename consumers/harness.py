@@ -34,7 +34,7 @@ from consumers.processor import Processor
 from consumers.relay import Relay
 from consumers.stage import Stage
 from ledger.clock import ManualClock
-from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sinks
+from ledger.contracts import EffectContract
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
 from ledger.settings import LedgerSettings
@@ -42,6 +42,7 @@ from ledger.topics import create_topics
 from producers.intents import IntentPublisher
 from sinks.client import SinkClient, SubmitResult
 from sinks.process import SinkProcess
+from sinks.registry import SinkEndpoint, load_sinks, save_sinks
 
 log = logging.getLogger(__name__)
 

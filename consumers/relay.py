@@ -26,9 +26,10 @@ from consumers import faults
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import Clock, clock_for
-from ledger.contracts import EffectContract, SinkEndpoint, load_sinks
+from ledger.contracts import EffectContract
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
 from sinks.client import SinkClient
+from sinks.registry import SinkEndpoint, load_sinks
 
 log = logging.getLogger(__name__)
 

@@ -115,7 +115,7 @@ def intent_publish(
     processor: 'APPLIED' with the new state, or 'REFUSED' with the reason
     (for example parameter drift) and exit status 1.
     """
-    from ledger.contracts import load_sinks
+    from sinks.registry import load_sinks
 
     try:
         params = json.loads(params_json)
@@ -436,15 +436,9 @@ def sink_serve(name: str, contract: str, port: int) -> None:
     finds it through the sink registry (LEDGER_SINKS_FILE, default
     LEDGER_RUN_DIR/sinks.json). Stop it with Ctrl-C.
     """
-    from ledger.contracts import (
-        PAYMENT_GATEWAY,
-        UNSAFE_SINK,
-        EffectContract,
-        SinkEndpoint,
-        load_sinks,
-        save_sinks,
-    )
+    from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
     from sinks.process import SinkProcess
+    from sinks.registry import SinkEndpoint, load_sinks, save_sinks
 
     named = {"payments": PAYMENT_GATEWAY, "unsafe": UNSAFE_SINK}
     try:

@@ -6,8 +6,6 @@ only where the contract supplies the evidence a step needs.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,40 +58,3 @@ PAYMENT_GATEWAY = EffectContract(
 
 #: The deliberately unsafe sink: no idempotency key, no readback.
 UNSAFE_SINK = EffectContract(consequence="irreversible")
-
-
-class SinkEndpoint(BaseModel):
-    """Where a sink answers and what it declares.
-
-    Attributes:
-        url: base URL, e.g. ``http://127.0.0.1:8123``.
-        contract: the sink's effect contract.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    url: str
-    contract: EffectContract
-
-
-def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
-    """Read the sink registry (JSON object: name -> {url, contract}).
-
-    Returns:
-        An empty dict when the file does not exist.
-
-    Raises:
-        pydantic.ValidationError: when an entry is malformed.
-    """
-    if not path.exists():
-        return {}
-    raw = json.loads(path.read_text())
-    return {name: SinkEndpoint.model_validate(entry) for name, entry in raw.items()}
-
-
-def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:
-    """Write the sink registry atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: v.model_dump() for k, v in sinks.items()}, indent=2))
-    tmp.replace(path)

@@ -9,4 +9,6 @@
   tests use; it maps every HTTP answer and transport failure to a typed result.
 * :mod:`sinks.process` -- run a gateway as a subprocess (start, stop, SIGKILL,
   restart on the same database).
+* :mod:`sinks.registry` -- the sink registry file (name -> URL and contract)
+  that the relay, reconcilers, auditor and CLI read.
 """

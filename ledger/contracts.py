@@ -1,11 +1,26 @@
-"""Effect contracts: what a sink can prove about its effects.
+"""Effect contracts: what a sink can prove about its effects, and what that allows.
 
 The field names follow ``shared/SCENARIOS.md``. Automatic resume is allowed
-only where the contract supplies the evidence a step needs.
+only where the contract supplies the evidence a step needs. The decisions a
+contract permits are pure functions here (no I/O, no clock: times come in as
+arguments, in ms of the ledger clock); the relay and the reconcilers ask them
+and do only the I/O:
+
+* :func:`after_ambiguous_send` -- read back, resubmit under the same key, or
+  hold as unknown, after an ambiguous send or for a dispatch met again after
+  a crash;
+* :func:`marks_attempt_alone`, :func:`fencing_token_for`,
+  :func:`sends_idempotency_key`, :func:`readback_unsupported`,
+  :func:`key_retained` -- what a request to the sink carries and when.
+
+The sink registry file (name -> URL and contract) is read and written by
+:mod:`sinks.registry`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,3 +73,147 @@ PAYMENT_GATEWAY = EffectContract(
 
 #: The deliberately unsafe sink: no idempotency key, no readback.
 UNSAFE_SINK = EffectContract(consequence="irreversible")
+
+
+# --------------------------------------------------------------------------
+# What a contract allows: pure decisions (no I/O, no clock; times in ms).
+
+
+class Recovery(StrEnum):
+    """What the relay may do about a request that may have reached the sink."""
+
+    #: Ask the sink whether the operation committed (readback by operation ID).
+    READ_BACK = "READ_BACK"
+    #: Resubmit under the same idempotency key: the sink still keeps it, so a
+    #: committed first attempt is replayed, never repeated.
+    RESUBMIT_SAME_KEY = "RESUBMIT_SAME_KEY"
+    #: Send nothing: record the outcome as ambiguous (the operation is held in
+    #: UNKNOWN_OUTCOME until a new observation or a disposition releases it).
+    HOLD_UNKNOWN = "HOLD_UNKNOWN"
+
+
+@dataclass(frozen=True)
+class RecoveryAction:
+    """A recovery decision and why the contract allows it.
+
+    Attributes:
+        action: what to do.
+        reason: why, in words a receipt can carry (for :attr:`Recovery.HOLD_UNKNOWN`
+            the text the relay appends to "the request may have reached SINK; ").
+    """
+
+    action: Recovery
+    reason: str
+
+
+def marks_attempt_alone(contract: EffectContract) -> bool:
+    """Whether each dispatch to this sink needs its own ``ATTEMPTED`` receipt.
+
+    A sink with readback can have a whole batch marked attempted at once: after
+    a crash every one of them is read back. A sink without readback cannot, so
+    each dispatch is marked just before its own send and its receipt committed
+    just after; a crash then leaves ambiguous only the one request that may
+    have left without its receipt.
+
+    Args:
+        contract: the sink's contract.
+
+    Returns:
+        ``True`` when the sink offers no readback.
+    """
+    return not contract.readback
+
+
+def fencing_token_for(contract: EffectContract, token: int) -> int | None:
+    """The fencing token a request to this sink carries.
+
+    Args:
+        contract: the sink's contract.
+        token: the operation's current fencing token (its epoch).
+
+    Returns:
+        ``token`` when the sink fences, else ``None`` (nothing is sent).
+    """
+    return token if contract.fencing else None
+
+
+def sends_idempotency_key(contract: EffectContract, *, fresh_attempt_identity: bool) -> bool:
+    """Whether a submit carries the operation ID as ``Idempotency-Key``.
+
+    Args:
+        contract: the sink's contract.
+        fresh_attempt_identity: the submit is a new attempt with its own
+            identity (the ``checkpoint-only`` negative control), which never
+            relies on the key.
+
+    Returns:
+        ``True`` when the sink is idempotent and the attempt is not fresh.
+    """
+    return contract.idempotent and not fresh_attempt_identity
+
+
+def readback_unsupported(contract: EffectContract) -> str | None:
+    """Why no readback may be asked of this sink, or ``None`` when it may.
+
+    Args:
+        contract: the sink's contract.
+
+    Returns:
+        ``"the sink offers no readback"`` for a sink without readback (the
+        observation is then ``UNSUPPORTED`` without a request), else ``None``.
+    """
+    return None if contract.readback else "the sink offers no readback"
+
+
+def key_retained(contract: EffectContract, *, first_seen_ms: int, now_ms: int) -> bool:
+    """Whether the sink still keeps the operation's idempotency key.
+
+    Args:
+        contract: the sink's contract.
+        first_seen_ms: ledger time (ms) of the operation's first attempt.
+        now_ms: ledger time (ms) now.
+
+    Returns:
+        ``True`` when the sink is idempotent and less than
+        ``key_retention_s`` seconds have passed since ``first_seen_ms``.
+    """
+    return contract.idempotent and now_ms - first_seen_ms < contract.key_retention_s * 1000
+
+
+def after_ambiguous_send(
+    contract: EffectContract, *, first_seen_ms: int, now_ms: int
+) -> RecoveryAction:
+    """Decide what to do about a request that may have reached the sink.
+
+    Used after a send whose outcome is ambiguous, and for a dispatch met
+    again after a crash (a previous run may have sent it). Nothing is ever
+    sent blindly: a sink with readback is read back; an idempotent sink
+    without readback is resubmitted under the same key while it still keeps
+    the key; otherwise the outcome is held as unknown. A resume older than
+    the key retention cannot rely on the key (DESIGN.md, "Effect contracts").
+
+    Args:
+        contract: the sink's contract.
+        first_seen_ms: ledger time (ms) of the operation's first attempt.
+        now_ms: ledger time (ms) now.
+
+    Returns:
+        The action and its reason.
+    """
+    if contract.readback:
+        return RecoveryAction(Recovery.READ_BACK, "the sink answers readback by operation ID")
+    if key_retained(contract, first_seen_ms=first_seen_ms, now_ms=now_ms):
+        return RecoveryAction(
+            Recovery.RESUBMIT_SAME_KEY,
+            f"the sink keeps idempotency keys for {contract.key_retention_s} s and the first "
+            f"attempt was at {first_seen_ms} ms",
+        )
+    if not contract.idempotent:
+        return RecoveryAction(
+            Recovery.HOLD_UNKNOWN, "the sink has neither readback nor idempotency"
+        )
+    return RecoveryAction(
+        Recovery.HOLD_UNKNOWN,
+        f"the sink's key retention ({contract.key_retention_s} s) has passed since "
+        f"the first attempt at {first_seen_ms} ms",
+    )

@@ -31,12 +31,14 @@ from ledger.contracts import (
     Recovery,
     after_ambiguous_send,
     fencing_token_for,
+    judge_postcondition,
     marks_attempt_alone,
+    postcondition_request,
     readback_unsupported,
     sends_idempotency_key,
 )
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
-from sinks.client import SinkClient
+from sinks.client import SinkClient, postcondition_source
 from sinks.registry import SinkEndpoint, load_sinks
 
 log = logging.getLogger(__name__)
@@ -456,28 +458,12 @@ class Relay(Stage):
     def _verify(
         self, d: Dispatch, client: SinkClient, contract: EffectContract, now: int
     ) -> tuple[str, str, Event]:
+        """Ask the postcondition query the contract declares; the core judges the answer."""
         params: dict[str, Any] = json.loads(d.params_json)
-        account = str(params.get("account", ""))
-        source = f"{d.sink} GET /accounts/{account}"
-        if not contract.postcondition or not account:
-            status, detail = "UNSUPPORTED", "the sink offers no postcondition query"
-        else:
-            credits = client.account(account)
-            if credits.status != "observed":
-                status, detail = "UNKNOWN", credits.detail or credits.status
-            else:
-                mine = [c for c in credits.credits if c.operation_id == d.operation_id]
-                amount = int(params.get("amount_minor", 0))
-                if len(mine) == 1 and mine[0].amount_minor == amount:
-                    status = "MATCH"
-                    detail = f"account {account} shows one credit of {amount} for the operation"
-                else:
-                    status = "MISMATCH"
-                    detail = (
-                        f"account {account} shows {len(mine)} credit(s) "
-                        f"{[c.amount_minor for c in mine]} for the operation; expected one of "
-                        f"{amount}"
-                    )
+        ask = postcondition_request(contract, params)
+        source = f"{d.sink} {postcondition_source(ask.query, ask.subject)}"
+        observation = client.postcondition(ask.query, ask.subject) if ask.offered else None
+        status, detail = judge_postcondition(contract, params, observation, d.operation_id)
         return self._observation(
             d, "POSTCONDITION", status, source, detail, now, on_resume=d.on_resume
         )

@@ -12,6 +12,9 @@ and do only the I/O:
 * :func:`marks_attempt_alone`, :func:`fencing_token_for`,
   :func:`sends_idempotency_key`, :func:`readback_unsupported`,
   :func:`key_retained` -- what a request to the sink carries and when.
+* :func:`postcondition_request`, :func:`judge_postcondition` -- which
+  postcondition observation to ask the sink for (declared by the contract's
+  :class:`PostconditionQuery`), and whether it shows the effect.
 
 The sink registry file (name -> URL and contract) is read and written by
 :mod:`sinks.registry`.
@@ -19,13 +22,48 @@ The sink registry file (name -> URL and contract) is read and written by
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ledger.errors import LedgerError
+
 Consequence = Literal["reversible-internal", "reversible-external", "irreversible"]
+
+
+class PostconditionQuery(BaseModel):
+    """A sink's independent business query that verifies an effect, declared.
+
+    The one query the reference sinks offer is ``account-credits``: every
+    credit the sink has made to a subject (an account), each with the
+    operation that made it and its amount. The effect is verified when the
+    subject shows exactly one credit by the operation, for the amount in the
+    operation's parameters.
+
+    Attributes:
+        query: which query the sink offers (``account-credits``:
+            ``GET /accounts/{subject}``).
+        subject_field: the operation parameter that names the subject to
+            query (default ``account``).
+        amount_field: the operation parameter holding the amount, in minor
+            units, that the operation's one credit must show (default
+            ``amount_minor``; a missing parameter counts as 0).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    query: Literal["account-credits"] = "account-credits"
+    subject_field: str = Field(default="account", min_length=1)
+    amount_field: str = Field(default="amount_minor", min_length=1)
+
+
+#: The reference payment gateway's postcondition: the credits of
+#: ``params["account"]`` must show one credit of ``params["amount_minor"]``
+#: by the operation. ``postcondition: true`` in a contract means this query.
+ACCOUNT_CREDITS = PostconditionQuery()
 
 
 class EffectContract(BaseModel):
@@ -36,8 +74,11 @@ class EffectContract(BaseModel):
             ID) returns the first outcome instead of making a second effect.
         readback: ``GET /operations/{id}`` answers authoritatively whether the
             operation committed, for every operation ever committed.
-        postcondition: the sink offers an independent business query (the
-            account's credit) to verify an effect.
+        postcondition: the sink offers an independent business query to
+            verify an effect: ``True`` for :data:`ACCOUNT_CREDITS` (the
+            account's credit, as contracts have always said), a
+            :class:`PostconditionQuery` to name other parameter fields, or
+            ``False`` for none. Read it through :meth:`postcondition_query`.
         fencing: the sink refuses requests whose fencing token is lower than
             the highest it has seen for that operation.
         key_retention_s: how long (ledger clock, seconds) the sink keeps an
@@ -52,12 +93,23 @@ class EffectContract(BaseModel):
 
     idempotent: bool = False
     readback: bool = False
-    postcondition: bool = False
+    postcondition: bool | PostconditionQuery = False
     fencing: bool = False
     key_retention_s: int = Field(default=0, ge=0)
     consequence: Consequence = "irreversible"
     compensable: bool = False
     reservation: bool = False
+
+    def postcondition_query(self) -> PostconditionQuery | None:
+        """The postcondition query the sink offers.
+
+        Returns:
+            The declared query, :data:`ACCOUNT_CREDITS` for
+            ``postcondition: true``, or ``None`` when the sink offers none.
+        """
+        if isinstance(self.postcondition, PostconditionQuery):
+            return self.postcondition
+        return ACCOUNT_CREDITS if self.postcondition else None
 
 
 #: The reference payment gateway's contract (idempotent, readback, fencing,
@@ -216,4 +268,132 @@ def after_ambiguous_send(
         Recovery.HOLD_UNKNOWN,
         f"the sink's key retention ({contract.key_retention_s} s) has passed since "
         f"the first attempt at {first_seen_ms} ms",
+    )
+
+
+# --------------------------------------------------------------------------
+# Postcondition: which observation to ask for, and what it shows.
+
+#: Outcome of a postcondition check (a subset of the ledger's ``ReadbackStatus``).
+PostconditionStatus = Literal["MATCH", "MISMATCH", "UNKNOWN", "UNSUPPORTED"]
+
+
+class ObservedCredit(Protocol):
+    """One credit a sink shows for a subject (e.g. ``sinks.client.Credit``)."""
+
+    @property
+    def operation_id(self) -> str:
+        """The operation that made the credit."""
+        ...
+
+    @property
+    def amount_minor(self) -> int:
+        """Its amount in minor units."""
+        ...
+
+
+class CreditsObservation(Protocol):
+    """A sink's answer to an ``account-credits`` query (e.g. ``sinks.client.AccountCredits``)."""
+
+    @property
+    def status(self) -> str:
+        """``observed`` when the sink answered; anything else is no observation."""
+        ...
+
+    @property
+    def detail(self) -> str:
+        """Why there is no observation (empty when ``observed``)."""
+        ...
+
+    @property
+    def credits(self) -> Sequence[ObservedCredit]:
+        """Every credit to the subject, oldest first."""
+        ...
+
+
+@dataclass(frozen=True)
+class PostconditionRequest:
+    """The postcondition observation to ask a sink for.
+
+    Attributes:
+        query: the query to ask; when the sink offers none, the shape of
+            :data:`ACCOUNT_CREDITS` (it still names the subject in reports).
+        subject: the subject to query, ``str(params[query.subject_field])``,
+            or ``""`` when the parameters lack it.
+        offered: ``False`` when the sink offers no postcondition query or
+            there is no subject: ask nothing, the check is ``UNSUPPORTED``.
+    """
+
+    query: PostconditionQuery
+    subject: str
+    offered: bool
+
+
+def postcondition_request(
+    contract: EffectContract, params: Mapping[str, Any]
+) -> PostconditionRequest:
+    """Describe the postcondition observation the contract lets one ask for.
+
+    Args:
+        contract: the sink's contract.
+        params: the operation's semantic parameters.
+
+    Returns:
+        The query, its subject and whether to ask it at all.
+    """
+    declared = contract.postcondition_query()
+    query = declared if declared is not None else ACCOUNT_CREDITS
+    subject = str(params.get(query.subject_field, ""))
+    return PostconditionRequest(query, subject, offered=declared is not None and bool(subject))
+
+
+def judge_postcondition(
+    contract: EffectContract,
+    params: Mapping[str, Any],
+    observation: CreditsObservation | None,
+    operation_id: str,
+) -> tuple[PostconditionStatus, str]:
+    """Judge what a postcondition observation shows about an operation's effect.
+
+    Args:
+        contract: the sink's contract.
+        params: the operation's semantic parameters.
+        observation: the sink's answer to the query that
+            :func:`postcondition_request` describes; ``None`` when it was
+            not asked (the request is not ``offered``).
+        operation_id: the operation whose effect is verified.
+
+    Returns:
+        ``(status, detail)``: ``UNSUPPORTED`` when the sink offers no query
+        (or the parameters name no subject); ``UNKNOWN`` when the sink gave no
+        observation; ``MATCH`` when the subject shows exactly one credit by
+        the operation, of the expected amount (minor units); else
+        ``MISMATCH``. ``detail`` says what was seen.
+
+    Raises:
+        LedgerError: when the request is offered but ``observation`` is
+            ``None`` (the caller must ask the sink first).
+    """
+    request = postcondition_request(contract, params)
+    if not request.offered:
+        return "UNSUPPORTED", "the sink offers no postcondition query"
+    if observation is None:
+        raise LedgerError(
+            f"{operation_id}: the sink offers the postcondition query "
+            f"{request.query.query} of {request.subject!r}; ask it and pass its observation",
+            operation_id=operation_id,
+            expected=f"{request.query.query} observation",
+            observed=None,
+        )
+    if observation.status != "observed":
+        return "UNKNOWN", observation.detail or observation.status
+    subject = request.subject
+    mine = [c for c in observation.credits if c.operation_id == operation_id]
+    amount = int(params.get(request.query.amount_field, 0))
+    if len(mine) == 1 and mine[0].amount_minor == amount:
+        return "MATCH", f"account {subject} shows one credit of {amount} for the operation"
+    return "MISMATCH", (
+        f"account {subject} shows {len(mine)} credit(s) "
+        f"{[c.amount_minor for c in mine]} for the operation; expected one of "
+        f"{amount}"
     )

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
+from pydantic import ValidationError
 
 from ledger.contracts import (
+    ACCOUNT_CREDITS,
     PAYMENT_GATEWAY,
     UNSAFE_SINK,
     EffectContract,
+    PostconditionQuery,
     Recovery,
     RecoveryAction,
     after_ambiguous_send,
     fencing_token_for,
+    judge_postcondition,
     key_retained,
     marks_attempt_alone,
+    postcondition_request,
     readback_unsupported,
     sends_idempotency_key,
 )
+from ledger.errors import LedgerError
 
 RETENTION_S = 60
 FIRST_MS = 1_000_000
@@ -122,3 +130,180 @@ def test_fencing_token_only_for_a_fencing_sink() -> None:
     assert fencing_token_for(PAYMENT_GATEWAY, 7) == 7
     assert fencing_token_for(PAYMENT_GATEWAY.model_copy(update={"fencing": False}), 7) is None
     assert fencing_token_for(UNSAFE_SINK, 7) is None
+
+
+# --- postcondition ---------------------------------------------------------------------------
+
+OP = "refund:1842:v3"
+PARAMS: dict[str, object] = {"account": "acct-1842", "amount_minor": 5000, "currency": "GBP"}
+UNSUPPORTED = ("UNSUPPORTED", "the sink offers no postcondition query")
+
+
+@dataclass(frozen=True)
+class Credit:
+    operation_id: str
+    amount_minor: int
+
+
+@dataclass(frozen=True)
+class Credits:
+    status: str
+    credits: tuple[Credit, ...] = ()
+    detail: str = ""
+
+
+def observed(*credits: tuple[str, int]) -> Credits:
+    return Credits("observed", tuple(Credit(op, amount) for op, amount in credits))
+
+
+@pytest.mark.parametrize(
+    ("raw", "query"),
+    [
+        (True, ACCOUNT_CREDITS),
+        (False, None),
+        ({}, ACCOUNT_CREDITS),
+        ({"subject_field": "iban"}, PostconditionQuery(subject_field="iban")),
+        (
+            {"query": "account-credits", "subject_field": "iban", "amount_field": "cents"},
+            PostconditionQuery(subject_field="iban", amount_field="cents"),
+        ),
+    ],
+)
+def test_postcondition_field_reads_old_and_new_forms(
+    raw: bool | dict[str, str], query: PostconditionQuery | None
+) -> None:
+    c = EffectContract.model_validate({"postcondition": raw})
+    assert c.postcondition_query() == query
+    # the registry format round-trips unchanged: ``true`` stays ``true``
+    assert EffectContract.model_validate_json(c.model_dump_json()) == c
+    if isinstance(raw, bool):
+        assert c.model_dump()["postcondition"] is raw
+
+
+def test_postcondition_true_is_the_account_credit_query() -> None:
+    assert PAYMENT_GATEWAY.postcondition is True
+    assert PAYMENT_GATEWAY.postcondition_query() == PostconditionQuery(
+        query="account-credits", subject_field="account", amount_field="amount_minor"
+    )
+    assert UNSAFE_SINK.postcondition_query() is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["yes", 1, {"query": "balance"}, {"subject_field": ""}, {"subject": "account"}],
+)
+def test_postcondition_refuses_anything_else(raw: object) -> None:
+    with pytest.raises(ValidationError):
+        EffectContract.model_validate({"postcondition": raw})
+
+
+@pytest.mark.parametrize(
+    ("postcondition", "params", "subject", "offered"),
+    [
+        (True, PARAMS, "acct-1842", True),
+        (True, {"amount_minor": 5000}, "", False),
+        (True, {"account": ""}, "", False),
+        (False, PARAMS, "acct-1842", False),  # still names the account for the report
+        (False, {}, "", False),
+        (PostconditionQuery(subject_field="iban"), {"iban": "GB00", "account": "x"}, "GB00", True),
+        (PostconditionQuery(subject_field="iban"), PARAMS, "", False),
+        (True, {"account": 1842}, "1842", True),
+    ],
+)
+def test_postcondition_request(
+    postcondition: bool | PostconditionQuery,
+    params: dict[str, object],
+    subject: str,
+    offered: bool,
+) -> None:
+    request = postcondition_request(EffectContract(postcondition=postcondition), params)
+    assert (request.subject, request.offered) == (subject, offered)
+    assert request.query == (
+        postcondition if isinstance(postcondition, PostconditionQuery) else ACCOUNT_CREDITS
+    )
+
+
+MATCH = ("MATCH", "account acct-1842 shows one credit of 5000 for the operation")
+
+JUDGE = [
+    # no query, or no subject: nothing is asked, whatever would have been seen
+    (False, PARAMS, None, UNSUPPORTED),
+    (False, PARAMS, observed((OP, 5000)), UNSUPPORTED),
+    (True, {"amount_minor": 5000}, None, UNSUPPORTED),
+    # the sink gave no observation
+    (
+        True,
+        PARAMS,
+        Credits("ambiguous", detail="ReadTimeout: timed out"),
+        ("UNKNOWN", "ReadTimeout: timed out"),
+    ),
+    (True, PARAMS, Credits("ambiguous"), ("UNKNOWN", "ambiguous")),
+    (
+        True,
+        PARAMS,
+        Credits("unsupported", detail="postcondition_not_supported"),
+        ("UNKNOWN", "postcondition_not_supported"),
+    ),
+    # observations
+    (True, PARAMS, observed((OP, 5000)), MATCH),
+    (True, PARAMS, observed(("refund:9:v1", 700), (OP, 5000), ("refund:8:v1", 5000)), MATCH),
+    (
+        True,
+        PARAMS,
+        observed(),
+        (
+            "MISMATCH",
+            "account acct-1842 shows 0 credit(s) [] for the operation; expected one of 5000",
+        ),
+    ),
+    (
+        True,
+        PARAMS,
+        observed((OP, 5000), (OP, 5000)),
+        (
+            "MISMATCH",
+            "account acct-1842 shows 2 credit(s) [5000, 5000] for the operation; "
+            "expected one of 5000",
+        ),
+    ),
+    (
+        True,
+        PARAMS,
+        observed((OP, 500)),
+        (
+            "MISMATCH",
+            "account acct-1842 shows 1 credit(s) [500] for the operation; expected one of 5000",
+        ),
+    ),
+    (
+        True,
+        {"account": "acct-1842"},  # no amount: one credit of 0 is expected
+        observed((OP, 0)),
+        ("MATCH", "account acct-1842 shows one credit of 0 for the operation"),
+    ),
+    # a declared query names other parameter fields
+    (
+        PostconditionQuery(subject_field="iban", amount_field="cents"),
+        {"iban": "GB00", "cents": 42, "account": "acct-1842", "amount_minor": 5000},
+        observed((OP, 42)),
+        ("MATCH", "account GB00 shows one credit of 42 for the operation"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("postcondition", "params", "observation", "judged"), JUDGE)
+def test_judge_postcondition(
+    postcondition: bool | PostconditionQuery,
+    params: dict[str, object],
+    observation: Credits | None,
+    judged: tuple[str, str],
+) -> None:
+    c = EffectContract(postcondition=postcondition)
+    assert judge_postcondition(c, params, observation, OP) == judged
+
+
+def test_judge_postcondition_refuses_to_judge_an_offered_query_left_unasked() -> None:
+    with pytest.raises(LedgerError) as err:
+        judge_postcondition(PAYMENT_GATEWAY, PARAMS, None, OP)
+    assert err.value.operation_id == OP
+    assert "ask it and pass its observation" in err.value.message

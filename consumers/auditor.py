@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from consumers.reader import read_latest, read_topic
 from ledger.audit import AuditReport, audit
-from ledger.contracts import load_sinks
 from ledger.events import Dispatch, JournalEntry, OperationState, RecoveryReceipt
 from ledger.settings import LedgerSettings
 from sinks.client import SinkClient
+from sinks.registry import load_sinks
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from consumers.reader import current_states
 from consumers.relay import read_effect
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
-from ledger.contracts import load_sinks
 from ledger.events import OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient
+from sinks.registry import load_sinks
 
 
 def open_items(settings: LedgerSettings) -> list[OperationState]:

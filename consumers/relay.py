@@ -25,9 +25,20 @@ from typing import Any
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import Clock, clock_for
-from ledger.contracts import EffectContract, SinkEndpoint, load_sinks
+from ledger.contracts import (
+    EffectContract,
+    Recovery,
+    after_ambiguous_send,
+    fencing_token_for,
+    judge_postcondition,
+    marks_attempt_alone,
+    postcondition_request,
+    readback_unsupported,
+    sends_idempotency_key,
+)
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
-from sinks.client import SinkClient
+from sinks.client import SinkClient, postcondition_source
+from sinks.registry import SinkEndpoint, load_sinks
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +55,27 @@ READBACK_STATUS = {
 def read_effect(
     client: SinkClient, contract: EffectContract, operation_id: str, token: int
 ) -> tuple[str, str, str | None]:
-    """Read an effect back: ``(ReadbackStatus, detail, effect_id)``.
+    """Read an effect back by operation ID.
 
     Sends the operation's fencing token when the sink fences; a sink without
-    readback is ``UNSUPPORTED`` without a request.
+    readback is ``UNSUPPORTED`` without a request (both as the contract says:
+    :func:`~ledger.contracts.fencing_token_for`,
+    :func:`~ledger.contracts.readback_unsupported`).
+
+    Args:
+        client: the sink's client.
+        contract: the sink's contract.
+        operation_id: the operation to read back.
+        token: the operation's current fencing token.
+
+    Returns:
+        ``(ReadbackStatus, detail, effect_id)``; ``effect_id`` is ``None``
+        unless the effect committed.
     """
-    if not contract.readback:
-        return "UNSUPPORTED", "the sink offers no readback", None
-    rb = client.readback(operation_id, token if contract.fencing else None)
+    unsupported = readback_unsupported(contract)
+    if unsupported is not None:
+        return "UNSUPPORTED", unsupported, None
+    rb = client.readback(operation_id, fencing_token_for(contract, token))
     return READBACK_STATUS[rb.status], rb.detail or rb.status, rb.effect_id
 
 
@@ -146,7 +170,7 @@ class Relay(Stage):
         # that cannot is marked just before its own send and its receipt
         # committed just after, so that a crash leaves ambiguous only the one
         # request that may have left without its receipt.
-        one_by_one = {d.dispatch_id for d in fresh if not self._readable(d.sink)}
+        one_by_one = {d.dispatch_id for d in fresh if self._marks_alone(d.sink)}
         self._mark_attempted([d for d in fresh if d.dispatch_id not in one_by_one], now)
         fresh_ids = {d.dispatch_id for d in fresh}
         for rec in records:
@@ -164,9 +188,9 @@ class Relay(Stage):
             else:
                 self.results[at] = self._perform(d, fresh=d.dispatch_id in fresh_ids)
 
-    def _readable(self, sink: str) -> bool:
+    def _marks_alone(self, sink: str) -> bool:
         endpoint = self._endpoint(sink)
-        return endpoint is None or endpoint.contract.readback
+        return endpoint is not None and marks_attempt_alone(endpoint.contract)
 
     def _commit_outputs(self, outputs: list[tuple[str, str, Event]]) -> None:
         """Commit one dispatch's receipt at once (its offset follows with the batch)."""
@@ -309,9 +333,9 @@ class Relay(Stage):
             d.operation_id,
             d.parameter_digest,
             params,
-            d.fencing_token if contract.fencing else None,
+            fencing_token_for(contract, d.fencing_token),
             attempt_id,
-            use_key=contract.idempotent and not fresh_identity,
+            use_key=sends_idempotency_key(contract, fresh_attempt_identity=fresh_identity),
         )
         if result.status == "committed":
             self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)
@@ -364,19 +388,13 @@ class Relay(Stage):
         on_resume: bool,
     ) -> tuple[str, str, Event]:
         """The request may have left: find out before anything is sent again."""
-        if contract.readback:
+        decision = after_ambiguous_send(contract, first_seen_ms=first, now_ms=now)
+        if decision.action is Recovery.READ_BACK:
             return self._read_effect(d, client, contract, now, on_resume=on_resume)
-        retention_ms = contract.key_retention_s * 1000
-        if contract.idempotent and now - first < retention_ms:
+        if decision.action is Recovery.RESUBMIT_SAME_KEY:
             return self._submit(
                 d, client, contract, first, now, fresh_identity=False, on_resume=True
             )
-        why = (
-            "the sink has neither readback nor idempotency"
-            if not contract.idempotent
-            else f"the sink's key retention ({contract.key_retention_s} s) has passed since "
-            f"the first attempt at {first} ms"
-        )
         return (
             "receipts",
             d.operation_id,
@@ -385,7 +403,7 @@ class Relay(Stage):
                 "AMBIGUOUS",
                 first,
                 now,
-                f"the request may have reached {d.sink}; {why}",
+                f"the request may have reached {d.sink}; {decision.reason}",
                 on_resume=on_resume,
             ),
         )
@@ -439,28 +457,12 @@ class Relay(Stage):
     def _verify(
         self, d: Dispatch, client: SinkClient, contract: EffectContract, now: int
     ) -> tuple[str, str, Event]:
+        """Ask the postcondition query the contract declares; the core judges the answer."""
         params: dict[str, Any] = json.loads(d.params_json)
-        account = str(params.get("account", ""))
-        source = f"{d.sink} GET /accounts/{account}"
-        if not contract.postcondition or not account:
-            status, detail = "UNSUPPORTED", "the sink offers no postcondition query"
-        else:
-            credits = client.account(account)
-            if credits.status != "observed":
-                status, detail = "UNKNOWN", credits.detail or credits.status
-            else:
-                mine = [c for c in credits.credits if c.operation_id == d.operation_id]
-                amount = int(params.get("amount_minor", 0))
-                if len(mine) == 1 and mine[0].amount_minor == amount:
-                    status = "MATCH"
-                    detail = f"account {account} shows one credit of {amount} for the operation"
-                else:
-                    status = "MISMATCH"
-                    detail = (
-                        f"account {account} shows {len(mine)} credit(s) "
-                        f"{[c.amount_minor for c in mine]} for the operation; expected one of "
-                        f"{amount}"
-                    )
+        ask = postcondition_request(contract, params)
+        source = f"{d.sink} {postcondition_source(ask.query, ask.subject)}"
+        observation = client.postcondition(ask.query, ask.subject) if ask.offered else None
+        status, detail = judge_postcondition(contract, params, observation, d.operation_id)
         return self._observation(
             d, "POSTCONDITION", status, source, detail, now, on_resume=d.on_resume
         )

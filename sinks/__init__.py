@@ -4,6 +4,8 @@
   auditor use (submit with idempotency key and fencing token, readback by
   operation ID, postcondition query, health); it maps every HTTP answer and
   transport failure to a typed result.
+* :mod:`sinks.registry` -- the sink registry file (name -> URL and contract)
+  that the relay, reconcilers, auditor and CLI read.
 
 The reference sinks that speak this protocol for demos and tests (a payment
 gateway with faults, and an unsafe sink) live in :mod:`testbed.sinks`.

@@ -26,6 +26,8 @@ from urllib.parse import quote
 
 import httpx
 
+from ledger.contracts import PostconditionQuery
+
 SubmitStatus = Literal[
     "committed", "rejected", "stale_token", "key_reused", "unavailable", "ambiguous"
 ]
@@ -163,6 +165,21 @@ class _NoAnswer:
 
     sent: bool
     detail: str
+
+
+def postcondition_source(query: PostconditionQuery, subject: str) -> str:
+    """Name the request that answers a postcondition query (for readback records).
+
+    Args:
+        query: the contract's postcondition query.
+        subject: the subject queried (e.g. the account).
+
+    Returns:
+        The request, e.g. ``GET /accounts/acct-1``.
+    """
+    match query.query:
+        case "account-credits":
+            return f"GET /accounts/{subject}"
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
@@ -378,6 +395,23 @@ class SinkClient:
         if code >= 500:
             return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
         raise SinkProtocolError("GET", path, code, answer.text)
+
+    def postcondition(self, query: PostconditionQuery, subject: str) -> AccountCredits:
+        """Ask the postcondition query a contract declares.
+
+        Args:
+            query: the contract's postcondition query.
+            subject: the subject to query (e.g. the account).
+
+        Returns:
+            The observation; see :class:`AccountCredits`.
+
+        Raises:
+            SinkProtocolError: if the sink answers outside the protocol.
+        """
+        match query.query:
+            case "account-credits":
+                return self.account(subject)
 
     def health_info(self) -> dict[str, Any] | None:
         """Return the ``/health`` body (name, pid, contract), or ``None`` when down."""

@@ -167,14 +167,8 @@ def sink_serve(name: str, contract: str, port: int) -> None:
     finds it through the sink registry (LEDGER_SINKS_FILE, default
     LEDGER_RUN_DIR/sinks.json). Stop it with Ctrl-C.
     """
-    from ledger.contracts import (
-        PAYMENT_GATEWAY,
-        UNSAFE_SINK,
-        EffectContract,
-        SinkEndpoint,
-        load_sinks,
-        save_sinks,
-    )
+    from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
+    from sinks.registry import SinkEndpoint, load_sinks, save_sinks
     from testbed.sinks.process import SinkProcess
 
     named = {"payments": PAYMENT_GATEWAY, "unsafe": UNSAFE_SINK}

@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.stages import STAGES
 from ledger.clock import ManualClock
-from ledger.contracts import EffectContract, SinkEndpoint, load_sinks, save_sinks
+from ledger.contracts import EffectContract
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
 from ledger.kafka import client_config
@@ -38,6 +38,7 @@ from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient, SubmitResult
+from sinks.registry import SinkEndpoint, load_sinks, save_sinks
 from testbed import faults
 from testbed.sinks.process import SinkProcess
 

@@ -106,7 +106,7 @@ def intent_publish(
     processor: 'APPLIED' with the new state, or 'REFUSED' with the reason
     (for example parameter drift) and exit status 1.
     """
-    from ledger.contracts import load_sinks
+    from sinks.registry import load_sinks
 
     try:
         params = json.loads(params_json)

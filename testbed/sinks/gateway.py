@@ -276,7 +276,7 @@ class SinkService:
 
     def account(self, account: str) -> Reply:
         """Postcondition: every credit the sink made to an account."""
-        if not self.contract.postcondition:
+        if self.contract.postcondition_query() is None:
             return Reply(501, {"error": "postcondition_not_supported", "sink": self.name})
         with self.store.transaction() as tx:
             tx.bump("requests")

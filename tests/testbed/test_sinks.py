@@ -20,8 +20,14 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ledger.clock import ManualClock
-from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
-from sinks.client import SinkProtocolError, SubmitResult
+from ledger.contracts import (
+    PAYMENT_GATEWAY,
+    UNSAFE_SINK,
+    EffectContract,
+    judge_postcondition,
+    postcondition_request,
+)
+from sinks.client import SinkProtocolError, SubmitResult, postcondition_source
 from testbed.sinks.admin import ReferenceSinkClient as SinkClient
 from testbed.sinks.gateway import bind_socket, create_app
 from testbed.sinks.process import SinkProcess
@@ -245,6 +251,43 @@ def test_postcondition_sums_the_credits_of_an_account(make_sink: MakeSink) -> No
         ("refund:2", 700),
     ]
     assert sink.client.account("acct-nobody").credited_minor == 0
+
+
+def test_the_contracts_postcondition_query_asked_and_judged(make_sink: MakeSink) -> None:
+    """What the relay does for a VERIFY: the contract names the query, the core judges."""
+    sink = make_sink(PAYMENT_GATEWAY)
+    submit(sink.client, "refund:1", params=PARAMS)
+    submit(sink.client, "refund:2", params=PARAMS, use_key=False)
+    submit(sink.client, "refund:2", params=PARAMS, use_key=False)  # a duplicate effect
+
+    def verify(op: str, contract: EffectContract = PAYMENT_GATEWAY) -> tuple[str, str, str]:
+        ask = postcondition_request(contract, PARAMS)
+        observation = sink.client.postcondition(ask.query, ask.subject) if ask.offered else None
+        status, detail = judge_postcondition(contract, PARAMS, observation, op)
+        return postcondition_source(ask.query, ask.subject), status, detail
+
+    assert verify("refund:1") == (
+        f"GET /accounts/{ACCOUNT}",
+        "MATCH",
+        f"account {ACCOUNT} shows one credit of 5000 for the operation",
+    )
+    assert verify("refund:2")[1:] == (
+        "MISMATCH",
+        f"account {ACCOUNT} shows 2 credit(s) [5000, 5000] for the operation; expected one of 5000",
+    )
+    assert verify("refund:1", UNSAFE_SINK) == (
+        f"GET /accounts/{ACCOUNT}",
+        "UNSUPPORTED",
+        "the sink offers no postcondition query",
+    )
+    # a contract that declares a query its sink does not answer: no observation
+    unsafe = make_sink(UNSAFE_SINK, name="unsafe")
+    ask = postcondition_request(PAYMENT_GATEWAY, PARAMS)
+    seen = unsafe.client.postcondition(ask.query, ask.subject)
+    assert judge_postcondition(PAYMENT_GATEWAY, PARAMS, seen, "refund:1") == (
+        "UNKNOWN",
+        "postcondition_not_supported",
+    )
 
 
 # --- faults that answer at once --------------------------------------------------------------

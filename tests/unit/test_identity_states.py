@@ -64,6 +64,7 @@ PURE = [
     "events.py",
     "serde.py",
     "errors.py",
+    "contracts.py",
 ]
 IO_MODULES = {
     "confluent_kafka",

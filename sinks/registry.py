@@ -1,0 +1,62 @@
+"""The sink registry: where each sink answers and what it declares.
+
+The registry is a JSON file (``LEDGER_SINKS_FILE``, default
+``LEDGER_RUN_DIR/sinks.json``) mapping a sink's name to its URL and its
+:class:`~ledger.contracts.EffectContract`. ``ledger sink serve`` and the test
+harness write it; the relay, the reconciler, the auditor and the CLI read it.
+The file I/O lives here so that :mod:`ledger.contracts` stays pure.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from ledger.contracts import EffectContract
+
+
+class SinkEndpoint(BaseModel):
+    """Where a sink answers and what it declares.
+
+    Attributes:
+        url: base URL, e.g. ``http://127.0.0.1:8123``.
+        contract: the sink's effect contract.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    contract: EffectContract
+
+
+def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
+    """Read the sink registry.
+
+    Args:
+        path: the registry file (a JSON object: name -> ``{url, contract}``).
+
+    Returns:
+        ``{name: endpoint}``; an empty dict when the file does not exist.
+
+    Raises:
+        pydantic.ValidationError: when an entry is malformed.
+    """
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {name: SinkEndpoint.model_validate(entry) for name, entry in raw.items()}
+
+
+def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:
+    """Write the sink registry atomically (a temporary file, then a rename).
+
+    Args:
+        path: the registry file; its folder is created when missing.
+        sinks: ``{name: endpoint}``, the whole registry (it replaces the file).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({k: v.model_dump() for k, v in sinks.items()}, indent=2))
+    tmp.replace(path)

@@ -3,9 +3,31 @@
 Every error a ledger component raises on purpose is a :class:`LedgerError`.
 The message says what went wrong and how to fix it; the structured fields let
 callers (CLI, game-day runner, tests) react without parsing the message.
+Adapters translate third-party errors once, at the edge (``raise
+DecodeError(...) from exc``).
+
+The hierarchy (``retryable`` classes marked *)::
+
+    LedgerError
+    ├── BrokerError
+    │   └── BrokerUnavailableError *
+    ├── TopicConfigError
+    ├── SchemaError
+    │   ├── UnknownSchemaError
+    │   ├── SchemaValidationError
+    │   └── DecodeError
+    ├── ParameterDriftError
+    ├── ForbiddenTransitionError
+    └── ScenarioError
+
+``retryable`` never licenses re-executing an effect: a request whose outcome
+cannot be observed is ``UNKNOWN_OUTCOME`` (the sink client returns it as the
+value ``ambiguous``), not a retryable error.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class LedgerError(Exception):
@@ -18,11 +40,19 @@ class LedgerError(Exception):
         observed: what it found instead.
 
     Attributes:
+        retryable: class attribute: ``True`` when the same call, unchanged,
+            may succeed later because the cause is transient (a broker or
+            sink that is down, restarting or slow to answer); ``False`` (the
+            default) when something must change first -- configuration,
+            input, the ledger's contents or the code. Callers that retry
+            still bound their retries; the message says what to change.
         message: as given.
         operation_id: as given.
         expected: as given.
         observed: as given.
     """
+
+    retryable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -40,7 +70,23 @@ class LedgerError(Exception):
 
 
 class BrokerError(LedgerError):
-    """The local Kafka broker could not be fetched, started, reached or stopped."""
+    """The Kafka broker could not be fetched, started, reached, read or stopped.
+
+    Not retryable as such: most causes (a missing tool, a busy port, a failed
+    format) need a fix first. :class:`BrokerUnavailableError` is the
+    transient case.
+    """
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker does not answer, or not in time; trying again later can succeed.
+
+    Raised when Kafka does not answer a metadata request, a broker being
+    started does not answer within the wait, or a read does not reach its
+    end in time (an open transaction may hold the last stable offset).
+    """
+
+    retryable: ClassVar[bool] = True
 
 
 class TopicConfigError(LedgerError):
@@ -108,3 +154,19 @@ class ForbiddenTransitionError(LedgerError):
         super().__init__(message, operation_id=operation_id, expected=from_state, observed=to_state)
         self.from_state = from_state
         self.to_state = to_state
+
+
+class ScenarioError(LedgerError):
+    """A game-day scenario is malformed (the message names the bad key or value).
+
+    Args:
+        message: the file, the bad key or value, and what is wanted instead.
+        source: the scenario's file (or ``<scenario>`` for an object).
+
+    Attributes:
+        source: as given.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source

@@ -12,9 +12,12 @@ failures are translated once, in :meth:`SinkClient._send`:
   observation (readback) may decide.
 
 Only answers that mean the caller or the sink is broken (400, an unknown
-route, a body that is not the protocol's) raise :class:`SinkProtocolError`;
-admin calls raise :class:`SinkUnreachableError` when the sink cannot be
-reached.
+route, a body that is not the protocol's) raise
+:class:`~ledger.errors.SinkProtocolError`; admin calls raise
+:class:`~ledger.errors.SinkUnavailableError` (retryable) when the sink gives
+no answer. Both are :class:`~ledger.errors.SinkError`, hence
+:class:`~ledger.errors.LedgerError`; no httpx transport error leaves this
+module.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from urllib.parse import quote
 
 import httpx
 
+from ledger.errors import SinkError, SinkProtocolError, SinkUnavailableError
 from sinks.store import FaultMode
 
 SubmitStatus = Literal[
@@ -35,33 +39,9 @@ ReadbackStatus = Literal["committed", "absent", "unsupported", "stale_token", "a
 AccountStatus = Literal["observed", "unsupported", "ambiguous"]
 
 
-class SinkClientError(Exception):
-    """Base of the client's errors (never raised for expected outcomes)."""
-
-
-class SinkProtocolError(SinkClientError):
-    """The sink answered something outside the protocol.
-
-    Attributes:
-        method: HTTP method of the request.
-        path: request path.
-        http_status: the status the sink answered.
-        body: the answer's body (truncated to 500 characters).
-    """
-
-    def __init__(self, method: str, path: str, http_status: int, body: str) -> None:
-        self.method = method
-        self.path = path
-        self.http_status = http_status
-        self.body = body[:500]
-        super().__init__(
-            f"{method} {path} answered {http_status}: {self.body!r}; check that the URL points "
-            "at a reference sink and that the request matches sinks.gateway"
-        )
-
-
-class SinkUnreachableError(SinkClientError):
-    """An admin call could not reach the sink (it may be down or hanging)."""
+#: Former names of the client's errors, kept for importers.
+SinkClientError = SinkError
+SinkUnreachableError = SinkUnavailableError
 
 
 @dataclass(frozen=True)
@@ -165,6 +145,7 @@ class _NoAnswer:
 
     sent: bool
     detail: str
+    cause: httpx.TransportError
 
 
 def _json(response: httpx.Response) -> dict[str, Any]:
@@ -219,9 +200,9 @@ class SinkClient:
         try:
             return self._http.request(method, path, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}")
+            return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
         except httpx.TransportError as exc:
-            return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}")
+            return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}", cause=exc)
 
     def submit(
         self,
@@ -296,7 +277,9 @@ class SinkClient:
             return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
         if code >= 500 and code != 501:
             return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError("POST", path, code, answer.text)
+        raise SinkProtocolError(
+            "POST", path, code, answer.text, sink=self.base_url, operation_id=operation_id
+        )
 
     def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
         """Read back whether an operation committed at the sink.
@@ -344,7 +327,9 @@ class SinkClient:
             )
         if code >= 500:
             return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError("GET", path, code, answer.text)
+        raise SinkProtocolError(
+            "GET", path, code, answer.text, sink=self.base_url, operation_id=operation_id
+        )
 
     def account(self, account: str) -> AccountCredits:
         """Query an account's credits (the postcondition).
@@ -379,17 +364,28 @@ class SinkClient:
             )
         if code >= 500:
             return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
-        raise SinkProtocolError("GET", path, code, answer.text)
+        raise SinkProtocolError("GET", path, code, answer.text, sink=self.base_url)
 
     def _admin(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Send an admin request; its answer's JSON body, or an error.
+
+        Raises:
+            SinkUnavailableError: if no answer came (chained to the httpx error).
+            SinkProtocolError: if the answer is not ``200``.
+        """
         answer = self._send(method, path, **kwargs)
         if isinstance(answer, _NoAnswer):
-            raise SinkUnreachableError(
+            raise SinkUnavailableError(
                 f"{method} {self.base_url}{path} got no answer ({answer.detail}); "
-                "is the sink running?"
-            )
+                "is the sink running?",
+                sink=self.base_url,
+                expected="an answer",
+                observed=answer.detail,
+            ) from answer.cause
         if answer.status_code != 200:
-            raise SinkProtocolError(method, path, answer.status_code, answer.text)
+            raise SinkProtocolError(
+                method, path, answer.status_code, answer.text, sink=self.base_url
+            )
         return _json(answer)
 
     def arm_fault(self, operation_id: str, mode: FaultMode, times: int = 1) -> None:
@@ -397,7 +393,7 @@ class SinkClient:
 
         Raises:
             SinkProtocolError: for an unknown mode or ``times < 1``.
-            SinkUnreachableError: if the sink cannot be reached.
+            SinkUnavailableError: if the sink gives no answer (retryable).
         """
         self._admin(
             "POST",
@@ -409,7 +405,7 @@ class SinkClient:
         """Return ``{operation_id: effects held by the sink}`` (admin).
 
         Raises:
-            SinkUnreachableError: if the sink cannot be reached.
+            SinkUnavailableError: if the sink gives no answer (retryable).
         """
         counts = self._admin("GET", "/admin/effects").get("effects", {})
         return {str(op): int(n) for op, n in counts.items()}
@@ -418,7 +414,7 @@ class SinkClient:
         """Return the sink's counters, e.g. ``stale_rejections`` (admin).
 
         Raises:
-            SinkUnreachableError: if the sink cannot be reached.
+            SinkUnavailableError: if the sink gives no answer (retryable).
         """
         return {str(name): int(value) for name, value in self._admin("GET", "/admin/stats").items()}
 

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Literal
 
 from ledger.contracts import EffectContract
+from ledger.errors import SinkStartError
 from sinks.client import SinkClient
 from sinks.gateway import EXIT_ADDRESS_IN_USE
 
@@ -26,10 +27,6 @@ _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 #: Interval between readiness polls (seconds).
 _POLL_S = 0.02
-
-
-class SinkStartError(RuntimeError):
-    """The sink process did not come up; the message quotes its log."""
 
 
 class SinkProcess:
@@ -84,7 +81,7 @@ class SinkProcess:
             SinkStartError: if the sink was never started.
         """
         if self._port is None:
-            raise SinkStartError(f"sink {self.name} has not been started")
+            raise SinkStartError(f"sink {self.name} has not been started", sink=self.name)
         return self._port
 
     @property
@@ -116,10 +113,16 @@ class SinkProcess:
                 answer within ``startup_timeout_s``.
         """
         if self.is_running():
-            raise SinkStartError(f"sink {self.name} is already running (pid {self.pid})")
+            raise SinkStartError(
+                f"sink {self.name} is already running (pid {self.pid})", sink=self.name
+            )
         code = self._launch(self._requested_port)
         if code is not None:
-            raise SinkStartError(self._failure(f"exited with status {code} during startup"))
+            raise SinkStartError(
+                self._failure(f"exited with status {code} during startup"),
+                sink=self.name,
+                observed=f"exit status {code}",
+            )
         return self
 
     def restart(self) -> SinkProcess:
@@ -140,7 +143,11 @@ class SinkProcess:
         if code == EXIT_ADDRESS_IN_USE:
             code = self._launch(0)
         if code is not None:
-            raise SinkStartError(self._failure(f"exited with status {code} during restart"))
+            raise SinkStartError(
+                self._failure(f"exited with status {code} during restart"),
+                sink=self.name,
+                observed=f"exit status {code}",
+            )
         return self
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
@@ -245,7 +252,9 @@ class SinkProcess:
                     proc.kill()
                     proc.wait()
                     raise SinkStartError(
-                        self._failure(f"did not answer /health within {self.startup_timeout_s} s")
+                        self._failure(f"did not answer /health within {self.startup_timeout_s} s"),
+                        sink=self.name,
+                        observed="no answer",
                     )
                 time.sleep(_POLL_S)
         finally:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
+from ledger.errors import SinkStoreError
+
 #: Fault modes a sink can be armed with (``sink_fault`` in SCENARIOS.md).
 FaultMode = Literal[
     "commit_then_drop_response",
@@ -97,8 +99,8 @@ CREATE TABLE IF NOT EXISTS counters (
 """
 
 
-class StoreError(RuntimeError):
-    """The sink database cannot be used (wrong sink, newer schema)."""
+#: Former name of :class:`ledger.errors.SinkStoreError`, kept for importers.
+StoreError = SinkStoreError
 
 
 @dataclass(frozen=True)
@@ -311,7 +313,9 @@ class StoreTxn:
         )
         seq = cursor.lastrowid
         if seq is None:  # pragma: no cover - sqlite always sets it after INSERT
-            raise StoreError("SQLite returned no row id for the new effect")
+            raise SinkStoreError(
+                "SQLite returned no row id for the new effect", sink=self._sink_name
+            )
         self._conn.execute(
             "UPDATE effects SET effect_id = ? WHERE seq = ?", (f"{self._sink_name}-{seq}", seq)
         )
@@ -355,7 +359,7 @@ class SinkStore:
         sink_name: the sink the file belongs to; used in effect IDs.
 
     Raises:
-        StoreError: if the file belongs to another sink or has a newer schema.
+        SinkStoreError: if the file belongs to another sink or has a newer schema.
         sqlite3.Error: if the file cannot be opened.
     """
 
@@ -375,9 +379,11 @@ class SinkStore:
     def _init_schema(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
-            raise StoreError(
+            raise SinkStoreError(
                 f"{self.path} has sink schema version {version}, newer than {SCHEMA_VERSION}; "
-                "run a newer sink or use another --db"
+                "run a newer sink or use another --db",
+                sink=self.sink_name,
+                path=str(self.path),
             )
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -393,9 +399,11 @@ class SinkStore:
                     "SELECT value FROM meta WHERE key = 'sink_name'"
                 ).fetchone()["value"]
                 if owner != self.sink_name:
-                    raise StoreError(
+                    raise SinkStoreError(
                         f"{self.path} belongs to sink {owner!r}, not {self.sink_name!r}; "
-                        "give each sink its own --db"
+                        "give each sink its own --db",
+                        sink=self.sink_name,
+                        path=str(self.path),
                     )
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             except BaseException:

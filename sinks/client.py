@@ -334,6 +334,9 @@ class SinkClient:
     def account(self, account: str) -> AccountCredits:
         """Query an account's credits (the postcondition).
 
+        Args:
+            account: the account, e.g. ``acct-1``.
+
         Returns:
             The observation; see :class:`AccountCredits`.
 
@@ -390,6 +393,11 @@ class SinkClient:
 
     def arm_fault(self, operation_id: str, mode: FaultMode, times: int = 1) -> None:
         """Arm a fault for the operation's next ``times`` submits (admin).
+
+        Args:
+            operation_id: the operation whose submits the fault hits.
+            mode: the fault (see :data:`sinks.store.FAULT_MODES`).
+            times: how many submits it hits (at least 1).
 
         Raises:
             SinkProtocolError: for an unknown mode or ``times < 1``.

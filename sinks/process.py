@@ -99,7 +99,14 @@ class SinkProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def client(self, timeout_s: float = 2.0) -> SinkClient:
-        """Return a new :class:`SinkClient` for this sink (the caller closes it)."""
+        """Return a new :class:`SinkClient` for this sink (the caller closes it).
+
+        Args:
+            timeout_s: the client's timeout per call (seconds).
+
+        Raises:
+            SinkStartError: if the sink was never started.
+        """
         return SinkClient(self.url, timeout_s=timeout_s)
 
     def start(self) -> SinkProcess:
@@ -152,6 +159,9 @@ class SinkProcess:
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
         """Terminate the child (SIGTERM, then SIGKILL after ``timeout_s`` seconds).
+
+        Args:
+            timeout_s: how long to wait after SIGTERM (seconds).
 
         Returns:
             The exit status, or ``None`` if it was not running.

@@ -186,7 +186,12 @@ class StoreTxn:
         self._sink_name = sink_name
 
     def bump(self, counter: str, by: int = 1) -> None:
-        """Add ``by`` to a named counter (created at 0 when absent)."""
+        """Add ``by`` to a named counter (created at 0 when absent).
+
+        Args:
+            counter: the counter's name, e.g. ``stale_rejections``.
+            by: how much to add.
+        """
         self._conn.execute(
             "INSERT INTO counters (name, value) VALUES (?, ?) "
             "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
@@ -201,7 +206,14 @@ class StoreTxn:
         return values
 
     def highest_token(self, operation_id: str) -> int | None:
-        """Return the highest fencing token seen for an operation, or ``None``."""
+        """Return the highest fencing token seen for an operation.
+
+        Args:
+            operation_id: the operation.
+
+        Returns:
+            The highest token, or ``None`` when the sink has seen none.
+        """
         row = self._conn.execute(
             "SELECT highest_token FROM fences WHERE operation_id = ?", (operation_id,)
         ).fetchone()
@@ -237,8 +249,15 @@ class StoreTxn:
 
         Faults armed earlier for the same operation fire first.
 
+        Args:
+            operation_id: the operation whose submits the fault hits.
+            mode: the fault, one of :data:`FAULT_MODES`.
+            times: how many submits it hits (at least 1).
+            now_ms: ledger time of arming (ms), kept for inspection.
+
         Raises:
-            ValueError: for an unknown mode or ``times < 1``.
+            ValueError: for an unknown mode or ``times < 1`` (the gateway
+                validates both first; this guards direct callers).
         """
         if mode not in FAULT_MODES:
             raise ValueError(f"unknown fault mode {mode!r}; use one of {', '.join(FAULT_MODES)}")
@@ -251,6 +270,9 @@ class StoreTxn:
 
     def take_fault(self, operation_id: str) -> FaultMode | None:
         """Consume one firing of the oldest armed fault of an operation.
+
+        Args:
+            operation_id: the operation a submit names.
 
         Returns:
             The fault mode to apply to this request, or ``None``.
@@ -267,7 +289,14 @@ class StoreTxn:
         return mode
 
     def latest_effect_for_key(self, idempotency_key: str) -> EffectRecord | None:
-        """Return the most recent effect stored under an idempotency key."""
+        """Return the most recent effect stored under an idempotency key.
+
+        Args:
+            idempotency_key: the key a submit carried.
+
+        Returns:
+            The effect, or ``None`` when no effect has the key.
+        """
         row = self._conn.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE idempotency_key = ? "
             "ORDER BY seq DESC LIMIT 1",
@@ -292,6 +321,23 @@ class StoreTxn:
 
         The effect ID is ``{sink}-{seq}``; ``first_seen_ms`` and
         ``committed_ms`` are both ``now_ms``.
+
+        Args:
+            operation_id: the operation the submit names.
+            idempotency_key: the ``Idempotency-Key`` sent, or ``None``.
+            attempt_id: the submitting attempt's identity.
+            parameter_digest: digest of the semantic parameters.
+            params: the parameters, stored as canonical JSON.
+            account: the account credited, if any (postcondition queries).
+            amount_minor: the amount credited in minor units, if any.
+            fencing_token: the token the submit carried, or ``None``.
+            now_ms: ledger time of the commit (ms).
+
+        Returns:
+            The stored effect.
+
+        Raises:
+            SinkStoreError: if SQLite returns no row ID (it always does).
         """
         cursor = self._conn.execute(
             "INSERT INTO effects (effect_id, operation_id, idempotency_key, attempt_id, "
@@ -325,7 +371,11 @@ class StoreTxn:
         return _effect(row)
 
     def effects_for_operation(self, operation_id: str) -> list[EffectRecord]:
-        """Return the operation's effects, oldest first."""
+        """Return the operation's effects, oldest first.
+
+        Args:
+            operation_id: the operation.
+        """
         rows = self._conn.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE operation_id = ? ORDER BY seq",
             (operation_id,),
@@ -333,7 +383,11 @@ class StoreTxn:
         return [_effect(row) for row in rows]
 
     def effects_for_account(self, account: str) -> list[EffectRecord]:
-        """Return the effects that credited an account, oldest first."""
+        """Return the effects that credited an account, oldest first.
+
+        Args:
+            account: the account.
+        """
         rows = self._conn.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE account = ? ORDER BY seq", (account,)
         ).fetchall()

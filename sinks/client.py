@@ -29,7 +29,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ledger.errors import SinkError, SinkProtocolError, SinkUnavailableError
+from ledger.errors import SinkError, SinkUnavailableError
+from ledger.errors import SinkProtocolError as SinkProtocolError  # re-exported: its old home
 from sinks.store import FaultMode
 
 SubmitStatus = Literal[

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Literal
 
 from ledger.contracts import EffectContract
-from ledger.errors import SinkStartError
+from ledger.errors import SinkStartError as SinkStartError  # re-exported: its old home
 from sinks.client import SinkClient
 from sinks.gateway import EXIT_ADDRESS_IN_USE
 

@@ -71,7 +71,7 @@ def test_every_error_in_ledger_errors_is_a_ledger_error_with_a_retryable_decisio
     for cls in defined:
         assert issubclass(cls, LedgerError), cls
         assert isinstance(cls.retryable, bool), cls
-        assert cls.retryable is RETRYABLE[cls], f"{cls.__name__}.retryable"  # type: ignore[index]
+        assert cls.retryable is RETRYABLE[cls], f"{cls.__name__}.retryable"
         assert cls.__doc__, f"{cls.__name__} needs a docstring"
 
 

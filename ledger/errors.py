@@ -1,11 +1,38 @@
 """The ledger's error hierarchy.
 
-Every error a ledger component raises on purpose is a :class:`LedgerError`.
-The message says what went wrong and how to fix it; the structured fields let
-callers (CLI, game-day runner, tests) react without parsing the message.
+Every error a ledger component, a reference sink or the sink client raises
+on purpose is a :class:`LedgerError`. The message says what went wrong and
+how to fix it; the structured fields let callers (CLI, game-day runner,
+tests) react without parsing the message. Adapters translate third-party
+errors once, at the edge (``raise SinkUnavailableError(...) from exc``).
+
+The hierarchy (``retryable`` classes marked *)::
+
+    LedgerError
+    ├── BrokerError
+    │   └── BrokerUnavailableError *
+    ├── TopicConfigError
+    ├── SchemaError
+    │   ├── UnknownSchemaError
+    │   ├── SchemaValidationError
+    │   └── DecodeError
+    ├── ParameterDriftError
+    ├── ForbiddenTransitionError
+    ├── ScenarioError
+    └── SinkError
+        ├── SinkUnavailableError *
+        ├── SinkProtocolError
+        ├── SinkStoreError
+        └── SinkStartError
+
+``retryable`` never licenses re-executing an effect: a request whose outcome
+cannot be observed is ``UNKNOWN_OUTCOME`` (the sink client returns it as the
+value ``ambiguous``), not a retryable error.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 
 class LedgerError(Exception):
@@ -18,11 +45,19 @@ class LedgerError(Exception):
         observed: what it found instead.
 
     Attributes:
+        retryable: class attribute: ``True`` when the same call, unchanged,
+            may succeed later because the cause is transient (a broker or
+            sink that is down, restarting or slow to answer); ``False`` (the
+            default) when something must change first -- configuration,
+            input, the ledger's contents or the code. Callers that retry
+            still bound their retries; the message says what to change.
         message: as given.
         operation_id: as given.
         expected: as given.
         observed: as given.
     """
+
+    retryable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -40,7 +75,23 @@ class LedgerError(Exception):
 
 
 class BrokerError(LedgerError):
-    """The local Kafka broker could not be fetched, started, reached or stopped."""
+    """The Kafka broker could not be fetched, started, reached, read or stopped.
+
+    Not retryable as such: most causes (a missing tool, a busy port, a failed
+    format) need a fix first. :class:`BrokerUnavailableError` is the
+    transient case.
+    """
+
+
+class BrokerUnavailableError(BrokerError):
+    """The broker does not answer, or not in time; trying again later can succeed.
+
+    Raised when Kafka does not answer a metadata request, a broker being
+    started does not answer within the wait, or a read does not reach its
+    end in time (an open transaction may hold the last stable offset).
+    """
+
+    retryable: ClassVar[bool] = True
 
 
 class TopicConfigError(LedgerError):
@@ -108,3 +159,130 @@ class ForbiddenTransitionError(LedgerError):
         super().__init__(message, operation_id=operation_id, expected=from_state, observed=to_state)
         self.from_state = from_state
         self.to_state = to_state
+
+
+class ScenarioError(LedgerError):
+    """A game-day scenario is malformed (the message names the bad key or value).
+
+    Args:
+        message: the file, the bad key or value, and what is wanted instead.
+        source: the scenario's file (or ``<scenario>`` for an object).
+
+    Attributes:
+        source: as given.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+class SinkError(LedgerError):
+    """A sink, its store or the sink client failed (base of the sink errors).
+
+    The expected outcomes of a sink call (committed, rejected, stale token,
+    unavailable, ambiguous ...) are values that :class:`sinks.client.SinkClient`
+    returns, never errors; a ``SinkError`` means the sink cannot be used as
+    asked.
+
+    Args:
+        message: what went wrong and the remedy.
+        sink: the sink's name or base URL, if known.
+        operation_id: the operation concerned, if any.
+        expected: what was expected of the sink.
+        observed: what it did instead.
+
+    Attributes:
+        sink: as given.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sink: str | None = None,
+        operation_id: str | None = None,
+        expected: object = None,
+        observed: object = None,
+    ) -> None:
+        super().__init__(message, operation_id=operation_id, expected=expected, observed=observed)
+        self.sink = sink
+
+
+class SinkUnavailableError(SinkError):
+    """The sink gave no answer (down, hanging, or slower than the timeout).
+
+    Raised by the client's admin calls (arming faults, counting effects,
+    stats); trying again once the sink is up can succeed. Effect calls
+    (submit, readback, account) return ``unavailable`` or ``ambiguous``
+    instead, because whether the effect happened is evidence, not an error.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
+class SinkProtocolError(SinkError):
+    """The sink answered something outside the protocol (400, an unknown route).
+
+    Args:
+        method: HTTP method of the request.
+        path: request path.
+        http_status: the status the sink answered.
+        body: the answer's body (kept to its first 500 characters).
+        sink: the sink's base URL, if known.
+        operation_id: the operation concerned, if any.
+
+    Attributes:
+        method: as given.
+        path: as given.
+        http_status: as given (also ``observed``).
+        body: the answer's body, truncated to 500 characters.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        http_status: int,
+        body: str,
+        *,
+        sink: str | None = None,
+        operation_id: str | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.http_status = http_status
+        self.body = body[:500]
+        super().__init__(
+            f"{method} {path} answered {http_status}: {self.body!r}; check that the URL points "
+            "at a reference sink and that the request matches sinks.gateway",
+            sink=sink,
+            operation_id=operation_id,
+            expected="an answer of the sink protocol (sinks.gateway)",
+            observed=http_status,
+        )
+
+
+class SinkStoreError(SinkError):
+    """A sink's database cannot be used (another sink's file, a newer schema).
+
+    Args:
+        message: the problem and the remedy (e.g. another ``--db``).
+        sink: the sink that tried to open it.
+        path: the database file.
+
+    Attributes:
+        path: as given.
+    """
+
+    def __init__(self, message: str, *, sink: str | None = None, path: str | None = None) -> None:
+        super().__init__(message, sink=sink)
+        self.path = path
+
+
+class SinkStartError(SinkError):
+    """A reference sink process is not running as asked; the message quotes its log.
+
+    Raised when it was never started, is already running, exits during
+    start-up or does not answer ``/health`` in time.
+    """

@@ -44,7 +44,7 @@ from confluent_kafka.admin._config import (
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
-from ledger.errors import BrokerError, TopicConfigError
+from ledger.errors import BrokerError, BrokerUnavailableError, TopicConfigError
 from ledger.kafka import CLIENT_LOGGER
 from ledger.settings import LedgerSettings
 from ledger.topology import COMPACTION_KEY, TOPIC_BY_NAME, TOPICS, TopicSpec, is_reserved_key
@@ -117,8 +117,9 @@ def create_topics(settings: LedgerSettings) -> list[str]:
         Full names of the topics this call created (empty when all existed).
 
     Raises:
-        BrokerError: the broker does not answer or refuses a creation for a
-            reason other than "already exists".
+        BrokerUnavailableError: the broker does not answer (retryable).
+        BrokerError: the broker refuses a creation for a reason other than
+            "already exists".
     """
     admin = _admin(settings)
     new = [
@@ -175,7 +176,7 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
         TopicConfigError: naming every offending topic and config; its fields
             hold the first problem (``topic``, ``config``, ``expected``,
             ``observed``).
-        BrokerError: the broker does not answer.
+        BrokerUnavailableError: the broker does not answer (retryable).
     """
     specs = _specs(names)
     admin = _admin(settings)
@@ -290,7 +291,7 @@ def describe_ledger_topics(settings: LedgerSettings) -> list[TopicInfo]:
         One :class:`TopicInfo` per spec; missing topics have ``partitions=None``.
 
     Raises:
-        BrokerError: the broker does not answer.
+        BrokerUnavailableError: the broker does not answer (retryable).
     """
     admin = _admin(settings)
     present = _list_topics(admin, settings)
@@ -374,8 +375,10 @@ def force_compaction(
 
     Raises:
         TopicConfigError: a named topic is missing or is not a compacted topic.
-        BrokerError: the broker does not answer, or compaction was not observed
-            within ``timeout_s`` (configs are restored all the same).
+        BrokerUnavailableError: the broker does not answer, or a read did not
+            reach its end in time (retryable).
+        BrokerError: compaction was not observed within ``timeout_s``
+            (configs are restored all the same).
     """
     names = None if names is None else list(names)
     specs = [s for s in _specs(names) if s.cleanup == "compact"]
@@ -453,7 +456,7 @@ def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]
     try:
         md = admin.list_topics(timeout=_ADMIN_TIMEOUT_S)
     except KafkaException as exc:
-        raise BrokerError(
+        raise BrokerUnavailableError(
             f"Kafka at {settings.bootstrap_servers} does not answer ({exc.args[0]}); start it "
             "with `ledger broker start` or set KAFKA_BOOTSTRAP_SERVERS / LEDGER_BOOTSTRAP_SERVERS",
             expected="broker answering",
@@ -628,7 +631,8 @@ def _read_keys(
         Keys in offset order per (topic, partition).
 
     Raises:
-        BrokerError: on a read error or when the deadline passes.
+        BrokerUnavailableError: when the deadline passes (retryable).
+        BrokerError: on a read error.
     """
     keys: dict[_TP, list[bytes | None]] = {tp: [] for tp in limits}
     if not limits:
@@ -650,7 +654,7 @@ def _read_keys(
         pending = set(limits)
         while pending:
             if time.monotonic() > deadline:
-                raise BrokerError(
+                raise BrokerUnavailableError(
                     f"reading {sorted(pending)} timed out; an open transaction may hold the "
                     "last stable offset",
                     expected="full read",

@@ -12,9 +12,12 @@ failures are translated once, in :meth:`SinkClient._send`:
   observation (readback) may decide.
 
 Only answers that mean the caller or the sink is broken (400, an unknown
-route, a body that is not the protocol's) raise :class:`SinkProtocolError`;
-admin calls raise :class:`SinkUnreachableError` when the sink cannot be
-reached.
+route, a body that is not the protocol's) raise
+:class:`~ledger.errors.SinkProtocolError`; admin calls raise
+:class:`~ledger.errors.SinkUnavailableError` (retryable) when the sink gives
+no answer. Both are :class:`~ledger.errors.SinkError`, hence
+:class:`~ledger.errors.LedgerError`; no httpx transport error leaves this
+module.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from urllib.parse import quote
 import httpx
 
 from ledger.contracts import PostconditionQuery
+from ledger.errors import SinkError, SinkUnavailableError
+from ledger.errors import SinkProtocolError as SinkProtocolError  # re-exported: its old home
 
 SubmitStatus = Literal[
     "committed", "rejected", "stale_token", "key_reused", "unavailable", "ambiguous"
@@ -35,33 +40,9 @@ ReadbackStatus = Literal["committed", "absent", "unsupported", "stale_token", "a
 AccountStatus = Literal["observed", "unsupported", "ambiguous"]
 
 
-class SinkClientError(Exception):
-    """Base of the client's errors (never raised for expected outcomes)."""
-
-
-class SinkProtocolError(SinkClientError):
-    """The sink answered something outside the protocol.
-
-    Attributes:
-        method: HTTP method of the request.
-        path: request path.
-        http_status: the status the sink answered.
-        body: the answer's body (truncated to 500 characters).
-    """
-
-    def __init__(self, method: str, path: str, http_status: int, body: str) -> None:
-        self.method = method
-        self.path = path
-        self.http_status = http_status
-        self.body = body[:500]
-        super().__init__(
-            f"{method} {path} answered {http_status}: {self.body!r}; check that the URL points "
-            "at a reference sink and that the request matches testbed.sinks.gateway"
-        )
-
-
-class SinkUnreachableError(SinkClientError):
-    """An admin call could not reach the sink (it may be down or hanging)."""
+#: Former names of the client's errors, kept for importers.
+SinkClientError = SinkError
+SinkUnreachableError = SinkUnavailableError
 
 
 @dataclass(frozen=True)
@@ -165,6 +146,7 @@ class _NoAnswer:
 
     sent: bool
     detail: str
+    cause: httpx.TransportError
 
 
 def postcondition_source(query: PostconditionQuery, subject: str) -> str:
@@ -234,9 +216,9 @@ class SinkClient:
         try:
             return self._http.request(method, path, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}")
+            return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
         except httpx.TransportError as exc:
-            return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}")
+            return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}", cause=exc)
 
     def submit(
         self,
@@ -311,7 +293,9 @@ class SinkClient:
             return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
         if code >= 500 and code != 501:
             return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError("POST", path, code, answer.text)
+        raise SinkProtocolError(
+            "POST", path, code, answer.text, sink=self.base_url, operation_id=operation_id
+        )
 
     def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
         """Read back whether an operation committed at the sink.
@@ -359,10 +343,15 @@ class SinkClient:
             )
         if code >= 500:
             return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError("GET", path, code, answer.text)
+        raise SinkProtocolError(
+            "GET", path, code, answer.text, sink=self.base_url, operation_id=operation_id
+        )
 
     def account(self, account: str) -> AccountCredits:
         """Query an account's credits (the postcondition).
+
+        Args:
+            account: the account, e.g. ``acct-1``.
 
         Returns:
             The observation; see :class:`AccountCredits`.
@@ -394,7 +383,7 @@ class SinkClient:
             )
         if code >= 500:
             return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
-        raise SinkProtocolError("GET", path, code, answer.text)
+        raise SinkProtocolError("GET", path, code, answer.text, sink=self.base_url)
 
     def postcondition(self, query: PostconditionQuery, subject: str) -> AccountCredits:
         """Ask the postcondition query a contract declares.
@@ -405,6 +394,11 @@ class SinkClient:
 
         Returns:
             The observation; see :class:`AccountCredits`.
+
+        Args:
+            operation_id: the operation whose submits the fault hits.
+            mode: the fault (see :data:`sinks.store.FAULT_MODES`).
+            times: how many submits it hits (at least 1).
 
         Raises:
             SinkProtocolError: if the sink answers outside the protocol.

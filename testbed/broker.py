@@ -39,7 +39,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from ledger.errors import BrokerError
+from ledger.errors import BrokerError, BrokerUnavailableError
 from ledger.kafka import CLIENT_LOGGER
 from ledger.settings import LedgerSettings
 
@@ -230,7 +230,8 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
         BrokerError: java/mvn missing or Java older than 17, Maven or the
             storage format failed, the port is taken by something that is not
             Kafka, the broker exited during start-up, or it did not answer
-            within ``wait_s`` (it is then stopped again). Messages quote the
+            within ``wait_s`` (a :class:`BrokerUnavailableError`, retryable;
+            the broker is then stopped again). Messages quote the
             log tail and name the log files.
     """
     paths = _Paths.of(settings)
@@ -617,7 +618,7 @@ def _wait_ready(paths: _Paths, bootstrap: str, deadline: float, pid: int) -> Non
         if _port_open(port) and _kafka_answers(bootstrap, timeout_s=max(0.5, min(5.0, remaining))):
             return
         if time.monotonic() >= deadline:
-            raise BrokerError(
+            raise BrokerUnavailableError(
                 f"the broker (pid {pid}) did not answer on {bootstrap} in time; see "
                 f"{paths.log_file}; raise the wait (ledger broker start --wait) on slow machines:"
                 f"\n{_tail(paths.log_file)}",

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ledger.contracts import EffectContract
-from ledger.errors import LedgerError
+from ledger.errors import ScenarioError as ScenarioError  # re-exported: its old home
 
 SEAM = Literal[
     "before_admission",
@@ -35,10 +35,6 @@ SINK_FAULT = Literal[
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class ScenarioError(LedgerError):
-    """A scenario file is malformed (the message names the bad key or value)."""
 
 
 class Scope(_Strict):
@@ -356,9 +352,9 @@ def parse(data: Any, source: str = "<scenario>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ScenarioError(f"{source}: {_explain(exc)}") from None
+        raise ScenarioError(f"{source}: {_explain(exc)}", source=source) from None
     except ValueError as exc:
-        raise ScenarioError(f"{source}: {exc}") from None
+        raise ScenarioError(f"{source}: {exc}", source=source) from None
 
 
 def load(path: Path) -> Scenario:
@@ -370,7 +366,7 @@ def load(path: Path) -> Scenario:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}", source=str(path)) from None
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -380,6 +376,6 @@ def load(path: Path) -> Scenario:
             data = json.loads(text)
     except Exception as exc:
         raise ScenarioError(
-            f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}"
+            f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: {exc}", source=str(path)
         ) from None
     return parse(data, str(path))

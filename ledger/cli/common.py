@@ -35,8 +35,7 @@ class LedgerCommandError(click.ClickException):
     exit_code = EXIT_ERROR
 
     def __init__(self, error: LedgerError) -> None:
-        retryable = getattr(error, "retryable", False)
-        suffix = " (retryable: try again once the cause is gone)" if retryable else ""
+        suffix = " (retryable: try again once the cause is gone)" if error.retryable else ""
         super().__init__(error.message + suffix)
         self.error = error
 

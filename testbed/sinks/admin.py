@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sinks.client import SinkClient, SinkProtocolError, SinkUnreachableError, _json, _NoAnswer
+from ledger.errors import SinkProtocolError, SinkUnavailableError
+from sinks.client import SinkClient, _json, _NoAnswer
 from testbed.sinks.store import FaultMode
 
 
@@ -17,14 +18,25 @@ class ReferenceSinkClient(SinkClient):
     """A :class:`SinkClient` that also drives a reference sink's admin endpoints."""
 
     def _admin(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Send an admin request; its answer's JSON body, or an error.
+
+        Raises:
+            SinkUnavailableError: if no answer came (chained to the httpx error).
+            SinkProtocolError: if the answer is not ``200``.
+        """
         answer = self._send(method, path, **kwargs)
         if isinstance(answer, _NoAnswer):
-            raise SinkUnreachableError(
+            raise SinkUnavailableError(
                 f"{method} {self.base_url}{path} got no answer ({answer.detail}); "
-                "is the sink running?"
-            )
+                "is the sink running?",
+                sink=self.base_url,
+                expected="an answer",
+                observed=answer.detail,
+            ) from answer.cause
         if answer.status_code != 200:
-            raise SinkProtocolError(method, path, answer.status_code, answer.text)
+            raise SinkProtocolError(
+                method, path, answer.status_code, answer.text, sink=self.base_url
+            )
         return _json(answer)
 
     def arm_fault(self, operation_id: str, mode: FaultMode, times: int = 1) -> None:
@@ -32,7 +44,7 @@ class ReferenceSinkClient(SinkClient):
 
         Raises:
             SinkProtocolError: for an unknown mode or ``times < 1``.
-            SinkUnreachableError: if the sink cannot be reached.
+            SinkUnavailableError: if the sink gives no answer (retryable).
         """
         self._admin(
             "POST",
@@ -44,7 +56,7 @@ class ReferenceSinkClient(SinkClient):
         """Return ``{operation_id: effects held by the sink}`` (admin).
 
         Raises:
-            SinkUnreachableError: if the sink cannot be reached.
+            SinkUnavailableError: if the sink gives no answer (retryable).
         """
         counts = self._admin("GET", "/admin/effects").get("effects", {})
         return {str(op): int(n) for op, n in counts.items()}
@@ -53,6 +65,6 @@ class ReferenceSinkClient(SinkClient):
         """Return the sink's counters, e.g. ``stale_rejections`` (admin).
 
         Raises:
-            SinkUnreachableError: if the sink cannot be reached.
+            SinkUnavailableError: if the sink gives no answer (retryable).
         """
         return {str(name): int(value) for name, value in self._admin("GET", "/admin/stats").items()}

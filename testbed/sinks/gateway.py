@@ -320,7 +320,7 @@ def create_app(
         The Starlette application.
 
     Raises:
-        testbed.sinks.store.StoreError: if ``db_path`` belongs to another sink.
+        ledger.errors.SinkStoreError: if ``db_path`` belongs to another sink.
     """
     store = SinkStore(db_path, name)
     service = SinkService(name, contract, store, clock)
@@ -454,7 +454,7 @@ def serve(
 
     Raises:
         OSError: if the port cannot be bound.
-        testbed.sinks.store.StoreError: if ``db_path`` belongs to another sink.
+        ledger.errors.SinkStoreError: if ``db_path`` belongs to another sink.
     """
     sock = bind_socket(port)
     app = create_app(name, contract, db_path, clock, hang_s=hang_s)

@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Literal
 
 from ledger.contracts import EffectContract
+from ledger.errors import SinkStartError as SinkStartError  # re-exported: its old home
 from testbed.sinks.admin import ReferenceSinkClient
 from testbed.sinks.gateway import EXIT_ADDRESS_IN_USE
 
@@ -27,10 +28,6 @@ _PACKAGES_ROOT = Path(__file__).resolve().parents[2]
 
 #: Interval between readiness polls (seconds).
 _POLL_S = 0.02
-
-
-class SinkStartError(RuntimeError):
-    """The sink process did not come up; the message quotes its log."""
 
 
 class SinkProcess:
@@ -85,7 +82,7 @@ class SinkProcess:
             SinkStartError: if the sink was never started.
         """
         if self._port is None:
-            raise SinkStartError(f"sink {self.name} has not been started")
+            raise SinkStartError(f"sink {self.name} has not been started", sink=self.name)
         return self._port
 
     @property
@@ -103,7 +100,14 @@ class SinkProcess:
         return self._proc is not None and self._proc.poll() is None
 
     def client(self, timeout_s: float = 2.0) -> ReferenceSinkClient:
-        """Return a new :class:`ReferenceSinkClient` for this sink (the caller closes it)."""
+        """Return a new :class:`ReferenceSinkClient` for this sink (the caller closes it).
+
+        Args:
+            timeout_s: the client's timeout per call (seconds).
+
+        Raises:
+            SinkStartError: if the sink was never started.
+        """
         return ReferenceSinkClient(self.url, timeout_s=timeout_s)
 
     def start(self) -> SinkProcess:
@@ -117,10 +121,16 @@ class SinkProcess:
                 answer within ``startup_timeout_s``.
         """
         if self.is_running():
-            raise SinkStartError(f"sink {self.name} is already running (pid {self.pid})")
+            raise SinkStartError(
+                f"sink {self.name} is already running (pid {self.pid})", sink=self.name
+            )
         code = self._launch(self._requested_port)
         if code is not None:
-            raise SinkStartError(self._failure(f"exited with status {code} during startup"))
+            raise SinkStartError(
+                self._failure(f"exited with status {code} during startup"),
+                sink=self.name,
+                observed=f"exit status {code}",
+            )
         return self
 
     def restart(self) -> SinkProcess:
@@ -141,11 +151,18 @@ class SinkProcess:
         if code == EXIT_ADDRESS_IN_USE:
             code = self._launch(0)
         if code is not None:
-            raise SinkStartError(self._failure(f"exited with status {code} during restart"))
+            raise SinkStartError(
+                self._failure(f"exited with status {code} during restart"),
+                sink=self.name,
+                observed=f"exit status {code}",
+            )
         return self
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
         """Terminate the child (SIGTERM, then SIGKILL after ``timeout_s`` seconds).
+
+        Args:
+            timeout_s: how long to wait after SIGTERM (seconds).
 
         Returns:
             The exit status, or ``None`` if it was not running.
@@ -246,7 +263,9 @@ class SinkProcess:
                     proc.kill()
                     proc.wait()
                     raise SinkStartError(
-                        self._failure(f"did not answer /health within {self.startup_timeout_s} s")
+                        self._failure(f"did not answer /health within {self.startup_timeout_s} s"),
+                        sink=self.name,
+                        observed="no answer",
                     )
                 time.sleep(_POLL_S)
         finally:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
+from ledger.errors import SinkStoreError
+
 #: Fault modes a sink can be armed with (``sink_fault`` in SCENARIOS.md).
 FaultMode = Literal[
     "commit_then_drop_response",
@@ -97,8 +99,8 @@ CREATE TABLE IF NOT EXISTS counters (
 """
 
 
-class StoreError(RuntimeError):
-    """The sink database cannot be used (wrong sink, newer schema)."""
+#: Former name of :class:`ledger.errors.SinkStoreError`, kept for importers.
+StoreError = SinkStoreError
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,12 @@ class StoreTxn:
         self._sink_name = sink_name
 
     def bump(self, counter: str, by: int = 1) -> None:
-        """Add ``by`` to a named counter (created at 0 when absent)."""
+        """Add ``by`` to a named counter (created at 0 when absent).
+
+        Args:
+            counter: the counter's name, e.g. ``stale_rejections``.
+            by: how much to add.
+        """
         self._conn.execute(
             "INSERT INTO counters (name, value) VALUES (?, ?) "
             "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
@@ -199,7 +206,14 @@ class StoreTxn:
         return values
 
     def highest_token(self, operation_id: str) -> int | None:
-        """Return the highest fencing token seen for an operation, or ``None``."""
+        """Return the highest fencing token seen for an operation.
+
+        Args:
+            operation_id: the operation.
+
+        Returns:
+            The highest token, or ``None`` when the sink has seen none.
+        """
         row = self._conn.execute(
             "SELECT highest_token FROM fences WHERE operation_id = ?", (operation_id,)
         ).fetchone()
@@ -235,8 +249,15 @@ class StoreTxn:
 
         Faults armed earlier for the same operation fire first.
 
+        Args:
+            operation_id: the operation whose submits the fault hits.
+            mode: the fault, one of :data:`FAULT_MODES`.
+            times: how many submits it hits (at least 1).
+            now_ms: ledger time of arming (ms), kept for inspection.
+
         Raises:
-            ValueError: for an unknown mode or ``times < 1``.
+            ValueError: for an unknown mode or ``times < 1`` (the gateway
+                validates both first; this guards direct callers).
         """
         if mode not in FAULT_MODES:
             raise ValueError(f"unknown fault mode {mode!r}; use one of {', '.join(FAULT_MODES)}")
@@ -249,6 +270,9 @@ class StoreTxn:
 
     def take_fault(self, operation_id: str) -> FaultMode | None:
         """Consume one firing of the oldest armed fault of an operation.
+
+        Args:
+            operation_id: the operation a submit names.
 
         Returns:
             The fault mode to apply to this request, or ``None``.
@@ -265,7 +289,14 @@ class StoreTxn:
         return mode
 
     def latest_effect_for_key(self, idempotency_key: str) -> EffectRecord | None:
-        """Return the most recent effect stored under an idempotency key."""
+        """Return the most recent effect stored under an idempotency key.
+
+        Args:
+            idempotency_key: the key a submit carried.
+
+        Returns:
+            The effect, or ``None`` when no effect has the key.
+        """
         row = self._conn.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE idempotency_key = ? "
             "ORDER BY seq DESC LIMIT 1",
@@ -290,6 +321,23 @@ class StoreTxn:
 
         The effect ID is ``{sink}-{seq}``; ``first_seen_ms`` and
         ``committed_ms`` are both ``now_ms``.
+
+        Args:
+            operation_id: the operation the submit names.
+            idempotency_key: the ``Idempotency-Key`` sent, or ``None``.
+            attempt_id: the submitting attempt's identity.
+            parameter_digest: digest of the semantic parameters.
+            params: the parameters, stored as canonical JSON.
+            account: the account credited, if any (postcondition queries).
+            amount_minor: the amount credited in minor units, if any.
+            fencing_token: the token the submit carried, or ``None``.
+            now_ms: ledger time of the commit (ms).
+
+        Returns:
+            The stored effect.
+
+        Raises:
+            SinkStoreError: if SQLite returns no row ID (it always does).
         """
         cursor = self._conn.execute(
             "INSERT INTO effects (effect_id, operation_id, idempotency_key, attempt_id, "
@@ -311,7 +359,9 @@ class StoreTxn:
         )
         seq = cursor.lastrowid
         if seq is None:  # pragma: no cover - sqlite always sets it after INSERT
-            raise StoreError("SQLite returned no row id for the new effect")
+            raise SinkStoreError(
+                "SQLite returned no row id for the new effect", sink=self._sink_name
+            )
         self._conn.execute(
             "UPDATE effects SET effect_id = ? WHERE seq = ?", (f"{self._sink_name}-{seq}", seq)
         )
@@ -321,7 +371,11 @@ class StoreTxn:
         return _effect(row)
 
     def effects_for_operation(self, operation_id: str) -> list[EffectRecord]:
-        """Return the operation's effects, oldest first."""
+        """Return the operation's effects, oldest first.
+
+        Args:
+            operation_id: the operation.
+        """
         rows = self._conn.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE operation_id = ? ORDER BY seq",
             (operation_id,),
@@ -329,7 +383,11 @@ class StoreTxn:
         return [_effect(row) for row in rows]
 
     def effects_for_account(self, account: str) -> list[EffectRecord]:
-        """Return the effects that credited an account, oldest first."""
+        """Return the effects that credited an account, oldest first.
+
+        Args:
+            account: the account.
+        """
         rows = self._conn.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE account = ? ORDER BY seq", (account,)
         ).fetchall()
@@ -355,7 +413,7 @@ class SinkStore:
         sink_name: the sink the file belongs to; used in effect IDs.
 
     Raises:
-        StoreError: if the file belongs to another sink or has a newer schema.
+        SinkStoreError: if the file belongs to another sink or has a newer schema.
         sqlite3.Error: if the file cannot be opened.
     """
 
@@ -375,9 +433,11 @@ class SinkStore:
     def _init_schema(self) -> None:
         version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
-            raise StoreError(
+            raise SinkStoreError(
                 f"{self.path} has sink schema version {version}, newer than {SCHEMA_VERSION}; "
-                "run a newer sink or use another --db"
+                "run a newer sink or use another --db",
+                sink=self.sink_name,
+                path=str(self.path),
             )
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
@@ -393,9 +453,11 @@ class SinkStore:
                     "SELECT value FROM meta WHERE key = 'sink_name'"
                 ).fetchone()["value"]
                 if owner != self.sink_name:
-                    raise StoreError(
+                    raise SinkStoreError(
                         f"{self.path} belongs to sink {owner!r}, not {self.sink_name!r}; "
-                        "give each sink its own --db"
+                        "give each sink its own --db",
+                        sink=self.sink_name,
+                        path=str(self.path),
                     )
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             except BaseException:

@@ -1,0 +1,143 @@
+"""The facts every invariant is checked against, gathered once per audit.
+
+:func:`gather` replays the journal with the processor's own fold
+(:func:`ledger.fold.replay_decisions`) and derives the evidence that more
+than one invariant reads. The result is immutable: invariants read it and
+none changes what another sees.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ledger.events import (
+    Dispatch,
+    Disposition,
+    EffectReceipt,
+    Event,
+    JournalEntry,
+    OperationState,
+    Readback,
+    RecoveryReceipt,
+)
+from ledger.fold import Decision, replay_decisions
+
+#: One replayed journal entry: ``(entry, input event, state before, decision)``.
+Step = tuple[JournalEntry, Event, OperationState | None, Decision]
+
+
+@dataclass(frozen=True)
+class AuditInput:
+    """What the auditor read, and what replaying the journal gives.
+
+    Attributes:
+        journal: every journal entry, in journal order per operation.
+        states: latest ``OperationState`` per operation (``ledger.state``).
+        dispatches: latest dispatch per operation (``ledger.dispatches``).
+        recovery_receipts: latest recovery receipt per operation
+            (``ledger.recovery-receipts``).
+        sink_effects: effects each readback-capable sink holds per operation
+            (``None`` when the sinks were not read).
+        replayed: the state per operation that replaying the journal reaches.
+        steps: one :data:`Step` per journal entry, in journal order.
+        operation_ids: every operation in ``ledger.state`` or the replay, sorted.
+        generated_dispatches: dispatch ID -> the dispatch the replay generated
+            under that ID (the last one, should there be several).
+        generated_recovery_receipts: operation -> the recovery receipts the
+            replay generated for it, in journal order.
+        effect_ids: operation -> the distinct effect IDs of the committed
+            effect receipts and committed effect readbacks in the journal
+            (operations without one are absent).
+        effect_evidence: operations with a committed effect receipt, a
+            committed effect readback or a ``COMMITTED`` disposition.
+        postconditions: operations with a ``MATCH`` postcondition readback.
+    """
+
+    journal: tuple[JournalEntry, ...]
+    states: Mapping[str, OperationState]
+    dispatches: Mapping[str, Dispatch]
+    recovery_receipts: Mapping[str, RecoveryReceipt]
+    sink_effects: Mapping[str, int] | None
+    replayed: Mapping[str, OperationState]
+    steps: tuple[Step, ...]
+    operation_ids: tuple[str, ...]
+    generated_dispatches: Mapping[str, Dispatch]
+    generated_recovery_receipts: Mapping[str, tuple[RecoveryReceipt, ...]]
+    effect_ids: Mapping[str, frozenset[str]]
+    effect_evidence: frozenset[str]
+    postconditions: frozenset[str]
+
+
+def gather(
+    journal: Iterable[JournalEntry],
+    states: Mapping[str, OperationState],
+    dispatches: Mapping[str, Dispatch],
+    recovery_receipts: Mapping[str, RecoveryReceipt],
+    sink_effects: Mapping[str, int] | None = None,
+) -> AuditInput:
+    """Replay the journal once and gather the facts the invariants read.
+
+    Args:
+        journal: every journal entry, in journal order per operation.
+        states: latest ``OperationState`` per operation (``ledger.state``).
+        dispatches: latest dispatch per operation (``ledger.dispatches``).
+        recovery_receipts: latest recovery receipt per operation.
+        sink_effects: effects each readback-capable sink holds per operation
+            (``None`` when the sinks were not read).
+
+    Returns:
+        The facts; see :class:`AuditInput`.
+    """
+    entries = tuple(journal)
+    replayed, steps = replay_decisions(entries)
+    generated_dispatches: dict[str, Dispatch] = {}
+    generated_receipts: dict[str, list[RecoveryReceipt]] = defaultdict(list)
+    effect_ids: dict[str, set[str]] = defaultdict(set)
+    effect_evidence: set[str] = set()
+    postconditions: set[str] = set()
+    for entry, event, _before, decision in steps:
+        op = entry.operation_id
+        for out in decision.outputs:
+            if isinstance(out.event, Dispatch):
+                generated_dispatches[out.event.dispatch_id] = out.event
+            elif isinstance(out.event, RecoveryReceipt):
+                generated_receipts[op].append(out.event)
+        if isinstance(event, EffectReceipt | Readback):
+            accepted = isinstance(event, EffectReceipt) and event.status == "COMMITTED"
+            read_back = (
+                isinstance(event, Readback)
+                and event.kind == "EFFECT"
+                and event.status == "COMMITTED"
+            )
+            if accepted or read_back:
+                if event.effect_id:
+                    effect_ids[op].add(event.effect_id)
+                effect_evidence.add(op)
+            if (
+                isinstance(event, Readback)
+                and event.kind == "POSTCONDITION"
+                and event.status == "MATCH"
+            ):
+                postconditions.add(op)
+        if isinstance(event, Disposition) and event.decision == "COMMITTED":
+            effect_evidence.add(op)
+    return AuditInput(
+        journal=entries,
+        states=MappingProxyType(dict(states)),
+        dispatches=MappingProxyType(dict(dispatches)),
+        recovery_receipts=MappingProxyType(dict(recovery_receipts)),
+        sink_effects=None if sink_effects is None else MappingProxyType(dict(sink_effects)),
+        replayed=MappingProxyType(replayed),
+        steps=tuple(steps),
+        operation_ids=tuple(sorted(set(states) | set(replayed))),
+        generated_dispatches=MappingProxyType(generated_dispatches),
+        generated_recovery_receipts=MappingProxyType(
+            {op: tuple(receipts) for op, receipts in generated_receipts.items()}
+        ),
+        effect_ids=MappingProxyType({op: frozenset(ids) for op, ids in effect_ids.items()}),
+        effect_evidence=frozenset(effect_evidence),
+        postconditions=frozenset(postconditions),
+    )

@@ -1,0 +1,375 @@
+"""The auditor's invariants: one function each, in a registry.
+
+An invariant is a function ``(facts, findings) -> None`` that reads the
+immutable :class:`~ledger.audit.facts.AuditInput`, counts the facts it checks
+with ``findings.check()`` and records each broken one with
+``findings.violation(operation_id, evidence)``. Decorating it with
+:func:`invariant` adds it to :data:`INVARIANTS`; :func:`ledger.audit.audit`
+runs every registered invariant in registration order. Adding an invariant
+is adding a function here (and a line to the :mod:`ledger.audit` docstring).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from ledger.audit.facts import AuditInput
+from ledger.audit.report import Findings
+from ledger.events import (
+    AdmissionDecision,
+    Dispatch,
+    Disposition,
+    EffectReceipt,
+    OperationState,
+    Readback,
+)
+from ledger.states import RecoveryState as S
+
+#: An invariant check: reads the facts, records what it finds.
+Invariant = Callable[[AuditInput, Findings], None]
+
+#: Invariant name -> check, in the order :func:`ledger.audit.audit` runs them.
+INVARIANTS: dict[str, Invariant] = {}
+
+
+def invariant(
+    name: str, registry: dict[str, Invariant] | None = None
+) -> Callable[[Invariant], Invariant]:
+    """Register the decorated function as the check of invariant ``name``.
+
+    Args:
+        name: the name violations are reported under, e.g. ``single-effect``.
+        registry: where to register (default :data:`INVARIANTS`); tests pass
+            a throwaway dict.
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
+
+    Raises:
+        ValueError: if ``name`` is already registered (a programming error,
+            found at import time).
+    """
+    target = INVARIANTS if registry is None else registry
+
+    def register(check: Invariant) -> Invariant:
+        if name in target:
+            raise ValueError(
+                f"invariant {name!r} is already registered (by {target[name].__qualname__}); "
+                "give the new check another name"
+            )
+        target[name] = check
+        return check
+
+    return register
+
+
+def _ref(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}:{partition}:{offset}"
+
+
+@invariant("state")
+def state(facts: AuditInput, found: Findings) -> None:
+    """Replaying the journal reproduces ``ledger.state``, and the journal agrees.
+
+    Proves the fold is deterministic and ``ledger.state`` was written by it:
+    for every operation the state in ``ledger.state`` equals the state the
+    replay of ``ledger.journal`` reaches (one fact per operation), and every
+    journal entry records the outcome and target state the replay decides
+    for its input (a disagreement is a violation; entries are not counted).
+
+    Args:
+        facts: the audit's facts (``states``, ``replayed``, ``steps``).
+        found: where the facts checked and violations are recorded.
+    """
+    for op in facts.operation_ids:
+        found.check()
+        got, want = facts.states.get(op), facts.replayed.get(op)
+        if got != want:
+            found.violation(
+                op,
+                f"ledger.state holds {_brief(got)} but replaying the journal gives {_brief(want)}",
+            )
+    for entry, _event, _before, decision in facts.steps:
+        if (entry.outcome, entry.to_state) != (decision.outcome, decision.to_state):
+            found.violation(
+                entry.operation_id,
+                f"journal {_ref(entry.input_topic, entry.input_partition, entry.input_offset)} "
+                f"records {entry.outcome} -> {entry.to_state}; replay gives "
+                f"{decision.outcome} -> {decision.to_state}",
+            )
+
+
+@invariant("admission")
+def admission(facts: AuditInput, found: Findings) -> None:
+    """Every dispatch rests on a current admission of that exact operation.
+
+    Proves no effect crossed the boundary without admission, from two
+    sources: each ``EXECUTE`` dispatch the replay generates must come from a
+    state with an admitted approval, carry the admitted parameter digest and
+    have been admitted before the approval expired (one fact per dispatch);
+    and each dispatch in ``ledger.dispatches`` must be one the replay
+    generated under its ID (one fact per operation in the outbox).
+
+    Args:
+        facts: the audit's facts (``steps``, ``dispatches``,
+            ``generated_dispatches``).
+        found: where the facts checked and violations are recorded.
+    """
+    for _entry, _event, _before, decision in facts.steps:
+        for out in decision.outputs:
+            if isinstance(out.event, Dispatch) and out.event.kind == "EXECUTE":
+                _check_admitted(found, out.event, decision.state)
+    for op, dispatch in sorted(facts.dispatches.items()):
+        found.check()
+        if facts.generated_dispatches.get(dispatch.dispatch_id) != dispatch:
+            found.violation(
+                op,
+                f"dispatch {dispatch.dispatch_id} ({dispatch.kind}, token "
+                f"{dispatch.fencing_token}) is in the outbox but no journaled admission "
+                "and decision produced it",
+            )
+
+
+def _check_admitted(found: Findings, dispatch: Dispatch, state: OperationState | None) -> None:
+    found.check()
+    if state is None or state.admitted_approval_id is None:
+        found.violation(
+            dispatch.operation_id, f"EXECUTE {dispatch.dispatch_id} generated without an admission"
+        )
+        return
+    if dispatch.parameter_digest != state.parameter_digest:
+        found.violation(
+            dispatch.operation_id,
+            f"EXECUTE {dispatch.dispatch_id} carries digest {dispatch.parameter_digest[:12]} "
+            f"but the admitted operation is {state.parameter_digest[:12]}",
+        )
+    if (
+        state.admitted_at_ms is not None
+        and state.approval_expires_at_ms is not None
+        and state.admitted_at_ms >= state.approval_expires_at_ms
+    ):
+        found.violation(
+            dispatch.operation_id,
+            f"admitted at {state.admitted_at_ms} ms, after the approval expired at "
+            f"{state.approval_expires_at_ms} ms",
+        )
+
+
+@invariant("unknown-release")
+def unknown_release(facts: AuditInput, found: Findings) -> None:
+    """No operation left UNKNOWN_OUTCOME except on an observation or a disposition.
+
+    Proves no retry timer released an unknown outcome: every replayed step
+    that moves an operation out of ``UNKNOWN_OUTCOME`` (one fact each) must
+    be a receipt or readback that observed ``COMMITTED`` or ``ABSENT``, or a
+    disposition that names who decided and on what evidence.
+
+    Args:
+        facts: the audit's facts (``steps``).
+        found: where the facts checked and violations are recorded.
+    """
+    for entry, event, before, decision in facts.steps:
+        if (
+            before is None
+            or before.state != S.UNKNOWN_OUTCOME
+            or decision.state is None
+            or decision.state.state == S.UNKNOWN_OUTCOME
+        ):
+            continue
+        found.check()
+        attributable = isinstance(event, Disposition) and event.by and event.evidence
+        observed = isinstance(event, Readback | EffectReceipt) and event.status in (
+            "COMMITTED",
+            "ABSENT",
+        )
+        if not (attributable or observed):
+            found.violation(
+                entry.operation_id,
+                f"left UNKNOWN_OUTCOME on {event.KIND} at "
+                f"{_ref(entry.input_topic, entry.input_partition, entry.input_offset)}, which is "
+                "neither a new observation nor an attributable disposition",
+            )
+
+
+#: One sink contact: (outbox position of its dispatch, journal index,
+#: fencing token, effect accepted, token shown to the sink, journal reference).
+_Contact = tuple[int, int, int, bool, bool, str]
+
+
+@invariant("fencing")
+def fencing(facts: AuditInput, found: Findings) -> None:
+    """No effect was accepted with a fencing token older than one the sink had seen.
+
+    Proves stale workers were fenced, from the receipts and readbacks in the
+    journal: per operation, the sink contacts are put in the order the relay
+    made them (the outbox order of their dispatches, not the journal order,
+    which interleaves receipts and readbacks as the processor read them);
+    every committed receipt (one fact each) must carry a token at least as
+    high as every token shown to the sink before it (a ``STALE_TOKEN``
+    answer shows none).
+
+    Args:
+        facts: the audit's facts (``steps``).
+        found: where the facts checked and violations are recorded.
+    """
+    for op, seen in sorted(_sink_contacts(facts).items()):
+        highest = 0
+        for _order, _index, token, accepted, shown, ref in sorted(seen):
+            if accepted:
+                found.check()
+                if token < highest:
+                    found.violation(
+                        op,
+                        f"effect accepted with fencing token {token} after the sink had been "
+                        f"shown token {highest} ({ref})",
+                    )
+            if shown:
+                highest = max(highest, token)
+
+
+def _sink_contacts(facts: AuditInput) -> dict[str, list[_Contact]]:
+    """Every receipt and readback per operation, keyed for the relay's order.
+
+    One relay owns a partition at a time and contacts the sink in outbox
+    order (a zombie's late request is what fencing refuses), so a contact
+    sorts by its dispatch's outbox position; a dispatch the replay never
+    generated sorts after every dispatch generated so far.
+    """
+    dispatch_order: dict[str, int] = {}
+    contacts: dict[str, list[_Contact]] = defaultdict(list)
+    for index, (entry, event, _before, decision) in enumerate(facts.steps):
+        for out in decision.outputs:
+            if isinstance(out.event, Dispatch):
+                dispatch_order.setdefault(out.event.dispatch_id, len(dispatch_order))
+        if isinstance(event, EffectReceipt | Readback):
+            contacts[entry.operation_id].append(
+                (
+                    dispatch_order.get(event.dispatch_id, len(dispatch_order) + index),
+                    index,
+                    event.fencing_token,
+                    isinstance(event, EffectReceipt) and event.status == "COMMITTED",
+                    event.status != "STALE_TOKEN",
+                    _ref(entry.input_topic, entry.input_partition, entry.input_offset),
+                )
+            )
+    return contacts
+
+
+@invariant("single-effect")
+def single_effect(facts: AuditInput, found: Findings) -> None:
+    """At most one effect per operation, in the ledger and at the sink.
+
+    Proves idempotent execution from two sources: the committed receipts and
+    effect readbacks in the journal name at most one distinct effect ID per
+    operation (one fact per operation with an effect ID), and every
+    readback-capable sink holds at most one effect per operation (one fact
+    per operation the sinks were asked about; skipped when they were not).
+
+    Args:
+        facts: the audit's facts (``effect_ids``, ``sink_effects``).
+        found: where the facts checked and violations are recorded.
+    """
+    for op, ids in sorted(facts.effect_ids.items()):
+        found.check()
+        if len(ids) > 1:
+            found.violation(op, f"{len(ids)} distinct effects recorded: {sorted(ids)}")
+    for op, count in sorted((facts.sink_effects or {}).items()):
+        found.check()
+        if count > 1:
+            found.violation(op, f"the sink holds {count} effects for the operation")
+
+
+@invariant("consume-once")
+def consume_once(facts: AuditInput, found: Findings) -> None:
+    """No approval admitted two different operations.
+
+    Proves the authority kernel consumed each approval once, from the
+    admission decisions the replay applied: per approval (one fact each),
+    the operations it admitted number at most one.
+
+    Args:
+        facts: the audit's facts (``steps``).
+        found: where the facts checked and violations are recorded.
+    """
+    admitted_by: dict[str, set[str]] = defaultdict(set)
+    for entry, event, _before, decision in facts.steps:
+        if (
+            isinstance(event, AdmissionDecision)
+            and event.admitted
+            and decision.outcome == "APPLIED"
+        ):
+            admitted_by[event.approval_id].add(entry.operation_id)
+    for approval_id, ops in sorted(admitted_by.items()):
+        found.check()
+        if len(ops) > 1:
+            found.violation(
+                None, f"approval {approval_id} admitted {len(ops)} operations: {sorted(ops)}"
+            )
+
+
+@invariant("verified-evidence")
+def verified_evidence(facts: AuditInput, found: Findings) -> None:
+    """Every OUTCOME_VERIFIED operation has the evidence verification needs.
+
+    Proves no operation was marked verified on say-so: each operation that
+    ``ledger.state`` holds as ``OUTCOME_VERIFIED`` (one fact each) has, in
+    the journal, an effect receipt, effect readback or ``COMMITTED``
+    disposition, and a ``MATCH`` postcondition readback.
+
+    Args:
+        facts: the audit's facts (``states``, ``effect_evidence``,
+            ``postconditions``).
+        found: where the facts checked and violations are recorded.
+    """
+    for op, current in sorted(facts.states.items()):
+        if current.state != S.OUTCOME_VERIFIED:
+            continue
+        found.check()
+        missing = [
+            what
+            for what, ok in (
+                ("an effect receipt or readback", op in facts.effect_evidence),
+                ("a postcondition readback", op in facts.postconditions),
+            )
+            if not ok
+        ]
+        if missing:
+            found.violation(op, f"OUTCOME_VERIFIED without {' and '.join(missing)}")
+
+
+@invariant("recovery-receipt")
+def recovery_receipt(facts: AuditInput, found: Findings) -> None:
+    """Every resume produced a recovery receipt, and the latest one was written.
+
+    Proves each resume says why acting was safe: per operation in
+    ``ledger.state`` (one fact each), the resumes its state counts equal the
+    recovery receipts the replay generates, and the last generated receipt
+    is the one ``ledger.recovery-receipts`` holds.
+
+    Args:
+        facts: the audit's facts (``states``, ``recovery_receipts``,
+            ``generated_recovery_receipts``).
+        found: where the facts checked and violations are recorded.
+    """
+    for op, current in sorted(facts.states.items()):
+        found.check()
+        generated = facts.generated_recovery_receipts.get(op, ())
+        if current.recovery_receipts != len(generated):
+            found.violation(
+                op,
+                f"state counts {current.recovery_receipts} resumes; the journal shows "
+                f"{len(generated)}",
+            )
+        if generated and facts.recovery_receipts.get(op) != generated[-1]:
+            found.violation(
+                op,
+                f"the resume at {generated[-1].receipt_id} has no recovery receipt in "
+                "ledger.recovery-receipts",
+            )
+
+
+def _brief(state: OperationState | None) -> str:
+    if state is None:
+        return "nothing"
+    return f"{state.state} v{state.version} epoch {state.epoch}"

@@ -1,0 +1,167 @@
+"""The error hierarchy: every deliberate error is a LedgerError, and retryable
+only where trying again later can succeed; the sink client translates
+transport failures into it once and keeps its result values."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import click
+import httpx
+import pytest
+
+import consumers
+import ledger
+import ledger.errors as errors
+import producers
+import sinks
+import testbed
+from ledger.errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    DecodeError,
+    ForbiddenTransitionError,
+    LedgerError,
+    ParameterDriftError,
+    ScenarioError,
+    SchemaError,
+    SchemaValidationError,
+    SinkError,
+    SinkProtocolError,
+    SinkStartError,
+    SinkStoreError,
+    SinkUnavailableError,
+    TopicConfigError,
+    UnknownSchemaError,
+)
+from sinks.client import SinkClient
+from testbed.sinks.admin import ReferenceSinkClient
+
+#: Every error class of ledger.errors -> retryable (trying again, unchanged,
+#: can succeed). A new class must be added here, with a decision.
+RETRYABLE: dict[type[LedgerError], bool] = {
+    LedgerError: False,
+    BrokerError: False,  # missing tools, busy ports, failed formats: fix first
+    BrokerUnavailableError: True,  # no answer (yet): the broker may be restarting
+    TopicConfigError: False,
+    SchemaError: False,
+    UnknownSchemaError: False,
+    SchemaValidationError: False,
+    DecodeError: False,
+    ParameterDriftError: False,
+    ForbiddenTransitionError: False,
+    ScenarioError: False,
+    SinkError: False,
+    SinkUnavailableError: True,  # no answer: the sink may be down or restarting
+    SinkProtocolError: False,  # the request or the URL is wrong
+    SinkStoreError: False,  # another sink's database, a newer schema
+    SinkStartError: False,  # the message quotes the sink's log: read it first
+}
+
+
+def _defined_in(module: object) -> set[type[BaseException]]:
+    return {
+        cls
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, BaseException) and cls.__module__ == getattr(module, "__name__", "")
+    }
+
+
+def test_every_error_in_ledger_errors_is_a_ledger_error_with_a_retryable_decision() -> None:
+    defined = _defined_in(errors)
+
+    assert defined == set(RETRYABLE), "add new error classes to RETRYABLE, with a decision"
+    for cls in defined:
+        assert issubclass(cls, LedgerError), cls
+        assert isinstance(cls.retryable, bool), cls
+        assert cls.retryable is RETRYABLE[cls], f"{cls.__name__}.retryable"
+        assert cls.__doc__, f"{cls.__name__} needs a docstring"
+
+
+def test_no_module_of_the_ledger_or_the_sinks_defines_an_error_outside_the_hierarchy() -> None:
+    strays = []
+    for package in (ledger, consumers, producers, sinks, testbed):
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if info.name.endswith("__main__"):
+                continue  # running it would start the command
+            module = importlib.import_module(info.name)
+            strays += [
+                f"{info.name}.{cls.__name__}"
+                for cls in _defined_in(module)
+                # A CLI's way of saying a LedgerError is click's, not a new error.
+                if not issubclass(cls, (LedgerError, click.ClickException))
+            ]
+    assert strays == [], "define errors in ledger/errors.py under LedgerError"
+
+
+def test_former_names_still_import() -> None:
+    from sinks.client import SinkClientError, SinkUnreachableError
+    from sinks.client import SinkProtocolError as FromClient
+    from testbed.scenario import ScenarioError as FromScenario
+    from testbed.sinks.process import SinkStartError as FromProcess
+    from testbed.sinks.store import StoreError
+
+    assert FromScenario is ScenarioError
+    assert SinkClientError is SinkError
+    assert SinkUnreachableError is SinkUnavailableError
+    assert FromClient is SinkProtocolError
+    assert FromProcess is SinkStartError
+    assert StoreError is SinkStoreError
+
+
+def _client(handler: httpx.MockTransport) -> SinkClient:
+    return SinkClient("http://sink.test", timeout_s=0.5, transport=handler)
+
+
+def _failing(exc: type[httpx.TransportError]) -> httpx.MockTransport:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc("boom", request=request)
+
+    return httpx.MockTransport(handler)
+
+
+def test_no_answer_to_an_admin_call_is_a_retryable_sink_error_chained_to_httpx() -> None:
+    admin = ReferenceSinkClient(
+        "http://sink.test", timeout_s=0.5, transport=_failing(httpx.ConnectError)
+    )
+    with admin as client, pytest.raises(LedgerError) as caught:
+        client.effects()
+
+    assert isinstance(caught.value, SinkUnavailableError)
+    assert caught.value.retryable
+    assert caught.value.sink == "http://sink.test"
+    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+    assert "is the sink running?" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [(httpx.ConnectError, "unavailable"), (httpx.ReadTimeout, "ambiguous")],
+)
+def test_effect_calls_still_return_values_on_transport_failures(
+    exc: type[httpx.TransportError], status: str
+) -> None:
+    with _client(_failing(exc)) as client:
+        submitted = client.submit("refund:1", "d" * 64, {}, 1, "a1", use_key=True)
+        read = client.readback("refund:1", 1)
+
+    assert submitted.status == status
+    assert read.status == "ambiguous"
+
+
+def test_an_answer_outside_the_protocol_is_a_structured_protocol_error() -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(400, text="bad digest"))
+    with _client(transport) as client, pytest.raises(SinkProtocolError) as caught:
+        client.submit("refund:1", "", {}, 1, "a1", use_key=True)
+
+    error = caught.value
+    assert (error.method, error.path, error.http_status, error.body) == (
+        "POST",
+        "/operations",
+        400,
+        "bad digest",
+    )
+    assert (error.sink, error.operation_id, error.observed) == ("http://sink.test", "refund:1", 400)
+    assert not error.retryable

@@ -6,14 +6,20 @@ time it uses comes from a recorded event (an admission's evaluation time, an
 observation's time), and every ID it makes is derived from the input's
 position (``ref``). Replaying the journal through :func:`decide` therefore
 reproduces ``ledger.state`` exactly.
+
+The transition table (:data:`ledger.states.TRANSITIONS`) is law: every state
+change goes through one function, ``_move``, which checks each hop of the
+move against the table and refuses any other with a ``FORBIDDEN_TRANSITION``
+operating event. A compound move (an admission: ``NOT_ADMITTED -> ADMITTED ->
+EFFECT_PENDING``) is checked and recorded hop by hop (:attr:`Decision.hops`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypedDict
 
 from ledger.events import (
     AdmissionDecision,
@@ -34,7 +40,7 @@ from ledger.events import (
     decode_event,
 )
 from ledger.identity import amount_of, parameter_digest
-from ledger.states import IN_FLIGHT, allowed
+from ledger.states import ENTRY, IN_FLIGHT, allowed
 from ledger.states import RecoveryState as S
 
 #: "Unavailable" answers from a sink after which an operation is abandoned. An
@@ -44,6 +50,12 @@ from ledger.states import RecoveryState as S
 MAX_UNAVAILABLE = 5
 
 Outcome = Literal["APPLIED", "REFUSED", "NOOP"]
+
+#: One step of the transition table, ``(from, to)``.
+Hop = tuple[S, S]
+
+#: The path of a self-loop: the state stays as it is (see :mod:`ledger.states`).
+STAY: tuple[S, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,10 @@ class Decision:
         to_state: state after.
         reason: why, in words an operator can act on.
         outputs: records to write with the state.
+        hops: every transition of :data:`ledger.states.TRANSITIONS` the input
+            took, in order: one for a simple move, two or more for a compound
+            one (``UNKNOWN_OUTCOME -> ADMITTED -> EFFECT_PENDING``), none for a
+            self-loop, a no-op or a refusal.
     """
 
     state: OperationState | None
@@ -82,6 +98,7 @@ class Decision:
     to_state: str | None
     reason: str
     outputs: tuple[Output, ...] = field(default_factory=tuple)
+    hops: tuple[Hop, ...] = ()
 
 
 def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
@@ -173,25 +190,87 @@ def _noop(state: OperationState, reason: str, *outputs: Output) -> Decision:
     return Decision(state, "NOOP", str(state.state), str(state.state), reason, tuple(outputs))
 
 
-def _forbidden(state: OperationState, to: S, ref: str, why: str) -> Decision:
-    transition = f"{state.state}->{to}"
+def _forbidden(state: OperationState | None, op: str, hop: Hop, ref: str, why: str) -> Decision:
+    transition = f"{hop[0]}->{hop[1]}"
     return _refuse(
         state,
         ref,
-        state.operation_id,
+        op,
         "FORBIDDEN_TRANSITION",
-        f"{transition} refused for {state.operation_id}: {why}",
+        f"{transition} refused for {op}: {why}",
         transition,
     )
 
 
+def _hops(start: S, path: tuple[S, ...]) -> tuple[Hop, ...]:
+    """The hops of walking ``path`` from ``start`` (a step to the same state is none)."""
+    hops: list[Hop] = []
+    here = start
+    for there in path:
+        if there != here:
+            hops.append((here, there))
+        here = there
+    return tuple(hops)
+
+
 def _move(
-    state: OperationState, to: S, reason: str, outputs: Iterable[Output] = (), **changes: object
+    state: OperationState,
+    to: S | tuple[S, ...],
+    ref: str,
+    why: str,
+    outputs: Iterable[Output] = (),
+    *,
+    refused: str = "not in the transition table",
+    created: bool = False,
+    after: Callable[[OperationState], Iterable[Output]] | None = None,
+    **changes: object,
 ) -> Decision:
+    """Every state change of the fold, checked hop by hop against the table.
+
+    The one place where the fold applies an input: each hop of ``to`` must be
+    in :data:`ledger.states.TRANSITIONS`, or the input is refused with a
+    ``FORBIDDEN_TRANSITION`` operating event naming the first hop that is not
+    (``refused`` says why) and the state stays as it was. ``STAY`` (no hop) is
+    a self-loop: the version moves, the recovery state does not.
+
+    Args:
+        state: the operation's state before the input; for a new operation
+            (``created``), the state it enters with (version 1, ``NOT_ADMITTED``).
+        to: the target state, or the path of a compound move, e.g.
+            ``(S.ADMITTED, S.EFFECT_PENDING)``; ``STAY`` for a self-loop.
+        ref: the input's position (names the operating event of a refusal).
+        why: the decision's reason; also the new state's unless ``changes``
+            sets ``reason``.
+        outputs: records to write with the new state.
+        refused: why a hop outside the table is refused (the operating
+            event's reason ends with it).
+        created: the input creates the operation: the decision's
+            ``from_state`` is ``None`` and the version stays at 1.
+        after: records that depend on the new state, written after ``outputs``.
+        **changes: other fields of the new state.
+
+    Returns:
+        An ``APPLIED`` decision (version bumped, ``hops`` recorded), or a
+        ``REFUSED`` one that leaves the state unchanged.
+    """
+    path = (to,) if isinstance(to, S) else to
+    hops = _hops(S(state.state), path)
+    for hop in hops:
+        if not allowed(*hop):
+            return _forbidden(None if created else state, state.operation_id, hop, ref, refused)
+    end = path[-1] if path else S(state.state)
     new = state.model_copy(
-        update={"state": to, "version": state.version + 1, "reason": reason, **changes}
+        update={
+            "state": end,
+            "version": state.version + (0 if created else 1),
+            "reason": why,
+            **changes,
+        }
     )
-    return Decision(new, "APPLIED", str(state.state), str(to), reason, tuple(outputs))
+    written = (*outputs, *(after(new) if after else ()))
+    return Decision(
+        new, "APPLIED", None if created else str(state.state), str(end), why, written, hops
+    )
 
 
 def dispatch_id(state: OperationState, n: int) -> str:
@@ -234,6 +313,14 @@ def _authority_text(state: OperationState) -> str:
     )
 
 
+class ObservedFields(TypedDict):
+    """The state fields that record an observation (see :meth:`Observation.fields`)."""
+
+    observation_source: str
+    observation_status: str
+    observed_at_ms: int
+
+
 @dataclass(frozen=True)
 class Observation:
     """What was observed of an operation's effect, where, when and by whom.
@@ -252,7 +339,7 @@ class Observation:
     on_resume: bool
     observer: str
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> ObservedFields:
         """The state fields that record this observation."""
         return {
             "observation_source": self.source,
@@ -349,7 +436,7 @@ def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
     if state is None:
         new = OperationState(
             operation_id=op,
-            state=S.NOT_ADMITTED,
+            state=ENTRY,
             version=1,
             epoch=0,
             parameter_digest=intent.parameter_digest,
@@ -365,27 +452,22 @@ def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
             reason="intent recorded",
         )
         if intent.approval_id is None:
-            reason = "no approval supplied with the intent"
-            return Decision(
-                new.model_copy(
-                    update={
-                        "state": S.NEEDS_REAUTHORISATION,
-                        "reason": reason,
-                        "reauthorisations": 1,
-                    }
-                ),
-                "APPLIED",
-                None,
-                str(S.NEEDS_REAUTHORISATION),
-                reason,
+            return _move(
+                new,
+                S.NEEDS_REAUTHORISATION,
+                ref,
+                "no approval supplied with the intent",
+                created=True,
+                reauthorisations=1,
             )
-        return Decision(
+        return _move(
             new,
-            "APPLIED",
-            None,
-            str(S.NOT_ADMITTED),
+            STAY,
+            ref,
             "intent recorded; admission requested",
             (_admission_request(new, intent.approval_id),),
+            created=True,
+            reason="intent recorded",
         )
     if intent.parameter_digest != state.parameter_digest:
         return _refuse(
@@ -402,16 +484,14 @@ def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
         and intent.approval_id is not None
         and intent.approval_id != state.approval_id
     ):
-        reason = f"reauthorisation with approval {intent.approval_id}; admission requested"
-        decision = _move(state, S.NOT_ADMITTED, reason, approval_id=intent.approval_id)
-        assert decision.state is not None
-        return Decision(
-            decision.state,
-            decision.outcome,
-            decision.from_state,
-            decision.to_state,
-            reason,
-            (_admission_request(decision.state, intent.approval_id),),
+        approval_id = intent.approval_id
+        return _move(
+            state,
+            S.NOT_ADMITTED,
+            ref,
+            f"reauthorisation with approval {approval_id}; admission requested",
+            approval_id=approval_id,
+            after=lambda new: (_admission_request(new, approval_id),),
         )
     return _noop(state, "duplicate intent: same operation, same digest")
 
@@ -434,6 +514,14 @@ def _admission_request(state: OperationState, approval_id: str) -> Output:
 # --------------------------------------------------------------------------- admission
 
 
+class _AdmittedFields(TypedDict):
+    epoch: int
+    admitted_approval_id: str
+    admitted_policy_version: int
+    admitted_at_ms: int
+    approval_expires_at_ms: int | None
+
+
 def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decision:
     if state.state != S.NOT_ADMITTED:
         return _noop(state, f"admission decision ignored: operation is {state.state}")
@@ -450,28 +538,27 @@ def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decisio
         return _move(
             state,
             S.NEEDS_REAUTHORISATION,
+            ref,
             d.reason,
             reauthorisations=state.reauthorisations + 1,
         )
-    admitted = state.model_copy(
-        update={
-            "epoch": state.epoch + 1,
-            "admitted_approval_id": d.approval_id,
-            "admitted_policy_version": d.policy_version,
-            "admitted_at_ms": d.evaluated_at_ms,
-            "approval_expires_at_ms": d.approval_expires_at_ms,
-        }
+    admission = _AdmittedFields(
+        epoch=state.epoch + 1,
+        admitted_approval_id=d.approval_id,
+        admitted_policy_version=d.policy_version,
+        admitted_at_ms=d.evaluated_at_ms,
+        approval_expires_at_ms=d.approval_expires_at_ms,
     )
-    out, n = _dispatch(admitted, "EXECUTE")
-    reason = f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched"
-    decision = _move(admitted, S.EFFECT_PENDING, reason, (out,), dispatches=n)
-    return Decision(
-        decision.state,
-        "APPLIED",
-        str(S.NOT_ADMITTED),
-        str(S.EFFECT_PENDING),
-        reason,
-        decision.outputs,
+    out, n = _dispatch(state.model_copy(update=dict(admission)), "EXECUTE")
+    # Admitted, then dispatched in the same transaction (the outbox): two hops.
+    return _move(
+        state,
+        (S.ADMITTED, S.EFFECT_PENDING),
+        ref,
+        f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched",
+        (out,),
+        **admission,
+        dispatches=n,
     )
 
 
@@ -487,10 +574,6 @@ def _committed(
 ) -> Decision:
     if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
         return _noop(state, "effect already recorded as committed")
-    if not allowed(S(state.state), S.EFFECT_COMMITTED):
-        return _forbidden(
-            state, S.EFFECT_COMMITTED, ref, "an effect was observed for an operation never admitted"
-        )
     outputs: list[Output] = []
     if obs.on_resume:
         outputs.append(
@@ -510,8 +593,10 @@ def _committed(
     return _move(
         state,
         S.EFFECT_COMMITTED,
+        ref,
         f"effect committed ({obs.source})",
         outputs,
+        refused="an effect was observed for an operation never admitted",
         effect_id=effect_id,
         **obs.fields(),
         dispatches=n,
@@ -522,8 +607,6 @@ def _committed(
 def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> Decision:
     if state.state == S.UNKNOWN_OUTCOME:
         return _noop(state, f"still unknown: {why}")
-    if not allowed(S(state.state), S.UNKNOWN_OUTCOME):
-        return _forbidden(state, S.UNKNOWN_OUTCOME, ref, why)
     outputs: list[Output] = []
     if obs.on_resume:
         outputs.append(
@@ -539,22 +622,16 @@ def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> 
                 release="a readback that observes the effect, or an attributable disposition",
             )
         )
-    moved = _move(
+    return _move(
         state,
         S.UNKNOWN_OUTCOME,
+        ref,
         f"outcome unknown: {why}",
         outputs,
+        refused=why,
+        after=lambda new: (_reconciliation(new),),
         **obs.fields(),
         recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
-    )
-    assert moved.state is not None
-    return Decision(
-        moved.state,
-        moved.outcome,
-        moved.from_state,
-        moved.to_state,
-        moved.reason,
-        (*moved.outputs, _reconciliation(moved.state)),
     )
 
 
@@ -566,6 +643,7 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             return _move(
                 state,
                 S.ABANDONED,
+                ref,
                 f"{state.sink} answered unavailable {unavailable} times; giving up ({obs.source})",
                 unavailable=unavailable,
             )
@@ -583,21 +661,19 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
                 )
             )
         outputs.append(out)
-        reason = f"effect absent ({obs.source}); same admitted operation dispatched again"
-        new = state.model_copy(
-            update={
-                "version": state.version + 1,
-                "dispatches": n,
-                "unavailable": unavailable,
-                "reason": reason,
-                **obs.fields(),
-                "recovery_receipts": state.recovery_receipts + (1 if obs.on_resume else 0),
-            }
+        return _move(
+            state,
+            STAY,
+            ref,
+            f"effect absent ({obs.source}); same admitted operation dispatched again",
+            outputs,
+            dispatches=n,
+            unavailable=unavailable,
+            **obs.fields(),
+            recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
         )
-        return Decision(new, "APPLIED", str(state.state), str(state.state), reason, tuple(outputs))
     if state.state == S.UNKNOWN_OUTCOME:
-        readmitted = state.model_copy(update={"state": S.ADMITTED})
-        out, n = _dispatch(readmitted, "EXECUTE", on_resume=True)
+        out, n = _dispatch(state, "EXECUTE", on_resume=True)
         reason = f"effect observed absent ({obs.source}); same admitted operation dispatched again"
         outputs = [
             _recovery_receipt(
@@ -611,22 +687,16 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             _reconciliation_done(state),
             out,
         ]
-        moved = _move(
+        # Readmitted by the observation, then dispatched again: two hops.
+        return _move(
             state,
-            S.EFFECT_PENDING,
+            (S.ADMITTED, S.EFFECT_PENDING),
+            ref,
             reason,
             outputs,
             dispatches=n,
             **obs.fields(),
             recovery_receipts=state.recovery_receipts + 1,
-        )
-        return Decision(
-            moved.state,
-            "APPLIED",
-            str(S.UNKNOWN_OUTCOME),
-            str(S.EFFECT_PENDING),
-            reason,
-            moved.outputs,
         )
     return _noop(state, f"absence observed while {state.state}: nothing to do")
 
@@ -655,7 +725,7 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
     if r.status == "REJECTED":
         if state.state != S.EFFECT_PENDING:
             return _noop(state, f"rejection ignored while {state.state}")
-        return _move(state, S.ABANDONED, f"{r.sink} rejected the request: {r.detail}")
+        return _move(state, S.ABANDONED, ref, f"{r.sink} rejected the request: {r.detail}")
     if r.status == "UNAVAILABLE":
         return _absent_retry(
             state,
@@ -669,17 +739,8 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
             Observation(source, "KEY_REUSED", r.observed_at_ms, r.on_resume, r.observer),
             why=f"{r.sink} holds this operation ID with other parameters",
         )
-        return Decision(
-            decision.state,
-            decision.outcome,
-            decision.from_state,
-            decision.to_state,
-            decision.reason,
-            (
-                *decision.outputs,
-                _op_event(ref, op, "PARAMETER_DRIFT_AT_SINK", f"{r.sink}: {r.detail}"),
-            ),
-        )
+        drift = _op_event(ref, op, "PARAMETER_DRIFT_AT_SINK", f"{r.sink}: {r.detail}")
+        return replace(decision, outputs=(*decision.outputs, drift))
     return _unknown(
         state,
         ref,
@@ -721,6 +782,7 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
             return _move(
                 state,
                 S.OUTCOME_VERIFIED,
+                ref,
                 f"postcondition verified ({b.source})",
                 receipts,
                 observation_source=b.source,
@@ -778,12 +840,20 @@ def _claim(state: OperationState, c: Claim, ref: str) -> Decision:
         kind: DispatchKind = "VERIFY" if state.state == S.EFFECT_COMMITTED else "READBACK"
         out, n = _dispatch(claimed, kind, on_resume=True)
         outputs.append(out)
-    reason = (
+    # A claim is a self-loop: it fences (new epoch and owner), the recovery
+    # state and its reason stay as they were.
+    return _move(
+        state,
+        STAY,
+        ref,
         f"claim by {c.worker} accepted at version {state.version}; fencing token now "
-        f"{claimed.epoch}"
+        f"{claimed.epoch}",
+        outputs,
+        epoch=claimed.epoch,
+        owner=c.worker,
+        dispatches=n,
+        reason=state.reason,
     )
-    new = claimed.model_copy(update={"version": state.version + 1, "dispatches": n})
-    return Decision(new, "APPLIED", str(state.state), str(state.state), reason, tuple(outputs))
 
 
 # --------------------------------------------------------------------------- dispositions
@@ -793,9 +863,13 @@ def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
     """An attributable human decision releases an unknown outcome (never a timer)."""
     if state.state != S.UNKNOWN_OUTCOME:
         target = {"COMMITTED": S.EFFECT_COMMITTED, "ABSENT": S.ADMITTED, "ABANDON": S.ABANDONED}
+        # Refused on its evidence, not the table: a disposition releases only
+        # UNKNOWN_OUTCOME (NOT_ADMITTED -> ADMITTED is in the table, but its
+        # evidence is an admission, never a disposition).
         return _forbidden(
             state,
-            target[d.decision],
+            state.operation_id,
+            (S(state.state), target[d.decision]),
             ref,
             f"disposition {d.decision} by {d.by} applies only to UNKNOWN_OUTCOME",
         )
@@ -828,6 +902,7 @@ def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
     return _move(
         state,
         S.ABANDONED,
+        ref,
         f"abandoned by {d.by}: {d.evidence}",
         (receipt, _reconciliation_done(state)),
         **obs.fields(),

@@ -50,9 +50,14 @@ def test_operation_id_is_stable_and_refuses_ambiguous_parts() -> None:
 
 
 def test_table_forbids_leaving_unknown_outcome_on_a_timer() -> None:
+    # No direct hop: a retry leaves UNKNOWN_OUTCOME through ADMITTED on a new
+    # observation, two hops the fold records one by one (tests/test_fold_hops.py).
     with pytest.raises(ForbiddenTransitionError):
         evidence_for(S.UNKNOWN_OUTCOME, S.EFFECT_PENDING)
     assert evidence_for(S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED)
+    assert evidence_for(S.UNKNOWN_OUTCOME, S.ADMITTED)
+    assert evidence_for(S.ADMITTED, S.EFFECT_PENDING)
+    # Self-loops are not hops: the table has none.
     assert all(a != b for a, b in TRANSITIONS)
 
 

@@ -913,6 +913,11 @@ def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
 # --------------------------------------------------------------------------- replay
 
 
+def hop_names(decision: Decision) -> tuple[str, ...]:
+    """A decision's hops as the journal records them, ``FROM->TO`` each."""
+    return tuple(f"{frm}->{to}" for frm, to in decision.hops)
+
+
 def journal_entry(
     decision: Decision, event: Event, raw: bytes, topic: str, partition: int, offset: int
 ) -> JournalEntry:
@@ -930,6 +935,7 @@ def journal_entry(
         input_partition=partition,
         input_offset=offset,
         input_event=raw,
+        hops=hop_names(decision),
     )
 
 

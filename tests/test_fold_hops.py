@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ledger.events import Disposition, Event, OperationState
-from ledger.fold import MAX_UNAVAILABLE, current_dispatch_id, decide
+from ledger.events import Disposition, Event, OperationState, decode_event
+from ledger.fold import MAX_UNAVAILABLE, current_dispatch_id, decide, journal_entry
 from ledger.states import ENTRY, TRANSITIONS, allowed
 from ledger.states import RecoveryState as S
 from tests import helpers
@@ -227,3 +227,20 @@ def test_a_forbidden_hop_is_refused_and_leaves_the_state(
     [out] = d.outputs
     assert out.event is not None and out.event.kind == "FORBIDDEN_TRANSITION"
     assert out.event.attempted_transition == transition
+
+
+def test_the_journal_records_every_hop_of_a_compound_move() -> None:
+    case, _ = CASES["readback absent after unknown"]
+    before, event = case()
+    d = decide(before, event, "readbacks:0:9")
+    entry = journal_entry(d, event, event.to_bytes(), "readbacks", 0, 9)
+    assert (entry.from_state, entry.to_state) == ("UNKNOWN_OUTCOME", "EFFECT_PENDING")
+    assert entry.hops == ("UNKNOWN_OUTCOME->ADMITTED", "ADMITTED->EFFECT_PENDING")
+    assert decode_event(entry.to_bytes()) == entry
+
+
+def test_a_self_loop_or_refusal_is_journaled_with_no_hops() -> None:
+    state = pending()
+    for event in (helpers.claim(OP, "w2", state.version), helpers.claim(OP, "w3", 0)):
+        d = decide(state, event, "claims:0:1")
+        assert journal_entry(d, event, event.to_bytes(), "claims", 0, 1).hops == ()

@@ -93,7 +93,13 @@ def test_no_forbidden_transition_and_replay_equals_compacted_state(steps) -> Non
         before = states.get(op)
         event = build(kind, op, rstatus, bstatus, flag, delta, before)
         d = decide(before, event, f"in:0:{n}")
-        journal.append(journal_entry(d, event, event.to_bytes(), "in", 0, n))
+        entry = journal_entry(d, event, event.to_bytes(), "in", 0, n)
+        journal.append(entry)
+        # Every journaled hop is in the table, recorded as the fold took it.
+        assert entry.hops is not None
+        journaled = [tuple(S(s) for s in hop.split("->")) for hop in entry.hops]
+        assert journaled == list(d.hops)
+        assert all(allowed(*hop) for hop in journaled), entry.hops
         if d.outcome != "APPLIED":
             assert d.state == before, "a refused or no-op input changed the state"
             assert d.hops == (), "a refused or no-op input took a hop"

@@ -18,6 +18,7 @@ class _AdmittedFields(TypedDict):
 
 
 def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decision:
+    """Admit and dispatch the pending operation, or send it for reauthorisation."""
     if state.state != S.NOT_ADMITTED:
         return _noop(state, f"admission decision ignored: operation is {state.state}")
     if d.approval_id != state.approval_id or d.parameter_digest != state.parameter_digest:

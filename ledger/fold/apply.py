@@ -26,13 +26,17 @@ def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
     Args:
         state: current state of the operation the event is keyed by, or
             ``None`` when the ledger has never seen it.
-        event: an Intent, AdmissionDecision, EffectReceipt, Readback or Claim.
+        event: an Intent, AdmissionDecision, EffectReceipt, Readback, Claim
+            or Disposition (any other event is refused as ``BAD_INPUT``).
         ref: the input's position, ``topic:partition:offset``; IDs of the
             outputs are derived from it, so replay yields the same IDs.
 
     Returns:
-        The :class:`Decision`. Never raises for bad input: a forbidden or
-        malformed input is a ``REFUSED`` decision with an operating event.
+        The :class:`Decision`: the new state, ``APPLIED``/``REFUSED``/``NOOP``,
+        the hops taken and the records to write with the state. Never raises
+        for bad input: a forbidden or malformed input is a ``REFUSED``
+        decision with an operating event, and the state it carries is the
+        state before.
     """
     if isinstance(event, Intent):
         return _intent(state, event, ref)

@@ -9,6 +9,7 @@ from ledger.states import RecoveryState as S
 
 
 def _claim(state: OperationState, c: Claim, ref: str) -> Decision:
+    """Fence a resumer in (new epoch and owner) and read the effect back first."""
     if c.expected_version != state.version:
         return _refuse(
             state,

@@ -79,6 +79,7 @@ class Decision:
 def _op_event(
     ref: str, op: str | None, kind: str, reason: str, transition: str | None = None
 ) -> Output:
+    """An operating event of the processor about the input at ``ref``."""
     return Output(
         "operating-events",
         op or "",
@@ -111,6 +112,7 @@ def _refuse(
     reason: str,
     transition: str | None = None,
 ) -> Decision:
+    """Refuse the input: the state stays, an operating event of ``kind`` says why."""
     name = str(state.state) if state else None
     return Decision(
         state,
@@ -123,10 +125,12 @@ def _refuse(
 
 
 def _noop(state: OperationState, reason: str, *outputs: Output) -> Decision:
+    """Nothing to change (the input is noted in the journal, with any ``outputs``)."""
     return Decision(state, "NOOP", str(state.state), str(state.state), reason, tuple(outputs))
 
 
 def _forbidden(state: OperationState | None, op: str, hop: Hop, ref: str, why: str) -> Decision:
+    """Refuse ``hop`` with a ``FORBIDDEN_TRANSITION`` operating event."""
     transition = f"{hop[0]}->{hop[1]}"
     return _refuse(
         state,
@@ -210,18 +214,38 @@ def _move(
 
 
 def dispatch_id(state: OperationState, n: int) -> str:
-    """ID of an operation's ``n``-th dispatch: ``{operation_id}#{epoch}.{n}``."""
+    """ID of an operation's ``n``-th dispatch.
+
+    Args:
+        state: the operation (its ID and current epoch name the dispatch).
+        n: the dispatch's number, counted from 1 over the operation's life.
+
+    Returns:
+        ``{operation_id}#{epoch}.{n}``, e.g. ``refund:c1:v1#1.1``.
+    """
     return f"{state.operation_id}#{state.epoch}.{n}"
 
 
 def current_dispatch_id(state: OperationState) -> str:
-    """ID of the latest dispatch the processor issued for this operation."""
+    """ID of the latest dispatch the processor issued for this operation.
+
+    Receipts and readbacks for any other dispatch are superseded (only a
+    ``COMMITTED`` one still counts).
+
+    Args:
+        state: the operation.
+
+    Returns:
+        :func:`dispatch_id` of ``state.dispatches`` (``...#{epoch}.0`` before
+        the first dispatch).
+    """
     return dispatch_id(state, state.dispatches)
 
 
 def _dispatch(
     state: OperationState, kind: DispatchKind, *, on_resume: bool = False
 ) -> tuple[Output, int]:
+    """The operation's next dispatch (the outbox record) and its number."""
     n = state.dispatches + 1
     event = Dispatch(
         dispatch_id=dispatch_id(state, n),
@@ -240,6 +264,7 @@ def _dispatch(
 
 
 def _authority_text(state: OperationState) -> str:
+    """The authority a recovery receipt cites, in words."""
     if state.admitted_approval_id is None:
         return "no admission"
     return (
@@ -276,7 +301,12 @@ class Observation:
     observer: str
 
     def fields(self) -> ObservedFields:
-        """The state fields that record this observation."""
+        """The state fields that record this observation.
+
+        Returns:
+            ``observation_source``, ``observation_status`` and
+            ``observed_at_ms``, ready to update an ``OperationState``.
+        """
         return {
             "observation_source": self.source,
             "observation_status": self.status,
@@ -296,6 +326,7 @@ def _recovery_receipt(
     owner: str | None = None,
     release: str | None = None,
 ) -> Output:
+    """The recovery receipt of a resume: why acting (or not) was safe."""
     op = state.operation_id
     parts = op.split(":")
     return Output(
@@ -328,8 +359,10 @@ def _recovery_receipt(
 
 
 def _reconciliation(state: OperationState) -> Output:
+    """Queue an unknown outcome for the reconcilers."""
     return Output("reconciliation", state.operation_id, state)
 
 
 def _reconciliation_done(state: OperationState) -> Output:
+    """Take an operation off the reconciliation queue (a tombstone)."""
     return Output("reconciliation", state.operation_id, None)

@@ -40,6 +40,7 @@ def _committed(
     *,
     effect_id: str | None,
 ) -> Decision:
+    """The effect is observed committed: record it and dispatch its verification."""
     if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
         return _noop(state, "effect already recorded as committed")
     outputs: list[Output] = []
@@ -73,6 +74,7 @@ def _committed(
 
 
 def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> Decision:
+    """The outcome cannot be observed: hold it for reconciliation (never a retry)."""
     if state.state == S.UNKNOWN_OUTCOME:
         return _noop(state, f"still unknown: {why}")
     outputs: list[Output] = []
@@ -170,6 +172,7 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
 
 
 def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
+    """What the sink answered the relay: committed, rejected, unavailable or unknown."""
     op = state.operation_id
     if r.status == "ATTEMPTED":
         return _noop(state, f"attempt {r.attempt_id} recorded before sending")
@@ -218,6 +221,7 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
 
 
 def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
+    """What a readback found: the effect (committed, absent, unknown) or its postcondition."""
     op = state.operation_id
     if b.status == "STALE_TOKEN":
         return _noop(

@@ -12,7 +12,16 @@ from ledger.states import RecoveryState as S
 
 
 def intent_digest_problem(intent: Intent) -> str | None:
-    """Why an intent's digest or amount does not match its fields (``None`` if fine)."""
+    """Why an intent's digest or amount does not match its fields.
+
+    Args:
+        intent: the intent as published.
+
+    Returns:
+        ``None`` when ``parameter_digest`` and ``amount_minor`` agree with
+        the parameters, else the problem in words (bad JSON, a parameter
+        the digest refuses, a digest or amount that differs).
+    """
     try:
         params = json.loads(intent.params_json)
         if not isinstance(params, dict):
@@ -38,6 +47,7 @@ def intent_digest_problem(intent: Intent) -> str | None:
 
 
 def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
+    """Create the operation, reauthorise it with a new approval, or refuse drift."""
     op = intent.operation_id
     problem = intent_digest_problem(intent)
     if problem is not None:

@@ -10,14 +10,35 @@ from ledger.fold.core import Decision
 
 
 def hop_names(decision: Decision) -> tuple[str, ...]:
-    """A decision's hops as the journal records them, ``FROM->TO`` each."""
+    """A decision's hops as the journal records them.
+
+    Args:
+        decision: a decision of :func:`~ledger.fold.decide`.
+
+    Returns:
+        One ``FROM->TO`` string per hop, in order (empty when none).
+    """
     return tuple(f"{frm}->{to}" for frm, to in decision.hops)
 
 
 def journal_entry(
     decision: Decision, event: Event, raw: bytes, topic: str, partition: int, offset: int
 ) -> JournalEntry:
-    """The journal record of one decision (the input bytes are the evidence)."""
+    """The journal record of one decision (the input bytes are the evidence).
+
+    Args:
+        decision: what :func:`~ledger.fold.decide` made of the input.
+        event: the input event.
+        raw: the input exactly as read (single-object encoded).
+        topic: the input's topic (short name).
+        partition: the input's partition.
+        offset: the input's offset.
+
+    Returns:
+        The entry: outcome, states before and after, every hop, the reason,
+        the input's position and its bytes; ``seq`` is the state version
+        after the input (0 when there is no state).
+    """
     op = getattr(event, "operation_id", "") or ""
     return JournalEntry(
         operation_id=op,
@@ -36,7 +57,16 @@ def journal_entry(
 
 
 def ref_of(topic: str, partition: int, offset: int) -> str:
-    """The ``ref`` string of an input position."""
+    """The ``ref`` string of an input position.
+
+    Args:
+        topic: the input's topic (short name).
+        partition: the input's partition.
+        offset: the input's offset.
+
+    Returns:
+        ``topic:partition:offset``.
+    """
     return f"{topic}:{partition}:{offset}"
 
 
@@ -47,9 +77,17 @@ def replay_decisions(
 ]:
     """Fold journal entries like :func:`replay`, also returning every step.
 
+    Args:
+        entries: journal entries in journal order (per operation).
+
     Returns:
-        ``(states, steps)`` where each step is ``(entry, input event, state
-        before, decision)`` in journal order.
+        ``(states, steps)``: the state of every operation, and one step per
+        entry, ``(entry, input event, state before, decision)``, in journal
+        order.
+
+    Raises:
+        DecodeError: an entry's input bytes do not decode.
+        UnknownSchemaError: an input was written with an unknown schema.
     """
     states: dict[str, OperationState] = {}
     steps: list[tuple[JournalEntry, Event, OperationState | None, Decision]] = []
@@ -69,6 +107,16 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
 
     Each entry's recorded input is decoded and applied with :func:`decide`,
     exactly as the processor did; the result must equal ``ledger.state``.
+
+    Args:
+        entries: journal entries in journal order (per operation).
+
+    Returns:
+        Operation ID -> its state after the last entry.
+
+    Raises:
+        DecodeError: an entry's input bytes do not decode.
+        UnknownSchemaError: an input was written with an unknown schema.
     """
     states: dict[str, OperationState] = {}
     for entry in entries:

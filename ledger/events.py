@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer
 
 from ledger.errors import DecodeError
 from ledger.serde import registry
@@ -204,7 +204,12 @@ class OperationState(Event):
 
 
 class JournalEntry(Event):
-    """One input applied or refused by the processor, with its bytes (key: operation ID)."""
+    """One input applied or refused by the processor, with its bytes (key: operation ID).
+
+    ``hops`` lists the transitions the input took, ``FROM->TO`` (empty for a
+    self-loop, a no-op or a refusal); ``None`` in entries written before
+    schema version 2, which did not record them.
+    """
 
     KIND: ClassVar[str] = "JournalEntry"
     operation_id: str
@@ -218,6 +223,13 @@ class JournalEntry(Event):
     input_partition: int
     input_offset: int
     input_event: bytes
+    hops: tuple[str, ...] | None = None
+
+    @field_serializer("hops")
+    def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:
+        # An Avro array is a list: fastavro reads a tuple in a union as
+        # (branch name, value).
+        return None if hops is None else list(hops)
 
 
 RecoveryAction = Literal["COMPLETE", "EXECUTE", "COMPENSATE", "REAUTHORISE", "RECONCILE", "ABANDON"]

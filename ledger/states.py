@@ -6,6 +6,26 @@ Kafka client, no settings (a test says so).
 Source: DESIGN.md "The recovery state machine (closed set)". Anything not in
 :data:`TRANSITIONS` is forbidden: it fails closed and becomes an operating
 event.
+
+How the fold (:mod:`ledger.fold`) reads the table:
+
+* A **hop** is one ``(from, to)`` step with ``from != to``. Every hop the fold
+  takes is checked here, in one place, and recorded on its decision and its
+  journal entry; a hop not in the table is refused (``FORBIDDEN_TRANSITION``)
+  and the state stays as it was.
+* A **compound move** is one input that takes several hops, checked and
+  recorded hop by hop: an admission is ``NOT_ADMITTED -> ADMITTED ->
+  EFFECT_PENDING`` (admitted, and dispatched in the same transaction), and an
+  observed absence releases ``UNKNOWN_OUTCOME -> ADMITTED -> EFFECT_PENDING``
+  (retry the same admitted operation). There is no direct
+  ``UNKNOWN_OUTCOME -> EFFECT_PENDING`` hop: leaving an unknown outcome needs
+  the evidence of the ``ADMITTED`` hop, never a timer.
+* A **self-loop** (the state stays, e.g. a claim that bumps the version and
+  the fencing token, or a re-dispatch after an absence while
+  ``EFFECT_PENDING``) is not a hop and needs no entry; the table has none.
+* An operation **enters** at :data:`ENTRY` when its intent is recorded. Entry
+  is not a hop; an intent without an approval enters and takes the hop
+  ``NOT_ADMITTED -> NEEDS_REAUTHORISATION`` at once.
 """
 
 from __future__ import annotations
@@ -30,6 +50,9 @@ class RecoveryState(StrEnum):
 
 S = RecoveryState
 
+#: The state a new operation enters with (its intent recorded, not a hop).
+ENTRY: S = S.NOT_ADMITTED
+
 #: (from, to) -> the evidence that permits the transition.
 TRANSITIONS: dict[tuple[S, S], str] = {
     (S.NOT_ADMITTED, S.ADMITTED): (
@@ -37,7 +60,8 @@ TRANSITIONS: dict[tuple[S, S], str] = {
         "consumed by this operation only"
     ),
     (S.NOT_ADMITTED, S.NEEDS_REAUTHORISATION): (
-        "admission rejected (expired, revoked, consumed elsewhere, policy changed, out of scope)"
+        "admission rejected (expired, revoked, consumed elsewhere, policy changed, out of scope), "
+        "or no approval supplied with the intent"
     ),
     (S.NEEDS_REAUTHORISATION, S.NOT_ADMITTED): (
         "a new approval for the same operation and digest (reauthorisation)"
@@ -45,7 +69,10 @@ TRANSITIONS: dict[tuple[S, S], str] = {
     (S.ADMITTED, S.EFFECT_PENDING): "dispatch record written atomically with the transition",
     (S.EFFECT_PENDING, S.EFFECT_COMMITTED): "a receipt or readback owned by the effect's owner",
     (S.EFFECT_PENDING, S.UNKNOWN_OUTCOME): "ambiguous failure after the request may have left",
-    (S.EFFECT_PENDING, S.ABANDONED): "the sink refused the request: the effect is absent",
+    (S.EFFECT_PENDING, S.ABANDONED): (
+        "the sink refused the request (rejected it, or answered unavailable repeatedly): "
+        "the effect is absent"
+    ),
     (S.UNKNOWN_OUTCOME, S.EFFECT_COMMITTED): (
         "a new observation (readback) or an attributable disposition 'committed'"
     ),
@@ -70,6 +97,13 @@ COMPLETE: frozenset[S] = frozenset({S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED})
 def evidence_for(from_state: S, to_state: S) -> str:
     """The evidence a transition requires.
 
+    Args:
+        from_state: the state the hop leaves.
+        to_state: the state the hop enters.
+
+    Returns:
+        The evidence, in words, from :data:`TRANSITIONS`.
+
     Raises:
         ForbiddenTransitionError: if the transition is not in the table.
     """
@@ -84,5 +118,13 @@ def evidence_for(from_state: S, to_state: S) -> str:
 
 
 def allowed(from_state: S, to_state: S) -> bool:
-    """True when ``from_state -> to_state`` is in the transition table."""
+    """Whether a hop is in the transition table.
+
+    Args:
+        from_state: the state the hop leaves.
+        to_state: the state the hop enters.
+
+    Returns:
+        True when ``from_state -> to_state`` is in :data:`TRANSITIONS`.
+    """
     return (from_state, to_state) in TRANSITIONS

@@ -24,6 +24,7 @@ from ledger.events import (
     OperationState,
     Readback,
 )
+from ledger.fold import hop_names
 from ledger.states import RecoveryState as S
 
 #: An invariant check: reads the facts, records what it finds.
@@ -75,8 +76,10 @@ def state(facts: AuditInput, found: Findings) -> None:
     Proves the fold is deterministic and ``ledger.state`` was written by it:
     for every operation the state in ``ledger.state`` equals the state the
     replay of ``ledger.journal`` reaches (one fact per operation), and every
-    journal entry records the outcome and target state the replay decides
-    for its input (a disagreement is a violation; entries are not counted).
+    journal entry records the outcome, target state and hops through the
+    transition table that the replay decides for its input (a disagreement
+    is a violation; entries are not counted; entries written before
+    JournalEntry v2 carry no hops and are checked without them).
 
     Args:
         facts: the audit's facts (``states``, ``replayed``, ``steps``).
@@ -97,6 +100,12 @@ def state(facts: AuditInput, found: Findings) -> None:
                 f"journal {_ref(entry.input_topic, entry.input_partition, entry.input_offset)} "
                 f"records {entry.outcome} -> {entry.to_state}; replay gives "
                 f"{decision.outcome} -> {decision.to_state}",
+            )
+        elif entry.hops is not None and tuple(entry.hops) != hop_names(decision):
+            found.violation(
+                entry.operation_id,
+                f"journal {_ref(entry.input_topic, entry.input_partition, entry.input_offset)} "
+                f"records hops {list(entry.hops)}; replay gives {list(hop_names(decision))}",
             )
 
 

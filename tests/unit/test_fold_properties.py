@@ -1,15 +1,16 @@
 """Property-based tests of the fold (hypothesis): random inputs never make a
-forbidden transition, and folding the journal equals the compacted state log."""
+forbidden transition (every hop the fold takes is in the table, hop by hop),
+and folding the journal equals the compacted state log."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.events import Event, OperationState
+from ledger.events import Disposition, Event, OperationState
 from ledger.fold import current_dispatch_id, decide, journal_entry, replay
+from ledger.states import ENTRY, allowed
 from ledger.states import RecoveryState as S
-from ledger.states import allowed
 from tests import helpers
 
 OPS = ["refund:a:v1", "refund:b:v1", "refund:c:v1"]
@@ -20,7 +21,18 @@ def step(draw):
     """A description of one input; turned into an event against the live state."""
     kind = draw(
         st.sampled_from(
-            ["intent", "drift", "reauth", "admit", "reject", "receipt", "readback", "post", "claim"]
+            [
+                "intent",
+                "drift",
+                "reauth",
+                "admit",
+                "reject",
+                "receipt",
+                "readback",
+                "post",
+                "claim",
+                "dispose",
+            ]
         )
     )
     return (
@@ -58,6 +70,15 @@ def build(kind, op, rstatus, bstatus, flag, delta, state: OperationState | None)
         return helpers.readback(op, dispatch, bstatus, on_resume=flag)
     if kind == "post":
         return helpers.readback(op, dispatch, "MATCH" if flag else "MISMATCH", kind="POSTCONDITION")
+    if kind == "dispose":
+        return Disposition(
+            disposition_id=f"d-{op}",
+            operation_id=op,
+            decision={-1: "COMMITTED", 0: "ABSENT", 1: "ABANDON", 2: "ABSENT"}[delta],
+            by="operator-1",
+            evidence="provider statement",
+            disposed_at_ms=9_000,
+        )
     version = (state.version if state else 1) + delta
     return helpers.claim(op, f"w{delta}", version)
 
@@ -72,22 +93,33 @@ def test_no_forbidden_transition_and_replay_equals_compacted_state(steps) -> Non
         before = states.get(op)
         event = build(kind, op, rstatus, bstatus, flag, delta, before)
         d = decide(before, event, f"in:0:{n}")
-        journal.append(journal_entry(d, event, event.to_bytes(), "in", 0, n))
+        entry = journal_entry(d, event, event.to_bytes(), "in", 0, n)
+        journal.append(entry)
+        # Every journaled hop is in the table, recorded as the fold took it.
+        assert entry.hops is not None
+        journaled = [tuple(S(s) for s in hop.split("->")) for hop in entry.hops]
+        assert journaled == list(d.hops)
+        assert all(allowed(*hop) for hop in journaled), entry.hops
         if d.outcome != "APPLIED":
             assert d.state == before, "a refused or no-op input changed the state"
+            assert d.hops == (), "a refused or no-op input took a hop"
             continue
         after = d.state
         assert after is not None
+        # Every hop is in the table, and the hops lead from before to after
+        # (none for a self-loop; a new operation enters at ENTRY).
+        assert all(allowed(*hop) for hop in d.hops), d.hops
+        here = S(before.state) if before is not None else ENTRY
+        for frm, to in d.hops:
+            assert frm == here != to
+            here = to
+        assert here == after.state
         if before is not None:
             assert after.version == before.version + 1
-            if before.state != after.state:
-                hop = (S(before.state), S(after.state))
-                # ADMITTED is passed through atomically with its dispatch.
-                assert allowed(*hop) or (
-                    allowed(hop[0], S.ADMITTED) and allowed(S.ADMITTED, hop[1])
-                ), hop
             if after.state == S.EFFECT_PENDING and before.state == S.UNKNOWN_OUTCOME:
-                assert kind == "readback" and bstatus == "ABSENT"
+                # Only an observed absence releases an unknown outcome for a retry.
+                assert (kind, bstatus) == ("readback", "ABSENT") or kind == "dispose"
+                assert d.hops == ((S.UNKNOWN_OUTCOME, S.ADMITTED), (S.ADMITTED, S.EFFECT_PENDING))
         states[op] = after
         state_log.append((op, after))
     compacted = dict(state_log)  # latest value per key, as compaction keeps it

@@ -50,16 +50,30 @@ def test_operation_id_is_stable_and_refuses_ambiguous_parts() -> None:
 
 
 def test_table_forbids_leaving_unknown_outcome_on_a_timer() -> None:
+    # No direct hop: a retry leaves UNKNOWN_OUTCOME through ADMITTED on a new
+    # observation, two hops the fold records one by one (tests/test_fold_hops.py).
     with pytest.raises(ForbiddenTransitionError):
         evidence_for(S.UNKNOWN_OUTCOME, S.EFFECT_PENDING)
     assert evidence_for(S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED)
+    assert evidence_for(S.UNKNOWN_OUTCOME, S.ADMITTED)
+    assert evidence_for(S.ADMITTED, S.EFFECT_PENDING)
+    # Self-loops are not hops: the table has none.
     assert all(a != b for a, b in TRANSITIONS)
 
 
+LEDGER = Path(__file__).parents[2] / "ledger"
 PURE = [
     "identity.py",
     "states.py",
-    "fold.py",
+    "fold/__init__.py",
+    "fold/core.py",
+    "fold/intents.py",
+    "fold/admissions.py",
+    "fold/effects.py",
+    "fold/claims.py",
+    "fold/dispositions.py",
+    "fold/apply.py",
+    "fold/journal.py",
     "authority.py",
     "events.py",
     "serde.py",
@@ -82,7 +96,7 @@ IO_MODULES = {
 
 @pytest.mark.parametrize("name", PURE)
 def test_core_imports_no_io_clock_or_randomness(name: str) -> None:
-    tree = ast.parse((Path(__file__).parents[2] / "ledger" / name).read_text())
+    tree = ast.parse((LEDGER / name).read_text())
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -90,6 +104,11 @@ def test_core_imports_no_io_clock_or_randomness(name: str) -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert not imported & IO_MODULES, imported & IO_MODULES
+
+
+def test_every_module_of_the_fold_is_checked_for_purity() -> None:
+    fold = {f"fold/{p.name}" for p in (LEDGER / "fold").glob("*.py")}
+    assert "fold/core.py" in fold and fold <= set(PURE), fold - set(PURE)
 
 
 def test_state_machine_module_loads_no_avro_kafka_or_settings() -> None:

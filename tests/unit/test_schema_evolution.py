@@ -46,6 +46,8 @@ def sample(schema: Any, named: dict[str, Any]) -> Any:
     if kind == "enum":
         named[schema["name"]] = schema
         return schema["symbols"][0]
+    if kind == "array":
+        return [sample(schema["items"], named)]
     return sample(kind, named)
 
 

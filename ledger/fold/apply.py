@@ -1,0 +1,60 @@
+"""One input to one operation: :func:`decide` routes it by kind."""
+
+from __future__ import annotations
+
+from ledger.events import (
+    AdmissionDecision,
+    Claim,
+    Disposition,
+    EffectReceipt,
+    Event,
+    Intent,
+    OperationState,
+    Readback,
+)
+from ledger.fold.admissions import _admission
+from ledger.fold.claims import _claim
+from ledger.fold.core import Decision, _refuse
+from ledger.fold.dispositions import _disposition
+from ledger.fold.effects import _readback, _receipt
+from ledger.fold.intents import _intent
+
+
+def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
+    """Apply one input event to one operation's state.
+
+    Args:
+        state: current state of the operation the event is keyed by, or
+            ``None`` when the ledger has never seen it.
+        event: an Intent, AdmissionDecision, EffectReceipt, Readback, Claim
+            or Disposition (any other event is refused as ``BAD_INPUT``).
+        ref: the input's position, ``topic:partition:offset``; IDs of the
+            outputs are derived from it, so replay yields the same IDs.
+
+    Returns:
+        The :class:`Decision`: the new state, ``APPLIED``/``REFUSED``/``NOOP``,
+        the hops taken and the records to write with the state. Never raises
+        for bad input: a forbidden or malformed input is a ``REFUSED``
+        decision with an operating event, and the state it carries is the
+        state before.
+    """
+    if isinstance(event, Intent):
+        return _intent(state, event, ref)
+    if state is None:
+        op = getattr(event, "operation_id", None)
+        return _refuse(
+            None, ref, op, "UNKNOWN_OPERATION", f"no operation {op!r} is known to the ledger"
+        )
+    if isinstance(event, AdmissionDecision):
+        return _admission(state, event, ref)
+    if isinstance(event, EffectReceipt):
+        return _receipt(state, event, ref)
+    if isinstance(event, Readback):
+        return _readback(state, event, ref)
+    if isinstance(event, Claim):
+        return _claim(state, event, ref)
+    if isinstance(event, Disposition):
+        return _disposition(state, event, ref)
+    return _refuse(
+        state, ref, state.operation_id, "BAD_INPUT", f"{event.KIND} is not a processor input"
+    )

@@ -1,0 +1,292 @@
+"""Effects: receipts from the relay and readbacks from relay and reconcilers.
+
+An observation of the effect moves the operation: committed (then verified
+by a postcondition readback), unknown (held for reconciliation), or absent
+(the same admitted operation is dispatched again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ledger.events import EffectReceipt, OperationState, Readback
+from ledger.fold.core import (
+    STAY,
+    Decision,
+    Observation,
+    Output,
+    _dispatch,
+    _move,
+    _noop,
+    _op_event,
+    _reconciliation,
+    _reconciliation_done,
+    _recovery_receipt,
+    current_dispatch_id,
+)
+from ledger.states import RecoveryState as S
+
+#: "Unavailable" answers from a sink after which an operation is abandoned. An
+#: absence observed by readback does not count: the request may never have
+#: left (its sender crashed), and executing the same admitted operation again
+#: under its idempotency key is safe.
+MAX_UNAVAILABLE = 5
+
+
+def _committed(
+    state: OperationState,
+    ref: str,
+    obs: Observation,
+    *,
+    effect_id: str | None,
+) -> Decision:
+    """The effect is observed committed: record it and dispatch its verification."""
+    if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
+        return _noop(state, "effect already recorded as committed")
+    outputs: list[Output] = []
+    if obs.on_resume:
+        outputs.append(
+            _recovery_receipt(
+                state,
+                ref,
+                obs,
+                action="COMPLETE",
+                effect_id=effect_id,
+                postcondition="pending: verification dispatched",
+            )
+        )
+    if state.state == S.UNKNOWN_OUTCOME:
+        outputs.append(_reconciliation_done(state))
+    verify, n = _dispatch(state, "VERIFY", on_resume=obs.on_resume)
+    outputs.append(verify)
+    return _move(
+        state,
+        S.EFFECT_COMMITTED,
+        ref,
+        f"effect committed ({obs.source})",
+        outputs,
+        refused="an effect was observed for an operation never admitted",
+        effect_id=effect_id,
+        **obs.fields(),
+        dispatches=n,
+        recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
+    )
+
+
+def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> Decision:
+    """The outcome cannot be observed: hold it for reconciliation (never a retry)."""
+    if state.state == S.UNKNOWN_OUTCOME:
+        return _noop(state, f"still unknown: {why}")
+    outputs: list[Output] = []
+    if obs.on_resume:
+        outputs.append(
+            _recovery_receipt(
+                state,
+                ref,
+                obs,
+                action="RECONCILE",
+                effect_id=None,
+                postcondition="not checked: effect state unknown",
+                uncertainty=f"whether the effect committed at {state.sink}",
+                owner="reconciliation",
+                release="a readback that observes the effect, or an attributable disposition",
+            )
+        )
+    return _move(
+        state,
+        S.UNKNOWN_OUTCOME,
+        ref,
+        f"outcome unknown: {why}",
+        outputs,
+        refused=why,
+        after=lambda new: (_reconciliation(new),),
+        **obs.fields(),
+        recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
+    )
+
+
+def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision:
+    """The effect is known absent: execute the same admitted operation again."""
+    if state.state == S.EFFECT_PENDING:
+        unavailable = state.unavailable + (1 if obs.status == "UNAVAILABLE" else 0)
+        if unavailable >= MAX_UNAVAILABLE:
+            return _move(
+                state,
+                S.ABANDONED,
+                ref,
+                f"{state.sink} answered unavailable {unavailable} times; giving up ({obs.source})",
+                unavailable=unavailable,
+            )
+        out, n = _dispatch(state, "EXECUTE", on_resume=obs.on_resume)
+        outputs: list[Output] = []
+        if obs.on_resume:
+            outputs.append(
+                _recovery_receipt(
+                    state,
+                    ref,
+                    obs,
+                    action="EXECUTE",
+                    effect_id=None,
+                    postcondition="pending: effect re-dispatched",
+                )
+            )
+        outputs.append(out)
+        return _move(
+            state,
+            STAY,
+            ref,
+            f"effect absent ({obs.source}); same admitted operation dispatched again",
+            outputs,
+            dispatches=n,
+            unavailable=unavailable,
+            **obs.fields(),
+            recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
+        )
+    if state.state == S.UNKNOWN_OUTCOME:
+        out, n = _dispatch(state, "EXECUTE", on_resume=True)
+        reason = f"effect observed absent ({obs.source}); same admitted operation dispatched again"
+        outputs = [
+            _recovery_receipt(
+                state,
+                ref,
+                obs,
+                action="EXECUTE",
+                effect_id=None,
+                postcondition="pending: effect re-dispatched",
+            ),
+            _reconciliation_done(state),
+            out,
+        ]
+        # Readmitted by the observation, then dispatched again: two hops.
+        return _move(
+            state,
+            (S.ADMITTED, S.EFFECT_PENDING),
+            ref,
+            reason,
+            outputs,
+            dispatches=n,
+            **obs.fields(),
+            recovery_receipts=state.recovery_receipts + 1,
+        )
+    return _noop(state, f"absence observed while {state.state}: nothing to do")
+
+
+def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
+    """What the sink answered the relay: committed, rejected, unavailable or unknown."""
+    op = state.operation_id
+    if r.status == "ATTEMPTED":
+        return _noop(state, f"attempt {r.attempt_id} recorded before sending")
+    if r.status == "STALE_TOKEN":
+        return _noop(
+            state,
+            f"sink {r.sink} refused fencing token {r.fencing_token}",
+            _op_event(ref, op, "STALE_TOKEN", f"{r.sink} refused stale fencing token: {r.detail}"),
+        )
+    stale = r.dispatch_id != current_dispatch_id(state)
+    if stale and r.status != "COMMITTED":
+        return _noop(state, f"receipt for superseded dispatch {r.dispatch_id} ({r.status})")
+    source = f"{r.sink} receipt ({'resume' if r.on_resume else 'submit'})"
+    if r.status == "COMMITTED":
+        return _committed(
+            state,
+            ref,
+            Observation(source, "COMMITTED", r.observed_at_ms, r.on_resume, r.observer),
+            effect_id=r.effect_id,
+        )
+    if r.status == "REJECTED":
+        if state.state != S.EFFECT_PENDING:
+            return _noop(state, f"rejection ignored while {state.state}")
+        return _move(state, S.ABANDONED, ref, f"{r.sink} rejected the request: {r.detail}")
+    if r.status == "UNAVAILABLE":
+        return _absent_retry(
+            state,
+            ref,
+            Observation(source, "UNAVAILABLE", r.observed_at_ms, r.on_resume, r.observer),
+        )
+    if r.status == "KEY_REUSED":
+        decision = _unknown(
+            state,
+            ref,
+            Observation(source, "KEY_REUSED", r.observed_at_ms, r.on_resume, r.observer),
+            why=f"{r.sink} holds this operation ID with other parameters",
+        )
+        drift = _op_event(ref, op, "PARAMETER_DRIFT_AT_SINK", f"{r.sink}: {r.detail}")
+        return replace(decision, outputs=(*decision.outputs, drift))
+    return _unknown(
+        state,
+        ref,
+        Observation(source, r.status, r.observed_at_ms, r.on_resume, r.observer),
+        why=f"{r.sink}: {r.detail}",
+    )
+
+
+def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
+    """What a readback found: the effect (committed, absent, unknown) or its postcondition."""
+    op = state.operation_id
+    if b.status == "STALE_TOKEN":
+        return _noop(
+            state,
+            f"readback refused for stale token {b.fencing_token}",
+            _op_event(ref, op, "STALE_TOKEN", f"{b.source}: {b.detail}"),
+        )
+    if b.dispatch_id != current_dispatch_id(state) and b.status != "COMMITTED":
+        return _noop(state, f"readback for superseded dispatch {b.dispatch_id} ({b.status})")
+    if b.kind == "POSTCONDITION":
+        if state.state != S.EFFECT_COMMITTED:
+            return _noop(state, f"postcondition {b.status} noted while {state.state}")
+        if b.status == "MATCH":
+            receipts = (
+                (
+                    _recovery_receipt(
+                        state,
+                        ref,
+                        Observation(
+                            b.source, "VERIFIED", b.observed_at_ms, b.on_resume, b.observer
+                        ),
+                        action="COMPLETE",
+                        effect_id=state.effect_id,
+                        postcondition=f"verified: {b.detail}",
+                    ),
+                )
+                if b.on_resume
+                else ()
+            )
+            return _move(
+                state,
+                S.OUTCOME_VERIFIED,
+                ref,
+                f"postcondition verified ({b.source})",
+                receipts,
+                observation_source=b.source,
+                observation_status="VERIFIED",
+                observed_at_ms=b.observed_at_ms,
+                recovery_receipts=state.recovery_receipts + len(receipts),
+            )
+        if b.status == "MISMATCH":
+            return _noop(
+                state,
+                f"postcondition mismatch: {b.detail}",
+                _op_event(ref, op, "POSTCONDITION_MISMATCH", f"{b.source}: {b.detail}"),
+            )
+        return _noop(state, f"postcondition not verifiable at {state.sink} ({b.status})")
+    if b.status == "COMMITTED":
+        return _committed(
+            state,
+            ref,
+            Observation(b.source, "COMMITTED", b.observed_at_ms, b.on_resume, b.observer),
+            effect_id=b.effect_id,
+        )
+    if b.status == "ABSENT":
+        return _absent_retry(
+            state,
+            ref,
+            Observation(b.source, "ABSENT", b.observed_at_ms, b.on_resume, b.observer),
+        )
+    if state.state != S.EFFECT_PENDING:
+        return _noop(state, f"readback {b.status} noted while {state.state}")
+    return _unknown(
+        state,
+        ref,
+        Observation(b.source, b.status, b.observed_at_ms, b.on_resume, b.observer),
+        why=f"readback {b.status}: {b.detail}",
+    )

@@ -1,0 +1,130 @@
+"""Intents: a service asks for one operation; the fold creates it or refuses drift."""
+
+from __future__ import annotations
+
+import json
+
+from ledger.events import AdmissionRequest, Intent, OperationState
+from ledger.fold.core import STAY, Decision, Output, _move, _noop, _refuse
+from ledger.identity import amount_of, parameter_digest
+from ledger.states import ENTRY
+from ledger.states import RecoveryState as S
+
+
+def intent_digest_problem(intent: Intent) -> str | None:
+    """Why an intent's digest or amount does not match its fields.
+
+    Args:
+        intent: the intent as published.
+
+    Returns:
+        ``None`` when ``parameter_digest`` and ``amount_minor`` agree with
+        the parameters, else the problem in words (bad JSON, a parameter
+        the digest refuses, a digest or amount that differs).
+    """
+    try:
+        params = json.loads(intent.params_json)
+        if not isinstance(params, dict):
+            return "params_json is not a JSON object"
+        digest = parameter_digest(
+            action=intent.action,
+            params=params,
+            subject=intent.subject,
+            purpose=intent.purpose,
+            decision_version=intent.decision_version,
+            params_checked=True,  # straight from json.loads
+        )
+        amount = amount_of(params)
+    except Exception as exc:
+        return f"parameters are not valid: {exc}"
+    if digest != intent.parameter_digest:
+        return (
+            f"parameter_digest {intent.parameter_digest} does not match the parameters ({digest})"
+        )
+    if amount != intent.amount_minor:
+        return f"amount_minor {intent.amount_minor} differs from params amount {amount}"
+    return None
+
+
+def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
+    """Create the operation, reauthorise it with a new approval, or refuse drift."""
+    op = intent.operation_id
+    problem = intent_digest_problem(intent)
+    if problem is not None:
+        return _refuse(state, ref, op, "BAD_INPUT", f"intent for {op} refused: {problem}")
+    if state is None:
+        new = OperationState(
+            operation_id=op,
+            state=ENTRY,
+            version=1,
+            epoch=0,
+            parameter_digest=intent.parameter_digest,
+            sink=intent.sink,
+            action=intent.action,
+            params_json=intent.params_json,
+            actor=intent.actor,
+            subject=intent.subject,
+            purpose=intent.purpose,
+            decision_version=intent.decision_version,
+            approval_id=intent.approval_id,
+            amount_minor=intent.amount_minor,
+            reason="intent recorded",
+        )
+        if intent.approval_id is None:
+            return _move(
+                new,
+                S.NEEDS_REAUTHORISATION,
+                ref,
+                "no approval supplied with the intent",
+                created=True,
+                reauthorisations=1,
+            )
+        return _move(
+            new,
+            STAY,
+            ref,
+            "intent recorded; admission requested",
+            (_admission_request(new, intent.approval_id),),
+            created=True,
+            reason="intent recorded",
+        )
+    if intent.parameter_digest != state.parameter_digest:
+        return _refuse(
+            state,
+            ref,
+            op,
+            "PARAMETER_DRIFT",
+            f"operation {op} is bound to parameter digest {state.parameter_digest[:12]}...; "
+            f"this intent has {intent.parameter_digest[:12]}... (parameter drift): use a new "
+            "operation ID (e.g. a new decision version) for a different request",
+        )
+    if (
+        state.state == S.NEEDS_REAUTHORISATION
+        and intent.approval_id is not None
+        and intent.approval_id != state.approval_id
+    ):
+        approval_id = intent.approval_id
+        return _move(
+            state,
+            S.NOT_ADMITTED,
+            ref,
+            f"reauthorisation with approval {approval_id}; admission requested",
+            approval_id=approval_id,
+            after=lambda new: (_admission_request(new, approval_id),),
+        )
+    return _noop(state, "duplicate intent: same operation, same digest")
+
+
+def _admission_request(state: OperationState, approval_id: str) -> Output:
+    return Output(
+        "admission-requests",
+        approval_id,
+        AdmissionRequest(
+            operation_id=state.operation_id,
+            approval_id=approval_id,
+            parameter_digest=state.parameter_digest,
+            subject=state.subject,
+            amount_minor=state.amount_minor,
+            state_version=state.version,
+        ),
+    )

@@ -25,6 +25,23 @@ PUBLIC = Path(os.environ.get("LEDGER_SCENARIOS_DIR", PROJECT_ROOT.parent / "shar
 OWN = PROJECT_ROOT / "tests" / "testbed" / "scenarios"
 FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("*.yaml")])
 
+#: Public scenarios written for later issues: each still runs, and is expected to
+#: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
+AWAITING = {
+    "s09-approval-republished-after-use": "issue 11: approval uses on a single-writer topic",
+    "s10-forged-admission": "issue 11: authenticated records (format v2 'forge' step)",
+    "s11-scope-currency": "issue 11: finer approval scope (scope.currency)",
+    "s12-reservation-cancelled-on-revocation": "issue 14: reservations (try-confirm-cancel)",
+    "s13-compensation-is-its-own-operation": "issue 14: compensation as its own operation",
+    "s14-upgrade-drops-readback": "issue 14: contract upgrades (format v2 'upgrade' step)",
+}
+PARAMS = [
+    pytest.param(p, marks=pytest.mark.xfail(reason=AWAITING[p.stem], strict=False))
+    if p.parent == PUBLIC and p.stem in AWAITING
+    else p
+    for p in FILES
+]
+
 
 def test_scenario_folders_are_found() -> None:
     assert sorted(OWN.glob("*.json")), OWN
@@ -33,7 +50,7 @@ def test_scenario_folders_are_found() -> None:
     assert sorted(PUBLIC.glob("*.json")), PUBLIC
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", PARAMS, ids=[p.stem for p in FILES])
 def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
     scenario = load(path)
     uses_broker_restart = any(s.kind == "broker_restart" for s in scenario.steps)

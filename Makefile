@@ -112,7 +112,7 @@ WHEEL_DIR := build/wheel-check
 wheel-check: venv kafka
 	@rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)/dist $(WHEEL_DIR)/home
 	@echo "wheel check: building the wheel ..."
-	@$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(WHEEL_DIR)/dist . \
+	@$(BIN)/pip wheel --quiet --no-deps -w $(WHEEL_DIR)/dist . \
 	  > $(WHEEL_DIR)/build.log 2>&1 || { tail -n 30 $(WHEEL_DIR)/build.log; exit 1; }
 	@echo "wheel check: installing $$(ls $(WHEEL_DIR)/dist) with [testbed] into a fresh virtualenv ..."
 	@$(PYTHON) -m venv $(WHEEL_DIR)/venv

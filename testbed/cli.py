@@ -19,6 +19,7 @@ from ledger.cli.common import current_settings
 from testbed import broker
 from testbed.broker import running_broker
 from testbed.cli_mission import mission_group
+from testbed.extras import require_testbed_extra
 
 _BROKER_HELP = """Run the local single-node Kafka 4 broker (KRaft) from Maven jars.
 
@@ -167,6 +168,7 @@ def sink_serve(name: str, contract: str, port: int) -> None:
     finds it through the sink registry (LEDGER_SINKS_FILE, default
     LEDGER_RUN_DIR/sinks.json). Stop it with Ctrl-C.
     """
+    require_testbed_extra("ledger sink serve")
     from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
     from sinks.registry import SinkEndpoint, load_sinks, save_sinks
     from testbed.sinks.process import SinkProcess
@@ -218,6 +220,7 @@ def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
     phases from ledger.state, claim decisions from the journal. Prints the
     report as JSON and exits 0 only if every value matches the expected one.
     """
+    require_testbed_extra("ledger demo")
     from testbed.demo import EXPECTED, run_demo
 
     def say(text: str) -> None:
@@ -258,6 +261,7 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
     when every expectation of every file holds, 1 otherwise, 2 for a
     malformed file (the message names the bad key or value).
     """
+    require_testbed_extra("ledger gameday run")
     from testbed.gameday import run_files
     from testbed.scenario import ScenarioError, load
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from testbed.extras import require_testbed_extra
+
 Options = Callable[..., Any]
 
 
@@ -194,6 +196,7 @@ def mission_run(mode: str, **kw: Any) -> None:
       ledger mission run --cases 4000 --instances 2 --html mission.html
       ledger mission run --cases 300 --mode checkpoint-only --json > control.json
     """
+    require_testbed_extra("ledger mission run")
     from testbed.mission.report import render_text
 
     as_json = kw["as_json"]
@@ -222,6 +225,7 @@ def mission_compare(reports: tuple[Path, ...], **kw: Any) -> None:
     Exits 0 when every ledger-mode mission passed its checks and every
     checkpoint-only mission shows the duplicate effects it exists to show.
     """
+    require_testbed_extra("ledger mission compare")
     from testbed.mission.html import compare_html
     from testbed.mission.report import compare_text
 

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from ledger.events import Approval, Intent
-from ledger.kafka import client_config
+from ledger.kafka import client_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.publisher import build_intent
@@ -122,18 +122,7 @@ def preload(settings: LedgerSettings, topic: str, records: Iterable[tuple[str, b
     Raises:
         RuntimeError: if some were not delivered.
     """
-    producer = Producer(
-        client_config(
-            settings,
-            **{
-                "enable.idempotence": True,
-                "acks": "all",
-                "partitioner": "murmur2_random",
-                "linger.ms": 5,
-                "queue.buffering.max.messages": 1_000_000,
-            },
-        )
-    )
+    producer = Producer(producer_config(settings, **{"queue.buffering.max.messages": 1_000_000}))
     n = 0
     full = settings.topic(topic)
     for key, value in records:

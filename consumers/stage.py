@@ -44,7 +44,7 @@ from confluent_kafka import (
 from consumers.hooks import NO_FAULTS, FaultHooks
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
-from ledger.kafka import client_config, consumer_config, producer_config
+from ledger.kafka import consumer_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
@@ -286,18 +286,16 @@ class Stage:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            client_config(
+            consumer_config(
                 self.settings,
-                **{
-                    "group.id": self.group_id,
+                self.group_id,
+                extra={
                     "client.id": f"{self.component}-{self.instance}",
                     # Static membership (KIP-345): a restarted instance takes its
                     # predecessor's place at once instead of waiting for its
                     # session to time out.
                     "group.instance.id": f"{self.component}-{self.instance}",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
+                    # Co-partitioned inputs: partition i of every topic together.
                     "partition.assignment.strategy": "range",
                     "fetch.wait.max.ms": 50,
                     "session.timeout.ms": 10000,
@@ -819,15 +817,10 @@ def read_partition(
 
     def reader() -> Consumer:
         return Consumer(
-            client_config(
+            consumer_config(
                 settings,
-                **{
-                    "group.id": f"{settings.topic_prefix}.reader",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": False,
-                    "fetch.wait.max.ms": 50,
-                },
+                f"{settings.topic_prefix}.reader",
+                extra={"enable.partition.eof": False, "fetch.wait.max.ms": 50},
             )
         )
 

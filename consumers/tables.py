@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from consumers.stage import Record, await_settled, decode_record, key_text
 from ledger.errors import LedgerError
 from ledger.events import decode_event
-from ledger.kafka import client_config
+from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import is_reserved_key
 
@@ -63,14 +63,10 @@ class TableFollower:
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
-            client_config(
+            consumer_config(
                 self.settings,
-                **{
-                    "group.id": f"{self.settings.topic_prefix}.table.{self.topic}",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 20,
-                },
+                f"{self.settings.topic_prefix}.table.{self.topic}",
+                extra={"fetch.wait.max.ms": 20},
             )
         )
 
@@ -225,13 +221,10 @@ class TableFollower:
         """
         if self._uncommitted is None:
             self._uncommitted = Consumer(
-                client_config(
+                consumer_config(
                     self.settings,
-                    **{
-                        "group.id": f"{self.settings.topic_prefix}.table.{self.topic}.hw",
-                        "isolation.level": "read_uncommitted",
-                        "enable.auto.commit": False,
-                    },
+                    f"{self.settings.topic_prefix}.table.{self.topic}.hw",
+                    isolation="read_uncommitted",
                 )
             )
         tp = TopicPartition(self.full, partition)

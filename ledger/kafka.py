@@ -17,6 +17,7 @@ place:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from ledger.settings import LedgerSettings
@@ -82,7 +83,7 @@ def consumer_config(
     group_id: str,
     *,
     isolation: Isolation = "read_committed",
-    **extra: Any,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Settings of every ledger consumer: no auto-commit, earliest, ``read_committed``.
 
@@ -93,7 +94,8 @@ def consumer_config(
         isolation: ``read_committed`` (the default: only committed
             transactions) or ``read_uncommitted`` (to see how far open
             transactions reach, e.g. while waiting for a previous owner).
-        **extra: properties on top.
+        extra: librdkafka properties on top (dotted names), e.g.
+            ``{"partition.assignment.strategy": "range"}``.
 
     Returns:
         A librdkafka consumer configuration.
@@ -104,5 +106,5 @@ def consumer_config(
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
     }
-    config.update(extra)
+    config.update(extra or {})
     return client_config(settings, **config)

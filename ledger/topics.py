@@ -45,7 +45,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from ledger.errors import BrokerError, BrokerUnavailableError, TopicConfigError
-from ledger.kafka import CLIENT_LOGGER
+from ledger.kafka import client_config, consumer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import COMPACTION_KEY, TOPIC_BY_NAME, TOPICS, TopicSpec, is_reserved_key
 
@@ -448,7 +448,7 @@ def _specs(names: Iterable[str] | None) -> list[TopicSpec]:
 
 
 def _admin(settings: LedgerSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers}, logger=CLIENT_LOGGER)
+    return AdminClient(client_config(settings))
 
 
 def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]:
@@ -595,12 +595,9 @@ def _non_empty_partitions(
     settings: LedgerSettings, topics: Sequence[str], metadata: Mapping[str, int]
 ) -> list[_TP]:
     probe = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": f"ledger-compaction-probe-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "logger": CLIENT_LOGGER,
-        }
+        consumer_config(
+            settings, f"ledger-compaction-probe-{uuid.uuid4().hex}", isolation="read_uncommitted"
+        )
     )
     try:
         out: list[_TP] = []
@@ -638,16 +635,11 @@ def _read_keys(
     if not limits:
         return keys
     consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": f"ledger-compaction-check-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 10,
-            "logger": CLIENT_LOGGER,
-        }
+        consumer_config(
+            settings,
+            f"ledger-compaction-check-{uuid.uuid4().hex}",
+            extra={"enable.partition.eof": True, "fetch.wait.max.ms": 10},
+        )
     )
     try:
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in limits])
@@ -709,14 +701,8 @@ def _wait_configs(
 
 def _roll(settings: LedgerSettings, parts: Iterable[_TP]) -> dict[_TP, int]:
     """Append a ``__compaction__`` tombstone to each partition; return their offsets."""
-    producer = Producer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "acks": "all",
-            "linger.ms": 0,
-            "logger": CLIENT_LOGGER,
-        }
-    )
+    # Not evidence: a tombstone on a reserved key, sent to an explicit partition.
+    producer = Producer(client_config(settings, **{"acks": "all", "linger.ms": 0}))
     offsets: dict[_TP, int] = {}
     errors: list[str] = []
 

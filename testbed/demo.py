@@ -24,7 +24,7 @@ from consumers.reader import current_states, latest_by_key, read_topic
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 from ledger.errors import LedgerError
 from ledger.events import Approval, JournalEntry, RecoveryReceipt
-from ledger.kafka import client_config
+from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import COMPLETE
@@ -61,14 +61,8 @@ class JournalTail:
         from ledger.events import decode_event
 
         consumer = Consumer(
-            client_config(
-                self.settings,
-                **{
-                    "group.id": f"{self.settings.topic_prefix}.tail.{uuid.uuid4().hex[:6]}",
-                    "auto.offset.reset": "earliest",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                },
+            consumer_config(
+                self.settings, f"{self.settings.topic_prefix}.tail.{uuid.uuid4().hex[:6]}"
             )
         )
         consumer.subscribe([self.settings.topic("journal")])

@@ -33,7 +33,7 @@ from ledger.clock import ManualClock
 from ledger.contracts import EffectContract
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
-from ledger.kafka import client_config
+from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.publisher import LedgerPublisher
@@ -197,9 +197,7 @@ class Harness:
         group = f"{self.settings.topic_prefix}.{component}"
         consumer = self._group_consumers.get(group)
         if consumer is None:
-            consumer = Consumer(
-                client_config(self.settings, **{"group.id": group, "enable.auto.commit": False})
-            )
+            consumer = Consumer(consumer_config(self.settings, group))
             self._group_consumers[group] = consumer
         result: list[TopicPartition] = consumer.committed(tps, timeout=30)
         return result
@@ -207,13 +205,7 @@ class Harness:
     def _ends(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
         if self._lso_consumer is None:
             self._lso_consumer = Consumer(
-                client_config(
-                    self.settings,
-                    **{
-                        "group.id": f"{self.settings.topic_prefix}.harness",
-                        "isolation.level": "read_committed",
-                    },
-                )
+                consumer_config(self.settings, f"{self.settings.topic_prefix}.harness")
             )
         ends = {}
         for tp in tps:

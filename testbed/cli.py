@@ -1,8 +1,9 @@
 """The testbed's ``ledger`` commands: local broker, reference sinks, demo, game days, missions.
 
 They reach the ``ledger`` command as a plug-in (entry-point group
-``ledger.cli``, see :mod:`ledger.cli`): the product never imports the testbed,
-and an install without the ``[testbed]`` extra simply has no such commands.
+``ledger.cli``, see :mod:`ledger.cli`): the product never imports the testbed.
+On an install without the ``[testbed]`` extra, the commands that need it
+(sinks, demo, game days, missions) stop at once with the pip command to run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _BROKER_HELP = """Run the local single-node Kafka 4 broker (KRaft) from Maven ja
 
 \b
 No Docker, no tarball: Java 17+ and Maven are enough. Everything lives in
-LEDGER_KAFKA_HOME (default <project>/.cache/kafka):
+LEDGER_KAFKA_HOME (default $LEDGER_HOME/.cache/kafka, LEDGER_HOME defaulting
+to the current directory):
   libs/             broker jars (fetched once by Maven)
   config/           server.properties, log4j2.properties (rewritten on start)
   data/             topics, offsets, transactions (kept across restarts)

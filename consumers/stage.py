@@ -86,6 +86,9 @@ FENCING_CODES = frozenset(
     }
 )
 
+#: Consecutive aborted transactions after which a stage replaces its producer.
+ABORTS_BEFORE_NEW_PRODUCER = 2
+
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
 
@@ -215,6 +218,8 @@ class Stage:
         self.processed = 0
         self.dead_letters = 0
         self.broker_bounced = False
+        #: transactions aborted since the last commit (see :meth:`_recover`).
+        self.aborts_in_a_row = 0
         #: Producers given up while blocked in a call (kept alive, see _send_offsets).
         self._abandoned: list[Producer] = []
         self._last_skip_check = 0.0
@@ -465,6 +470,7 @@ class Stage:
         self._send_offsets(offsets)
         self.before_commit(records)
         self._commit()
+        self.aborts_in_a_row = 0
         self.processed += len(msgs)
         self.after_commit()
 
@@ -570,11 +576,23 @@ class Stage:
             log.warning("%s-%s: %s: %s", self.component, self.instance, FENCED_MARKER, err)
         if err.txn_requires_abort() and not err.fatal():
             log.warning("%s: transaction aborted: %s", self.component, err)
+            self.aborts_in_a_row += 1
             try:
                 self.producer.abort_transaction(30)
             except KafkaException as abort_exc:
                 log.error("%s: abort failed (%s); new producer", self.component, abort_exc)
                 self.producer = self._new_producer()
+            else:
+                if self.aborts_in_a_row >= ABORTS_BEFORE_NEW_PRODUCER:
+                    # A producer left behind by a broker restart can fail every
+                    # delivery for good without ever reporting the brokers down
+                    # (seen in game day g12): retrying with it aborts forever.
+                    log.warning(
+                        "%s: %d transactions in a row aborted; replacing the producer",
+                        self.component,
+                        self.aborts_in_a_row,
+                    )
+                    self.producer = self._new_producer()
             self.rebuild()
         else:
             log.error("%s: fatal producer error (%s); new producer", self.component, err)

@@ -63,3 +63,29 @@ def test_the_calls_own_error_reaches_the_stage(tmp_path: Path) -> None:
         stage._send_offsets([], timeout_s=1.0)
     assert caught.value.args[0].code() == KafkaError.ILLEGAL_GENERATION
     assert stage._abandoned == []
+
+
+class _AbortingProducer:
+    def __init__(self) -> None:
+        self.aborted = 0
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.aborted += 1
+
+
+def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
+    """A producer that fails every delivery (left stuck by a broker restart) is not kept."""
+    stuck = _AbortingProducer()
+    stage = _stage(tmp_path, stuck)
+    fresh = object()
+    stage._new_producer = lambda: fresh  # type: ignore[method-assign]
+    stage._rewind = lambda: None  # type: ignore[method-assign]
+    failed = KafkaException(
+        KafkaError(
+            KafkaError._INCONSISTENT, "1 message(s) failed delivery", txn_requires_abort=True
+        )
+    )
+    stage._recover(failed)
+    assert stage.producer is stuck and stuck.aborted == 1  # one abort: retry with it
+    stage._recover(failed)
+    assert stuck.aborted == 2 and stage.producer is fresh

@@ -583,14 +583,19 @@ class Stage:
                 log.error("%s: abort failed (%s); new producer", self.component, abort_exc)
                 self.producer = self._new_producer()
             else:
-                if self.aborts_in_a_row >= ABORTS_BEFORE_NEW_PRODUCER:
-                    # A producer left behind by a broker restart can fail every
-                    # delivery for good without ever reporting the brokers down
-                    # (seen in game day g12): retrying with it aborts forever.
+                # A producer left behind by a broker restart can fail every
+                # delivery for good without ever reporting the brokers down
+                # (seen in game day g12): retrying with it aborts forever. A
+                # failed delivery (librdkafka's _INCONSISTENT at commit) or a
+                # second abort in a row therefore gets a new producer.
+                failed_delivery = err.code() == KafkaError._INCONSISTENT
+                if failed_delivery or self.aborts_in_a_row >= ABORTS_BEFORE_NEW_PRODUCER:
                     log.warning(
-                        "%s: %d transactions in a row aborted; replacing the producer",
+                        "%s: %s; replacing the producer",
                         self.component,
-                        self.aborts_in_a_row,
+                        "a delivery failed"
+                        if failed_delivery
+                        else f"{self.aborts_in_a_row} transactions in a row aborted",
                     )
                     self.producer = self._new_producer()
             self.rebuild()

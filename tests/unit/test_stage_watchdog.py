@@ -73,19 +73,31 @@ class _AbortingProducer:
         self.aborted += 1
 
 
-def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
-    """A producer that fails every delivery (left stuck by a broker restart) is not kept."""
+def _aborting_stage(tmp_path: Path) -> tuple[Processor, _AbortingProducer, object]:
     stuck = _AbortingProducer()
     stage = _stage(tmp_path, stuck)
     fresh = object()
     stage._new_producer = lambda: fresh  # type: ignore[method-assign]
     stage._rewind = lambda: None  # type: ignore[method-assign]
-    failed = KafkaException(
-        KafkaError(
-            KafkaError._INCONSISTENT, "1 message(s) failed delivery", txn_requires_abort=True
-        )
+    return stage, stuck, fresh
+
+
+def test_a_failed_delivery_replaces_the_producer_at_once(tmp_path: Path) -> None:
+    """A producer that fails every delivery (left stuck by a broker restart) is not kept."""
+    stage, stuck, fresh = _aborting_stage(tmp_path)
+    failed = KafkaError(
+        KafkaError._INCONSISTENT, "1 message(s) failed delivery", txn_requires_abort=True
     )
-    stage._recover(failed)
+    stage._recover(KafkaException(failed))
+    assert stuck.aborted == 1 and stage.producer is fresh
+
+
+def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
+    stage, stuck, fresh = _aborting_stage(tmp_path)
+    abortable = KafkaException(
+        KafkaError(KafkaError._STATE, "an abortable error", txn_requires_abort=True)
+    )
+    stage._recover(abortable)
     assert stage.producer is stuck and stuck.aborted == 1  # one abort: retry with it
-    stage._recover(failed)
+    stage._recover(abortable)
     assert stuck.aborted == 2 and stage.producer is fresh

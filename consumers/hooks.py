@@ -11,7 +11,19 @@ Only the testbed (``python -m testbed.stage``) hands a stage hooks that fire
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol, get_args
+
+#: The named seams (SCENARIOS.md), in the order an operation reaches them: the
+#: authority kernel's, the processor's, then the relay's.
+Seam = Literal[
+    "before_admission",
+    "after_admission_before_dispatch",
+    "after_dispatch_before_send",
+    "after_sink_commit_before_receipt",
+    "after_receipt_before_commit",
+    "after_commit_before_verification",
+]
+SEAMS: tuple[str, ...] = get_args(Seam)
 
 
 class FaultHooks(Protocol):

@@ -17,15 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-#: Seams named by SCENARIOS.md, in the order an operation reaches them.
-SEAMS: tuple[str, ...] = (
-    "before_admission",
-    "after_admission_before_dispatch",
-    "after_dispatch_before_send",
-    "after_sink_commit_before_receipt",
-    "after_receipt_before_commit",
-    "after_commit_before_verification",
-)
+from consumers.hooks import SEAMS
 
 ANY = "*"
 

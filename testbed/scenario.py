@@ -13,17 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from consumers.hooks import Seam
 from ledger.contracts import EffectContract
 from ledger.errors import ScenarioError as ScenarioError  # re-exported: its old home
 
-SEAM = Literal[
-    "before_admission",
-    "after_admission_before_dispatch",
-    "after_dispatch_before_send",
-    "after_sink_commit_before_receipt",
-    "after_receipt_before_commit",
-    "after_commit_before_verification",
-]
+SEAM = Seam
 SINK_FAULT = Literal[
     "commit_then_drop_response",
     "timeout_before_commit",

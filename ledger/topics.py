@@ -122,6 +122,7 @@ def create_topics(settings: LedgerSettings) -> list[str]:
             "already exists".
     """
     admin = _admin(settings)
+    _list_topics(admin, settings)  # a broker that does not answer: say so, with the remedy
     new = [
         NewTopic(
             settings.topic(spec.name),
@@ -136,6 +137,13 @@ def create_topics(settings: LedgerSettings) -> list[str]:
     for name, future in futures.items():
         try:
             future.result(timeout=_ADMIN_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise BrokerUnavailableError(
+                f"Kafka at {settings.bootstrap_servers} did not create {name} within "
+                f"{_ADMIN_TIMEOUT_S:g} s; is the broker up (ledger broker status)?",
+                expected="topic created",
+                observed="no answer",
+            ) from exc
         except KafkaException as exc:
             err = exc.args[0]
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:

@@ -41,7 +41,8 @@ Environment:
 
 \b
 Clients use LEDGER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS (default
-127.0.0.1:19092). With Docker instead: `docker compose up -d` and
+127.0.0.1:$LEDGER_KAFKA_PORT, 19092). A Kafka already answering on that port is
+reused, whoever started it. With Docker instead: `docker compose up -d` and
 KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092.
 """
 

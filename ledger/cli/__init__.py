@@ -20,6 +20,7 @@ import click
 
 from ledger.cli import ops, stages, topics
 from ledger.cli.common import LedgerGroup, current_settings
+from ledger.settings import ledger_home
 
 #: Entry-point group through which other packages add commands to ``ledger``.
 PLUGIN_GROUP = "ledger.cli"
@@ -45,8 +46,12 @@ def main() -> None:
 @click.command("config")
 def config_cmd() -> None:
     """Print the settings in force (after LEDGER_* environment variables)."""
-    for key, value in current_settings().model_dump().items():
+    settings = current_settings()
+    click.echo(f"LEDGER_HOME={ledger_home()}")
+    for key, value in settings.model_dump().items():
         click.echo(f"LEDGER_{key.upper()}={value}")
+    click.echo(f"# sink registry in force: {settings.sinks_path()}")
+    click.echo(f"# trusted reviewer keys in force: {settings.trusted_keys_path()}")
 
 
 #: Every command of the product, in one list: ``ledger --help`` shows them all.

@@ -46,7 +46,7 @@ def _report_decision(
         )
         sys.exit(3)
     moved = (
-        f"{entry.from_state} -> {entry.to_state}"
+        f"{entry.from_state or '(new)'} -> {entry.to_state}"
         if entry.from_state != entry.to_state
         else str(entry.to_state)
     )
@@ -85,7 +85,13 @@ def intent_group() -> None:
 @click.option("--actor", required=True, help="Requesting actor (service or person).")
 @click.option("--subject", required=True, help="Represented subject, e.g. the customer.")
 @click.option("--purpose", required=True, help="Declared purpose.")
-@click.option("--decision-version", type=click.IntRange(min=0), required=True)
+@click.option(
+    "--decision-version",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Version of the decision behind the operation (part of its identity, e.g. the v3 in "
+    "refund:1842:v3).",
+)
 @click.option("--approval-id", default=None, help="Approval to admit the operation with.")
 @_WAIT
 def intent_publish(

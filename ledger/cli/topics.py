@@ -19,7 +19,7 @@ delete topics keep everything (retention.ms=-1).
 
 \b
 Environment:
-  LEDGER_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS   broker (127.0.0.1:19092)
+  LEDGER_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS   broker (127.0.0.1:$LEDGER_KAFKA_PORT, 19092)
   LEDGER_TOPIC_PREFIX   topic name prefix (default ledger)
   LEDGER_PARTITIONS     partitions of operation-keyed topics (default 3)
 """

@@ -113,18 +113,24 @@ class TableFollower:
         )
         self.catch_up()
 
-    def catch_up(self, timeout_s: float = 60.0) -> int:
+    def catch_up(self, timeout_s: float | None = None) -> int:
         """Read until every followed partition reaches its current last stable offset.
+
+        Args:
+            timeout_s: longest wait in seconds; default ``LEDGER_TAKEOVER_WAIT_S``
+                (180 s), which also covers a broker that is restarting (a
+                60 s outage made the authority kernel exit with a fixed 60 s).
 
         Returns:
             Number of records applied.
 
         Raises:
-            LedgerError: if the end is not reached within ``timeout_s``.
+            LedgerError: if the end is not reached within the timeout.
         """
         if not self.partitions:
             return 0
-        deadline = time.monotonic() + timeout_s
+        wait_s = self.settings.takeover_wait_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + wait_s
         ends = {p: self._end(p, deadline) for p in self.partitions}
         count = 0
         last: dict[int, int] = {}
@@ -142,7 +148,7 @@ class TableFollower:
                 return count
             now = time.monotonic()
             if now > deadline:
-                raise LedgerError(f"following {self.full} did not catch up in {timeout_s} s")
+                raise LedgerError(f"following {self.full} did not catch up in {wait_s:g} s")
             if current != last:
                 last, moved_at = current, now
             elif now - moved_at > STALL_S:

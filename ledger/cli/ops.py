@@ -1,5 +1,5 @@
 """Operators' and auditors' commands: intents, approvals, claims, state,
-reconciliation, audit, the ledger clock and the reference sinks.
+reconciliation, audit and the ledger clock (the reference sinks are the testbed's).
 
 Commands that publish wait (by default) for the processor's decision and say
 what it was, since the ledger decides asynchronously.
@@ -57,7 +57,7 @@ def _report_decision(
 
 _WAIT = click.option(
     "--wait-s",
-    type=float,
+    type=click.FloatRange(min=0),
     default=30.0,
     show_default=True,
     help="How long to wait for the processor's decision; 0 publishes without waiting.",

@@ -19,11 +19,11 @@ import time
 from confluent_kafka import Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from consumers.stage import Record, Stage, Writer, key_text, record_event
+from consumers.stage import Record, Stage, Writer, dead_letter, key_text, record_event
 from consumers.tables import TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import Clock, clock_for
-from ledger.events import AdmissionRequest, Approval, Event, OperatingEvent, PolicyChange
+from ledger.events import AdmissionRequest, Approval, Event, PolicyChange
 from ledger.signing import load_trusted
 
 log = logging.getLogger(__name__)
@@ -128,24 +128,14 @@ class AuthorityKernel(Stage):
         not found), and the event keeps its original bytes.
         """
         topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
-        key = key_text(msg)
-        self.notes.append(
-            (
-                "operating-events",
-                key or "(no key)",
-                OperatingEvent(
-                    event_id=f"authority:{topic}:{msg.partition()}:{msg.offset()}:BAD_INPUT",
-                    operation_id=None,
-                    component="authority",
-                    kind="BAD_INPUT",
-                    reason=f"{topic} record {key!r} does not decode: {reason}",
-                    source_topic=topic,
-                    source_partition=msg.partition(),
-                    source_offset=msg.offset(),
-                    original_bytes=msg.value(),
-                ),
-            )
+        key, event = dead_letter(
+            "authority",
+            topic,
+            msg,
+            f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}",
+            keyed_by_operation=False,
         )
+        self.notes.append(("operating-events", key or "(no key)", event))
 
     def _write_notes(self, out: Writer) -> None:
         for topic, key, event in self.notes:

@@ -21,6 +21,7 @@ epoch), rewind, rebuild.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from confluent_kafka import (
 from consumers.hooks import NO_FAULTS, FaultHooks
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, decode_event
+from ledger.identity import MAX_INPUT_BYTES, MAX_KEY_BYTES
 from ledger.kafka import consumer_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
@@ -181,6 +183,69 @@ class Writer:
                 self.producer.poll(0.05)
         self.count += 1
         self.producer.poll(0)
+
+
+def oversized(msg: Message) -> str | None:
+    """Why a record is too large to copy into a dead letter, or ``None`` when it is within bounds.
+
+    A value over :data:`ledger.identity.MAX_INPUT_BYTES` or a key over
+    :data:`ledger.identity.MAX_KEY_BYTES` is refused before it is decoded: a
+    copy could exceed the producer's limit and make the stage fail the same
+    batch for ever (DESIGN.md "Trust boundary": inputs are bounded).
+    """
+    raw, raw_key = msg.value() or b"", msg.key() or b""
+    if len(raw_key) > MAX_KEY_BYTES:
+        return f"a key of {len(raw_key)} bytes (over {MAX_KEY_BYTES})"
+    if len(raw) > MAX_INPUT_BYTES:
+        return f"a value of {len(raw)} bytes (over {MAX_INPUT_BYTES})"
+    return None
+
+
+def dead_letter(
+    component: str, topic: str, msg: Message, reason: str, *, keyed_by_operation: bool = True
+) -> tuple[str, OperatingEvent]:
+    """The ``BAD_INPUT`` operating event of a record a stage refuses, and its key.
+
+    The record's bytes are copied only within the input bounds; a larger value
+    or key is named by SHA-256, size and position instead, so the dead letter
+    always fits under the producer's limit.
+
+    Args:
+        component: the stage writing it.
+        topic: the record's short topic name.
+        msg: the record as consumed.
+        reason: why it is refused.
+        keyed_by_operation: the record's key is an operation ID (else the
+            event names no operation).
+
+    Returns:
+        ``(key, OperatingEvent)``: the record's key, or ``sha256:<hex>`` of a
+        key over the bound.
+    """
+    raw, raw_key = msg.value() or b"", msg.key() or b""
+    if len(raw_key) > MAX_KEY_BYTES:
+        key = f"sha256:{hashlib.sha256(raw_key).hexdigest()}"
+        reason = f"{reason}; key {key}"
+        operation_id = None
+    else:
+        key = key_text(msg)
+        operation_id = (key or None) if keyed_by_operation else None
+    copied = len(raw) <= MAX_INPUT_BYTES
+    if not copied:
+        digest = hashlib.sha256(raw).hexdigest()
+        reason = f"{reason}; value sha256 {digest}, {len(raw)} bytes, not copied"
+    position = f"{topic}:{msg.partition()}:{msg.offset()}"
+    return key, OperatingEvent(
+        event_id=f"{component}:{position}:BAD_INPUT",
+        operation_id=operation_id,
+        component=component,
+        kind="BAD_INPUT",
+        reason=reason,
+        source_topic=topic,
+        source_partition=msg.partition(),
+        source_offset=msg.offset(),
+        original_bytes=msg.value() if copied else None,
+    )
 
 
 class Stage:
@@ -418,6 +483,11 @@ class Stage:
         if is_reserved_key(key):
             return None
         try:
+            too_large = oversized(msg)
+            if too_large is not None:
+                raise LedgerError(
+                    f"record at {topic}:{msg.partition()}:{msg.offset()} has {too_large}"
+                )
             if not key:
                 raise LedgerError("record has no key; ledger records are keyed by ID")
             event = decode_event(raw)
@@ -432,17 +502,7 @@ class Stage:
                 msg.offset(),
                 reason,
             )
-            return key, OperatingEvent(
-                event_id=f"{self.component}:{topic}:{msg.partition()}:{msg.offset()}:BAD_INPUT",
-                operation_id=key or None,
-                component=self.component,
-                kind="BAD_INPUT",
-                reason=reason,
-                source_topic=topic,
-                source_partition=msg.partition(),
-                source_offset=msg.offset(),
-                original_bytes=raw,
-            )
+            return dead_letter(self.component, topic, msg, reason)
         return Record(topic, msg.partition() or 0, msg.offset() or 0, key, raw or b"", event)
 
     def _process(self, msgs: list[Message]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
-from consumers.stage import Record, await_settled, decode_record, key_text
+from consumers.stage import Record, await_settled, decode_record, key_text, oversized
 from ledger.errors import LedgerError
 from ledger.events import decode_event
 from ledger.kafka import consumer_config
@@ -164,7 +164,8 @@ class TableFollower:
                 key = key_text(msg)
                 if is_reserved_key(key):
                     continue
-                rec = decode_record(self.topic, msg)
+                # A record over the input bounds is never decoded (nor copied).
+                rec = None if oversized(msg) else decode_record(self.topic, msg)
                 if rec is None and msg.value() is not None:
                     self._bad(msg)
                 self.apply(key, rec)
@@ -176,11 +177,15 @@ class TableFollower:
         if where in self._reported:
             return
         self._reported.add(where)
-        try:
-            decode_event(msg.value())
-            reason = "reserved or unreadable record"
-        except Exception as exc:  # the reason is what is wanted here
-            reason = f"{type(exc).__name__}: {exc}"
+        too_large = oversized(msg)
+        if too_large is not None:
+            reason = f"the record has {too_large}"
+        else:
+            try:
+                decode_event(msg.value())
+                reason = "reserved or unreadable record"
+            except Exception as exc:  # the reason is what is wanted here
+                reason = f"{type(exc).__name__}: {exc}"
         log.warning("%s[%d]@%d: value does not decode: %s", self.full, *where, reason)
         if self.on_bad is not None:
             self.on_bad(msg, reason)

@@ -140,6 +140,12 @@ class ParameterDriftError(LedgerError):
     """An operation ID was reused with a different parameter digest."""
 
 
+class InputBoundsError(LedgerError):
+    """An input is malformed or too large to be carried: an operation ID outside
+    the grammar (:func:`ledger.identity.operation_id_problem`) or a record over
+    the input bound (:data:`ledger.identity.MAX_INPUT_BYTES`)."""
+
+
 class ForbiddenTransitionError(LedgerError):
     """A transition outside the closed transition table was attempted.
 

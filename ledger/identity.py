@@ -15,7 +15,70 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.errors import LedgerError
+from ledger.errors import InputBoundsError, LedgerError
+
+#: Longest operation ID (characters); with the grammar below it fits every
+#: sink protocol: an HTTP path segment, a header value, a file name.
+OPERATION_ID_MAX_LEN = 200
+
+#: Largest input record (bytes of the encoded value) a stage accepts. The
+#: processor journals an input's bytes together with the state it derives, and
+#: a state carries the intent's parameters again, so every output stays well
+#: under the producer's 1,000,000-byte ``message.max.bytes``. A larger record
+#: is dead-lettered by hash, size and position, never copied.
+MAX_INPUT_BYTES = 256 * 1024
+
+#: Largest record key (bytes) a stage copies into a dead letter; a longer key
+#: is replaced by its SHA-256.
+MAX_KEY_BYTES = 1024
+
+
+def operation_id_problem(operation_id: str) -> str | None:
+    """Why an operation ID is outside the grammar, or ``None`` when it is inside.
+
+    The grammar: 1 to :data:`OPERATION_ID_MAX_LEN` characters of printable
+    ASCII other than space (``!`` to ``~``, 0x21-0x7E). Such an ID can be
+    carried by every sink protocol as it is: no control characters (a
+    newline breaks an HTTP route), no non-ASCII (an HTTP header cannot carry
+    it), no bidirectional overrides that make an ID read as another.
+
+    Args:
+        operation_id: the candidate ID.
+
+    Returns:
+        ``None``, or a reason naming the first offending character and its position.
+    """
+    if not operation_id:
+        return "the operation ID is empty"
+    if len(operation_id) > OPERATION_ID_MAX_LEN:
+        return (
+            f"the operation ID has {len(operation_id)} characters; at most "
+            f"{OPERATION_ID_MAX_LEN} are allowed"
+        )
+    for position, char in enumerate(operation_id):
+        if not "!" <= char <= "~":
+            return (
+                f"the operation ID has {char!r} (U+{ord(char):04X}) at position {position}; "
+                "only printable ASCII without spaces (! to ~) is allowed"
+            )
+    return None
+
+
+def check_operation_id(operation_id: str) -> str:
+    """Return ``operation_id`` if it follows the grammar of :func:`operation_id_problem`.
+
+    Raises:
+        InputBoundsError: naming the problem and the remedy.
+    """
+    problem = operation_id_problem(operation_id)
+    if problem is not None:
+        raise InputBoundsError(
+            f"{problem}; choose an ID like refund:1842:v3",
+            operation_id=operation_id,
+            expected="printable ASCII without spaces, 1 to 200 characters",
+            observed=operation_id,
+        )
+    return operation_id
 
 
 def canonical_json(value: Any, *, checked: bool = False) -> str:

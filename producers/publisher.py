@@ -20,7 +20,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from ledger.errors import LedgerError
+from ledger.errors import InputBoundsError, LedgerError
 from ledger.events import (
     Approval,
     Claim,
@@ -31,7 +31,13 @@ from ledger.events import (
     PolicyChange,
     Readback,
 )
-from ledger.identity import amount_of, canonical_json, parameter_digest
+from ledger.identity import (
+    MAX_INPUT_BYTES,
+    amount_of,
+    canonical_json,
+    check_operation_id,
+    parameter_digest,
+)
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 
@@ -55,6 +61,8 @@ def build_intent(
     from ``params``; the arguments are those of :meth:`LedgerPublisher.publish`.
 
     Raises:
+        InputBoundsError: an operation ID outside the grammar
+            (:func:`ledger.identity.operation_id_problem`).
         LedgerError: an empty name field, a negative decision version, or
             parameters that are not JSON values.
     """
@@ -68,6 +76,7 @@ def build_intent(
     ):
         if not value or not value.strip():
             raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
+    check_operation_id(operation_id)
     if decision_version < 0:
         raise LedgerError(
             "decision_version must be 0 or more",
@@ -141,6 +150,13 @@ class LedgerPublisher:
 
     def _send(self, topic: str, key: str, event: Event, timeout_s: float = 30.0) -> Message:
         value = event.to_bytes()  # validates against the schema first
+        if len(value) > MAX_INPUT_BYTES:
+            raise InputBoundsError(
+                f"the {event.KIND} is {len(value)} bytes encoded; the ledger accepts at most "
+                f"{MAX_INPUT_BYTES} (keep large documents elsewhere and pass a reference)",
+                expected=f"at most {MAX_INPUT_BYTES} bytes",
+                observed=len(value),
+            )
         delivered: list[tuple[KafkaError | None, Message]] = []
         self.producer.produce(
             self.settings.topic(topic),

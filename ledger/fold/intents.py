@@ -6,7 +6,7 @@ import json
 
 from ledger.events import AdmissionRequest, Intent, OperationState
 from ledger.fold.core import STAY, Decision, Output, _move, _noop, _refuse
-from ledger.identity import amount_of, parameter_digest
+from ledger.identity import amount_of, operation_id_problem, parameter_digest
 from ledger.states import ENTRY
 from ledger.states import RecoveryState as S
 
@@ -49,7 +49,7 @@ def intent_digest_problem(intent: Intent) -> str | None:
 def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
     """Create the operation, reauthorise it with a new approval, or refuse drift."""
     op = intent.operation_id
-    problem = intent_digest_problem(intent)
+    problem = operation_id_problem(op) or intent_digest_problem(intent)
     if problem is not None:
         return _refuse(state, ref, op, "BAD_INPUT", f"intent for {op} refused: {problem}")
     if state is None:

@@ -21,6 +21,7 @@ from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from tests import helpers
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +122,50 @@ def test_bad_input_is_dead_lettered_and_the_partition_keeps_moving(ledger) -> No
     assert len(dead) == 3
     assert {d.original_bytes for d in dead} >= {garbage[0], garbage[1]}
     assert all(d.source_topic == "intents" and d.reason for d in dead)
+
+
+def test_oversized_records_and_odd_ids_are_refused_and_every_stage_keeps_moving(ledger) -> None:
+    """A value near Kafka's limit, a 10 KB key and an intent whose operation ID
+    has a newline: each is refused with an operating event, nothing is copied
+    whole, no stage stops, and a good operation afterwards completes."""
+    harness, pub = ledger
+    settings = harness.settings
+    raw = Producer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "partitioner": "murmur2_random",
+            "message.max.bytes": 1_040_000,
+        }
+    )
+    big = MARKER + bytes(999_000)
+    raw.produce(settings.topic("claims"), key=b"refund:big:v1", value=big)
+    raw.produce(settings.topic("approvals"), key=b"ap-big", value=big)
+    raw.produce(settings.topic("intents"), key=b"k" * 10_000, value=b"\x00junk")
+    odd = helpers.intent(op="refund:26\n:v1", approval="ap-1")
+    raw.produce(settings.topic("intents"), key=odd.operation_id.encode(), value=odd.to_bytes())
+    raw.flush(30)
+    approve(pub)
+    good = "refund:after-odd:v1"
+    publish(pub, good)
+    harness.start_all()
+    harness.wait_quiescent(90)
+    assert current_states(settings)[good].state == S.OUTCOME_VERIFIED
+    assert odd.operation_id not in current_states(settings)
+    assert all(harness.alive(stage) for stage in ("processor", "authority", "relay"))
+    events = [
+        r.event
+        for r in read_topic(settings, "operating-events")
+        if isinstance(r.event, OperatingEvent)
+    ]
+    too_big = [e for e in events if e.kind == "BAD_INPUT" and "bytes (over" in e.reason]
+    assert {e.source_topic for e in too_big} == {"claims", "approvals", "intents"}
+    big_values = [e for e in too_big if e.source_topic in ("claims", "approvals")]
+    assert big_values and all(e.original_bytes is None for e in big_values)
+    assert all("not copied" in e.reason for e in big_values)
+    (long_key,) = [e for e in too_big if e.source_topic == "intents"]
+    assert long_key.operation_id is None and "key sha256:" in long_key.reason
+    refused = [e for e in events if e.kind == "BAD_INPUT" and "U+000A" in e.reason]
+    assert [e.operation_id for e in refused] == [odd.operation_id]
 
 
 def test_parameter_drift_is_refused_and_visible(ledger) -> None:

@@ -23,6 +23,7 @@ from ledger.errors import (
     BrokerUnavailableError,
     DecodeError,
     ForbiddenTransitionError,
+    InputBoundsError,
     LedgerError,
     ParameterDriftError,
     ScenarioError,
@@ -51,6 +52,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SchemaValidationError: False,
     DecodeError: False,
     ParameterDriftError: False,
+    InputBoundsError: False,  # the same input is refused again: change it
     ForbiddenTransitionError: False,
     ScenarioError: False,
     SinkError: False,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ledger.events import Event, OperationState
 from ledger.fold import Decision, current_dispatch_id, decide, journal_entry, replay
 from ledger.states import RecoveryState as S
@@ -126,6 +128,16 @@ def test_bad_digest_is_refused_as_bad_input() -> None:
     d = decide(None, forged, "intents:0:1")
     assert d.outcome == "REFUSED" and d.state is None
     assert d.outputs[0].event.kind == "BAD_INPUT"
+
+
+@pytest.mark.parametrize(
+    "op", ["refund:26\n:v1", "refund 1:v1", "refund:\u202e1:v1", "refund:\x00:v1", "r" * 201, ""]
+)
+def test_intent_with_an_operation_id_outside_the_grammar_is_refused(op: str) -> None:
+    d = decide(None, helpers.intent(op=op), "intents:0:1")
+    assert d.outcome == "REFUSED" and d.state is None
+    assert [o.event.kind for o in d.outputs] == ["BAD_INPUT"]
+    assert "operation ID" in d.outputs[0].event.reason
 
 
 def test_effect_for_unadmitted_operation_is_a_forbidden_transition() -> None:

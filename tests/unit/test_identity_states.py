@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from ledger.errors import ForbiddenTransitionError, LedgerError
-from ledger.identity import canonical_json, operation_id, parameter_digest
+from ledger.errors import ForbiddenTransitionError, InputBoundsError, LedgerError
+from ledger.identity import (
+    canonical_json,
+    check_operation_id,
+    operation_id,
+    operation_id_problem,
+    parameter_digest,
+)
 from ledger.states import TRANSITIONS, evidence_for
 from ledger.states import RecoveryState as S
 
@@ -122,3 +128,45 @@ def test_state_machine_module_loads_no_avro_kafka_or_settings() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "", f"importing ledger.states loaded {out}"
+
+
+@pytest.mark.parametrize(
+    "op, problem",
+    [
+        ("refund:1842:v3", None),
+        ("notify:00004:v1", None),
+        ("a", None),
+        ("!~" * 100, None),
+        ("", "empty"),
+        ("r" * 201, "201 characters"),
+        ("refund 1:v1", "U+0020"),
+        ("refund:26\n:v1", "U+000A"),
+        ("refund:\x00:v1", "U+0000"),
+        ("refund:\u202e1:v1", "U+202E"),
+        ("refund:caf\u00e9:v1", "U+00E9"),
+    ],
+)
+def test_operation_id_grammar(op: str, problem: str | None) -> None:
+    found = operation_id_problem(op)
+    if problem is None:
+        assert found is None and check_operation_id(op) == op
+    else:
+        assert found is not None and problem in found
+        with pytest.raises(InputBoundsError, match="refund:1842:v3"):
+            check_operation_id(op)
+
+
+def test_the_publisher_refuses_an_operation_id_outside_the_grammar() -> None:
+    from producers.publisher import build_intent
+
+    with pytest.raises(InputBoundsError):
+        build_intent(
+            operation_id="refund:26\n:v1",
+            sink="payments",
+            action="refund",
+            params={"amount_minor": 1},
+            actor="svc",
+            subject="c",
+            purpose="p",
+            decision_version=1,
+        )

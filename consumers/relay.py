@@ -22,6 +22,8 @@ import logging
 import uuid
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import Clock, clock_for
@@ -182,11 +184,11 @@ class Relay(Stage):
                 self.results[at] = []  # its receipt is in the ledger already
             elif d.dispatch_id in one_by_one:
                 self._mark_attempted([d], now)
-                self._commit_outputs(self._perform(d, fresh=True))
+                self._commit_outputs(self._perform_safely(d, fresh=True))
                 self.completed.add(d.dispatch_id)
                 self.results[at] = []
             else:
-                self.results[at] = self._perform(d, fresh=d.dispatch_id in fresh_ids)
+                self.results[at] = self._perform_safely(d, fresh=d.dispatch_id in fresh_ids)
 
     def _marks_alone(self, sink: str) -> bool:
         endpoint = self._endpoint(sink)
@@ -252,6 +254,49 @@ class Relay(Stage):
             detail="about to send",
             observer=self.observer,
         )
+
+    def _perform_safely(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
+        """:meth:`_perform`, with a failure confined to its own operation.
+
+        A sink answering outside its protocol, a corrupted registry entry or
+        any other error while handling this one dispatch never stops the
+        relay (DESIGN.md "Trust boundary": nothing one operation does can stop
+        a stage). The request may have left, so an execution is recorded as
+        ``AMBIGUOUS`` (the fold holds the operation as UNKNOWN_OUTCOME) and a
+        readback or postcondition as observed ``UNKNOWN``, each with a
+        ``SINK_PROTOCOL_ERROR`` operating event naming the error. Kafka errors
+        are the stage loop's and pass through.
+        """
+        try:
+            return self._perform(d, fresh=fresh)
+        except KafkaException:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            log.error("relay: %s failed: %s", d.dispatch_id, reason)
+            now = self.clock.now_ms()
+            first = self.attempts.get(d.dispatch_id, now)
+            detail = f"the request may have reached {d.sink}; it failed with {reason}"
+            outcome: tuple[str, str, Event]
+            if d.kind == "EXECUTE":
+                outcome = (
+                    "receipts",
+                    d.operation_id,
+                    self._receipt(d, "AMBIGUOUS", first, now, detail),
+                )
+            else:
+                kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
+                outcome = self._observation(
+                    d, kind, "UNKNOWN", d.sink, detail, now, on_resume=d.on_resume
+                )
+            event = OperatingEvent(
+                event_id=f"relay:{d.dispatch_id}:SINK_PROTOCOL_ERROR",
+                operation_id=d.operation_id,
+                component="relay",
+                kind="SINK_PROTOCOL_ERROR",
+                reason=f"{d.kind} of {d.operation_id} at {d.sink}: {reason}",
+            )
+            return [outcome, ("operating-events", d.operation_id, event)]
 
     def _perform(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
         endpoint = self._endpoint(d.sink)

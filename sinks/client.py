@@ -287,7 +287,9 @@ class SinkClient:
             return SubmitResult(
                 "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
             )
-        if code == 422:
+        if 400 <= code < 500:
+            # Any other refusal (422, a 400 for params it cannot take, 404 for
+            # a route it does not have ...) is definite: no effect was made.
             return SubmitResult("rejected", operation_id, http_status=code, detail=answer.text)
         if code == 503:
             return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)

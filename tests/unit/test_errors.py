@@ -153,8 +153,17 @@ def test_effect_calls_still_return_values_on_transport_failures(
     assert read.status == "ambiguous"
 
 
+@pytest.mark.parametrize("code", [400, 404, 413, 422])
+def test_a_refusal_of_a_submit_is_a_definite_rejection(code: int) -> None:
+    """A sink's 4xx on submit made no effect: a rejection, never an exception."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(code, text="no"))
+    with _client(transport) as client:
+        result = client.submit("refund:1", "", {}, 1, "a1", use_key=True)
+    assert (result.status, result.http_status, result.detail) == ("rejected", code, "no")
+
+
 def test_an_answer_outside_the_protocol_is_a_structured_protocol_error() -> None:
-    transport = httpx.MockTransport(lambda request: httpx.Response(400, text="bad digest"))
+    transport = httpx.MockTransport(lambda request: httpx.Response(302, text="moved"))
     with _client(transport) as client, pytest.raises(SinkProtocolError) as caught:
         client.submit("refund:1", "", {}, 1, "a1", use_key=True)
 
@@ -162,8 +171,8 @@ def test_an_answer_outside_the_protocol_is_a_structured_protocol_error() -> None
     assert (error.method, error.path, error.http_status, error.body) == (
         "POST",
         "/operations",
-        400,
-        "bad digest",
+        302,
+        "moved",
     )
-    assert (error.sink, error.operation_id, error.observed) == ("http://sink.test", "refund:1", 400)
+    assert (error.sink, error.operation_id, error.observed) == ("http://sink.test", "refund:1", 302)
     assert not error.retryable

@@ -7,10 +7,16 @@ the time they were evaluated at, so replay never needs a clock.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
 from typing import Protocol
+
+from ledger.errors import LocalFileError
+
+#: Largest single move of the manual clock (seconds): ten years.
+MAX_ADVANCE_S = 10 * 365 * 24 * 3600.0
 
 
 class Clock(Protocol):
@@ -44,11 +50,28 @@ class ManualClock:
         self.path = path
 
     def now_ms(self) -> int:
-        """Return the time stored in the file (0 when the file is absent)."""
+        """Return the time stored in the file (0 when the file is absent).
+
+        Raises:
+            LocalFileError: the file does not hold a whole number of milliseconds.
+        """
         try:
-            return int(self.path.read_text().strip() or "0")
+            text = self.path.read_text().strip()
         except FileNotFoundError:
             return 0
+        except OSError as exc:
+            raise LocalFileError(
+                f"cannot read the ledger clock {self.path}: {exc}; fix its permissions",
+                observed=str(exc),
+            ) from exc
+        try:
+            return int(text or "0")
+        except ValueError as exc:
+            raise LocalFileError(
+                f"the ledger clock {self.path} holds {text[:40]!r}, not milliseconds; "
+                "write the last known time into it (e.g. 0) or remove it to start at 0",
+                observed=text[:40],
+            ) from exc
 
     def set_ms(self, value_ms: int) -> None:
         """Set the clock to ``value_ms`` (atomic replace of the file)."""
@@ -61,8 +84,11 @@ class ManualClock:
         """Move the clock forward by ``seconds`` and return the new time (ms).
 
         Raises:
-            ValueError: if ``seconds`` is negative (the clock never goes back).
+            ValueError: if ``seconds`` is negative (the clock never goes back),
+                not finite, or more than :data:`MAX_ADVANCE_S` at once.
         """
+        if not math.isfinite(seconds) or seconds > MAX_ADVANCE_S:
+            raise ValueError(f"the ledger clock moves at most {MAX_ADVANCE_S:g} seconds at once")
         if seconds < 0:
             raise ValueError("the ledger clock only moves forward")
         new = self.now_ms() + int(round(seconds * 1000))

@@ -136,6 +136,11 @@ class DecodeError(SchemaError):
     """A record value cannot be decoded (missing, wrong marker, truncated, malformed)."""
 
 
+class LocalFileError(LedgerError):
+    """A local file the ledger reads (sink registry, trusted keys, the manual
+    clock) is unreadable or malformed; the message names the file and the remedy."""
+
+
 class ParameterDriftError(LedgerError):
     """An operation ID was reused with a different parameter digest."""
 

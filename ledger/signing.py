@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from ledger.errors import LocalFileError
 from ledger.events import Approval
 from ledger.identity import canonical_json
 
@@ -92,14 +93,25 @@ class ReviewerKey:
 
 
 def load_trusted(path: Path) -> dict[str, Ed25519PublicKey]:
-    """Read trusted reviewer keys (``{key_id: base64 raw public key}``); empty if absent."""
+    """Read trusted reviewer keys (``{key_id: base64 raw public key}``); empty if absent.
+
+    Raises:
+        LocalFileError: the file is not such a JSON object.
+    """
     if not path.exists():
         return {}
-    raw = json.loads(path.read_text())
-    return {
-        key_id: Ed25519PublicKey.from_public_bytes(base64.b64decode(value))
-        for key_id, value in raw.items()
-    }
+    try:
+        raw = json.loads(path.read_text())
+        return {
+            str(key_id): Ed25519PublicKey.from_public_bytes(base64.b64decode(value, validate=True))
+            for key_id, value in raw.items()
+        }
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise LocalFileError(
+            f"the trusted-keys file {path} is unreadable ({type(exc).__name__}: {exc}); "
+            "restore it, or remove it and add the reviewers again with `ledger reviewer add`",
+            observed=str(exc),
+        ) from exc
 
 
 def trust(path: Path, key: ReviewerKey) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ledger.contracts import EffectContract
+from ledger.errors import LocalFileError
 
 
 class SinkEndpoint(BaseModel):
@@ -41,12 +42,19 @@ def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
         ``{name: endpoint}``; an empty dict when the file does not exist.
 
     Raises:
-        pydantic.ValidationError: when an entry is malformed.
+        LocalFileError: when the file is not such an object or an entry is malformed.
     """
     if not path.exists():
         return {}
-    raw = json.loads(path.read_text())
-    return {name: SinkEndpoint.model_validate(entry) for name, entry in raw.items()}
+    try:
+        raw = json.loads(path.read_text())
+        return {str(name): SinkEndpoint.model_validate(entry) for name, entry in raw.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:  # ValidationError too
+        raise LocalFileError(
+            f"the sink registry {path} is unreadable ({type(exc).__name__}: {str(exc)[:300]}); "
+            "fix the entry, or remove the file and register the sinks again",
+            observed=str(exc)[:300],
+        ) from exc
 
 
 def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:

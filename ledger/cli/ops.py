@@ -8,6 +8,7 @@ what it was, since the ledger decides asynchronously.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,20 @@ def reviewer_group() -> None:
     """Reviewer signing keys (Ed25519) the authority kernel trusts."""
 
 
+#: Reviewer names: they become file names under LEDGER_RUN_DIR/reviewers/.
+REVIEWER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _reviewer_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not REVIEWER_NAME.fullmatch(value):
+        raise click.BadParameter(
+            "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
 @reviewer_group.command("add")
-@click.argument("name")
+@click.argument("name", callback=_reviewer_name)
 def reviewer_add(name: str) -> None:
     """Create a signing key for reviewer NAME and trust it.
 
@@ -191,7 +204,9 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
 
 @click.command("approve")
 @click.option("--approval-id", required=True, help="Approval ID (the review decision's ID).")
-@click.option("--reviewer", required=True, help="Reviewer; signs with their key.")
+@click.option(
+    "--reviewer", required=True, callback=_reviewer_name, help="Reviewer; signs with their key."
+)
 @click.option("--subject", required=True, help="Subject the approval covers.")
 @click.option(
     "--max-amount-minor", type=click.IntRange(min=0), required=True, help="Largest amount covered."

@@ -25,6 +25,7 @@ from ledger.errors import (
     ForbiddenTransitionError,
     InputBoundsError,
     LedgerError,
+    LocalFileError,
     ParameterDriftError,
     ScenarioError,
     SchemaError,
@@ -52,6 +53,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SchemaValidationError: False,
     DecodeError: False,
     ParameterDriftError: False,
+    LocalFileError: False,  # fix or remove the file first
     InputBoundsError: False,  # the same input is refused again: change it
     ForbiddenTransitionError: False,
     ScenarioError: False,

@@ -23,7 +23,7 @@ from consumers.stage import Record, Stage, Writer, dead_letter, key_text, record
 from consumers.tables import TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import Clock, clock_for
-from ledger.events import AdmissionRequest, Approval, Event, PolicyChange
+from ledger.events import AdmissionRequest, Approval, ApprovalUse, Event, PolicyChange
 from ledger.signing import load_trusted
 
 log = logging.getLogger(__name__)
@@ -50,12 +50,17 @@ class AuthorityKernel(Stage):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.clock: Clock = clock_for(self.settings.clock, self.settings.run_dir)
         self.approvals: dict[str, Approval] = {}
-        self.pending: dict[str, Approval] = {}
+        #: approval ID -> its consumption, from approval-uses (this kernel's own topic).
+        self.uses: dict[str, ApprovalUse] = {}
+        self.pending: dict[str, ApprovalUse] = {}
         self.notes: list[tuple[str, str, Event]] = []
         self.policy_version = self.settings.policy_version
         self._last_catch_up = 0.0
         self._approvals = TableFollower(
             self.settings, "approvals", self._apply_approval, on_bad=self._bad_table_value
+        )
+        self._uses = TableFollower(
+            self.settings, "approval-uses", self._apply_use, on_bad=self._bad_table_value
         )
         self._policy = TableFollower(
             self.settings, "policy", self._apply_policy, on_bad=self._bad_table_value
@@ -76,8 +81,6 @@ class AuthorityKernel(Stage):
             return
         merged = merge_approval(self.approvals.get(key), rec.event)
         self.approvals[key] = merged.approval
-        if merged.reassert:
-            self.notes.append(("approvals", key, merged.approval))
         if merged.note:
             self.notes.append(
                 (
@@ -89,6 +92,10 @@ class AuthorityKernel(Stage):
                 )
             )
 
+    def _apply_use(self, key: str, rec: Record | None) -> None:
+        if rec is not None and isinstance(rec.event, ApprovalUse) and rec.event.approval_id == key:
+            self.uses.setdefault(key, rec.event)  # the first use stands
+
     def _apply_policy(self, key: str, rec: Record | None) -> None:
         if rec is not None and isinstance(rec.event, PolicyChange):
             self.policy_version = rec.event.version
@@ -96,9 +103,11 @@ class AuthorityKernel(Stage):
     def on_assign(self, partitions: set[int]) -> None:
         """Follow the approvals of the assigned partitions from the beginning."""
         self.approvals.clear()
+        self.uses.clear()
         self.notes.clear()
         self._approvals.follow(partitions)
-        log.info("authority: %d approvals loaded", len(self.approvals))
+        self._uses.follow(partitions)
+        log.info("authority: %d approvals and %d uses loaded", len(self.approvals), len(self.uses))
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Drop uncommitted work (the next assignment reloads the table)."""
@@ -108,16 +117,19 @@ class AuthorityKernel(Stage):
         """Forget consumptions of the aborted transaction; reload the table."""
         self.pending.clear()
         self.approvals.clear()
+        self.uses.clear()
         self.notes.clear()
         self._approvals.follow(self._approvals.partitions)
+        self._uses.follow(self._uses.partitions)
 
     def after_commit(self) -> None:
-        """Consumed approvals are now durable."""
-        self.approvals.update(self.pending)
+        """The uses of this batch are now durable."""
+        self.uses.update(self.pending)
         self.pending.clear()
 
     def _catch_up(self) -> None:
         self._approvals.catch_up()
+        self._uses.catch_up()
         self._policy.catch_up()
         self._last_catch_up = time.monotonic()
 
@@ -201,21 +213,21 @@ class AuthorityKernel(Stage):
                 log.warning("authority: ignoring %s at %s", request.KIND, rec.offset)
                 continue
             self.hooks.seam("before_admission", request.operation_id)
-            approval = self.pending.get(request.approval_id) or self.approvals.get(
-                request.approval_id
-            )
+            approval = self.approvals.get(request.approval_id)
+            use = self.pending.get(request.approval_id) or self.uses.get(request.approval_id)
             result = evaluate(
                 approval,
                 request,
+                use=use,
                 now_ms=self.clock.now_ms(),
                 policy_version=self.policy_version,
                 decided_by=f"authority-{self.instance}",
                 trusted=trusted,
             )
             out.write("admissions", request.operation_id, result.decision)
-            if result.approval is not None:
-                self.pending[request.approval_id] = result.approval
-                out.write("approvals", request.approval_id, result.approval)
+            if result.use is not None:
+                self.pending[request.approval_id] = result.use
+                out.write("approval-uses", request.approval_id, result.use)
             if result.decision.reason != REASON_ADMITTED:
                 out.write(
                     "operating-events",
@@ -241,4 +253,5 @@ class AuthorityKernel(Stage):
         """Close the table followers too."""
         super().close()
         self._approvals.close()
+        self._uses.close()
         self._policy.close()

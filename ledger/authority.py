@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ledger.events import AdmissionDecision, AdmissionRequest, Approval
+from ledger.events import AdmissionDecision, AdmissionRequest, Approval, ApprovalUse
 from ledger.signing import verify
 
 REASON_ADMITTED = "admitted"
@@ -34,18 +34,20 @@ class Admission:
 
     Attributes:
         decision: the admission decision to publish (key: operation ID).
-        approval: the approval's new record (consumed by this operation) to
-            publish on its own partition, or ``None`` when unchanged.
+        use: the approval's consumption by this operation, to publish on
+            ``approval-uses`` (key: approval ID), or ``None`` when nothing
+            was consumed now.
     """
 
     decision: AdmissionDecision
-    approval: Approval | None
+    use: ApprovalUse | None
 
 
 def evaluate(
     approval: Approval | None,
     request: AdmissionRequest,
     *,
+    use: ApprovalUse | None = None,
     now_ms: int,
     policy_version: int,
     decided_by: str,
@@ -54,8 +56,14 @@ def evaluate(
     """Decide whether ``request`` may be admitted under ``approval`` at ``now_ms``.
 
     Args:
-        approval: the approval's current record, or ``None`` if unknown.
+        approval: the approval's current record (grant or revocation), or
+            ``None`` if unknown.
         request: the admission request (one exact operation and digest).
+        use: the approval's consumption as the kernel recorded it on
+            ``approval-uses``, or ``None`` when it was never consumed. Only
+            this record says who consumed an approval; a ``CONSUMED`` status
+            on the approval record itself (written by earlier releases, or by
+            anyone who can write that topic) can refuse but never admit.
         now_ms: ledger time of the decision (milliseconds).
         policy_version: policy version in force at ``now_ms``.
         decided_by: kernel instance name, recorded in the decision.
@@ -63,13 +71,13 @@ def evaluate(
             the signature check (unit tests of the other checks only).
 
     Returns:
-        The decision and, when admitted for the first time, the consumed
-        approval. An operation that already consumed this approval is admitted
-        again (redelivery), even after expiry: admission happened while the
+        The decision and, when admitted for the first time, the use to record.
+        An operation that already consumed this approval is admitted again
+        (redelivery), even after expiry: admission happened while the
         approval was current.
     """
 
-    def result(admitted: bool, reason: str, new: Approval | None = None) -> Admission:
+    def result(admitted: bool, reason: str, new: ApprovalUse | None = None) -> Admission:
         return Admission(
             AdmissionDecision(
                 operation_id=request.operation_id,
@@ -93,11 +101,11 @@ def evaluate(
         problem = verify(approval, dict(trusted))
         if problem is not None:
             return result(False, problem)
-    if approval.consumed_by == request.operation_id:
+    if use is not None and use.operation_id == request.operation_id:
         return result(True, REASON_ADMITTED)
     if approval.status == "REVOKED":
         return result(False, REASON_REVOKED)
-    if approval.consumed_by is not None:
+    if use is not None or approval.status == "CONSUMED" or approval.consumed_by is not None:
         return result(False, REASON_CONSUMED)
     if now_ms >= approval.expires_at_ms:
         return result(False, REASON_EXPIRED)
@@ -111,12 +119,12 @@ def evaluate(
         request.operation_id
     ):
         return result(False, REASON_OPERATION)
-    consumed = approval.model_copy(
-        update={
-            "status": "CONSUMED",
-            "consumed_by": request.operation_id,
-            "consumed_at_ms": now_ms,
-        }
+    consumed = ApprovalUse(
+        approval_id=request.approval_id,
+        operation_id=request.operation_id,
+        parameter_digest=request.parameter_digest,
+        consumed_at_ms=now_ms,
+        decided_by=decided_by,
     )
     return result(True, REASON_ADMITTED, consumed)
 
@@ -129,13 +137,10 @@ class Merge:
         approval: the approval's record after the incoming one.
         note: ``None``, or why the incoming record was not taken as is
             (an operating-event reason).
-        reassert: the kernel must write ``approval`` again so that the
-            latest record for the key (all that compaction keeps) is correct.
     """
 
     approval: Approval
     note: str | None = None
-    reassert: bool = False
 
 
 def _grant(a: Approval) -> tuple[object, ...]:
@@ -153,12 +158,14 @@ def _grant(a: Approval) -> tuple[object, ...]:
 
 
 def merge_approval(existing: Approval | None, incoming: Approval) -> Merge:
-    """Fold one record of ``ledger.approvals`` into the kernel's table.
+    """Fold one record of ``ledger.approvals`` (grants and revocations) into the kernel's table.
 
-    A review decision submitted twice stays one approval; a grant never
-    un-consumes or un-revokes an approval (the kernel re-asserts the
-    consumed record so compaction keeps it); a revocation keeps the record of
-    who consumed it.
+    A review decision submitted twice stays one approval, and a grant never
+    un-revokes an approval. Consumption is not here: it lives on
+    ``approval-uses``, which only the kernel writes, so a grant re-published
+    after its use cannot erase the use (DESIGN.md "Kafka layout": one writer
+    per compacted key). A ``CONSUMED`` record on this topic (earlier
+    releases wrote them) is kept, and can only refuse.
     """
     if existing is None:
         return Merge(incoming)
@@ -168,21 +175,13 @@ def merge_approval(existing: Approval | None, incoming: Approval) -> Merge:
                 existing,
                 f"approval ID {incoming.approval_id} reused for a different review decision; "
                 "the first decision stands",
-                reassert=existing.status != "GRANTED",
             )
-        return Merge(existing, None, reassert=existing.status != "GRANTED")
+        return Merge(existing)
     if incoming.status == "REVOKED":
         return Merge(
             existing.model_copy(update={"status": "REVOKED", "revoked_by": incoming.revoked_by})
         )
-    # CONSUMED: the kernel's own record read back.
+    # CONSUMED, as earlier releases wrote it: refuses from now on, never admits.
     if existing.status == "REVOKED":
-        return Merge(
-            existing.model_copy(
-                update={
-                    "consumed_by": incoming.consumed_by,
-                    "consumed_at_ms": incoming.consumed_at_ms,
-                }
-            )
-        )
+        return Merge(existing.model_copy(update={"consumed_by": incoming.consumed_by}))
     return Merge(incoming)

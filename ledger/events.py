@@ -65,6 +65,17 @@ class Approval(Event):
     signature: bytes | None = None
 
 
+class ApprovalUse(Event):
+    """An approval consumed by one operation (key: approval ID; written by the kernel only)."""
+
+    KIND: ClassVar[str] = "ApprovalUse"
+    approval_id: str
+    operation_id: str
+    parameter_digest: str
+    consumed_at_ms: int
+    decided_by: str
+
+
 class AdmissionRequest(Event):
     """Processor asks the authority kernel to admit an operation (key: approval ID)."""
 
@@ -304,6 +315,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         Intent,
         Approval,
+        ApprovalUse,
         AdmissionRequest,
         AdmissionDecision,
         Dispatch,

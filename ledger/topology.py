@@ -28,7 +28,13 @@ class TopicSpec:
             it may ever be deleted by retention.
         single_partition: a control topic (one partition, read whole by every
             instance) rather than an operation-keyed, co-partitioned one.
-        writers: who writes it.
+        writers: who writes it (prose, for ``ledger topics list`` and the README).
+        roles: the writer roles, one entry each (``("relay", "reconcilers")``).
+        tables: the components that rebuild a table from this topic (a
+            compacted topic they read whole). Such a topic must have one
+            writer role: compaction keeps only the latest record of a key, so
+            a second writer's record would erase the first's evidence
+            (DESIGN.md "Kafka layout"; a test holds every entry to it).
     """
 
     name: str
@@ -38,11 +44,34 @@ class TopicSpec:
     audited: bool = True
     single_partition: bool = False
     writers: str = ""
+    roles: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec("intents", "operation ID", "compact", writers="services (LedgerPublisher)"),
-    TopicSpec("approvals", "approval ID", "compact", writers="review systems; authority kernel"),
+    TopicSpec(
+        "intents",
+        "operation ID",
+        "compact",
+        writers="services (LedgerPublisher)",
+        roles=("services",),
+    ),
+    TopicSpec(
+        "approvals",
+        "approval ID",
+        "compact",
+        writers="review systems (grants, revocations)",
+        roles=("review systems",),
+        tables=("authority kernel",),
+    ),
+    TopicSpec(
+        "approval-uses",
+        "approval ID",
+        "compact",
+        writers="authority kernel only",
+        roles=("authority kernel",),
+        tables=("authority kernel",),
+    ),
     TopicSpec(
         "admission-requests",
         "approval ID",
@@ -50,28 +79,74 @@ TOPICS: tuple[TopicSpec, ...] = (
         retention_ms=7 * 24 * 3600 * 1000,
         audited=False,
         writers="processor",
+        roles=("processor",),
     ),
-    TopicSpec("admissions", "operation ID", "compact", writers="authority kernel"),
-    TopicSpec("dispatches", "operation ID", "compact", writers="processor (the outbox)"),
-    TopicSpec("receipts", "operation ID", "compact", writers="relay"),
-    TopicSpec("readbacks", "operation ID", "compact", writers="relay, reconcilers"),
-    TopicSpec("claims", "operation ID", "compact", writers="resumers"),
+    TopicSpec(
+        "admissions",
+        "operation ID",
+        "compact",
+        writers="authority kernel",
+        roles=("authority kernel",),
+    ),
+    TopicSpec(
+        "dispatches",
+        "operation ID",
+        "compact",
+        writers="processor (the outbox)",
+        roles=("processor",),
+    ),
+    TopicSpec(
+        "receipts",
+        "operation ID",
+        "compact",
+        writers="relay",
+        roles=("relay",),
+        tables=("relay",),
+    ),
+    TopicSpec(
+        "readbacks",
+        "operation ID",
+        "compact",
+        writers="relay, reconcilers",
+        roles=("relay", "reconcilers"),
+    ),
+    TopicSpec("claims", "operation ID", "compact", writers="resumers", roles=("resumers",)),
     TopicSpec(
         "dispositions",
         "operation ID",
         "compact",
         writers="operators (ledger reconcile dispose)",
+        roles=("operators",),
     ),
-    TopicSpec("state", "operation ID", "compact", writers="processor only"),
-    TopicSpec("journal", "operation ID", "delete", retention_ms=-1, writers="processor only"),
-    TopicSpec("recovery-receipts", "operation ID", "compact", writers="processor"),
-    TopicSpec("reconciliation", "operation ID", "compact", writers="processor"),
+    TopicSpec(
+        "state",
+        "operation ID",
+        "compact",
+        writers="processor only",
+        roles=("processor",),
+        tables=("processor",),
+    ),
+    TopicSpec(
+        "journal",
+        "operation ID",
+        "delete",
+        retention_ms=-1,
+        writers="processor only",
+        roles=("processor",),
+    ),
+    TopicSpec(
+        "recovery-receipts", "operation ID", "compact", writers="processor", roles=("processor",)
+    ),
+    TopicSpec(
+        "reconciliation", "operation ID", "compact", writers="processor", roles=("processor",)
+    ),
     TopicSpec(
         "operating-events",
         "operation ID",
         "delete",
         retention_ms=-1,
         writers="every component: rejected transitions, dead letters",
+        roles=("every component",),
     ),
     TopicSpec(
         "policy",
@@ -79,6 +154,8 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         single_partition=True,
         writers="policy administrators (ledger policy set)",
+        roles=("policy administrators",),
+        tables=("authority kernel",),
     ),
 )
 

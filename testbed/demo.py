@@ -23,7 +23,7 @@ from confluent_kafka import Consumer
 from consumers.reader import current_states, latest_by_key, read_topic
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 from ledger.errors import LedgerError
-from ledger.events import Approval, JournalEntry, RecoveryReceipt
+from ledger.events import Approval, ApprovalUse, JournalEntry, RecoveryReceipt
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
@@ -265,13 +265,15 @@ def effect_readback_positive(
         approvals = latest_by_key(read_topic(c.settings, "approvals"))
         approval = approvals["approval-safe"].event
         assert isinstance(approval, Approval)
+        uses = latest_by_key(read_topic(c.settings, "approval-uses"))
+        use = uses["approval-safe"].event if "approval-safe" in uses else None
         receipts = [
             r.event
             for r in read_topic(c.settings, "recovery-receipts")
             if isinstance(r.event, RecoveryReceipt) and r.event.operation_id == op
         ]
         return {
-            "approval_consumed": approval.status == "CONSUMED" and approval.consumed_by == op,
+            "approval_consumed": isinstance(use, ApprovalUse) and use.operation_id == op,
             "external_effects": c.harness.effects("payments", op),
             "resumed_after_expiry": bool(receipts)
             and all(r.observed_at_ms > approval.expires_at_ms for r in receipts),

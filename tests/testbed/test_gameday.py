@@ -28,7 +28,6 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
 AWAITING = {
-    "s09-approval-republished-after-use": "issue 11: approval uses on a single-writer topic",
     "s10-forged-admission": "issue 11: authenticated records (format v2 'forge' step)",
     "s11-scope-currency": "issue 11: finer approval scope (scope.currency)",
     "s12-reservation-cancelled-on-revocation": "issue 14: reservations (try-confirm-cancel)",

@@ -14,6 +14,7 @@ from ledger.authority import (
     REASON_REVOKED,
     REASON_SUBJECT,
     evaluate,
+    merge_approval,
 )
 from ledger.events import AdmissionRequest
 from tests import helpers
@@ -32,26 +33,46 @@ def request(
     )
 
 
-def decide(approval, req, now_ms=1000, policy=1):
-    return evaluate(approval, req, now_ms=now_ms, policy_version=policy, decided_by="k")
+def decide(approval, req, now_ms=1000, policy=1, use=None):
+    return evaluate(approval, req, use=use, now_ms=now_ms, policy_version=policy, decided_by="k")
 
 
 def test_current_approval_admits_and_is_consumed() -> None:
     result = decide(helpers.approval(), request())
     assert result.decision.admitted and result.decision.evaluated_at_ms == 1000
-    assert result.approval is not None and result.approval.consumed_by == "refund:c1:v1"
+    assert result.use is not None and result.use.operation_id == "refund:c1:v1"
+    assert (result.use.approval_id, result.use.consumed_at_ms) == ("ap-1", 1000)
 
 
 def test_consumed_approval_cannot_admit_another_operation() -> None:
-    consumed = decide(helpers.approval(), request()).approval
-    other = decide(consumed, request(op="refund:c2:v1"))
+    use = decide(helpers.approval(), request()).use
+    other = decide(helpers.approval(), request(op="refund:c2:v1"), use=use)
     assert not other.decision.admitted and other.decision.reason == REASON_CONSUMED
 
 
+def test_a_grant_republished_after_its_use_does_not_erase_the_use() -> None:
+    """The grant's record carries no consumption: the use alone decides (s09)."""
+    grant = helpers.approval()
+    use = decide(grant, request()).use
+    again = merge_approval(grant, grant).approval  # the review system re-sends it
+    other = decide(again, request(op="refund:c2:v1"), use=use)
+    assert other.decision.reason == REASON_CONSUMED
+
+
+def test_a_consumed_record_on_the_approvals_topic_refuses_but_never_admits() -> None:
+    """Earlier releases (or a forger) wrote CONSUMED records on approvals."""
+    legacy = helpers.approval().model_copy(
+        update={"status": "CONSUMED", "consumed_by": "refund:c1:v1"}
+    )
+    for op in ("refund:c1:v1", "refund:c2:v1"):
+        result = decide(legacy, request(op=op))
+        assert not result.decision.admitted and result.decision.reason == REASON_CONSUMED
+
+
 def test_redelivered_request_of_the_consuming_operation_stays_admitted_after_expiry() -> None:
-    consumed = decide(helpers.approval(), request()).approval
-    again = decide(consumed, request(), now_ms=99_999)
-    assert again.decision.admitted and again.approval is None
+    use = decide(helpers.approval(), request()).use
+    again = decide(helpers.approval(), request(), now_ms=99_999, use=use)
+    assert again.decision.admitted and again.use is None
 
 
 @pytest.mark.parametrize(
@@ -76,12 +97,11 @@ def test_each_failed_check_names_itself(approval, req, now, policy, reason) -> N
     result = decide(approval, req, now, policy)
     assert not result.decision.admitted
     assert result.decision.reason == reason
-    assert result.approval is None
+    assert result.use is None
 
 
 # --------------------------------------------------------------------- signatures and merging
 
-from ledger.authority import merge_approval  # noqa: E402
 from ledger.signing import ReviewerKey  # noqa: E402
 
 KEY = ReviewerKey.generate("rev-key")
@@ -117,34 +137,27 @@ def test_unsigned_forged_or_tampered_approvals_are_refused(approval, reason) -> 
         approval, request(), now_ms=1, policy_version=1, decided_by="k", trusted=TRUSTED
     )
     assert not result.decision.admitted and reason in result.decision.reason
-    assert result.approval is None
+    assert result.use is None
 
 
-def test_same_decision_twice_is_one_approval_and_never_unconsumes() -> None:
+def test_same_decision_twice_is_one_approval_and_a_grant_never_unrevokes() -> None:
     grant = KEY.sign(helpers.approval())
     table = merge_approval(None, grant).approval
     again = merge_approval(table, grant)
-    assert again.approval == grant and not again.reassert and again.note is None
-    consumed = decide(table, request()).approval
-    assert consumed is not None
-    table = merge_approval(table, consumed).approval
-    regrant = merge_approval(table, grant)
-    assert regrant.approval.consumed_by == "refund:c1:v1"
-    assert regrant.reassert  # so compaction keeps the consumed record as the latest
+    assert again.approval == grant and again.note is None
+    revoked = merge_approval(table, grant.model_copy(update={"status": "REVOKED"})).approval
+    assert merge_approval(revoked, grant).approval.status == "REVOKED"
     other = KEY.sign(helpers.approval(max_amount=1))
     assert merge_approval(table, other).note is not None
 
 
-def test_revocation_keeps_the_consumption_and_the_admitted_operation() -> None:
+def test_revocation_keeps_the_admitted_operation() -> None:
     grant = KEY.sign(helpers.approval())
-    consumed = decide(grant, request()).approval
-    assert consumed is not None
+    use = decide(grant, request()).use
     revoked = merge_approval(
-        consumed, grant.model_copy(update={"status": "REVOKED", "revoked_by": "boss"})
+        grant, grant.model_copy(update={"status": "REVOKED", "revoked_by": "boss"})
     ).approval
-    assert revoked.status == "REVOKED" and revoked.consumed_by == "refund:c1:v1"
-    assert decide(revoked, request()).decision.admitted  # redelivery of the admitted op
-    refused = decide(
-        merge_approval(grant, grant.model_copy(update={"status": "REVOKED"})).approval, request()
-    )
+    assert revoked.status == "REVOKED"
+    assert decide(revoked, request(), use=use).decision.admitted  # redelivery of the admitted op
+    refused = decide(revoked, request())
     assert refused.decision.reason == REASON_REVOKED

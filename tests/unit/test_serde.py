@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
-from ledger.events import EVENT_TYPES, OperatingEvent, decode_event
+from ledger.events import EVENT_TYPES, ApprovalUse, OperatingEvent, decode_event
 from ledger.serde import MARKER, registry, schema_files
 from tests import helpers
 
@@ -20,6 +20,13 @@ def _sample(name: str):  # one valid instance of every event kind
             update={"signature": b"\x01\x02", "key_id": "k1"}
         ),
         "AdmissionDecision": helpers.admission(i),
+        "ApprovalUse": ApprovalUse(
+            approval_id="ap-1",
+            operation_id=i.operation_id,
+            parameter_digest=i.parameter_digest,
+            consumed_at_ms=5,
+            decided_by="authority-0",
+        ),
         "EffectReceipt": helpers.receipt(i.operation_id, "refund:c1:v1#1.1"),
         "Readback": helpers.readback(i.operation_id, "refund:c1:v1#1.1"),
         "Claim": helpers.claim(i.operation_id, "w", 3),

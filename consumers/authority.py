@@ -101,7 +101,7 @@ class AuthorityKernel(Stage):
             self.policy_version = rec.event.version
 
     def on_assign(self, partitions: set[int]) -> None:
-        """Follow the approvals of the assigned partitions from the beginning."""
+        """Follow the approvals and uses of the assigned partitions from the beginning."""
         self.approvals.clear()
         self.uses.clear()
         self.notes.clear()
@@ -137,7 +137,8 @@ class AuthorityKernel(Stage):
         """An approval or policy record that does not decode becomes an operating event.
 
         It is treated as absent (an intent relying on it is refused: approval
-        not found), and the event keeps its original bytes.
+        not found), and the event keeps its original bytes while they are within the
+        input bounds (:func:`consumers.stage.dead_letter`).
         """
         topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
         key, event = dead_letter(

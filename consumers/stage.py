@@ -44,7 +44,7 @@ from confluent_kafka import (
 
 from consumers.hooks import NO_FAULTS, FaultHooks
 from ledger.errors import LedgerError
-from ledger.events import Event, OperatingEvent, decode_event
+from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
 from ledger.identity import MAX_INPUT_BYTES, MAX_KEY_BYTES
 from ledger.kafka import consumer_config, producer_config
 from ledger.settings import LedgerSettings
@@ -206,9 +206,10 @@ def dead_letter(
 ) -> tuple[str, OperatingEvent]:
     """The ``BAD_INPUT`` operating event of a record a stage refuses, and its key.
 
-    The record's bytes are copied only within the input bounds; a larger value
-    or key is named by SHA-256, size and position instead, so the dead letter
-    always fits under the producer's limit.
+    The record's value, key bytes and headers are kept while they are within
+    the input bounds; a larger value or key is named by SHA-256, size and
+    position instead (and headers over 16 KiB are dropped, with a note), so
+    the dead letter always fits under the producer's limit.
 
     Args:
         component: the stage writing it.
@@ -231,6 +232,13 @@ def dead_letter(
         key = key_text(msg)
         operation_id = (key or None) if keyed_by_operation else None
     copied = len(raw) <= MAX_INPUT_BYTES
+    headers = [
+        RecordHeader(name=str(h[0]), value=h[1].encode() if isinstance(h[1], str) else h[1])
+        for h in msg.headers() or []
+    ]
+    if sum(len(h.name) + len(h.value or b"") for h in headers) > MAX_KEY_BYTES * 16:
+        reason = f"{reason}; {len(headers)} headers not copied (over {MAX_KEY_BYTES * 16} bytes)"
+        headers = []
     if not copied:
         digest = hashlib.sha256(raw).hexdigest()
         reason = f"{reason}; value sha256 {digest}, {len(raw)} bytes, not copied"
@@ -245,6 +253,8 @@ def dead_letter(
         source_partition=msg.partition(),
         source_offset=msg.offset(),
         original_bytes=msg.value() if copied else None,
+        original_key=msg.key() if len(raw_key) <= MAX_KEY_BYTES else None,
+        original_headers=headers or None,
     )
 
 

@@ -273,8 +273,21 @@ class RecoveryReceipt(Event):
     release_condition: str | None = None
 
 
+class RecordHeader(BaseModel):
+    """One Kafka record header kept with a dead letter (name, value bytes or ``None``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    name: str
+    value: bytes | None = None
+
+
 class OperatingEvent(Event):
-    """A refused transition, a dead letter or another operating fact."""
+    """A refused transition, a dead letter or another operating fact.
+
+    A dead letter keeps what it can of the record it refuses: its bytes, key
+    bytes and headers while they are within the input bounds (v2 added the
+    key and headers; v1 events read them as ``None``).
+    """
 
     KIND: ClassVar[str] = "OperatingEvent"
     event_id: str
@@ -287,6 +300,8 @@ class OperatingEvent(Event):
     source_partition: int | None = None
     source_offset: int | None = None
     original_bytes: bytes | None = None
+    original_key: bytes | None = None
+    original_headers: list[RecordHeader] | None = None
 
 
 class Disposition(Event):

@@ -141,6 +141,13 @@ def test_oversized_records_and_odd_ids_are_refused_and_every_stage_keeps_moving(
     raw.produce(settings.topic("claims"), key=b"refund:big:v1", value=big)
     raw.produce(settings.topic("approvals"), key=b"ap-big", value=big)
     raw.produce(settings.topic("intents"), key=b"k" * 10_000, value=b"\x00junk")
+    odd_key = b"refund:\xff\xfe:v1"  # not UTF-8: the dead letter must keep the bytes
+    raw.produce(
+        settings.topic("intents"),
+        key=odd_key,
+        value=b"\x01junk",
+        headers=[("traceparent", b"00-abc"), ("empty", None)],
+    )
     odd = helpers.intent(op="refund:26\n:v1", approval="ap-1")
     raw.produce(settings.topic("intents"), key=odd.operation_id.encode(), value=odd.to_bytes())
     raw.flush(30)
@@ -164,6 +171,12 @@ def test_oversized_records_and_odd_ids_are_refused_and_every_stage_keeps_moving(
     assert all("not copied" in e.reason for e in big_values)
     (long_key,) = [e for e in too_big if e.source_topic == "intents"]
     assert long_key.operation_id is None and "key sha256:" in long_key.reason
+    (kept,) = [e for e in events if e.kind == "BAD_INPUT" and e.original_key == odd_key]
+    assert kept.original_bytes == b"\x01junk"
+    assert [(h.name, h.value) for h in kept.original_headers or []] == [
+        ("traceparent", b"00-abc"),
+        ("empty", None),
+    ]
     refused = [e for e in events if e.kind == "BAD_INPUT" and "U+000A" in e.reason]
     assert [e.operation_id for e in refused] == [odd.operation_id]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
-from ledger.events import EVENT_TYPES, ApprovalUse, OperatingEvent, decode_event
+from ledger.events import EVENT_TYPES, ApprovalUse, OperatingEvent, RecordHeader, decode_event
 from ledger.serde import MARKER, registry, schema_files
 from tests import helpers
 
@@ -36,6 +36,11 @@ def _sample(name: str):  # one valid instance of every event kind
             kind="BAD_INPUT",
             reason="r",
             original_bytes=b"\xff",
+            original_key=b"\xfe\x00k",
+            original_headers=[
+                RecordHeader(name="traceparent", value=b"00-ab"),
+                RecordHeader(name="traceparent", value=None),
+            ],
         ),
     }
     if name in samples:

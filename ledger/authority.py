@@ -101,7 +101,25 @@ def evaluate(
         problem = verify(approval, dict(trusted))
         if problem is not None:
             return result(False, problem)
-    if use is not None and use.operation_id == request.operation_id:
+    # Scope never depends on time: it is checked for every request, a
+    # redelivery included, so no use record (forged or not) can carry an
+    # operation outside what the reviewer approved.
+    if approval.scope_subject != request.subject:
+        return result(False, REASON_SUBJECT)
+    if request.amount_minor > approval.scope_max_amount_minor:
+        return result(False, REASON_AMOUNT)
+    if approval.scope_operation_id is not None and approval.scope_operation_id != (
+        request.operation_id
+    ):
+        return result(False, REASON_OPERATION)
+    # A redelivered request of the consuming operation skips only the checks
+    # that time can change (revocation, expiry, policy): it was admitted while
+    # the approval was current.
+    if (
+        use is not None
+        and use.operation_id == request.operation_id
+        and use.parameter_digest == request.parameter_digest
+    ):
         return result(True, REASON_ADMITTED)
     if approval.status == "REVOKED":
         return result(False, REASON_REVOKED)
@@ -111,14 +129,6 @@ def evaluate(
         return result(False, REASON_EXPIRED)
     if approval.policy_version != policy_version:
         return result(False, REASON_POLICY)
-    if approval.scope_subject != request.subject:
-        return result(False, REASON_SUBJECT)
-    if request.amount_minor > approval.scope_max_amount_minor:
-        return result(False, REASON_AMOUNT)
-    if approval.scope_operation_id is not None and approval.scope_operation_id != (
-        request.operation_id
-    ):
-        return result(False, REASON_OPERATION)
     consumed = ApprovalUse(
         approval_id=request.approval_id,
         operation_id=request.operation_id,

@@ -69,6 +69,18 @@ def test_a_consumed_record_on_the_approvals_topic_refuses_but_never_admits() -> 
         assert not result.decision.admitted and result.decision.reason == REASON_CONSUMED
 
 
+def test_a_use_naming_an_operation_never_carries_it_outside_the_scope() -> None:
+    """A use record (forged, or for another digest) cannot admit beyond the approval."""
+    use = decide(helpers.approval(max_amount=5000), request()).use
+    assert use is not None
+    over = decide(helpers.approval(max_amount=5000), request(amount=999_999), use=use)
+    assert over.decision.reason == REASON_AMOUNT
+    elsewhere = decide(helpers.approval(), request(subject="someone-else"), use=use)
+    assert elsewhere.decision.reason == REASON_SUBJECT
+    drifted = AdmissionRequest(**{**request().model_dump(), "parameter_digest": "other"})
+    assert decide(helpers.approval(), drifted, use=use).decision.reason == REASON_CONSUMED
+
+
 def test_redelivered_request_of_the_consuming_operation_stays_admitted_after_expiry() -> None:
     use = decide(helpers.approval(), request()).use
     again = decide(helpers.approval(), request(), now_ms=99_999, use=use)

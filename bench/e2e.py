@@ -72,6 +72,7 @@ class Rig:
             for i in range(instances):
                 self.harness.start(component, str(i))
         self.publisher = LedgerPublisher(self.settings, client_id="bench-driver")
+        self.publisher.credentials.add(self.key)
         self.states: dict[str, str] = {}
         self.verified_at: dict[str, float] = {}
         self.next_op = 0

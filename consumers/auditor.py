@@ -1,26 +1,123 @@
 """The auditor: replays the whole ledger and proves its invariants.
 
-Reads ``ledger.journal`` and the compacted topics from the beginning
-(``read_committed``, no consumer group), asks every sink that offers
-readback how many effects it holds per operation, and runs the pure checks
-of :mod:`ledger.audit`. Reading the journal (never compacted) and the latest
-value per key of the compacted topics gives the same answer before and after
-log compaction.
+Reads ``ledger.journal`` and every other audited topic from the beginning
+(``read_committed``, no consumer group), checks every record's seal
+(:mod:`ledger.authn`), asks every sink that offers readback how many effects
+it holds per operation, and runs the pure checks of :mod:`ledger.audit`.
+Reading the journal (never compacted) and the latest authentic value per key
+of the compacted topics gives the same answer before and after log
+compaction. A record that does not decode, or that no trusted writer
+produced, is reported with its position; the audit goes on.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
-from consumers.reader import read_latest, read_topic
-from ledger.audit import AuditReport, audit
-from ledger.events import Dispatch, JournalEntry, OperationState, RecoveryReceipt
+from confluent_kafka import Message
+
+from consumers.stage import key_text, read_partition
+from ledger.audit import AuditReport, Provenance, audit
+from ledger.authn import Keyring
+from ledger.credentials import load_keyring
+from ledger.events import (
+    Approval,
+    ApprovalUse,
+    Dispatch,
+    Event,
+    JournalEntry,
+    OperationState,
+    RecoveryReceipt,
+    decode_event,
+)
 from ledger.settings import LedgerSettings
+from ledger.signing import load_trusted, verify
+from ledger.topology import TOPICS, is_reserved_key
 from sinks.client import SinkClient
 from sinks.registry import load_sinks
 
 log = logging.getLogger(__name__)
+
+#: Topics whose every record is decoded (the journal is replayed; the others
+#: name their writer, which the seal must match).
+DECODE_ALL = frozenset({"journal", "approvals", "policy", "dispositions"})
+
+#: Compacted topics of which the audit reads the latest authentic value per key.
+LATEST = frozenset({"state", "dispatches", "recovery-receipts", "approval-uses", "approvals"})
+
+
+@dataclass
+class TopicScan:
+    """One topic read through: its authentic records and what was refused.
+
+    Attributes:
+        topic: short topic name.
+        records: every authentic, decodable event (``DECODE_ALL`` topics),
+            in offset order per partition.
+        latest: key -> latest authentic event (``LATEST`` topics; an
+            authentic tombstone removes the key, a forged one does not).
+        unauthenticated: position -> reason.
+        undecodable: position -> reason.
+        count: records read.
+    """
+
+    topic: str
+    records: list[Event] = field(default_factory=list)
+    latest: dict[str, Event] = field(default_factory=dict)
+    unauthenticated: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    undecodable: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    count: int = 0
+
+
+def scan_topic(
+    settings: LedgerSettings, keyring: Keyring, topic: str, timeout_s: float = 120.0
+) -> TopicScan:
+    """Read one topic from the beginning, checking every record's seal.
+
+    Raises:
+        LedgerError: the topic could not be read to its end in ``timeout_s``.
+    """
+    scan = TopicScan(topic)
+    latest_msgs: dict[str, Message] = {}
+
+    def handle(_: object, msg: Message) -> None:
+        key = msg.key() or b""
+        if is_reserved_key(key):
+            return
+        scan.count += 1
+        where = (topic, msg.partition() or 0, msg.offset() or 0)
+        value = msg.value()
+        event: Event | None = None
+        if value is not None and topic in DECODE_ALL:
+            try:
+                event = decode_event(value)
+            except Exception as exc:  # reported with its position, never fatal
+                scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
+                return
+        problem = keyring.check(topic, key, value, msg.headers(), event)
+        if problem is not None:
+            scan.unauthenticated[where] = problem
+            return
+        if event is not None:
+            scan.records.append(event)
+        if topic in LATEST:
+            text = key_text(msg)
+            if value is None:
+                latest_msgs.pop(text, None)
+            else:
+                latest_msgs[text] = msg
+
+    read_partition(settings, topic, None, handle, timeout_s, decode=False)
+    for text, msg in latest_msgs.items():
+        try:
+            scan.latest[text] = decode_event(msg.value())
+        except Exception as exc:
+            where = (topic, msg.partition() or 0, msg.offset() or 0)
+            scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
+    return scan
 
 
 def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditReport:
@@ -31,47 +128,86 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
         read_sinks: also read back effect counts from sinks with readback.
 
     Returns:
-        The report (``violations`` empty when every invariant holds).
+        The report (``violations`` empty when every invariant holds;
+        ``unauthenticated_records`` lists every record no trusted writer
+        produced).
 
     Raises:
         LedgerError: a topic could not be read to its end.
+        LocalFileError: a key file is unreadable.
     """
-    # The four topics are read at once (each reader waits on the broker in
-    # librdkafka, outside the GIL).
+    keyring = load_keyring(settings)
+    topics = [t.name for t in TOPICS if t.audited and t.auth]
+    # Topics are read at once (each reader waits on the broker in librdkafka,
+    # outside the GIL).
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-read") as pool:
-        journal_f = pool.submit(read_topic, settings, "journal")
-        latest_f = {
-            t: pool.submit(read_latest, settings, t)
-            for t in ("state", "dispatches", "recovery-receipts")
-        }
-        journal = [r.event for r in journal_f.result() if isinstance(r.event, JournalEntry)]
-        states = {
-            k: r.event
-            for k, r in latest_f["state"].result().items()
-            if isinstance(r.event, OperationState)
-        }
-        dispatches = {
-            k: r.event
-            for k, r in latest_f["dispatches"].result().items()
-            if isinstance(r.event, Dispatch)
-        }
-        receipts = {
-            k: r.event
-            for k, r in latest_f["recovery-receipts"].result().items()
-            if isinstance(r.event, RecoveryReceipt)
-        }
-    sink_effects: dict[str, int] | None = None
-    if read_sinks:
-        sink_effects = {}
-        sinks = load_sinks(settings.sinks_path())
-        for op, state in states.items():
-            endpoint = sinks.get(state.sink)
-            if endpoint is None or not endpoint.contract.readback:
-                continue
-            with SinkClient(endpoint.url, timeout_s=settings.sink_timeout_s) as client:
-                result = client.readback(op, None)
-            if result.status == "committed":
-                sink_effects[op] = result.effects
-            elif result.status == "ambiguous":
-                log.warning("auditor: %s readback of %s gave no answer", state.sink, op)
-    return audit(journal, states, dispatches, receipts, sink_effects)
+        futures = {t: pool.submit(scan_topic, settings, keyring, t) for t in topics}
+        scans = {t: f.result() for t, f in futures.items()}
+    journal = [e for e in scans["journal"].records if isinstance(e, JournalEntry)]
+
+    def latest(topic: str, kind: type[Event]) -> dict[str, Event]:
+        return {k: e for k, e in scans[topic].latest.items() if isinstance(e, kind)}
+
+    states = latest("state", OperationState)
+    dispatches = latest("dispatches", Dispatch)
+    receipts = latest("recovery-receipts", RecoveryReceipt)
+    provenance = _provenance(settings, scans)
+    sink_effects = _sink_effects(settings, states) if read_sinks else None
+    return audit(
+        journal,
+        states,  # type: ignore[arg-type]
+        dispatches,  # type: ignore[arg-type]
+        receipts,  # type: ignore[arg-type]
+        sink_effects,
+        provenance=provenance,
+    )
+
+
+def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Provenance:
+    """Gather who wrote what: refused records, signed uses and grants."""
+    unauthenticated: dict[tuple[str, int, int], str] = {}
+    undecodable: dict[tuple[str, int, int], str] = {}
+    for scan in scans.values():
+        unauthenticated.update(scan.unauthenticated)
+        undecodable.update(scan.undecodable)
+    uses = {
+        k: e
+        for k, e in scans["approval-uses"].latest.items()
+        if isinstance(e, ApprovalUse) and e.approval_id == k
+    }
+    trusted = load_trusted(settings.trusted_keys_path())
+    check: Callable[[Approval], str | None] = (
+        (lambda a: verify(a, trusted)) if settings.require_signed_approvals else (lambda a: None)
+    )
+    grants = {
+        k: check(e)
+        for k, e in scans["approvals"].latest.items()
+        if isinstance(e, Approval) and e.approval_id == k
+    }
+    if unauthenticated:
+        log.warning("auditor: %d unauthenticated records on the ledger", len(unauthenticated))
+    return Provenance(
+        unauthenticated=unauthenticated,
+        undecodable=undecodable,
+        uses=uses,
+        grants=grants,
+        records=sum(s.count for s in scans.values()),
+    )
+
+
+def _sink_effects(settings: LedgerSettings, states: dict[str, Event]) -> dict[str, int]:
+    """Effects each readback-capable sink holds per operation."""
+    sink_effects: dict[str, int] = {}
+    sinks = load_sinks(settings.sinks_path())
+    for op, state in states.items():
+        assert isinstance(state, OperationState)
+        endpoint = sinks.get(state.sink)
+        if endpoint is None or not endpoint.contract.readback:
+            continue
+        with SinkClient(endpoint.url, timeout_s=settings.sink_timeout_s) as client:
+            result = client.readback(op, None)
+        if result.status == "committed":
+            sink_effects[op] = result.effects
+        elif result.status == "ambiguous":
+            log.warning("auditor: %s readback of %s gave no answer", state.sink, op)
+    return sink_effects

@@ -57,13 +57,25 @@ class AuthorityKernel(Stage):
         self.policy_version = self.settings.policy_version
         self._last_catch_up = 0.0
         self._approvals = TableFollower(
-            self.settings, "approvals", self._apply_approval, on_bad=self._bad_table_value
+            self.settings,
+            "approvals",
+            self._apply_approval,
+            on_bad=self._bad_table_value,
+            keyring=self.keyring,
         )
         self._uses = TableFollower(
-            self.settings, "approval-uses", self._apply_use, on_bad=self._bad_table_value
+            self.settings,
+            "approval-uses",
+            self._apply_use,
+            on_bad=self._bad_table_value,
+            keyring=self.keyring,
         )
         self._policy = TableFollower(
-            self.settings, "policy", self._apply_policy, on_bad=self._bad_table_value
+            self.settings,
+            "policy",
+            self._apply_policy,
+            on_bad=self._bad_table_value,
+            keyring=self.keyring,
         )
 
     def on_start(self) -> None:
@@ -133,21 +145,23 @@ class AuthorityKernel(Stage):
         self._policy.catch_up()
         self._last_catch_up = time.monotonic()
 
-    def _bad_table_value(self, msg: Message, reason: str) -> None:
-        """An approval or policy record that does not decode becomes an operating event.
+    def _bad_table_value(self, msg: Message, reason: str, kind: str) -> None:
+        """An approval, use or policy record that is refused becomes an operating event.
 
-        It is treated as absent (an intent relying on it is refused: approval
-        not found), and the event keeps its original bytes while they are within the
-        input bounds (:func:`consumers.stage.dead_letter`).
+        It does not decode (``BAD_INPUT``) or is not authentic
+        (``UNAUTHENTICATED``, tombstones included): it is treated as absent
+        (an intent relying on it is refused: approval not found; a forged
+        use or tombstone changes nothing), and the event keeps its original
+        bytes while they are within the input bounds
+        (:func:`consumers.stage.dead_letter`).
         """
         topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
-        key, event = dead_letter(
-            "authority",
-            topic,
-            msg,
-            f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}",
-            keyed_by_operation=False,
-        )
+        if kind == "UNAUTHENTICATED":
+            self.forgeries_refused += 1
+            what = f"{topic} record {key_text(msg)[:200]!r} refused, {reason}"
+        else:
+            what = f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}"
+        key, event = dead_letter("authority", topic, msg, what, keyed_by_operation=False, kind=kind)
         self.notes.append(("operating-events", key or "(no key)", event))
 
     def _write_notes(self, out: Writer) -> None:
@@ -162,7 +176,7 @@ class AuthorityKernel(Stage):
         self._catch_up()
         if self.notes:
             self.producer.begin_transaction()
-            self._write_notes(Writer(self.producer, self.settings))
+            self._write_notes(self.writer())
             self._commit()
 
     def before_transaction(self, records: list[Record]) -> None:

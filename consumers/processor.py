@@ -13,7 +13,17 @@ from __future__ import annotations
 
 import logging
 
-from consumers.stage import Record, Stage, Writer, await_settled, read_partition, record_event
+from confluent_kafka import Message
+
+from consumers.stage import (
+    Record,
+    Stage,
+    Writer,
+    await_settled,
+    dead_letter,
+    read_partition,
+    record_event,
+)
 from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState, decode_event
 from ledger.fold import Decision, decide, journal_entry, ref_of
 from ledger.states import IN_FLIGHT
@@ -55,6 +65,8 @@ class Processor(Stage):
         self.resume_queue: list[tuple[str, int]] = []
         #: Partitions this process has owned at some point of its life.
         self.ever_held: set[int] = set()
+        #: operating events to write with the next transaction (refused state records).
+        self.notes: list[tuple[str, OperatingEvent]] = []
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
@@ -73,7 +85,14 @@ class Processor(Stage):
         waited = await_settled(self.settings, "state", partitions)
         if waited > 1.0:
             log.info("processor: waited %.1f s for ledger.state to settle", waited)
-        n = read_partition(self.settings, "state", partitions, load)
+        n = read_partition(
+            self.settings,
+            "state",
+            partitions,
+            load,
+            keyring=self.keyring,
+            on_refused=self._refused_state,
+        )
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
         # A resume follows a crash or a takeover: partitions this process
         # owned before (a rebalance after a broker restart gives them back)
@@ -87,6 +106,27 @@ class Processor(Stage):
         )
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
+
+    def _refused_state(self, msg: Message, problem: str) -> None:
+        """A state record that is not authentic is not restored; it is reported.
+
+        The operation keeps the state of its last authentic record (a forged
+        "in flight" state cannot make a restarted processor resume or
+        dispatch anything). The operating event is written with the next
+        transaction.
+        """
+        self.forgeries_refused += 1
+        log.error(
+            "processor: UNAUTHENTICATED state record at state:%s:%s not restored: %s",
+            msg.partition(),
+            msg.offset(),
+            problem,
+        )
+        self.notes.append(
+            dead_letter(
+                "processor", "state", msg, f"not authentic: {problem}", kind="UNAUTHENTICATED"
+            )
+        )
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Forget the operations of revoked partitions."""
@@ -102,8 +142,19 @@ class Processor(Stage):
         return not self.resume_queue
 
     def idle(self) -> None:
-        """Resume in-flight operations of newly assigned partitions (see :meth:`_resume`)."""
+        """Resume in-flight operations of newly assigned partitions (see :meth:`_resume`).
+
+        Operating events about refused state records are written here too
+        when no input arrives to carry them.
+        """
         self._resume()
+        if self.notes and self.producer is not None:
+            self.producer.begin_transaction()
+            out = self.writer()
+            for key, note in self.notes:
+                out.write("operating-events", key, note)
+            self._commit()
+            self.notes.clear()
 
     def before_transaction(self, records: list[Record]) -> None:
         """Resume first, so the claims are decided before newer inputs."""
@@ -122,7 +173,7 @@ class Processor(Stage):
             return
         queue = self.resume_queue
         self.producer.begin_transaction()
-        out = Writer(self.producer, self.settings)
+        out = self.writer()
         worker = f"processor-{self.instance}"
         for op, version in queue:
             out.write(
@@ -169,6 +220,9 @@ class Processor(Stage):
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Decide every record in order and write state, journal and outputs."""
+        for key, note in self.notes:
+            out.write("operating-events", key, note)
+        self.notes.clear()
         for rec in records:
             op = getattr(rec.event, "operation_id", None)
             if op != rec.key:

@@ -8,20 +8,31 @@ from confluent_kafka import Message
 
 from consumers.stage import Record, decode_record, key_text, read_partition
 from consumers.tables import TableFollower
+from ledger.authn import Keyring
+from ledger.credentials import load_keyring
 from ledger.events import JournalEntry, OperationState
 from ledger.settings import LedgerSettings
 
 
-def read_topic(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -> list[Record]:
-    """Every decodable record of a ledger topic, partition by partition, in offset order.
+def _keyring(settings: LedgerSettings, authentic: bool) -> Keyring | None:
+    return load_keyring(settings) if authentic else None
+
+
+def read_topic(
+    settings: LedgerSettings, topic: str, timeout_s: float = 60.0, *, authentic: bool = True
+) -> list[Record]:
+    """Every decodable, authentic record of a ledger topic, per partition in offset order.
 
     Args:
         settings: ledger settings.
         topic: short topic name.
         timeout_s: how long the read may take (seconds).
+        authentic: leave out records whose seal is missing or wrong (as every
+            stage does, :mod:`ledger.authn`); ``False`` returns them too.
 
     Raises:
         LedgerError: if the end is not reached in time.
+        LocalFileError: a key file is unreadable.
     """
     records: list[Record] = []
 
@@ -29,7 +40,7 @@ def read_topic(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) ->
         if rec is not None:
             records.append(rec)
 
-    read_partition(settings, topic, None, keep, timeout_s)
+    read_partition(settings, topic, None, keep, timeout_s, keyring=_keyring(settings, authentic))
     return records
 
 
@@ -41,11 +52,19 @@ def latest_by_key(records: list[Record]) -> dict[str, Record]:
     return latest
 
 
-def read_latest(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -> dict[str, Record]:
-    """What compaction keeps of a topic: the latest record per key, tombstones applied.
+def read_latest(
+    settings: LedgerSettings, topic: str, timeout_s: float = 60.0, *, authentic: bool = True
+) -> dict[str, Record]:
+    """What compaction keeps of a topic: the latest authentic record per key, tombstones applied.
 
-    A key whose latest value is a tombstone (or does not decode) is absent.
-    Only the latest value of each key is decoded.
+    A key whose latest value is an authentic tombstone (or does not decode)
+    is absent; records and tombstones whose seal is missing or wrong are
+    left out unless ``authentic`` is false. Only the latest value of each
+    key is decoded.
+
+    Raises:
+        LedgerError: if the end is not reached in time.
+        LocalFileError: a key file is unreadable.
     """
     latest: dict[str, Message] = {}
 
@@ -56,7 +75,9 @@ def read_latest(settings: LedgerSettings, topic: str, timeout_s: float = 60.0) -
         else:
             latest[key] = msg
 
-    read_partition(settings, topic, None, keep, timeout_s, decode=False)
+    read_partition(
+        settings, topic, None, keep, timeout_s, decode=False, keyring=_keyring(settings, authentic)
+    )
     out: dict[str, Record] = {}
     for key, msg in latest.items():
         rec = decode_record(topic, msg)

@@ -22,6 +22,7 @@ from consumers.reader import current_states
 from consumers.relay import read_effect
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
+from ledger.credentials import load_keyring
 from ledger.events import OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
@@ -38,7 +39,8 @@ def open_items(settings: LedgerSettings) -> list[OperationState]:
     def seen(rec: Record | None, msg: Message) -> None:
         queued[key_text(msg)] = msg.value() is not None
 
-    read_partition(settings, "reconciliation", None, seen)
+    # A forged tombstone cannot hide an item, nor a forged record add one.
+    read_partition(settings, "reconciliation", None, seen, keyring=load_keyring(settings))
     states = current_states(settings)
     items = [
         states[op]

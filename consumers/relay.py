@@ -109,7 +109,9 @@ class Relay(Stage):
         self.clients: dict[str, SinkClient] = {}
         self.results: dict[tuple[int, int], list[tuple[str, str, Event]]] = {}
         self.observer = f"relay-{self.instance}"
-        self._receipts = TableFollower(self.settings, "receipts", self._apply_receipt)
+        self._receipts = TableFollower(
+            self.settings, "receipts", self._apply_receipt, keyring=self.keyring
+        )
 
     # ------------------------------------------------------------------ state
 
@@ -198,7 +200,7 @@ class Relay(Stage):
         """Commit one dispatch's receipt at once (its offset follows with the batch)."""
         assert self.producer is not None
         self.producer.begin_transaction()
-        out = Writer(self.producer, self.settings)
+        out = self.writer()
         for topic, key, event in outputs:
             out.write(topic, key, event)
         self._commit()
@@ -209,7 +211,7 @@ class Relay(Stage):
             return
         assert self.producer is not None
         self.producer.begin_transaction()
-        out = Writer(self.producer, self.settings)
+        out = self.writer()
         for d in dispatches:
             out.write("receipts", d.operation_id, self._attempt_marker(d, now))
         self._commit()

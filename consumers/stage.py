@@ -43,6 +43,8 @@ from confluent_kafka import (
 )
 
 from consumers.hooks import NO_FAULTS, FaultHooks
+from ledger.authn import AUTH_HEADER, Keyring, Sealer
+from ledger.credentials import load_keyring, stage_sealer
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
 from ledger.identity import MAX_INPUT_BYTES, MAX_KEY_BYTES
@@ -148,16 +150,25 @@ def decode_record(topic: str, msg: Message) -> Record | None:
 
 
 class Writer:
-    """Produces a stage's outputs into the open transaction.
+    """Produces a stage's outputs into the open transaction, each record sealed.
 
     Args:
         producer: the transactional producer.
         settings: for topic names.
+        sealer: ``topic -> key`` that seals each record (the ``ledger-auth``
+            header, :mod:`ledger.authn`); ``None`` writes unsealed records,
+            which every reader refuses (tools that forge on purpose only).
     """
 
-    def __init__(self, producer: Producer, settings: LedgerSettings) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        settings: LedgerSettings,
+        sealer: Callable[[str], Sealer] | None = None,
+    ) -> None:
         self.producer = producer
         self.settings = settings
+        self.sealer = sealer
         self.count = 0
 
     def write(self, topic: str, key: str, event: Event | None) -> None:
@@ -172,11 +183,17 @@ class Writer:
         self.write_raw(topic, key, value)
 
     def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
-        """Produce already-encoded bytes (dead letters keep the original bytes)."""
+        """Produce already-encoded bytes (dead letters keep the original bytes), sealed."""
+        raw_key = key.encode("utf-8")
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            [(AUTH_HEADER, self.sealer(topic).seal(topic, raw_key, value))]
+            if self.sealer is not None
+            else None
+        )
         while True:
             try:
                 self.producer.produce(
-                    self.settings.topic(topic), key=key.encode("utf-8"), value=value
+                    self.settings.topic(topic), key=raw_key, value=value, headers=headers
                 )
                 break
             except BufferError:
@@ -202,9 +219,15 @@ def oversized(msg: Message) -> str | None:
 
 
 def dead_letter(
-    component: str, topic: str, msg: Message, reason: str, *, keyed_by_operation: bool = True
+    component: str,
+    topic: str,
+    msg: Message,
+    reason: str,
+    *,
+    keyed_by_operation: bool = True,
+    kind: str = "BAD_INPUT",
 ) -> tuple[str, OperatingEvent]:
-    """The ``BAD_INPUT`` operating event of a record a stage refuses, and its key.
+    """The operating event of a record a stage refuses (a dead letter), and its key.
 
     The record's value, key bytes and headers are kept while they are within
     the input bounds; a larger value or key is named by SHA-256, size and
@@ -218,6 +241,8 @@ def dead_letter(
         reason: why it is refused.
         keyed_by_operation: the record's key is an operation ID (else the
             event names no operation).
+        kind: ``BAD_INPUT`` (does not decode, over the bounds) or
+            ``UNAUTHENTICATED`` (its seal is missing or wrong).
 
     Returns:
         ``(key, OperatingEvent)``: the record's key, or ``sha256:<hex>`` of a
@@ -244,10 +269,10 @@ def dead_letter(
         reason = f"{reason}; value sha256 {digest}, {len(raw)} bytes, not copied"
     position = f"{topic}:{msg.partition()}:{msg.offset()}"
     return key, OperatingEvent(
-        event_id=f"{component}:{position}:BAD_INPUT",
+        event_id=f"{component}:{position}:{kind}",
         operation_id=operation_id,
         component=component,
-        kind="BAD_INPUT",
+        kind=kind,
         reason=reason,
         source_topic=topic,
         source_partition=msg.partition(),
@@ -292,6 +317,12 @@ class Stage:
         self.consumer: Consumer | None = None
         self.processed = 0
         self.dead_letters = 0
+        #: records refused because their seal was missing or wrong.
+        self.forgeries_refused = 0
+        #: keys that check the seals of input records (re-read on unknown keys).
+        self.keyring: Keyring = load_keyring(settings)
+        #: topic -> key that seals this stage's records on it.
+        self.sealer = stage_sealer(settings, self.component)
         self.broker_bounced = False
         #: transactions aborted since the last commit (see :meth:`_recover`).
         self.aborts_in_a_row = 0
@@ -501,6 +532,11 @@ class Stage:
             if not key:
                 raise LedgerError("record has no key; ledger records are keyed by ID")
             event = decode_event(raw)
+            problem = self.keyring.check(topic, msg.key() or b"", raw, msg.headers(), event)
+            if problem is not None and self.unauthenticated(msg, topic, problem):
+                return dead_letter(
+                    self.component, topic, msg, f"not authentic: {problem}", kind="UNAUTHENTICATED"
+                )
         except Exception as exc:
             self.dead_letters += 1
             reason = f"{type(exc).__name__}: {exc}"
@@ -514,6 +550,33 @@ class Stage:
             )
             return dead_letter(self.component, topic, msg, reason)
         return Record(topic, msg.partition() or 0, msg.offset() or 0, key, raw or b"", event)
+
+    def unauthenticated(self, msg: Message, topic: str, problem: str) -> bool:
+        """Count and log a record whose seal is missing or wrong.
+
+        Returns:
+            True when it is refused (``require_authenticated_records``, the
+            default); False when the setting is off and it is only reported.
+        """
+        refused = self.settings.require_authenticated_records
+        log.error(
+            "%s: UNAUTHENTICATED record at %s:%s:%s %s: %s",
+            self.component,
+            topic,
+            msg.partition(),
+            msg.offset(),
+            "refused" if refused else "accepted (LEDGER_REQUIRE_AUTHENTICATED_RECORDS=false)",
+            problem,
+        )
+        if not refused:
+            return False
+        self.forgeries_refused += 1
+        return True
+
+    def writer(self) -> Writer:
+        """A writer into the open transaction that seals with this stage's keys."""
+        assert self.producer is not None
+        return Writer(self.producer, self.settings, self.sealer)
 
     def _process(self, msgs: list[Message]) -> None:
         assert self.producer is not None and self.consumer is not None
@@ -531,7 +594,7 @@ class Stage:
                 dead.append(item)
         self.before_transaction(records)
         self.producer.begin_transaction()
-        out = Writer(self.producer, self.settings)
+        out = self.writer()
         for key, event in dead:
             out.write("operating-events", key, event)
         self.handle(records, out)
@@ -883,6 +946,8 @@ def read_partition(
     timeout_s: float = 60.0,
     *,
     decode: bool = True,
+    keyring: Keyring | None = None,
+    on_refused: Callable[[Message, str], None] | None = None,
 ) -> int:
     """Read partitions of a ledger topic from the beginning to their end.
 
@@ -899,6 +964,10 @@ def read_partition(
         timeout_s: give up after this many seconds.
         decode: ``False`` passes ``None`` for every record, leaving the
             decoding (of only the values it keeps) to ``handle``.
+        keyring: when given, a record whose seal is missing or wrong is not
+            passed to ``handle`` (unless ``require_authenticated_records`` is
+            off) but to ``on_refused`` with the reason.
+        on_refused: see ``keyring``.
 
     Returns:
         The number of records read.
@@ -961,7 +1030,20 @@ def read_partition(
                 p = msg.partition() or 0
                 if p in done:
                     continue
-                handle(decode_record(topic, msg) if decode else None, msg)
+                rec = decode_record(topic, msg) if decode else None
+                if keyring is not None and settings.require_authenticated_records:
+                    problem = keyring.check(
+                        topic,
+                        msg.key() or b"",
+                        msg.value(),
+                        msg.headers(),
+                        rec.event if rec else None,
+                    )
+                    if problem is not None:
+                        if on_refused is not None:
+                            on_refused(msg, problem)
+                        continue
+                handle(rec, msg)
                 count += 1
             for tp in consumer.position([TopicPartition(full, p) for p in ends if p not in done]):
                 if tp.offset >= ends[tp.partition]:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.stage import Record, await_settled, decode_record, key_text, oversized
+from ledger.authn import Keyring
 from ledger.errors import LedgerError
 from ledger.events import decode_event
 from ledger.kafka import consumer_config
@@ -36,9 +37,14 @@ class TableFollower:
         topic: short topic name.
         apply: called with each decodable record (tombstones and undecodable
             values are passed as ``None`` with the key).
-        on_bad: called once per follow with each value that does not decode
-            (the message and the reason), so the stage can record an
-            operating event; such a value is otherwise treated as absent.
+        on_bad: called once per follow with each record that is refused (the
+            message, the reason and the kind: ``BAD_INPUT`` for a value that
+            does not decode, ``UNAUTHENTICATED`` for a record, tombstones
+            included, whose seal is missing or wrong), so the stage can
+            record an operating event; such a record is otherwise treated as
+            absent (never applied).
+        keyring: checks each record's seal (:mod:`ledger.authn`); ``None``
+            applies records unchecked (tools that read for display).
     """
 
     def __init__(
@@ -46,13 +52,17 @@ class TableFollower:
         settings: LedgerSettings,
         topic: str,
         apply: Callable[[str, Record | None], None],
-        on_bad: Callable[[Message, str], None] | None = None,
+        on_bad: Callable[[Message, str, str], None] | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.settings = settings
         self.topic = topic
         self.full = settings.topic(topic)
         self.apply = apply
         self.on_bad = on_bad
+        self.keyring = keyring
+        #: records refused because their seal was missing or wrong (since start).
+        self.unauthenticated = 0
         #: (partition, offset) of undecodable values already reported since follow().
         self._reported: set[tuple[int, int]] = set()
         self.partitions: set[int] = set()
@@ -168,8 +178,31 @@ class TableFollower:
                 rec = None if oversized(msg) else decode_record(self.topic, msg)
                 if rec is None and msg.value() is not None:
                     self._bad(msg)
+                elif self.keyring is not None and not self._authentic(msg, rec):
+                    continue
                 self.apply(key, rec)
                 count += 1
+
+    def _authentic(self, msg: Message, rec: Record | None) -> bool:
+        """Check a record's seal; report (once per follow) and refuse one that fails."""
+        assert self.keyring is not None
+        problem = self.keyring.check(
+            self.topic, msg.key() or b"", msg.value(), msg.headers(), rec.event if rec else None
+        )
+        if problem is None:
+            return True
+        if not self.settings.require_authenticated_records:
+            return True
+        where = (msg.partition() or 0, msg.offset() or 0)
+        if where in self._reported:
+            return False
+        self._reported.add(where)
+        self.unauthenticated += 1
+        what = "tombstone" if msg.value() is None else "record"
+        log.error("%s[%d]@%d: UNAUTHENTICATED %s refused: %s", self.full, *where, what, problem)
+        if self.on_bad is not None:
+            self.on_bad(msg, f"not authentic ({what}): {problem}", "UNAUTHENTICATED")
+        return False
 
     def _bad(self, msg: Message) -> None:
         """Report a value that does not decode (once per follow)."""
@@ -188,7 +221,7 @@ class TableFollower:
                 reason = f"{type(exc).__name__}: {exc}"
         log.warning("%s[%d]@%d: value does not decode: %s", self.full, *where, reason)
         if self.on_bad is not None:
-            self.on_bad(msg, reason)
+            self.on_bad(msg, reason, "BAD_INPUT")
 
     def _end(self, partition: int, deadline: float) -> int:
         """Last stable offset of a partition, retried while the broker settles.

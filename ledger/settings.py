@@ -61,6 +61,14 @@ class LedgerSettings(BaseSettings):
             approvals (default ``run_dir/trusted_keys.json``).
         require_signed_approvals: refuse approvals without a valid signature
             by a trusted key (default true).
+        keys_dir: folder of the deployment key (the stages' shared MAC key)
+            and the authority kernel's key pair (default ``run_dir/keys``;
+            see :mod:`ledger.credentials`).
+        require_authenticated_records: readers refuse records whose seal
+            (the ``ledger-auth`` header) is missing or wrong, with an
+            ``UNAUTHENTICATED`` operating event (default true). Set it false
+            only to read a ledger written before records were sealed: the
+            auditor still reports every unauthenticated record.
         kafka_debug: librdkafka ``debug`` contexts for every client (e.g.
             ``eos,cgrp``); empty for none. Client logs go to the
             ``ledger.kafka.client`` logger.
@@ -86,6 +94,8 @@ class LedgerSettings(BaseSettings):
     sinks_file: Path | None = None
     trusted_keys_file: Path | None = None
     require_signed_approvals: bool = True
+    keys_dir: Path | None = None
+    require_authenticated_records: bool = True
     kafka_debug: str = ""
 
     @model_validator(mode="after")

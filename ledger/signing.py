@@ -10,7 +10,9 @@ base64 raw public key).
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,8 +94,12 @@ class ReviewerKey:
         return unsigned.model_copy(update={"signature": self.private.sign(signed_body(unsigned))})
 
 
-def load_trusted(path: Path) -> dict[str, Ed25519PublicKey]:
-    """Read trusted reviewer keys (``{key_id: base64 raw public key}``); empty if absent.
+def load_trusted_roles(path: Path) -> dict[str, tuple[str, Ed25519PublicKey]]:
+    """Read every trusted key with its role; empty if the file is absent.
+
+    The file maps key IDs to either a base64 raw public key (a reviewer, the
+    format of earlier releases) or ``{"role": ..., "public_key": ...}`` with
+    role ``reviewer`` or ``operator``.
 
     Raises:
         LocalFileError: the file is not such a JSON object.
@@ -102,24 +108,64 @@ def load_trusted(path: Path) -> dict[str, Ed25519PublicKey]:
         return {}
     try:
         raw = json.loads(path.read_text())
-        return {
-            str(key_id): Ed25519PublicKey.from_public_bytes(base64.b64decode(value, validate=True))
-            for key_id, value in raw.items()
-        }
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        found: dict[str, tuple[str, Ed25519PublicKey]] = {}
+        for key_id, value in raw.items():
+            role, b64 = (
+                ("reviewer", value)
+                if isinstance(value, str)
+                else (
+                    str(value["role"]),
+                    value["public_key"],
+                )
+            )
+            if role not in ("reviewer", "operator"):
+                raise ValueError(f"key {key_id!r} has unknown role {role!r}")
+            found[str(key_id)] = (
+                role,
+                Ed25519PublicKey.from_public_bytes(base64.b64decode(b64, validate=True)),
+            )
+        return found
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
         raise LocalFileError(
             f"the trusted-keys file {path} is unreadable ({type(exc).__name__}: {exc}); "
-            "restore it, or remove it and add the reviewers again with `ledger reviewer add`",
+            "restore it, or remove it and add the reviewers and operators again with "
+            "`ledger reviewer add` and `ledger operator add`",
             observed=str(exc),
         ) from exc
 
 
-def trust(path: Path, key: ReviewerKey) -> None:
-    """Add a reviewer key to a trusted-keys file."""
-    raw = json.loads(path.read_text()) if path.exists() else {}
-    raw[key.key_id] = key.public_b64()
+def load_trusted(path: Path, role: str = "reviewer") -> dict[str, Ed25519PublicKey]:
+    """Read the trusted keys of one role (``{key_id: public key}``); empty if absent.
+
+    Raises:
+        LocalFileError: the file is not a trusted-keys file (see
+            :func:`load_trusted_roles`).
+    """
+    return {k: public for k, (r, public) in load_trusted_roles(path).items() if r == role}
+
+
+def trust(path: Path, key: ReviewerKey, role: str = "reviewer") -> None:
+    """Add a key to a trusted-keys file under ``role`` (``reviewer`` or ``operator``).
+
+    The file is replaced atomically under an exclusive lock, so concurrent
+    additions do not lose each other.
+
+    Raises:
+        LocalFileError: the existing file is unreadable.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(raw, indent=2))
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        load_trusted_roles(path)  # refuse to overwrite a corrupted file
+        raw = json.loads(path.read_text()) if path.exists() else {}
+        raw[key.key_id] = (
+            key.public_b64()
+            if role == "reviewer"
+            else {"role": role, "public_key": key.public_b64()}
+        )
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(raw, indent=2))
+        os.replace(tmp, path)
 
 
 def verify(approval: Approval, trusted: dict[str, Ed25519PublicKey]) -> str | None:

@@ -35,6 +35,12 @@ class TopicSpec:
             writer role: compaction keeps only the latest record of a key, so
             a second writer's record would erase the first's evidence
             (DESIGN.md "Kafka layout"; a test holds every entry to it).
+        auth: the key roles whose seal a reader accepts on this topic's
+            records (:mod:`ledger.authn`): ``stage`` (the deployment MAC),
+            ``authority`` (the kernel's signature), ``operator`` or
+            ``reviewer`` (a person's signature); empty for ``intents``,
+            which services publish unsealed (the approval is what carries
+            authority, DESIGN.md "Trust boundary").
     """
 
     name: str
@@ -46,6 +52,7 @@ class TopicSpec:
     writers: str = ""
     roles: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
+    auth: tuple[str, ...] = ("stage",)
 
 
 TOPICS: tuple[TopicSpec, ...] = (
@@ -55,6 +62,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="services (LedgerPublisher)",
         roles=("services",),
+        auth=(),
     ),
     TopicSpec(
         "approvals",
@@ -63,6 +71,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         writers="review systems (grants, revocations)",
         roles=("review systems",),
         tables=("authority kernel",),
+        auth=("reviewer", "operator"),
     ),
     TopicSpec(
         "approval-uses",
@@ -71,6 +80,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         writers="authority kernel only",
         roles=("authority kernel",),
         tables=("authority kernel",),
+        auth=("authority",),
     ),
     TopicSpec(
         "admission-requests",
@@ -87,6 +97,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="authority kernel",
         roles=("authority kernel",),
+        auth=("authority",),
     ),
     TopicSpec(
         "dispatches",
@@ -117,6 +128,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="operators (ledger reconcile dispose)",
         roles=("operators",),
+        auth=("operator",),
     ),
     TopicSpec(
         "state",
@@ -156,6 +168,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         writers="policy administrators (ledger policy set)",
         roles=("policy administrators",),
         tables=("authority kernel",),
+        auth=("operator",),
     ),
 )
 

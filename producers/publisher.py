@@ -20,6 +20,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from ledger.authn import seal_headers
+from ledger.credentials import Credentials
 from ledger.errors import InputBoundsError, LedgerError
 from ledger.events import (
     Approval,
@@ -140,8 +142,19 @@ class LedgerPublisher:
         ...             approval_id="review-1842")
     """
 
-    def __init__(self, settings: LedgerSettings, client_id: str = "intent-publisher") -> None:
+    def __init__(
+        self,
+        settings: LedgerSettings,
+        client_id: str = "intent-publisher",
+        *,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.settings = settings
+        #: the keys records are sealed with (:class:`ledger.credentials.Credentials`):
+        #: intents are not sealed; a policy change, disposition or approval is
+        #: signed by the person it names; claims, readbacks and operating
+        #: events by the deployment key.
+        self.credentials = credentials or Credentials(settings)
         #: (short topic, partition, offset) of the last record published.
         self.last_position: tuple[str, int, int] | None = None
         self.producer = Producer(
@@ -157,11 +170,14 @@ class LedgerPublisher:
                 expected=f"at most {MAX_INPUT_BYTES} bytes",
                 observed=len(value),
             )
+        raw_key = key.encode("utf-8")
+        sealer = self.credentials.sealer_for(topic, event)
         delivered: list[tuple[KafkaError | None, Message]] = []
         self.producer.produce(
             self.settings.topic(topic),
-            key=key.encode("utf-8"),
+            key=raw_key,
             value=value,
+            headers=seal_headers(sealer, topic, raw_key, value),
             on_delivery=lambda err, msg: delivered.append((err, msg)),
         )
         deadline = time.monotonic() + timeout_s

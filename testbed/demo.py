@@ -118,6 +118,7 @@ class Case:
         self.reviewer = ReviewerKey.generate("reviewer-1")
         trust(self.settings.trusted_keys_path(), self.reviewer)
         self.publisher = LedgerPublisher(self.settings, client_id=f"demo-{name}")
+        self.publisher.credentials.add(self.reviewer)
         self.tail: JournalTail | None = None
 
     def __enter__(self) -> Case:

@@ -33,7 +33,9 @@ from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed import broker
+from testbed.forge import forge
 from testbed.harness import Harness, run_dir_for, stale_dispatch
+from testbed.people import can_sign
 from testbed.scenario import (
     TOTALS,
     Advance,
@@ -42,6 +44,7 @@ from testbed.scenario import (
     ClaimStep,
     Dispose,
     Fault,
+    Forge,
     IntentStep,
     Policy,
     Race,
@@ -56,7 +59,7 @@ from testbed.scenario import (
 Say = Callable[[str], None]
 
 #: Steps before which the runner waits for quiescence.
-SETTLE_FIRST = {"claim", "race", "stale_dispatch", "dispose", "compact", "audit"}
+SETTLE_FIRST = {"claim", "race", "stale_dispatch", "dispose", "compact", "audit", "forge"}
 
 
 class GameDay:
@@ -91,6 +94,7 @@ class GameDay:
         self.approvals: dict[str, Approval] = {}
         self.claims: list[dict[str, Any]] = []
         self.audit_violations: int | None = None
+        self.audit_unauthenticated: int | None = None
         self.audit_details: list[str] = []
         self.started = False
 
@@ -101,6 +105,7 @@ class GameDay:
         if key is None:
             key = ReviewerKey.generate(f"{name}-key")
             trust(self.settings.trusted_keys_path(), key)
+            self.publisher.credentials.add(key)
             self.reviewers[name] = key
         return key
 
@@ -185,11 +190,13 @@ class GameDay:
         grant = self.approvals.get(r.approval_id)
         if grant is None:
             raise LedgerError(f"revoke: approval {r.approval_id!r} was not approved earlier")
+        can_sign(self.publisher, self.settings, r.by)
         self.publisher.publish_approval(
             grant.model_copy(update={"status": "REVOKED", "revoked_by": r.by})
         )
 
     def _step_policy(self, p: Policy) -> None:
+        can_sign(self.publisher, self.settings, "gameday")
         self.publisher.publish_policy(p.version, "gameday", self.harness.clock.now_ms())
 
     def _step_intent(self, i: IntentStep) -> None:
@@ -254,6 +261,7 @@ class GameDay:
         self.say(f"    stale dispatch by {s.worker} with token {token}: {result.status}")
 
     def _step_dispose(self, d: Dispose) -> None:
+        can_sign(self.publisher, self.settings, d.by)
         self.publisher.publish_disposition(
             Disposition(
                 disposition_id=f"disposition:{d.by}:{uuid.uuid4().hex[:8]}",
@@ -263,6 +271,21 @@ class GameDay:
                 evidence=d.evidence,
                 disposed_at_ms=self.harness.clock.now_ms(),
             )
+        )
+
+    def _step_forge(self, f: Forge) -> None:
+        forged = forge(
+            self.settings,
+            f.record,
+            operation_id=f.operation_id,
+            approval_id=f.approval_id,
+            topic=f.topic,
+            fields=f.fields,
+            now_ms=self.harness.clock.now_ms(),
+        )
+        self.say(
+            f"    forged {forged.record} on {forged.topic}:{forged.partition}:{forged.offset} "
+            f"(key {forged.key})"
         )
 
     def _step_broker_restart(self, _: object) -> None:
@@ -280,10 +303,14 @@ class GameDay:
     def _step_audit(self, _: object) -> None:
         report = run_audit(self.settings)
         self.audit_violations = len(report.violations)
+        self.audit_unauthenticated = len(report.unauthenticated_records)
         self.audit_details = [
             f"{v.invariant} {v.operation_id or ''}: {v.evidence}" for v in report.violations
         ]
-        self.say(f"    audit: {self.audit_violations} violation(s)")
+        self.say(
+            f"    audit: {self.audit_violations} violation(s), "
+            f"{self.audit_unauthenticated} unauthenticated record(s)"
+        )
         for line in self.audit_details:
             self.say(f"      {line}")
 
@@ -307,6 +334,21 @@ class GameDay:
         ]
         ops = sorted(set(states) | set(self.scenario.expect.operations) | set(effects))
         operations = {}
+        # Several readers may refuse one record (each rebuild of a table reports
+        # it again): an operating event counts once per (kind, source position).
+        distinct: dict[tuple[str, str | None, int | None, int | None, str | None], Any] = {}
+        for e in operating:
+            where = (e.kind, e.source_topic, e.source_partition, e.source_offset, e.operation_id)
+            distinct.setdefault(
+                where if e.source_topic else (e.event_id, None, None, None, None), e
+            )
+        by_op: dict[str, dict[str, int]] = {}
+        by_kind: dict[str, int] = {}
+        for e in distinct.values():
+            by_kind[e.kind] = by_kind.get(e.kind, 0) + 1
+            if e.operation_id:
+                kinds = by_op.setdefault(e.operation_id, {})
+                kinds[e.kind] = kinds.get(e.kind, 0) + 1
         for op in ops:
             st = states.get(op)
             operations[op] = {
@@ -314,6 +356,7 @@ class GameDay:
                 "effects": effects.get(op, 0),
                 "reason": st.reason if st else "",
                 "recovery_receipts": st.recovery_receipts if st else 0,
+                "operating_events": by_op.get(op, {}),
             }
         totals = {
             "duplicate_effects": sum(max(0, n - 1) for n in effects.values()),
@@ -329,12 +372,18 @@ class GameDay:
                 1 for e in operating if e.kind == "POSTCONDITION_MISMATCH"
             ),
             "operating_events": len(operating),
+            "forgeries_refused": by_kind.get("UNAUTHENTICATED", 0),
+            "operating_events_by_kind": by_kind,
         }
         return {
             "operations": operations,
             "claims": list(self.claims),
             "totals": totals,
-            "audit": {"violations": self.audit_violations, "details": self.audit_details},
+            "audit": {
+                "violations": self.audit_violations,
+                "unauthenticated_records": self.audit_unauthenticated,
+                "details": self.audit_details,
+            },
         }
 
     def run(self) -> dict[str, Any]:
@@ -342,6 +391,7 @@ class GameDay:
         started = time.monotonic()
         try:
             if self.scenario.policy_version != 1:
+                can_sign(self.publisher, self.settings, "gameday")
                 self.publisher.publish_policy(self.scenario.policy_version, "gameday", 0)
             for name, spec in self.scenario.sinks.items():
                 self.harness.start_sink(
@@ -393,7 +443,9 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
             fail(f"{base}.state", want.state, got.get("state"))
         if want.effects is not None and not _matches(want.effects, got.get("effects")):
             fail(f"{base}.effects", _show(want.effects), got.get("effects"))
-        if want.reason_contains and want.reason_contains not in (got.get("reason") or ""):
+        if want.reason_contains and (
+            want.reason_contains.lower() not in (got.get("reason") or "").lower()
+        ):
             fail(f"{base}.reason_contains", want.reason_contains, got.get("reason"))
         if want.recovery_receipts_min is not None and (
             got.get("recovery_receipts", 0) < want.recovery_receipts_min
@@ -403,6 +455,10 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
                 want.recovery_receipts_min,
                 got.get("recovery_receipts"),
             )
+        for kind, want_n in (want.operating_events or {}).items():
+            got_n = got.get("operating_events", {}).get(kind, 0)
+            if not _matches(want_n, got_n):
+                fail(f"{base}.operating_events.{kind}", _show(want_n), got_n)
     if exp.claims is not None:
         want_claims = [c.model_dump() for c in exp.claims]
         if want_claims != observed["claims"]:
@@ -411,10 +467,16 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
         want_total = getattr(exp.totals, name)
         if want_total is not None and not _matches(want_total, observed["totals"].get(name)):
             fail(f"totals.{name}", _show(want_total), observed["totals"].get(name))
-    if exp.audit is not None and not _matches(
-        exp.audit.violations, observed["audit"]["violations"]
-    ):
-        fail("audit.violations", _show(exp.audit.violations), observed["audit"]["violations"])
+    for kind, want_n in (exp.totals.operating_events_by_kind or {}).items():
+        got_n = observed["totals"].get("operating_events_by_kind", {}).get(kind, 0)
+        if not _matches(want_n, got_n):
+            fail(f"totals.operating_events_by_kind.{kind}", _show(want_n), got_n)
+    if exp.audit is not None:
+        for name in ("violations", "unauthenticated_records"):
+            want_audit = getattr(exp.audit, name)
+            got_audit = observed["audit"].get(name)
+            if want_audit is not None and not _matches(want_audit, got_audit):
+                fail(f"audit.{name}", _show(want_audit), got_audit)
     return failures
 
 

@@ -141,6 +141,39 @@ class Dispose(_Strict):
     evidence: str
 
 
+class Forge(_Strict):
+    """An attacker without a trusted key publishes the record that serves them best."""
+
+    record: Literal[
+        "approval_use",
+        "admission",
+        "dispatch",
+        "readback",
+        "disposition",
+        "revocation",
+        "policy",
+        "state",
+        "tombstone",
+    ]
+    topic: str | None = None
+    operation_id: str | None = None
+    approval_id: str | None = None
+    fields: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _targets(self) -> Forge:
+        if self.record == "tombstone" and not self.topic:
+            raise ValueError("a forged tombstone needs 'topic' (a topic's short name)")
+        if self.record != "tombstone" and self.topic is not None:
+            raise ValueError("'topic' is only for a forged tombstone")
+        needs_op = {"approval_use", "admission", "dispatch", "readback", "disposition", "state"}
+        if self.record in needs_op and not self.operation_id:
+            raise ValueError(f"a forged {self.record} needs 'operation_id'")
+        if self.record == "revocation" and not self.approval_id:
+            raise ValueError("a forged revocation needs 'approval_id'")
+        return self
+
+
 class Empty(_Strict):
     """A step with no fields."""
 
@@ -159,6 +192,7 @@ STEP_TYPES: dict[str, type[BaseModel]] = {
     "race": Race,
     "stale_dispatch": StaleDispatch,
     "dispose": Dispose,
+    "forge": Forge,
     "broker_restart": Empty,
     "compact": Empty,
     "audit": Empty,
@@ -202,6 +236,7 @@ class OpExpect(_Strict):
     effects: Expected | None = None
     reason_contains: str | None = None
     recovery_receipts_min: int | None = None
+    operating_events: dict[str, Expected] | None = None
 
 
 class ClaimExpect(_Strict):
@@ -221,6 +256,7 @@ TOTALS = (
     "drift_rejections",
     "postcondition_mismatches",
     "operating_events",
+    "forgeries_refused",
 )
 
 
@@ -236,12 +272,15 @@ class Totals(_Strict):
     drift_rejections: Expected | None = None
     postcondition_mismatches: Expected | None = None
     operating_events: Expected | None = None
+    forgeries_refused: Expected | None = None
+    operating_events_by_kind: dict[str, Expected] | None = None
 
 
 class AuditExpect(_Strict):
     """Expected auditor result."""
 
-    violations: Expected
+    violations: Expected | None = None
+    unauthenticated_records: Expected | None = None
 
 
 class Expect(_Strict):
@@ -266,6 +305,7 @@ class Scenario(BaseModel):
 
     name: str
     description: str = ""
+    format: Literal[1, 2] = 1
     mode: Literal["ledger", "checkpoint-only"] = "ledger"
     sinks: dict[str, SinkSpec] = Field(default_factory=dict)
     policy_version: int = 1

@@ -130,3 +130,20 @@ def readback(
 
 def claim(op: str, worker: str, version: int) -> Claim:
     return Claim(claim_id=f"c-{worker}", operation_id=op, worker=worker, expected_version=version)
+
+
+def stage_seal(settings: Any, topic: str, key: str, value: bytes | None) -> list[Any]:
+    """Headers sealing a hand-made record as a stage would (the deployment key).
+
+    Tests that write internal records by hand (an insider's corruption, a
+    takeover's open transaction) seal them so readers accept them; records
+    left unsealed are refused as UNAUTHENTICATED.
+    """
+    from ledger.authn import seal_headers
+    from ledger.credentials import deployment_key, stage_sealer
+
+    deployment_key(settings)
+    sealer = stage_sealer(
+        settings, "authority" if topic in ("admissions", "approval-uses") else "test"
+    )
+    return seal_headers(sealer(topic), topic, key.encode(), value) or []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ledger.events import (
+    ApprovalUse,
     Dispatch,
     Disposition,
     EffectReceipt,
@@ -27,6 +28,35 @@ from ledger.fold import Decision, replay_decisions
 
 #: One replayed journal entry: ``(entry, input event, state before, decision)``.
 Step = tuple[JournalEntry, Event, OperationState | None, Decision]
+
+#: A record's position: ``(short topic, partition, offset)``.
+Position = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What the auditor found about who wrote the ledger's records.
+
+    Gathered by the auditor from every audited topic (seals checked with
+    :meth:`ledger.authn.Keyring.check`); pure data here.
+
+    Attributes:
+        unauthenticated: position -> why the record is not authentic (no
+            trusted writer produced it), for every record read.
+        undecodable: position -> why the record does not decode.
+        uses: approval ID -> the authority kernel's signed use of it (the
+            latest authentic record of ``approval-uses``).
+        grants: approval ID -> ``None`` when its latest authentic
+            ``approvals`` record carries a grant signed by a trusted reviewer,
+            else the reason it does not.
+        records: records read and checked.
+    """
+
+    unauthenticated: Mapping[Position, str]
+    undecodable: Mapping[Position, str]
+    uses: Mapping[str, ApprovalUse]
+    grants: Mapping[str, str | None]
+    records: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +84,10 @@ class AuditInput:
         effect_evidence: operations with a committed effect receipt, a
             committed effect readback or a ``COMMITTED`` disposition.
         postconditions: operations with a ``MATCH`` postcondition readback.
+        unreadable: journal entries whose recorded input does not decode,
+            with the reason (left out of the replay).
+        provenance: who wrote the records (``None``: authenticity was not
+            checked, e.g. pure tests).
     """
 
     journal: tuple[JournalEntry, ...]
@@ -69,6 +103,8 @@ class AuditInput:
     effect_ids: Mapping[str, frozenset[str]]
     effect_evidence: frozenset[str]
     postconditions: frozenset[str]
+    unreadable: tuple[tuple[JournalEntry, str], ...] = ()
+    provenance: Provenance | None = None
 
 
 def gather(
@@ -77,6 +113,7 @@ def gather(
     dispatches: Mapping[str, Dispatch],
     recovery_receipts: Mapping[str, RecoveryReceipt],
     sink_effects: Mapping[str, int] | None = None,
+    provenance: Provenance | None = None,
 ) -> AuditInput:
     """Replay the journal once and gather the facts the invariants read.
 
@@ -87,12 +124,16 @@ def gather(
         recovery_receipts: latest recovery receipt per operation.
         sink_effects: effects each readback-capable sink holds per operation
             (``None`` when the sinks were not read).
+        provenance: who wrote the records (see :class:`Provenance`).
 
     Returns:
         The facts; see :class:`AuditInput`.
     """
     entries = tuple(journal)
-    replayed, steps = replay_decisions(entries)
+    unreadable: list[tuple[JournalEntry, str]] = []
+    replayed, steps = replay_decisions(
+        entries, lambda entry, exc: unreadable.append((entry, f"{type(exc).__name__}: {exc}"))
+    )
     generated_dispatches: dict[str, Dispatch] = {}
     generated_receipts: dict[str, list[RecoveryReceipt]] = defaultdict(list)
     effect_ids: dict[str, set[str]] = defaultdict(set)
@@ -140,4 +181,6 @@ def gather(
         effect_ids=MappingProxyType({op: frozenset(ids) for op, ids in effect_ids.items()}),
         effect_evidence=frozenset(effect_evidence),
         postconditions=frozenset(postconditions),
+        unreadable=tuple(unreadable),
+        provenance=provenance,
     )

@@ -69,6 +69,81 @@ def _ref(topic: str, partition: int, offset: int) -> str:
     return f"{topic}:{partition}:{offset}"
 
 
+@invariant("readable")
+def readable(facts: AuditInput, found: Findings) -> None:
+    """Every record the auditor read decodes, and every journal entry's input does.
+
+    A record that does not decode is reported with its position; the rest
+    of the ledger is still audited (the entry is left out of the replay).
+
+    Args:
+        facts: the gathered facts (``unreadable`` and ``provenance.undecodable``).
+        found: where violations are recorded.
+    """
+    found.check(len(facts.journal))
+    for entry, reason in facts.unreadable:
+        found.violation(
+            entry.operation_id,
+            f"journal entry {entry.seq} records an input at {entry.input_topic}:"
+            f"{entry.input_partition}:{entry.input_offset} that does not decode ({reason})",
+        )
+    if facts.provenance is None:
+        return
+    for (topic, partition, offset), reason in sorted(facts.provenance.undecodable.items()):
+        found.violation(None, f"record at {topic}:{partition}:{offset} does not decode ({reason})")
+
+
+@invariant("authenticity")
+def authenticity(facts: AuditInput, found: Findings) -> None:
+    """No decision rests on a record no trusted writer produced.
+
+    Unauthenticated records that nothing acted on are reported
+    (``unauthenticated_records``) but are not violations: readers refused
+    them. Violations are: a journal entry that applied an unauthenticated
+    input, and an admission without both a grant signed by a trusted
+    reviewer and the authority kernel's signed use of that approval for that
+    operation (DESIGN.md "Trust boundary").
+
+    Args:
+        facts: the gathered facts (``steps`` and ``provenance``).
+        found: where violations are recorded.
+    """
+    prov = facts.provenance
+    if prov is None:
+        return
+    found.check(prov.records)
+    for entry, event, _before, decision in facts.steps:
+        where = (entry.input_topic, entry.input_partition, entry.input_offset)
+        reason = prov.unauthenticated.get(where)
+        if reason is not None and decision.outcome == "APPLIED":
+            found.violation(
+                entry.operation_id,
+                f"journal entry {entry.seq} applied an unauthenticated {entry.kind} at "
+                f"{where[0]}:{where[1]}:{where[2]} ({reason})",
+            )
+        if (
+            isinstance(event, AdmissionDecision)
+            and event.admitted
+            and decision.outcome == "APPLIED"
+        ):
+            found.check()
+            approval = event.approval_id
+            use = prov.uses.get(approval)
+            if use is None or use.operation_id != entry.operation_id:
+                found.violation(
+                    entry.operation_id,
+                    f"admitted with approval {approval} at {where[0]}:{where[1]}:{where[2]}, "
+                    "but no use of it for this operation signed by the authority kernel "
+                    + ("exists" if use is None else f"(its use names {use.operation_id})"),
+                )
+            grant = prov.grants.get(approval, "no grant of it is in ledger.approvals")
+            if grant is not None:
+                found.violation(
+                    entry.operation_id,
+                    f"admitted with approval {approval}, whose grant is not authentic: {grant}",
+                )
+
+
 @invariant("state")
 def state(facts: AuditInput, found: Findings) -> None:
     """Replaying the journal reproduces ``ledger.state``, and the journal agrees.

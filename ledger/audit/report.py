@@ -69,12 +69,19 @@ class AuditReport:
             grouped by invariant in the order the invariants run.
         checked: invariant name -> number of facts checked (an invariant
             that had nothing to check is absent).
+        unauthenticated_records: every record on the ledger's topics that no
+            trusted writer produced (``{"topic", "partition", "offset",
+            "reason"}``), in position order; readers refused them, and a
+            decision resting on one is a violation (``authenticity``).
+        authenticity_checked: whether seals were checked at all.
     """
 
     operations: int = 0
     journal_entries: int = 0
     violations: list[Violation] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    unauthenticated_records: list[dict[str, Any]] = field(default_factory=list)
+    authenticity_checked: bool = False
 
     def add(self, invariant: str, operation_id: str | None, evidence: str) -> None:
         """Record a violation.
@@ -103,11 +110,14 @@ class AuditReport:
         Returns:
             ``{"operations": int, "journal_entries": int, "checked": {invariant:
             facts checked}, "violations": [{"invariant": str, "operation_id":
-            str | None, "evidence": str}]}``, violations in the order found.
+            str | None, "evidence": str}], "unauthenticated_records": [...],
+            "authenticity_checked": bool}``, violations in the order found.
         """
         return {
             "operations": self.operations,
             "journal_entries": self.journal_entries,
+            "authenticity_checked": self.authenticity_checked,
+            "unauthenticated_records": list(self.unauthenticated_records),
             "checked": dict(self.checked),
             "violations": [
                 {"invariant": v.invariant, "operation_id": v.operation_id, "evidence": v.evidence}

@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 
 import click
 
-from ledger.cli import ops, stages, topics
+from ledger.cli import keys, ops, stages, topics
 from ledger.cli.common import LedgerGroup, current_settings
 from ledger.settings import ledger_home
 
@@ -60,6 +60,7 @@ COMMANDS: tuple[click.Command, ...] = (
     *stages.COMMANDS,
     topics.topics_group,
     *ops.COMMANDS,
+    *keys.COMMANDS,
 )
 
 

@@ -98,6 +98,12 @@ def audit_html(audit: Mapping[str, Any]) -> str:
         ("operations", _fmt(audit.get("operations"))),
         ("journal entries replayed", _fmt(audit.get("journal_entries"))),
         ("facts checked", str(facts)),
+        (
+            "unauthenticated records (refused)",
+            str(len(_list(audit.get("unauthenticated_records"))))
+            if audit.get("authenticity_checked")
+            else "seals not checked",
+        ),
     ]
     if compacted is not None:
         params.append(("compaction", "after compaction" if compacted else "before compaction"))

@@ -8,7 +8,6 @@ what it was, since the ledger decides asynchronously.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,42 +152,10 @@ def intent_publish(
 # ---------------------------------------------------------------------- authority
 
 
-@click.group("reviewer")
-def reviewer_group() -> None:
-    """Reviewer signing keys (Ed25519) the authority kernel trusts."""
-
-
-#: Reviewer names: they become file names under LEDGER_RUN_DIR/reviewers/.
-REVIEWER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
 def _reviewer_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if not REVIEWER_NAME.fullmatch(value):
-        raise click.BadParameter(
-            "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return value
+    from ledger.cli.keys import person_name
 
-
-@reviewer_group.command("add")
-@click.argument("name", callback=_reviewer_name)
-def reviewer_add(name: str) -> None:
-    """Create a signing key for reviewer NAME and trust it.
-
-    The private key goes to LEDGER_RUN_DIR/reviewers/NAME.key (mode 0600); its
-    public half is added to the trusted keys file the authority kernel reads
-    (LEDGER_TRUSTED_KEYS_FILE, default LEDGER_RUN_DIR/trusted_keys.json).
-    """
-    from ledger.signing import ReviewerKey, trust
-
-    settings = current_settings()
-    path = settings.run_dir / "reviewers" / f"{name}.key"
-    if path.exists():
-        raise click.ClickException(f"reviewer {name!r} already has a key at {path}")
-    key = ReviewerKey.generate(name)
-    key.save(path)
-    trust(settings.trusted_keys_path(), key)
-    click.echo(f"key for {name} written to {path}; trusted in {settings.trusted_keys_path()}")
+    return person_name(ctx, param, value)
 
 
 def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
@@ -269,7 +236,12 @@ def approve_cmd(
 
 @click.command("revoke")
 @click.argument("approval_id")
-@click.option("--by", required=True, help="Who revokes it (attributable).")
+@click.option(
+    "--by",
+    required=True,
+    help="Reviewer or operator who revokes it; signs with their key "
+    "(ledger reviewer add / ledger operator add).",
+)
 def revoke_cmd(approval_id: str, by: str) -> None:
     """Withdraw an approval; nothing new may be admitted with it."""
     from consumers.reader import latest_by_key, read_topic
@@ -297,7 +269,11 @@ def policy_group() -> None:
 
 @policy_group.command("set")
 @click.argument("version", type=int)
-@click.option("--by", required=True, help="Who changes it.")
+@click.option(
+    "--by",
+    required=True,
+    help="Operator who changes it; signs with their key (ledger operator add).",
+)
 def policy_set(version: int, by: str) -> None:
     """Publish VERSION as the policy in force."""
     from ledger.clock import clock_for
@@ -470,7 +446,11 @@ def reconcile_run() -> None:
     help="committed: the effect happened; absent: it did not (the same admitted operation "
     "is executed again); abandon: give the operation up.",
 )
-@click.option("--by", required=True, help="Who decides (attributable).")
+@click.option(
+    "--by",
+    required=True,
+    help="Operator who decides; signs with their key (ledger operator add).",
+)
 @click.option("--evidence", required=True, help="What the decision rests on.")
 @_WAIT
 def reconcile_dispose(
@@ -523,7 +503,9 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
     Exits 0 when there is no violation, 1 otherwise; each violation names the
-    operation and the evidence. With --html FILE the report is also written as
+    operation and the evidence. Every record's seal is checked too: records
+    no trusted writer produced are listed (they were refused; an admission
+    or effect resting on one is a violation). With --html FILE the report is also written as
     one self-contained HTML page (verdict, invariants checked, violations) and
     'wrote FILE' is said on stderr when --json keeps stdout for the JSON.
     """
@@ -541,6 +523,15 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
         )
         for v in report.violations:
             click.echo(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
+        unauthentic = report.unauthenticated_records
+        click.echo(
+            f"{len(unauthentic)} unauthenticated record(s), refused by every reader"
+            + (":" if unauthentic else "")
+        )
+        for r in unauthentic[:50]:
+            click.echo(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
+        if len(unauthentic) > 50:
+            click.echo(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
     if html_path is not None:
         from ledger.cli.html import audit_html
 
@@ -559,7 +550,6 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
 #: The operators' and auditors' commands, in the order ``ledger --help`` lists them.
 COMMANDS: tuple[click.Command, ...] = (
     intent_group,
-    reviewer_group,
     approve_cmd,
     revoke_cmd,
     policy_group,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ledger.events import Event, JournalEntry, OperationState, decode_event
 from ledger.fold.apply import decide
@@ -72,6 +72,7 @@ def ref_of(topic: str, partition: int, offset: int) -> str:
 
 def replay_decisions(
     entries: Iterable[JournalEntry],
+    on_unreadable: Callable[[JournalEntry, Exception], None] | None = None,
 ) -> tuple[
     dict[str, OperationState], list[tuple[JournalEntry, Event, OperationState | None, Decision]]
 ]:
@@ -79,6 +80,9 @@ def replay_decisions(
 
     Args:
         entries: journal entries in journal order (per operation).
+        on_unreadable: when given, an entry whose input bytes do not decode
+            is passed to it with the error and skipped (the auditor reports
+            it and goes on); when ``None`` the error is raised.
 
     Returns:
         ``(states, steps)``: the state of every operation, and one step per
@@ -86,13 +90,19 @@ def replay_decisions(
         order.
 
     Raises:
-        DecodeError: an entry's input bytes do not decode.
-        UnknownSchemaError: an input was written with an unknown schema.
+        DecodeError: an entry's input bytes do not decode (no ``on_unreadable``).
+        UnknownSchemaError: an input was written with an unknown schema (idem).
     """
     states: dict[str, OperationState] = {}
     steps: list[tuple[JournalEntry, Event, OperationState | None, Decision]] = []
     for entry in entries:
-        event = decode_event(entry.input_event)
+        try:
+            event = decode_event(entry.input_event)
+        except Exception as exc:
+            if on_unreadable is None:
+                raise
+            on_unreadable(entry, exc)
+            continue
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         before = states.get(entry.operation_id)
         decision = decide(before, event, ref)

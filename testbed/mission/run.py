@@ -57,6 +57,7 @@ from testbed import broker, faults
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.mission.plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
 from testbed.mission.report import JournalRow, MissionFacts, build
+from testbed.people import can_sign
 from testbed.sinks.admin import ReferenceSinkClient
 from testbed.sinks.store import FaultMode
 
@@ -192,6 +193,8 @@ class Mission:
     def _start(self) -> None:
         trust(self.settings.trusted_keys_path(), self.reviewer)
         trust(self.settings.trusted_keys_path(), self.engine)
+        self.publisher.credentials.add(self.reviewer)
+        self.publisher.credentials.add(self.engine)
         for sink, contract in MISSION_SINKS.items():
             self.harness.start_sink(sink, contract, hang_s=1.0)
             self._sinks[sink] = self.harness.sinks[sink].client()
@@ -414,6 +417,7 @@ class Mission:
         n, total = self.started_cases, self.options.cases
         if self.policy_changed_at is None and n >= total // 2:
             self.policy_version = 2
+            can_sign(self.publisher, self.settings, "mission")
             self.publisher.publish_policy(2, "mission", self.harness.clock.now_ms())
             self.policy_changed_at = n
             self.say(f"policy version 2 in force after {n} cases")

@@ -15,14 +15,20 @@ from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from tests.helpers import stage_seal
 from tests.integration.test_stages import approve, publish
 
 pytestmark = pytest.mark.integration
 
 
-def _raw(settings: LedgerSettings, topic: str, key: str, value: bytes | None) -> None:
+def _raw(
+    settings: LedgerSettings, topic: str, key: str, value: bytes | None, *, sealed: bool = True
+) -> None:
+    """Write a hand-made record: sealed with the stages' deployment key (an insider who
+    holds it, whom only consistency can catch) or, with ``sealed=False``, as an outsider."""
     producer = Producer(client_config(settings, partitioner="murmur2_random"))
-    producer.produce(settings.topic(topic), key=key.encode(), value=value)
+    headers = stage_seal(settings, topic, key, value) if sealed else None
+    producer.produce(settings.topic(topic), key=key.encode(), value=value, headers=headers)
     assert producer.flush(10) == 0
 
 
@@ -99,6 +105,26 @@ def test_audit_is_clean_then_catches_corruption(ledger_settings: LedgerSettings)
         assert ("admission", "refund:forged:v1") in found
         assert ("recovery-receipt", "refund:resumed:v1") in found
         assert all(v.evidence for v in corrupted.violations)
+        assert corrupted.unauthenticated_records == []
+
+        # 4. An outsider (no key) writes the same kind of dispatch: the audit lists
+        #    it as unauthenticated, and no invariant rests on it.
+        outsider = Dispatch(
+            dispatch_id="refund:outsider:v1#1.1",
+            operation_id="refund:outsider:v1",
+            kind="EXECUTE",
+            sink="payments",
+            action="refund",
+            params_json="{}",
+            parameter_digest="0" * 64,
+            fencing_token=1,
+            state_version=1,
+        )
+        _raw(settings, "dispatches", "refund:outsider:v1", outsider.to_bytes(), sealed=False)
+        again = run_audit(settings, read_sinks=False)
+        listed = [(r["topic"], r["reason"]) for r in again.unauthenticated_records]
+        assert listed == [("dispatches", "no ledger-auth header")]
+        assert not [v for v in again.violations if v.operation_id == "refund:outsider:v1"]
     finally:
         pub.close()
         harness.stop()

@@ -23,6 +23,7 @@ from ledger.events import AdmissionDecision, AdmissionRequest, OperatingEvent
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from producers.publisher import LedgerPublisher
+from tests.helpers import stage_seal
 from tests.integration.test_stages import approve
 
 pytestmark = pytest.mark.integration
@@ -55,8 +56,12 @@ def _kernel_after_request(
         state_version=1,
     )
     raw = Producer(producer_config(settings))
+    value = request.to_bytes()
     raw.produce(
-        settings.topic("admission-requests"), key=approval_id.encode(), value=request.to_bytes()
+        settings.topic("admission-requests"),
+        key=approval_id.encode(),
+        value=value,
+        headers=stage_seal(settings, "admission-requests", approval_id, value),
     )
     raw.flush(10)
     kernel = AuthorityKernel(settings)

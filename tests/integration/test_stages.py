@@ -21,6 +21,7 @@ from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from testbed.people import can_sign
 from tests import helpers
 
 pytestmark = pytest.mark.integration
@@ -47,6 +48,7 @@ REVIEWER = ReviewerKey.generate("reviewer-test")
 
 def approve(pub: LedgerPublisher, approval_id: str = "ap-1", max_amount: int = 9000) -> None:
     trust(pub.settings.trusted_keys_path(), REVIEWER)
+    pub.credentials.add(REVIEWER)
     pub.publish_approval(
         REVIEWER.sign(
             Approval(
@@ -323,6 +325,7 @@ def test_unknown_outcome_is_held_until_an_attributable_disposition(
         harness.wait_quiescent(90)
         held = current_states(ledger_settings)[op]
         assert held.state == S.UNKNOWN_OUTCOME  # neither time nor a readback released it
+        can_sign(pub, ledger_settings, "operator-3")
         pub.publish_disposition(
             Disposition(
                 disposition_id="d-1",

@@ -24,6 +24,7 @@ from ledger.events import OperationState
 from ledger.kafka import client_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState
+from tests.helpers import stage_seal
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +55,13 @@ def _open_transaction(settings: LedgerSettings, op: str, version: int) -> Produc
     producer = Producer(producer_config(settings, **{"transactional.id": f"old-owner-{op}"}))
     producer.init_transactions(30)
     producer.begin_transaction()
+    value = _state(op, version).to_bytes()
     producer.produce(
         settings.topic("state"),
         key=op.encode(),
-        value=_state(op, version).to_bytes(),
+        value=value,
         partition=PARTITION,
+        headers=stage_seal(settings, "state", op, value),
     )
     assert producer.flush(30) == 0
     return producer

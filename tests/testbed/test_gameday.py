@@ -90,6 +90,57 @@ def test_expectations_can_fail() -> None:
     }
 
 
+def test_format_2_expectations_can_fail() -> None:
+    scenario = parse(
+        {
+            "name": "v2",
+            "format": 2,
+            "steps": [
+                {"forge": {"record": "admission", "operation_id": "op"}},
+                {"forge": {"record": "tombstone", "topic": "approval-uses", "approval_id": "a"}},
+            ],
+            "expect": {
+                "operations": {
+                    "op": {
+                        "operating_events": {"UNAUTHENTICATED": 1},
+                        "reason_contains": "CURRENCY",
+                    }
+                },
+                "totals": {
+                    "forgeries_refused": {"min": 2},
+                    "operating_events_by_kind": {"BAD_INPUT": 0, "UNAUTHENTICATED": {"min": 2}},
+                },
+                "audit": {"violations": 0, "unauthenticated_records": 2},
+            },
+        }
+    )
+    observed = {
+        "operations": {
+            "op": {
+                "state": "NEEDS_REAUTHORISATION",
+                "effects": 0,
+                "reason": "out of scope: currency EUR",
+                "operating_events": {},
+            }
+        },
+        "claims": [],
+        "totals": {
+            "forgeries_refused": 1,
+            "operating_events_by_kind": {"BAD_INPUT": 1, "UNAUTHENTICATED": 1},
+        },
+        "audit": {"violations": 0, "unauthenticated_records": 1},
+    }
+    paths = {f["path"] for f in check(scenario, observed)}
+    # reason_contains is case-insensitive: "CURRENCY" matches "currency".
+    assert paths == {
+        "operations.op.operating_events.UNAUTHENTICATED",
+        "totals.forgeries_refused",
+        "totals.operating_events_by_kind.BAD_INPUT",
+        "totals.operating_events_by_kind.UNAUTHENTICATED",
+        "audit.unauthenticated_records",
+    }
+
+
 @pytest.mark.parametrize(
     "mutate, message",
     [
@@ -118,6 +169,14 @@ def test_expectations_can_fail() -> None:
                 {"sink_fault": {"sink": "nope", "operation_id": "o", "mode": "reject"}}
             ),
             "sink 'nope' is not declared",
+        ),
+        (lambda d: d.update(format=3), "format"),
+        (lambda d: d["steps"].append({"forge": {"record": "tombstone"}}), "needs 'topic'"),
+        (lambda d: d["steps"].append({"forge": {"record": "admission"}}), "needs 'operation_id'"),
+        (lambda d: d["steps"].append({"forge": {"record": "rumour"}}), "steps[9].forge: record"),
+        (
+            lambda d: d["steps"].append({"upgrade": {"sink": "payments", "contract": {}}}),
+            "unknown step 'upgrade'",
         ),
     ],
 )

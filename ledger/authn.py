@@ -1,0 +1,382 @@
+"""Authenticated records: a seal in a record header, checked by every reader.
+
+DESIGN.md "Trust boundary": a record is believed because it is authentic,
+not because of the topic it was found on. Every record a ledger component
+writes carries one Kafka record header, ``ledger-auth``, whose value is::
+
+    <scheme>;<key ID>;<base64 tag>
+
+over the bytes of :func:`sealed_message` -- the topic's short name, the
+record key and the value (or the absence of one: a tombstone is sealed too),
+each length-prefixed, so a seal cannot be moved to another topic, key or
+value. Two schemes:
+
+* ``hmac-sha256`` (RFC 2104 HMAC with SHA-256): the stages' deployment key, a
+  secret every stage loads from a file. It authenticates the records stages
+  write for each other (dispatches, receipts, readbacks, claims, states,
+  journal entries, recovery receipts, operating events ...).
+* ``ed25519`` (RFC 8032, via ``cryptography``): a signature by a key whose
+  public half is trusted under a *role*: ``reviewer`` (review grants and
+  revocations), ``operator`` (policy changes, dispositions, revocations) or
+  ``authority`` (admission decisions and approval uses, signed by the
+  authority kernel's own key, which no other stage holds).
+
+Which roles may write a topic is part of the topic layout
+(:attr:`ledger.topology.TopicSpec.auth`). A review grant is the exception:
+it carries its reviewer's signature over all its fields in the record
+itself (:mod:`ledger.signing`), which is what authenticates it. Records that
+name their writer (a revocation's ``revoked_by``, a policy change's
+``set_by``, a disposition's ``by``) must be signed by the key of that name:
+a trusted operator cannot sign in another's name.
+
+This module is pure (no files, no clock): keys are loaded by
+:mod:`ledger.credentials`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from ledger.events import Approval, Disposition, Event, PolicyChange
+from ledger.signing import verify as verify_grant
+from ledger.topology import TOPIC_BY_NAME
+
+#: A record's headers as the Kafka client gives them (a list of pairs, or a mapping).
+Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
+
+#: Name of the record header that carries a record's seal.
+AUTH_HEADER = "ledger-auth"
+
+#: Roles a key can be trusted under.
+ROLE_STAGE = "stage"
+ROLE_AUTHORITY = "authority"
+ROLE_OPERATOR = "operator"
+ROLE_REVIEWER = "reviewer"
+ROLES = (ROLE_STAGE, ROLE_AUTHORITY, ROLE_OPERATOR, ROLE_REVIEWER)
+
+SCHEME_MAC = "hmac-sha256"
+SCHEME_ED25519 = "ed25519"
+
+#: Domain separation: the first field of every sealed message.
+_DOMAIN = b"ledger-record/v1"
+
+
+def sealed_message(topic: str, key: bytes, value: bytes | None) -> bytes:
+    """The bytes a seal covers.
+
+    Args:
+        topic: the topic's short name (``dispatches``), not the prefixed one,
+            so a ledger moved to another prefix keeps its seals.
+        key: the record key as written.
+        value: the record value, or ``None`` for a tombstone.
+
+    Returns:
+        ``domain | topic | key | value``, each preceded by its length (4
+        bytes, big-endian); a tombstone's value field is the single byte 0,
+        a value's is 1 followed by the value, so the two cannot collide.
+    """
+    parts = (
+        _DOMAIN,
+        topic.encode("utf-8"),
+        key,
+        b"\x00" if value is None else b"\x01" + value,
+    )
+    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+
+
+@dataclass(frozen=True)
+class Seal:
+    """A parsed ``ledger-auth`` header.
+
+    Attributes:
+        scheme: ``hmac-sha256`` or ``ed25519``.
+        key_id: the key it claims to be made with.
+        tag: the MAC or signature bytes.
+    """
+
+    scheme: str
+    key_id: str
+    tag: bytes
+
+    def encode(self) -> bytes:
+        """The header value: ``scheme;key_id;base64(tag)`` (ASCII)."""
+        return f"{self.scheme};{self.key_id};{base64.b64encode(self.tag).decode()}".encode()
+
+    @classmethod
+    def parse(cls, raw: bytes | str | None) -> Seal:
+        """Parse a header value.
+
+        Raises:
+            ValueError: not of the form ``scheme;key_id;base64``.
+        """
+        if raw is None:
+            raise ValueError("the header is empty")
+        text = raw.decode("ascii") if isinstance(raw, bytes) else raw
+        scheme, key_id, tag = text.split(";")
+        if scheme not in (SCHEME_MAC, SCHEME_ED25519) or not key_id:
+            raise ValueError(f"unknown scheme {scheme!r}")
+        return cls(scheme, key_id, base64.b64decode(tag, validate=True))
+
+
+@dataclass(frozen=True)
+class MacKey:
+    """The stages' shared deployment key (HMAC-SHA256).
+
+    Attributes:
+        secret: 32 random bytes.
+    """
+
+    secret: bytes
+    role: str = ROLE_STAGE
+
+    @property
+    def key_id(self) -> str:
+        """``deployment-`` and the first 12 hex digits of the secret's SHA-256."""
+        return "deployment-" + hashlib.sha256(self.secret).hexdigest()[:12]
+
+    def seal(self, topic: str, key: bytes, value: bytes | None) -> bytes:
+        """The ``ledger-auth`` header value for one record."""
+        tag = hmac.new(self.secret, sealed_message(topic, key, value), hashlib.sha256).digest()
+        return Seal(SCHEME_MAC, self.key_id, tag).encode()
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """An Ed25519 private key trusted under a role and a name.
+
+    Attributes:
+        key_id: the name (a reviewer's or operator's name, or the kernel's ID).
+        private: the private key.
+        role: ``reviewer``, ``operator`` or ``authority``.
+    """
+
+    key_id: str
+    private: Ed25519PrivateKey
+    role: str
+
+    def public_b64(self) -> str:
+        """The raw public key, base64."""
+        raw = self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return base64.b64encode(raw).decode()
+
+    def seal(self, topic: str, key: bytes, value: bytes | None) -> bytes:
+        """The ``ledger-auth`` header value for one record."""
+        tag = self.private.sign(sealed_message(topic, key, value))
+        return Seal(SCHEME_ED25519, self.key_id, tag).encode()
+
+
+Sealer = MacKey | SigningKey
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """A public key and the role it is trusted under."""
+
+    role: str
+    public: Ed25519PublicKey
+
+
+def claimed_writer(event: Event | None) -> tuple[str, tuple[str, ...]] | None:
+    """The writer a record names, and the roles that name may sign under.
+
+    Returns:
+        ``(name, roles)`` for records that name who wrote them: a grant its
+        ``key_id`` (reviewer), a revocation its ``revoked_by`` (reviewer or
+        operator), a policy change its ``set_by`` and a disposition its ``by``
+        (operator); ``None`` for any other record.
+    """
+    if isinstance(event, Approval):
+        if event.status == "REVOKED":
+            return (event.revoked_by or "", (ROLE_REVIEWER, ROLE_OPERATOR))
+        return (event.key_id or event.reviewer, (ROLE_REVIEWER,))
+    if isinstance(event, PolicyChange):
+        return (event.set_by, (ROLE_OPERATOR,))
+    if isinstance(event, Disposition):
+        return (event.by, (ROLE_OPERATOR,))
+    return None
+
+
+def header_value(headers: Headers) -> bytes | None:
+    """The ``ledger-auth`` header's value in a record's headers (the last one wins)."""
+    found: bytes | None = None
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for name, value in pairs:
+        if name == AUTH_HEADER:
+            found = value.encode() if isinstance(value, str) else value
+    return found
+
+
+@dataclass
+class Keyring:
+    """The keys a reader checks seals against.
+
+    Attributes:
+        macs: deployment keys by key ID (several while a key is rotated).
+        trusted: public keys by key ID, each with its role.
+        reload: called to read the key files again when a seal names an
+            unknown key, so a reviewer or operator added while a stage runs
+            is trusted without a restart; returns the fresh keyring, or
+            ``None`` to keep the current one (the loader limits how often it
+            reads, :func:`ledger.credentials.load_keyring`).
+    """
+
+    macs: dict[str, bytes] = field(default_factory=dict)
+    trusted: dict[str, TrustedKey] = field(default_factory=dict)
+    reload: Callable[[], Keyring | None] | None = None
+    unsigned_grants_ok: bool = False
+
+    def add_mac(self, key: MacKey) -> None:
+        """Accept seals made with ``key``."""
+        self.macs[key.key_id] = key.secret
+
+    def add_public(self, key_id: str, role: str, public: Ed25519PublicKey) -> None:
+        """Trust ``public`` under ``role`` as ``key_id``."""
+        self.trusted[key_id] = TrustedKey(role, public)
+
+    def _refresh(self) -> bool:
+        if self.reload is None:
+            return False
+        fresh = self.reload()
+        if fresh is None:
+            return False
+        self.macs, self.trusted = fresh.macs, fresh.trusted
+        return True
+
+    def check(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: Headers,
+        event: Event | None = None,
+    ) -> str | None:
+        """Why a record is not authentic, or ``None`` when it is.
+
+        Args:
+            topic: short topic name; its writer roles come from
+                :data:`ledger.topology.TOPIC_BY_NAME` (a topic with no roles,
+                ``intents``, is not checked).
+            key: record key bytes.
+            value: value bytes (``None``: a tombstone).
+            headers: the record's headers as consumed.
+            event: the decoded value, when there is one: a record that names
+                its writer must be signed by that writer's key.
+
+        Returns:
+            ``None`` or a reason such as ``no ledger-auth header``,
+            ``sealed by unknown key K``, ``key K is trusted as operator, and
+            dispatches are written by stage`` or ``the seal does not match
+            the record``.
+        """
+        spec = TOPIC_BY_NAME.get(topic)
+        accept = spec.auth if spec is not None else (ROLE_STAGE,)
+        if not accept:
+            return None
+        if topic == "approvals" and isinstance(event, Approval) and event.status == "GRANTED":
+            return self._check_grant(event)
+        raw = header_value(headers)
+        if raw is None:
+            return f"no {AUTH_HEADER} header"
+        try:
+            seal = Seal.parse(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return f"malformed {AUTH_HEADER} header ({exc})"
+        message = sealed_message(topic, key, value)
+        problem = self._verify(seal, message, accept)
+        if problem is not None and problem.startswith("sealed by unknown key") and self._refresh():
+            problem = self._verify(seal, message, accept)
+        if problem is not None:
+            return problem
+        named = claimed_writer(event)
+        if named is not None:
+            name, roles = named
+            role = self.trusted[seal.key_id].role if seal.key_id in self.trusted else ROLE_STAGE
+            if seal.key_id != name or role not in roles:
+                return (
+                    f"the record names {name!r} as its writer but is signed by "
+                    f"{seal.key_id!r} ({role})"
+                )
+        return None
+
+    def _check_grant(self, grant: Approval) -> str | None:
+        """A review grant is authenticated by its own signature (:mod:`ledger.signing`).
+
+        The signature covers every field of the grant, so the record needs
+        no seal besides it; revocations and every other status do.
+        """
+        if grant.signature is None and self.unsigned_grants_ok:
+            return None
+        problem: str | None = None
+        for attempt in (0, 1):
+            reviewers = {k: t.public for k, t in self.trusted.items() if t.role == ROLE_REVIEWER}
+            problem = verify_grant(grant, reviewers)
+            if problem is None or "unknown key" not in problem or attempt or not self._refresh():
+                return problem
+        return problem
+
+    def _verify(self, seal: Seal, message: bytes, accept: tuple[str, ...]) -> str | None:
+        if seal.scheme == SCHEME_MAC:
+            secret = self.macs.get(seal.key_id)
+            if secret is None:
+                return f"sealed by unknown key {seal.key_id}"
+            if ROLE_STAGE not in accept:
+                return f"sealed by a stage key; this topic is written by {', '.join(accept)}"
+            expected = hmac.new(secret, message, hashlib.sha256).digest()
+            if not hmac.compare_digest(expected, seal.tag):
+                return "the seal does not match the record (forged or altered)"
+            return None
+        trusted = self.trusted.get(seal.key_id)
+        if trusted is None:
+            return f"sealed by unknown key {seal.key_id}"
+        if trusted.role not in accept:
+            return (
+                f"key {seal.key_id} is trusted as {trusted.role}; "
+                f"this topic is written by {', '.join(accept)}"
+            )
+        try:
+            trusted.public.verify(seal.tag, message)
+        except InvalidSignature:
+            return "the seal does not match the record (forged or altered)"
+        return None
+
+    def writer(self, headers: Headers) -> tuple[str, str] | None:
+        """``(key ID, role)`` a record's seal names, without checking it (for reports)."""
+        raw = header_value(headers)
+        try:
+            seal = Seal.parse(raw)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if seal.scheme == SCHEME_MAC:
+            return (seal.key_id, ROLE_STAGE)
+        trusted = self.trusted.get(seal.key_id)
+        return (seal.key_id, trusted.role if trusted else "unknown")
+
+
+def seal_headers(
+    sealer: Sealer | None, topic: str, key: bytes, value: bytes | None
+) -> list[tuple[str, str | bytes | None]] | None:
+    """The headers that carry a record's seal (``None`` when there is no sealer)."""
+    if sealer is None:
+        return None
+    return [(AUTH_HEADER, sealer.seal(topic, key, value))]
+
+
+def keyring_of(macs: Iterable[MacKey] = (), signers: Iterable[SigningKey] = ()) -> Keyring:
+    """A keyring trusting the given keys (tests and single-process tools)."""
+    ring = Keyring()
+    for mac in macs:
+        ring.add_mac(mac)
+    for signer in signers:
+        ring.add_public(signer.key_id, signer.role, signer.private.public_key())
+    return ring

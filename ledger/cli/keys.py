@@ -1,0 +1,128 @@
+"""Who may write what: the keys that seal records, and the people the ledger trusts.
+
+* ``ledger keys init`` / ``ledger keys show`` -- the deployment key (the
+  stages' shared MAC key) and the authority kernel's key pair.
+* ``ledger reviewer add NAME`` -- a reviewer signs approvals and revocations.
+* ``ledger operator add NAME`` -- an operator signs policy changes,
+  dispositions and revocations.
+
+See :mod:`ledger.authn` for what a seal covers and README "Trust model".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+
+from ledger.cli.common import current_settings
+
+#: Reviewer and operator names: they become file names under LEDGER_RUN_DIR/.
+PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def person_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Click callback: a reviewer or operator name is file-safe (no path traversal)."""
+    if not PERSON_NAME.fullmatch(value):
+        raise click.BadParameter(
+            "use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
+def _add(role: str, name: str) -> None:
+    from ledger.credentials import add_person
+
+    settings = current_settings()
+    _, path = add_person(settings, role, name)
+    click.echo(
+        f"{role} key for {name} written to {path} (mode 0600); trusted as {role} in "
+        f"{settings.trusted_keys_path()}"
+    )
+
+
+@click.group("reviewer")
+def reviewer_group() -> None:
+    """Reviewer signing keys (Ed25519) the authority kernel trusts."""
+
+
+@reviewer_group.command("add")
+@click.argument("name", callback=person_name)
+def reviewer_add(name: str) -> None:
+    """Create a signing key for reviewer NAME and trust it.
+
+    The private key goes to LEDGER_RUN_DIR/reviewers/NAME.key (mode 0600); its
+    public half is added to the trusted keys file every stage reads
+    (LEDGER_TRUSTED_KEYS_FILE, default LEDGER_RUN_DIR/trusted_keys.json).
+    `ledger approve --reviewer NAME` and `ledger revoke --by NAME` sign with it.
+    """
+    _add("reviewer", name)
+
+
+@click.group("operator")
+def operator_group() -> None:
+    """Operator signing keys (Ed25519): policy changes, dispositions, revocations."""
+
+
+@operator_group.command("add")
+@click.argument("name", callback=person_name)
+def operator_add(name: str) -> None:
+    """Create a signing key for operator NAME and trust it.
+
+    The private key goes to LEDGER_RUN_DIR/operators/NAME.key (mode 0600); its
+    public half is trusted (role operator) in the trusted keys file. The
+    ledger believes a policy change, a disposition or a revocation only when
+    the operator it names (`--by NAME`) signed it:
+
+        ledger operator add alex
+        ledger policy set 2 --by alex
+        ledger reconcile dispose OP --decision absent --by alex --evidence "..."
+    """
+    _add("operator", name)
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """The deployment key (stages' MAC key) and the authority kernel's key pair."""
+
+
+@keys_group.command("init")
+def keys_init() -> None:
+    """Create the deployment and authority keys if they do not exist yet.
+
+    On one host the first stage creates them by itself; run this once before
+    you copy the keys to several hosts: deployment.key to every stage host
+    (processor, relay, reconcilers, resumers), authority.key to the authority
+    kernel's host only, authority.pub and trusted_keys.json everywhere.
+    """
+    from ledger.credentials import authority_key, deployment_key, keys_dir
+
+    settings = current_settings()
+    mac = deployment_key(settings)
+    signer = authority_key(settings)
+    folder = keys_dir(settings)
+    click.echo(f"deployment key {mac.key_id}: {folder / 'deployment.key'}")
+    click.echo(f"authority key {signer.key_id}: {folder / 'authority.key'} (+ authority.pub)")
+
+
+@keys_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def keys_show(as_json: bool) -> None:
+    """List the keys this host holds and trusts (IDs and roles; never a secret)."""
+    from ledger.credentials import load_keyring
+
+    settings = current_settings()
+    ring = load_keyring(settings, create=False)
+    rows = [{"key_id": k, "role": "stage", "kind": "hmac-sha256"} for k in sorted(ring.macs)] + [
+        {"key_id": k, "role": t.role, "kind": "ed25519"} for k, t in sorted(ring.trusted.items())
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        click.echo(f"{row['role']:<10} {row['kind']:<12} {row['key_id']}")
+
+
+#: This module's commands, in the order ``ledger --help`` lists them.
+COMMANDS: tuple[click.Command, ...] = (reviewer_group, operator_group, keys_group)

@@ -51,7 +51,9 @@ def config_cmd() -> None:
     for key, value in settings.model_dump().items():
         click.echo(f"LEDGER_{key.upper()}={value}")
     click.echo(f"# sink registry in force: {settings.sinks_path()}")
-    click.echo(f"# trusted reviewer keys in force: {settings.trusted_keys_path()}")
+    click.echo(f"# trusted reviewer and operator keys in force: {settings.trusted_keys_path()}")
+    keys = settings.keys_dir or settings.run_dir / "keys"
+    click.echo(f"# deployment and authority keys in: {keys}")
 
 
 #: Every command of the product, in one list: ``ledger --help`` shows them all.

@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 
 from consumers.auditor import run_audit
 from ledger.contracts import PAYMENT_GATEWAY
-from ledger.events import Dispatch, EffectReceipt
+from ledger.events import Dispatch, EffectReceipt, JournalEntry
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
@@ -125,6 +125,29 @@ def test_audit_is_clean_then_catches_corruption(ledger_settings: LedgerSettings)
         listed = [(r["topic"], r["reason"]) for r in again.unauthenticated_records]
         assert listed == [("dispatches", "no ledger-auth header")]
         assert not [v for v in again.violations if v.operation_id == "refund:outsider:v1"]
+
+        # 5. A journal record that does not decode, and an entry whose recorded
+        #    input does not: both are reported with their position, and the
+        #    report is still made (the rest of the ledger is audited).
+        _raw(settings, "journal", "refund:plain:v1", b"\x00garbage")
+        entry = JournalEntry(
+            operation_id="refund:odd:v1",
+            seq=1,
+            kind="Intent",
+            outcome="APPLIED",
+            reason="applied",
+            input_topic="intents",
+            input_partition=0,
+            input_offset=999,
+            input_event=b"\xc3\x01not avro",
+        )
+        _raw(settings, "journal", "refund:odd:v1", entry.to_bytes())
+        survived = run_audit(settings, read_sinks=False)
+        unreadable = [v.evidence for v in survived.violations if v.invariant == "readable"]
+        assert len(unreadable) == 2, unreadable
+        assert any("record at journal:" in e and "does not decode" in e for e in unreadable)
+        assert any("intents:0:999" in e for e in unreadable)
+        assert survived.checked["state"] > 0  # the sound operations were still audited
     finally:
         pub.close()
         harness.stop()

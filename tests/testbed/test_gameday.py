@@ -28,7 +28,6 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
 AWAITING = {
-    "s10-forged-admission": "issue 11: authenticated records (format v2 'forge' step)",
     "s11-scope-currency": "issue 11: finer approval scope (scope.currency)",
     "s12-reservation-cancelled-on-revocation": "issue 14: reservations (try-confirm-cancel)",
     "s13-compensation-is-its-own-operation": "issue 14: compensation as its own operation",

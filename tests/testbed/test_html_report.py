@@ -321,10 +321,18 @@ def test_audit_report_to_dict() -> None:
     report.checked["consume-once"] += 2
     report.add("state", "refund:1:v1", "ledger.state holds nothing")
     report.add("consume-once", None, "approval a admitted 2 operations")
+    report.authenticity_checked = True
+    report.unauthenticated_records.append(
+        {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
+    )
     data = report.to_dict()
     assert data == {
         "operations": 3,
         "journal_entries": 11,
+        "authenticity_checked": True,
+        "unauthenticated_records": [
+            {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
+        ],
         "checked": {"state": 3, "consume-once": 2},
         "violations": [
             {
@@ -340,4 +348,6 @@ def test_audit_report_to_dict() -> None:
         ],
     }
     assert type(data["checked"]) is dict  # not the defaultdict
-    assert "invariant" in audit_html(data)
+    page = audit_html(data)
+    assert "invariant" in page
+    assert "unauthenticated records (refused)" in page

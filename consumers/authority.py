@@ -282,7 +282,6 @@ class AuthorityKernel(Stage):
         self._catch_up()
         trusted = self.trusted()
         sinks = self.sinks()
-        self._write_notes(out)
         for rec in records:
             request = rec.event
             if not isinstance(request, AdmissionRequest):
@@ -326,6 +325,8 @@ class AuthorityKernel(Stage):
                 "granted" if result.decision.admitted else "refused",
                 result.decision.reason,
             )
+        # What the tables and the local files asked for, this batch's included.
+        self._write_notes(out)
 
     def close(self) -> None:
         """Close the table followers too."""

@@ -89,10 +89,27 @@ class ReviewerKey:
 
     @classmethod
     def from_file(cls, path: Path) -> ReviewerKey:
-        """Load ``{"key_id": ..., "private_key": base64 raw}``."""
-        raw = json.loads(path.read_text())
-        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(raw["private_key"]))
-        return cls(str(raw["key_id"]), key)
+        """Load ``{"key_id": ..., "private_key": base64 raw}``.
+
+        Raises:
+            LocalFileError: the file is unreadable or not such an object.
+        """
+        try:
+            raw = json.loads(path.read_text())
+            key = Ed25519PrivateKey.from_private_bytes(
+                base64.b64decode(raw["private_key"], validate=True)
+            )
+            key_id = raw["key_id"]
+            if not isinstance(key_id, str) or not key_id.strip():
+                raise ValueError("key_id is not a name")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise LocalFileError(
+                f"the reviewer key {path} is unreadable ({type(exc).__name__}: {exc}); restore "
+                "it from a backup, or remove it and create a new key with `ledger reviewer add` "
+                "(approvals signed with the old key then stop verifying)",
+                observed=str(exc),
+            ) from exc
+        return cls(key_id, key)
 
     def save(self, path: Path) -> None:
         """Write the private key (mode 0600)."""
@@ -120,14 +137,26 @@ def load_trusted(path: Path) -> dict[str, Ed25519PublicKey]:
     Raises:
         LocalFileError: the file is not such a JSON object.
     """
+    return {
+        key_id: Ed25519PublicKey.from_public_bytes(base64.b64decode(value, validate=True))
+        for key_id, value in _trusted_raw(path).items()
+    }
+
+
+def _trusted_raw(path: Path) -> dict[str, str]:
+    """The trusted-keys file as written (``{key_id: base64}``), every key checked; ``{}`` if absent.
+
+    Raises:
+        LocalFileError: the file is not such a JSON object of valid keys.
+    """
     if not path.exists():
         return {}
     try:
         raw = json.loads(path.read_text())
-        return {
-            str(key_id): Ed25519PublicKey.from_public_bytes(base64.b64decode(value, validate=True))
-            for key_id, value in raw.items()
-        }
+        checked = {str(key_id): str(value) for key_id, value in raw.items()}
+        for value in raw.values():
+            Ed25519PublicKey.from_public_bytes(base64.b64decode(value, validate=True))
+        return checked
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise LocalFileError(
             f"the trusted-keys file {path} is unreadable ({type(exc).__name__}: {exc}); "
@@ -137,11 +166,17 @@ def load_trusted(path: Path) -> dict[str, Ed25519PublicKey]:
 
 
 def trust(path: Path, key: ReviewerKey) -> None:
-    """Add a reviewer key to a trusted-keys file."""
-    raw = json.loads(path.read_text()) if path.exists() else {}
+    """Add a reviewer key to a trusted-keys file (atomically: a temporary file, then a rename).
+
+    Raises:
+        LocalFileError: the existing file is corrupted (it is left as it is).
+    """
+    raw = _trusted_raw(path)
     raw[key.key_id] = key.public_b64()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(raw, indent=2))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(raw, indent=2))
+    tmp.replace(path)
 
 
 def verify(approval: Approval, trusted: dict[str, Ed25519PublicKey]) -> str | None:

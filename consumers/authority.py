@@ -300,6 +300,7 @@ class AuthorityKernel(Stage):
                 decided_by=f"authority-{self.instance}",
                 trusted=trusted,
                 amount_field=endpoint.contract.amount_field if endpoint is not None else None,
+                sink_registered=endpoint is not None,
             )
             out.write("admissions", request.operation_id, result.decision)
             if result.use is not None:

@@ -70,7 +70,11 @@ def _show(value: object) -> str:
 
 
 def scope_problem(
-    approval: Approval, request: AdmissionRequest, amount_field: str | None
+    approval: Approval,
+    request: AdmissionRequest,
+    amount_field: str | None,
+    *,
+    sink_registered: bool = True,
 ) -> str | None:
     """Why ``request`` is outside what ``approval`` covers, or ``None`` when it is inside.
 
@@ -89,8 +93,11 @@ def scope_problem(
         approval: the approval's current record.
         request: the admission request, carrying the operation as recorded.
         amount_field: the parameter holding the amount, as the sink's
-            contract names it; ``None`` when the sink is not registered
-            (nothing then says where the amount is, and the request is refused).
+            contract names it; ``None`` when the contract declares that the
+            sink's effects carry no amount (no cap applies).
+        sink_registered: ``False`` when the request's sink is not in the
+            sink registry: nothing then says where the amount is, and the
+            request is refused (the approval stays unused).
 
     Returns:
         ``None``, or the refusal reason: for an optional field
@@ -114,27 +121,28 @@ def scope_problem(
         return "the operation's parameters are not a JSON object"
     if approval.scope_subject != request.subject:
         return REASON_SUBJECT
-    if amount_field is None:
+    if not sink_registered:
         return (
             f"sink {_show(request.sink)} is not registered, so no contract names the parameter "
             "holding the amount; register the sink, then reauthorise the operation"
         )
-    amount = params.get(amount_field, _ABSENT)
-    if amount is _ABSENT:
-        return (
-            f"the parameters lack {amount_field}, the amount field of sink "
-            f"{_show(request.sink)}'s contract: the approval caps the amount there"
-        )
-    if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
-        return (
-            f"parameter {amount_field} is {_show(amount)}, not an amount in minor units "
-            "(a non-negative integer)"
-        )
-    if amount > approval.scope_max_amount_minor:
-        return (
-            f"{REASON_AMOUNT}: {amount_field} {amount}, approved up to "
-            f"{approval.scope_max_amount_minor}"
-        )
+    if amount_field is not None:
+        amount = params.get(amount_field, _ABSENT)
+        if amount is _ABSENT:
+            return (
+                f"the parameters lack {amount_field}, the amount field of sink "
+                f"{_show(request.sink)}'s contract: the approval caps the amount there"
+            )
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+            return (
+                f"parameter {amount_field} is {_show(amount)}, not an amount in minor units "
+                "(a non-negative integer)"
+            )
+        if amount > approval.scope_max_amount_minor:
+            return (
+                f"{REASON_AMOUNT}: {amount_field} {amount}, approved up to "
+                f"{approval.scope_max_amount_minor}"
+            )
     if approval.scope_operation_id is not None and approval.scope_operation_id != (
         request.operation_id
     ):
@@ -180,6 +188,7 @@ def evaluate(
     decided_by: str,
     trusted: Mapping[str, Ed25519PublicKey] | None = None,
     amount_field: str | None = DEFAULT_AMOUNT_FIELD,
+    sink_registered: bool = True,
 ) -> Admission:
     """Decide whether ``request`` may be admitted under ``approval`` at ``now_ms``.
 
@@ -198,8 +207,10 @@ def evaluate(
         trusted: reviewer keys trusted to sign approvals; ``None`` disables
             the signature check (unit tests of the other checks only).
         amount_field: the parameter holding the amount, as the contract of
-            the request's sink names it; ``None`` when that sink is not
-            registered (the request is then refused, see :func:`scope_problem`).
+            the request's sink names it (``None``: its effects carry no
+            amount; see :func:`scope_problem`).
+        sink_registered: whether the request's sink is in the sink registry
+            (an unregistered one is refused, see :func:`scope_problem`).
 
     Returns:
         The decision and, when admitted for the first time, the use to record.
@@ -235,7 +246,7 @@ def evaluate(
     # Scope never depends on time: it is checked for every request, a
     # redelivery included, so no use record (forged or not) can carry an
     # operation outside what the reviewer approved.
-    problem = scope_problem(approval, request, amount_field)
+    problem = scope_problem(approval, request, amount_field, sink_registered=sink_registered)
     if problem is not None:
         return result(False, problem)
     # A redelivered request of the consuming operation skips only the checks

@@ -92,6 +92,8 @@ class EffectContract(BaseModel):
             (default ``amount_minor``). The authority kernel reads the amount
             from this parameter and refuses an operation whose parameters
             lack it or hold anything but a non-negative integer there.
+            ``None`` declares that the sink's effects carry no amount (a
+            notification): no amount cap applies to its operations.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -104,7 +106,7 @@ class EffectContract(BaseModel):
     consequence: Consequence = "irreversible"
     compensable: bool = False
     reservation: bool = False
-    amount_field: str = Field(default="amount_minor", min_length=1)
+    amount_field: str | None = Field(default="amount_minor", min_length=1)
 
     def postcondition_query(self) -> PostconditionQuery | None:
         """The postcondition query the sink offers.

@@ -170,9 +170,26 @@ def test_an_amount_that_is_not_a_non_negative_integer_is_refused(amount: object)
 
 
 def test_a_sink_without_a_registered_contract_is_refused_before_consumption() -> None:
-    result = decide_admission(KEY.sign(helpers.approval()), REQ, amount_field=None)
+    result = evaluate(
+        KEY.sign(helpers.approval()),
+        REQ,
+        now_ms=1000,
+        policy_version=1,
+        decided_by="k",
+        trusted=TRUSTED,
+        sink_registered=False,
+    )
     assert not result.decision.admitted and result.use is None
     assert "sink payments is not registered" in result.decision.reason
+
+
+def test_a_sink_whose_effects_carry_no_amount_has_no_cap_to_check() -> None:
+    """A notification sink declares ``amount_field: null``: an email has no amount."""
+    mailer = EffectContract(amount_field=None)
+    assert EffectContract.model_validate_json(mailer.model_dump_json()) == mailer
+    email = with_params(REQ, {"to": "customer-1", "template": "refund-confirmation"})
+    result = decide_admission(KEY.sign(helpers.approval(max_amount=0)), email, mailer.amount_field)
+    assert result.decision.admitted
 
 
 @pytest.mark.parametrize("missing", ["sink", "action", "purpose", "params_json"])

@@ -171,8 +171,25 @@ class AuthorityKernel(Stage):
             self.uses.setdefault(key, rec.event)  # the first use stands
 
     def _apply_policy(self, key: str, rec: Record | None) -> None:
-        if rec is not None and isinstance(rec.event, PolicyChange):
-            self.policy_version = rec.event.version
+        if rec is None or not isinstance(rec.event, PolicyChange):
+            return
+        if rec.event.version < 1:
+            # Versions count from 1; the publisher refuses others, so another
+            # writer made this one. The policy in force stays.
+            reason = (
+                f"policy change to version {rec.event.version} by {rec.event.set_by!r} refused: "
+                f"policy versions count from 1; version {self.policy_version} stays in force"
+            )
+            log.error("authority: %s", reason)
+            self.notes.append(
+                (
+                    "operating-events",
+                    key,
+                    record_event("authority", rec, "BAD_INPUT", reason, id_suffix="POLICY"),
+                )
+            )
+            return
+        self.policy_version = rec.event.version
 
     def on_assign(self, partitions: set[int]) -> None:
         """Follow the approvals and uses of the assigned partitions from the beginning."""

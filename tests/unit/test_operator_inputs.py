@@ -326,3 +326,27 @@ def test_trusting_a_key_keeps_the_others_and_writes_atomically(tmp_path: Path) -
     trust(path, second)
     assert set(json.loads(path.read_text())) == {"a", "b"}
     assert [p.name for p in tmp_path.iterdir()] == ["trusted_keys.json"]
+
+
+def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher(
+    tmp_path: Path,
+) -> None:
+    from consumers.authority import AuthorityKernel
+    from consumers.stage import Record
+    from ledger.events import PolicyChange
+
+    kernel = AuthorityKernel(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    try:
+
+        def change(version: int, offset: int) -> Record:
+            event = PolicyChange(version=version, set_by="mallory", effective_at_ms=0)
+            return Record("policy", 0, offset, "current", event.to_bytes(), event)
+
+        kernel._apply_policy("current", change(3, 0))
+        kernel._apply_policy("current", change(0, 1))
+        assert kernel.policy_version == 3
+        ((topic, _, event),) = kernel.notes
+        assert topic == "operating-events" and event.kind == "BAD_INPUT"  # type: ignore[attr-defined]
+        assert "policy versions count from 1" in event.reason  # type: ignore[attr-defined]
+    finally:
+        kernel.close()

@@ -148,8 +148,9 @@ def intent_publish(
     _ready(settings)
     if sink not in load_sinks(settings.sinks_path()):
         click.echo(
-            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the relay will not "
-            "find it (start one with 'ledger sink serve')",
+            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the authority kernel "
+            "refuses its operations (no contract says where their amount is) and the relay "
+            "would not find it (start one with 'ledger sink serve')",
             err=True,
         )
     pub = _publisher(settings)

@@ -40,6 +40,7 @@ from ledger.identity import (
 )
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
+from ledger.signing import OPTIONAL_SIGNED_FIELDS
 
 
 def require_name(what: str, value: str | None, *, operation_id: str | None = None) -> None:
@@ -289,15 +290,7 @@ class LedgerPublisher:
         require_policy_version(approval.policy_version)
         if approval.status == "REVOKED":
             require_name("revoked_by", approval.revoked_by)
-        for field in (
-            "scope_operation_id",
-            "scope_action",
-            "scope_sink",
-            "scope_currency",
-            "scope_account",
-            "scope_purpose",
-            "scope_parameter_digest",
-        ):
+        for field in ("scope_operation_id", *OPTIONAL_SIGNED_FIELDS):
             value = getattr(approval, field)
             if value is not None:
                 require_name(field, value)

@@ -15,6 +15,7 @@ from ledger.authority import (
     REASON_ADMITTED,
     REASON_AMOUNT,
     REASON_LEGACY_REQUEST,
+    SCOPE_FIELDS,
     Admission,
     evaluate,
     merge_approval,
@@ -24,7 +25,7 @@ from ledger.events import AdmissionRequest, Approval, decode_event
 from ledger.fold import decide
 from ledger.identity import canonical_json
 from ledger.serde import MARKER, SCHEMA_DIR, registry
-from ledger.signing import ReviewerKey, signed_body, verify
+from ledger.signing import OPTIONAL_SIGNED_FIELDS, ReviewerKey, signed_body, verify
 from tests import helpers
 
 KEY = ReviewerKey.generate("rev-key")
@@ -224,6 +225,10 @@ def test_the_processor_sends_the_operation_with_its_admission_request() -> None:
 
 
 # --------------------------------------------------------------------- signatures
+
+
+def test_the_kernel_checks_what_the_reviewer_signs() -> None:
+    assert {field for field, _, _ in SCOPE_FIELDS} == set(OPTIONAL_SIGNED_FIELDS) == set(SCOPE)
 
 
 def test_the_signature_covers_every_scope_field_that_is_set() -> None:

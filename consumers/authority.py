@@ -9,22 +9,41 @@ for each request writes, in one transaction with its offsets, the
 admitted, the approval's consumed record (keyed by approval ID). Approvals
 must be signed by a trusted reviewer key; refusals of every kind are also
 published as operating events.
+
+It reads three local files: the trusted reviewer keys, the sink registry
+(the contract of each request's sink names the parameter holding the
+amount) and the manual ledger clock. A corrupted one never stops it: the
+content last read well stands, the problem is logged and published once as
+a ``LOCAL_FILE`` operating event, and at start it waits for a readable file
+(:mod:`consumers.localfiles`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Callable
 
 from confluent_kafka import Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from consumers.localfiles import LastGood, LastGoodClock
 from consumers.stage import Record, Stage, Writer, dead_letter, key_text, record_event
 from consumers.tables import TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
-from ledger.clock import Clock, clock_for
-from ledger.events import AdmissionRequest, Approval, ApprovalUse, Event, PolicyChange
+from ledger.clock import clock_for
+from ledger.errors import LocalFileError
+from ledger.events import (
+    AdmissionRequest,
+    Approval,
+    ApprovalUse,
+    Event,
+    OperatingEvent,
+    PolicyChange,
+)
 from ledger.signing import load_trusted
+from sinks.registry import SinkEndpoint, load_sinks
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +67,25 @@ class AuthorityKernel(Stage):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.clock: Clock = clock_for(self.settings.clock, self.settings.run_dir)
+        self.clock = LastGoodClock(
+            clock_for(self.settings.clock, self.settings.run_dir),
+            component="authority",
+            on_problem=self._local_file_problem,
+        )
+        trusted_path = self.settings.trusted_keys_path()
+        self._trusted = LastGood(
+            "trusted-keys file",
+            lambda: load_trusted(trusted_path),
+            component="authority",
+            on_problem=self._local_file_problem,
+        )
+        sinks_path = self.settings.sinks_path()
+        self._sinks = LastGood(
+            "sink registry",
+            lambda: load_sinks(sinks_path),
+            component="authority",
+            on_problem=self._local_file_problem,
+        )
         self.approvals: dict[str, Approval] = {}
         #: approval ID -> its consumption, from approval-uses (this kernel's own topic).
         self.uses: dict[str, ApprovalUse] = {}
@@ -79,14 +116,51 @@ class AuthorityKernel(Stage):
         )
 
     def on_start(self) -> None:
-        """Load the policy version in force."""
+        """Read the local files (waiting while one is corrupted); load the policy in force."""
+        waits: list[Callable[[Callable[[], bool]], object]] = [
+            self._sinks.wait,
+            self.clock.file.wait,
+        ]
+        if self.settings.require_signed_approvals:
+            waits.append(self._trusted.wait)
+        for wait in waits:
+            wait(lambda: self.stopping)
+            if self.stopping:
+                return
         self._policy.follow({0})
 
     def trusted(self) -> dict[str, Ed25519PublicKey] | None:
-        """Trusted reviewer keys (re-read each batch), or ``None`` when not required."""
+        """Trusted reviewer keys (re-read each batch), or ``None`` when not required.
+
+        Raises:
+            LocalFileError: the file is corrupted and was never read well.
+        """
         if not self.settings.require_signed_approvals:
             return None
-        return load_trusted(self.settings.trusted_keys_path())
+        return self._trusted.read()
+
+    def sinks(self) -> dict[str, SinkEndpoint]:
+        """The sink registry (re-read each batch; the last good one while it is corrupted).
+
+        Raises:
+            LocalFileError: the file is corrupted and was never read well.
+        """
+        return self._sinks.read()
+
+    def _local_file_problem(self, exc: LocalFileError) -> None:
+        """A corrupted local file becomes a ``LOCAL_FILE`` operating event (once per problem)."""
+        self.notes.append(
+            (
+                "operating-events",
+                "local-file",
+                OperatingEvent(
+                    event_id=f"authority-{self.instance}:LOCAL_FILE:{uuid.uuid4().hex[:12]}",
+                    component="authority",
+                    kind="LOCAL_FILE",
+                    reason=exc.message,
+                ),
+            )
+        )
 
     def _apply_approval(self, key: str, rec: Record | None) -> None:
         if rec is None or not isinstance(rec.event, Approval) or rec.event.approval_id != key:
@@ -109,8 +183,25 @@ class AuthorityKernel(Stage):
             self.uses.setdefault(key, rec.event)  # the first use stands
 
     def _apply_policy(self, key: str, rec: Record | None) -> None:
-        if rec is not None and isinstance(rec.event, PolicyChange):
-            self.policy_version = rec.event.version
+        if rec is None or not isinstance(rec.event, PolicyChange):
+            return
+        if rec.event.version < 1:
+            # Versions count from 1; the publisher refuses others, so another
+            # writer made this one. The policy in force stays.
+            reason = (
+                f"policy change to version {rec.event.version} by {rec.event.set_by!r} refused: "
+                f"policy versions count from 1; version {self.policy_version} stays in force"
+            )
+            log.error("authority: %s", reason)
+            self.notes.append(
+                (
+                    "operating-events",
+                    key,
+                    record_event("authority", rec, "BAD_INPUT", reason, id_suffix="POLICY"),
+                )
+            )
+            return
+        self.policy_version = rec.event.version
 
     def on_assign(self, partitions: set[int]) -> None:
         """Follow the approvals and uses of the assigned partitions from the beginning."""
@@ -220,8 +311,8 @@ class AuthorityKernel(Stage):
     def handle(self, records: list[Record], out: Writer) -> None:
         """Decide every admission request of the batch."""
         self._catch_up()
-        self._write_notes(out)
         trusted = self.trusted()
+        sinks = self.sinks()
         for rec in records:
             request = rec.event
             if not isinstance(request, AdmissionRequest):
@@ -230,6 +321,7 @@ class AuthorityKernel(Stage):
             self.hooks.seam("before_admission", request.operation_id)
             approval = self.approvals.get(request.approval_id)
             use = self.pending.get(request.approval_id) or self.uses.get(request.approval_id)
+            endpoint = sinks.get(request.sink) if request.sink is not None else None
             result = evaluate(
                 approval,
                 request,
@@ -238,6 +330,8 @@ class AuthorityKernel(Stage):
                 policy_version=self.policy_version,
                 decided_by=f"authority-{self.instance}",
                 trusted=trusted,
+                amount_field=endpoint.contract.amount_field if endpoint is not None else None,
+                sink_registered=endpoint is not None,
             )
             out.write("admissions", request.operation_id, result.decision)
             if result.use is not None:
@@ -263,6 +357,8 @@ class AuthorityKernel(Stage):
                 "granted" if result.decision.admitted else "refused",
                 result.decision.reason,
             )
+        # What the tables and the local files asked for, this batch's included.
+        self._write_notes(out)
 
     def close(self) -> None:
         """Close the table followers too."""

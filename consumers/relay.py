@@ -13,6 +13,11 @@ otherwise records an ambiguous outcome.
 In ``checkpoint-only`` mode (the negative control) it does what naive
 runtimes do: trusts only its own checkpoint (the committed offset) and
 resubmits with a fresh attempt identity.
+
+A corrupted sink registry or clock file never stops it: the content last read
+well stands, the problem is logged and published once as a ``LOCAL_FILE``
+operating event, and at start it waits for a readable file
+(:mod:`consumers.localfiles`).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
+from consumers.localfiles import LastGood, LastGoodClock
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
-from ledger.clock import Clock, clock_for
+from ledger.clock import clock_for
 from ledger.contracts import (
     EffectContract,
     Recovery,
@@ -38,6 +44,7 @@ from ledger.contracts import (
     readback_unsupported,
     sends_idempotency_key,
 )
+from ledger.errors import LocalFileError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
 from sinks.client import SinkClient, postcondition_source
 from sinks.registry import SinkEndpoint, load_sinks
@@ -101,7 +108,20 @@ class Relay(Stage):
                 f"unknown relay mode {self.settings.relay_mode!r}: use ledger or checkpoint-only"
             )
         self.mode = self.settings.relay_mode
-        self.clock: Clock = clock_for(self.settings.clock, self.settings.run_dir)
+        #: operating events about local files, written with the next batch.
+        self.notes: list[OperatingEvent] = []
+        self.clock = LastGoodClock(
+            clock_for(self.settings.clock, self.settings.run_dir),
+            component="relay",
+            on_problem=self._local_file_problem,
+        )
+        sinks_path = self.settings.sinks_path()
+        self._registry = LastGood(
+            "sink registry",
+            lambda: load_sinks(sinks_path),
+            component="relay",
+            on_problem=self._local_file_problem,
+        )
         self.attempts: dict[str, int] = {}
         #: Dispatches whose final receipt is already committed.
         self.completed: set[str] = set()
@@ -142,9 +162,32 @@ class Relay(Stage):
 
     # ------------------------------------------------------------------ sinks
 
+    def on_start(self) -> None:
+        """Read the sink registry and the clock, waiting while one is corrupted."""
+        for wait in (self._registry.wait, self.clock.file.wait):
+            wait(lambda: self.stopping)
+            if self.stopping:
+                return
+
+    def _local_file_problem(self, exc: LocalFileError) -> None:
+        """A corrupted local file becomes a ``LOCAL_FILE`` operating event (once per problem)."""
+        self.notes.append(
+            OperatingEvent(
+                event_id=f"relay-{self.instance}:LOCAL_FILE:{uuid.uuid4().hex[:12]}",
+                component="relay",
+                kind="LOCAL_FILE",
+                reason=exc.message,
+            )
+        )
+
     def _endpoint(self, name: str) -> SinkEndpoint | None:
+        """The sink's entry, re-reading the registry when the name is not known yet.
+
+        Raises:
+            LocalFileError: the registry is corrupted and was never read well.
+        """
         if name not in self.sinks:
-            self.sinks = load_sinks(self.settings.sinks_path())
+            self.sinks = self._registry.read()
         return self.sinks.get(name)
 
     def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
@@ -220,6 +263,9 @@ class Relay(Stage):
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""
+        for note in self.notes:
+            out.write("operating-events", "local-file", note)
+        self.notes.clear()
         for rec in records:
             if not isinstance(rec.event, Dispatch):
                 out.write(
@@ -305,6 +351,8 @@ class Relay(Stage):
         now = self.clock.now_ms()
         if endpoint is None:
             reason = f"unknown sink {d.sink!r}: register it in {self.settings.sinks_path()}"
+            if self._registry.problem is not None:
+                reason += f" (the registry is unreadable: {self._registry.problem})"
             log.error("relay: %s (%s)", reason, d.dispatch_id)
             return [
                 ("receipts", d.operation_id, self._receipt(d, "UNAVAILABLE", now, now, reason)),

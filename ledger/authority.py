@@ -2,15 +2,18 @@
 
 An approval admits one exact operation once: at decision time it must exist,
 be neither revoked nor expired, have been granted under the current policy
-version, cover the operation's subject and amount (and the operation itself
-when bound to one), and not have been consumed by another operation. The
-decision records its evaluation time, so replay needs no clock.
+version, cover the operation's scope (see :func:`scope_problem`: subject,
+amount, and every optional scope field the reviewer set), and not have been
+consumed by another operation. The decision records its evaluation time, so
+replay needs no clock.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -26,6 +29,138 @@ REASON_POLICY = "policy version changed"
 REASON_SUBJECT = "approval does not cover this subject"
 REASON_AMOUNT = "amount exceeds approval scope"
 REASON_OPERATION = "approval is bound to another operation"
+#: Prefix of every refusal by an optional scope field:
+#: ``out of scope: currency EUR, approved GBP``.
+REASON_OUT_OF_SCOPE = "out of scope"
+REASON_LEGACY_REQUEST = (
+    "the admission request does not carry the operation (an earlier release wrote it), so its "
+    "scope cannot be checked; reauthorise the operation with a new approval"
+)
+
+#: The parameter holding the amount when a sink's contract names no other
+#: (:attr:`ledger.contracts.EffectContract.amount_field`).
+DEFAULT_AMOUNT_FIELD = "amount_minor"
+
+#: Optional scope fields of an approval and how each reads the operation's
+#: value: ``(approval field, name in reasons, where the request holds it)``;
+#: ``params.X`` is key X of the operation's parameters.
+SCOPE_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("scope_action", "action", "action"),
+    ("scope_sink", "sink", "sink"),
+    ("scope_currency", "currency", "params.currency"),
+    ("scope_account", "account", "params.account"),
+    ("scope_purpose", "purpose", "purpose"),
+    ("scope_parameter_digest", "parameter_digest", "parameter_digest"),
+)
+
+#: Longest value a refusal reason quotes (characters); longer ones are cut.
+SHOWN_CHARS = 64
+_ABSENT = object()
+
+
+def _show(value: object) -> str:
+    """A value as a refusal reason quotes it: plain words bare, anything else as JSON."""
+    if value is _ABSENT:
+        return "(absent)"
+    if isinstance(value, str) and value and value.isprintable() and " " not in value:
+        text = value
+    else:
+        text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
+
+def scope_problem(
+    approval: Approval,
+    request: AdmissionRequest,
+    amount_field: str | None,
+    *,
+    sink_registered: bool = True,
+) -> str | None:
+    """Why ``request`` is outside what ``approval`` covers, or ``None`` when it is inside.
+
+    Checked in order: the request carries the operation (schema v2), the
+    subject, the amount, the bound operation ID, then each optional scope
+    field the reviewer set (:data:`SCOPE_FIELDS`); a field left ``None`` puts
+    no constraint.
+
+    The amount is read from the operation's parameters, from the field the
+    sink's contract names (``amount_field``), never from the request's
+    ``amount_minor``: an operation whose parameters lack that field, or hold
+    anything but a non-negative integer there, is refused (a cap of 1 cannot
+    admit ``"amount": 999999999`` under another name).
+
+    Args:
+        approval: the approval's current record.
+        request: the admission request, carrying the operation as recorded.
+        amount_field: the parameter holding the amount, as the sink's
+            contract names it; ``None`` when the contract declares that the
+            sink's effects carry no amount (no cap applies).
+        sink_registered: ``False`` when the request's sink is not in the
+            sink registry: nothing then says where the amount is, and the
+            request is refused (the approval stays unused).
+
+    Returns:
+        ``None``, or the refusal reason: for an optional field
+        ``out of scope: FIELD VALUE, approved APPROVED`` (``(absent)`` for a
+        parameter the operation lacks, ``(not a string)`` after a parameter
+        of another JSON type; values over :data:`SHOWN_CHARS` characters are
+        cut).
+    """
+    if (
+        request.params_json is None
+        or request.sink is None
+        or request.action is None
+        or request.purpose is None
+    ):
+        return REASON_LEGACY_REQUEST
+    try:
+        params: Any = json.loads(request.params_json)
+    except ValueError:
+        params = None
+    if not isinstance(params, dict):
+        return "the operation's parameters are not a JSON object"
+    if approval.scope_subject != request.subject:
+        return REASON_SUBJECT
+    if not sink_registered:
+        return (
+            f"sink {_show(request.sink)} is not registered, so no contract names the parameter "
+            "holding the amount; register the sink, then reauthorise the operation"
+        )
+    if amount_field is not None:
+        amount = params.get(amount_field, _ABSENT)
+        if amount is _ABSENT:
+            return (
+                f"the parameters lack {amount_field}, the amount field of sink "
+                f"{_show(request.sink)}'s contract: the approval caps the amount there"
+            )
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+            return (
+                f"parameter {amount_field} is {_show(amount)}, not an amount in minor units "
+                "(a non-negative integer)"
+            )
+        if amount > approval.scope_max_amount_minor:
+            return (
+                f"{REASON_AMOUNT}: {amount_field} {amount}, approved up to "
+                f"{approval.scope_max_amount_minor}"
+            )
+    if approval.scope_operation_id is not None and approval.scope_operation_id != (
+        request.operation_id
+    ):
+        return REASON_OPERATION
+    for field, name, source in SCOPE_FIELDS:
+        approved = getattr(approval, field)
+        if approved is None:
+            continue
+        if source.startswith("params."):
+            actual = params.get(source.removeprefix("params."), _ABSENT)
+        else:
+            actual = getattr(request, source)
+        if actual != approved:
+            kind = "" if actual is _ABSENT or isinstance(actual, str) else " (not a string)"
+            return (
+                f"{REASON_OUT_OF_SCOPE}: {name} {_show(actual)}{kind}, approved {_show(approved)}"
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -52,6 +187,8 @@ def evaluate(
     policy_version: int,
     decided_by: str,
     trusted: Mapping[str, Ed25519PublicKey] | None = None,
+    amount_field: str | None = DEFAULT_AMOUNT_FIELD,
+    sink_registered: bool = True,
 ) -> Admission:
     """Decide whether ``request`` may be admitted under ``approval`` at ``now_ms``.
 
@@ -69,6 +206,11 @@ def evaluate(
         decided_by: kernel instance name, recorded in the decision.
         trusted: reviewer keys trusted to sign approvals; ``None`` disables
             the signature check (unit tests of the other checks only).
+        amount_field: the parameter holding the amount, as the contract of
+            the request's sink names it (``None``: its effects carry no
+            amount; see :func:`scope_problem`).
+        sink_registered: whether the request's sink is in the sink registry
+            (an unregistered one is refused, see :func:`scope_problem`).
 
     Returns:
         The decision and, when admitted for the first time, the use to record.
@@ -104,14 +246,9 @@ def evaluate(
     # Scope never depends on time: it is checked for every request, a
     # redelivery included, so no use record (forged or not) can carry an
     # operation outside what the reviewer approved.
-    if approval.scope_subject != request.subject:
-        return result(False, REASON_SUBJECT)
-    if request.amount_minor > approval.scope_max_amount_minor:
-        return result(False, REASON_AMOUNT)
-    if approval.scope_operation_id is not None and approval.scope_operation_id != (
-        request.operation_id
-    ):
-        return result(False, REASON_OPERATION)
+    problem = scope_problem(approval, request, amount_field, sink_registered=sink_registered)
+    if problem is not None:
+        return result(False, problem)
     # A redelivered request of the consuming operation skips only the checks
     # that time can change (revocation, expiry, policy): it was admitted while
     # the approval was current.
@@ -164,6 +301,7 @@ def _grant(a: Approval) -> tuple[object, ...]:
         a.granted_at_ms,
         a.key_id,
         a.signature,
+        *(getattr(a, field) for field, _, _ in SCOPE_FIELDS),
     )
 
 

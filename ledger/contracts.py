@@ -87,6 +87,13 @@ class EffectContract(BaseModel):
         consequence: consequence class of the effect.
         compensable: a compensating operation exists.
         reservation: try-confirm-cancel is offered.
+        amount_field: the operation parameter holding the amount, in minor
+            units, that an approval's ``scope_max_amount_minor`` caps
+            (default ``amount_minor``). The authority kernel reads the amount
+            from this parameter and refuses an operation whose parameters
+            lack it or hold anything but a non-negative integer there.
+            ``None`` declares that the sink's effects carry no amount (a
+            notification): no amount cap applies to its operations.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
@@ -99,6 +106,7 @@ class EffectContract(BaseModel):
     consequence: Consequence = "irreversible"
     compensable: bool = False
     reservation: bool = False
+    amount_field: str | None = Field(default="amount_minor", min_length=1)
 
     def postcondition_query(self) -> PostconditionQuery | None:
         """The postcondition query the sink offers.

@@ -46,7 +46,14 @@ class Intent(Event):
 
 
 class Approval(Event):
-    """A review decision and its consumption state (key: approval ID)."""
+    """A review decision: a grant or its revocation (key: approval ID).
+
+    Its scope: ``scope_subject`` and ``scope_max_amount_minor`` always; each
+    optional ``scope_*`` field (schema version 2), when set, must equal the
+    operation's own value (``scope_currency`` and ``scope_account`` are
+    compared with ``params["currency"]`` and ``params["account"]``). ``None``
+    puts no constraint on that field.
+    """
 
     KIND: ClassVar[str] = "Approval"
     approval_id: str
@@ -63,6 +70,12 @@ class Approval(Event):
     granted_at_ms: int
     key_id: str | None = None
     signature: bytes | None = None
+    scope_action: str | None = None
+    scope_sink: str | None = None
+    scope_currency: str | None = None
+    scope_account: str | None = None
+    scope_purpose: str | None = None
+    scope_parameter_digest: str | None = None
 
 
 class ApprovalUse(Event):
@@ -77,7 +90,16 @@ class ApprovalUse(Event):
 
 
 class AdmissionRequest(Event):
-    """Processor asks the authority kernel to admit an operation (key: approval ID)."""
+    """Processor asks the authority kernel to admit an operation (key: approval ID).
+
+    It carries the operation as recorded (schema version 2: ``sink``,
+    ``action``, ``purpose``, ``params_json``), so the kernel checks the
+    approval's scope against the operation itself. ``amount_minor`` is the
+    publisher's reading of ``params["amount_minor"]`` (0 when absent) and is
+    not what the kernel checks: it reads the amount from the parameter the
+    sink's contract names. Requests written before version 2 read those
+    fields as ``None`` and are refused.
+    """
 
     KIND: ClassVar[str] = "AdmissionRequest"
     operation_id: str
@@ -86,6 +108,10 @@ class AdmissionRequest(Event):
     subject: str
     amount_minor: int
     state_version: int
+    sink: str | None = None
+    action: str | None = None
+    purpose: str | None = None
+    params_json: str | None = None
 
 
 class AdmissionDecision(Event):

@@ -51,7 +51,7 @@ class LedgerSettings(BaseSettings):
         sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
             that exceeds it is an ambiguous outcome.
         policy_version: policy version in force until a ``PolicyChange`` is
-            published on ``{prefix}.policy``.
+            published on ``{prefix}.policy`` (1 or more).
         relay_mode: ``ledger`` (read back before any second attempt) or
             ``checkpoint-only`` (the negative control: trust the checkpoint,
             retry with a fresh attempt identity).
@@ -89,7 +89,7 @@ class LedgerSettings(BaseSettings):
     transaction_timeout_ms: int = 15000
     takeover_wait_s: float = 180.0
     sink_timeout_s: float = 2.0
-    policy_version: int = 1
+    policy_version: int = Field(default=1, ge=1)
     relay_mode: str = "ledger"
     sinks_file: Path | None = None
     trusted_keys_file: Path | None = None

@@ -32,22 +32,44 @@ from ledger.errors import LocalFileError
 from ledger.events import Approval
 from ledger.identity import canonical_json
 
+#: Scope fields added by Approval schema version 2. Each is in the signed
+#: body only when set, so a signature made before they existed (over the nine
+#: fields of version 1) still verifies, and setting one changes what is signed.
+OPTIONAL_SIGNED_FIELDS = (
+    "scope_action",
+    "scope_sink",
+    "scope_currency",
+    "scope_account",
+    "scope_purpose",
+    "scope_parameter_digest",
+)
+
 
 def signed_body(approval: Approval) -> bytes:
-    """The bytes a reviewer signs: the grant's fields, canonical JSON (UTF-8)."""
-    return canonical_json(
-        {
-            "approval_id": approval.approval_id,
-            "expires_at_ms": approval.expires_at_ms,
-            "granted_at_ms": approval.granted_at_ms,
-            "key_id": approval.key_id,
-            "policy_version": approval.policy_version,
-            "reviewer": approval.reviewer,
-            "scope_max_amount_minor": approval.scope_max_amount_minor,
-            "scope_operation_id": approval.scope_operation_id,
-            "scope_subject": approval.scope_subject,
-        }
-    ).encode("utf-8")
+    """The bytes a reviewer signs: the grant's fields, canonical JSON (UTF-8).
+
+    The body always holds the nine fields of the first release (ID, reviewer,
+    policy version, expiry, grant time, key ID, subject, amount cap, bound
+    operation) and, of :data:`OPTIONAL_SIGNED_FIELDS`, those that are set:
+    the reviewer's signature covers every constraint the approval carries,
+    and approvals signed before those fields existed keep verifying.
+    """
+    body: dict[str, object] = {
+        "approval_id": approval.approval_id,
+        "expires_at_ms": approval.expires_at_ms,
+        "granted_at_ms": approval.granted_at_ms,
+        "key_id": approval.key_id,
+        "policy_version": approval.policy_version,
+        "reviewer": approval.reviewer,
+        "scope_max_amount_minor": approval.scope_max_amount_minor,
+        "scope_operation_id": approval.scope_operation_id,
+        "scope_subject": approval.scope_subject,
+    }
+    for field in OPTIONAL_SIGNED_FIELDS:
+        value = getattr(approval, field)
+        if value is not None:
+            body[field] = value
+    return canonical_json(body).encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -69,10 +91,27 @@ class ReviewerKey:
 
     @classmethod
     def from_file(cls, path: Path) -> ReviewerKey:
-        """Load ``{"key_id": ..., "private_key": base64 raw}``."""
-        raw = json.loads(path.read_text())
-        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(raw["private_key"]))
-        return cls(str(raw["key_id"]), key)
+        """Load ``{"key_id": ..., "private_key": base64 raw}``.
+
+        Raises:
+            LocalFileError: the file is unreadable or not such an object.
+        """
+        try:
+            raw = json.loads(path.read_text())
+            key = Ed25519PrivateKey.from_private_bytes(
+                base64.b64decode(raw["private_key"], validate=True)
+            )
+            key_id = raw["key_id"]
+            if not isinstance(key_id, str) or not key_id.strip():
+                raise ValueError("key_id is not a name")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise LocalFileError(
+                f"the reviewer key {path} is unreadable ({type(exc).__name__}: {exc}); restore "
+                "it from a backup, or remove it and create a new key with `ledger reviewer add` "
+                "(approvals signed with the old key then stop verifying)",
+                observed=str(exc),
+            ) from exc
+        return cls(key_id, key)
 
     def save(self, path: Path) -> None:
         """Write the private key (mode 0600)."""

@@ -42,6 +42,38 @@ from ledger.identity import (
 )
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
+from ledger.signing import OPTIONAL_SIGNED_FIELDS
+
+
+def require_name(what: str, value: str | None, *, operation_id: str | None = None) -> None:
+    """Refuse an empty or whitespace-only name or ID before it is published.
+
+    Args:
+        what: the field, as the message names it (e.g. ``approval_id``).
+        value: its value.
+        operation_id: the operation concerned, if any (for the error).
+
+    Raises:
+        LedgerError: ``value`` is ``None``, empty or only white space.
+    """
+    if value is None or not value.strip():
+        raise LedgerError(
+            f"{what} must not be empty or only white space", operation_id=operation_id
+        )
+
+
+def require_policy_version(version: int) -> None:
+    """Refuse a policy version below 1 (versions count from 1; 0 is not "the default").
+
+    Raises:
+        LedgerError: ``version`` is less than 1.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise LedgerError(
+            f"policy version {version!r} is not valid: policy versions are integers from 1",
+            expected=">= 1",
+            observed=version,
+        )
 
 
 def build_intent(
@@ -65,8 +97,9 @@ def build_intent(
     Raises:
         InputBoundsError: an operation ID outside the grammar
             (:func:`ledger.identity.operation_id_problem`).
-        LedgerError: an empty name field, a negative decision version, or
-            parameters that are not JSON values.
+        LedgerError: an empty name field (an approval ID given but blank
+            included), a negative decision version, or parameters that are
+            not JSON values.
     """
     for name, value in (
         ("operation_id", operation_id),
@@ -78,6 +111,8 @@ def build_intent(
     ):
         if not value or not value.strip():
             raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
+    if approval_id is not None:
+        require_name("approval_id", approval_id, operation_id=operation_id)
     check_operation_id(operation_id)
     if decision_version < 0:
         raise LedgerError(
@@ -261,8 +296,20 @@ class LedgerPublisher:
         """Publish a review decision (key: approval ID).
 
         Raises:
-            LedgerError: the broker did not accept it.
+            LedgerError: a blank approval ID, reviewer, subject, revoker or
+                optional scope value, a policy version below 1, or the broker
+                did not accept it.
         """
+        require_name("approval_id", approval.approval_id)
+        require_name("reviewer", approval.reviewer)
+        require_name("scope_subject", approval.scope_subject)
+        require_policy_version(approval.policy_version)
+        if approval.status == "REVOKED":
+            require_name("revoked_by", approval.revoked_by)
+        for field in ("scope_operation_id", *OPTIONAL_SIGNED_FIELDS):
+            value = getattr(approval, field)
+            if value is not None:
+                require_name(field, value)
         self._send("approvals", approval.approval_id, approval)
 
     def publish_claim(self, operation_id: str, worker: str, expected_version: int) -> str:
@@ -271,8 +318,7 @@ class LedgerPublisher:
         Returns:
             The claim ID; the processor's decision is journaled under it.
         """
-        if not worker.strip():
-            raise LedgerError("a claim needs a worker name", operation_id=operation_id)
+        require_name("a claim's worker name", worker, operation_id=operation_id)
         claim_id = f"claim:{worker}:{uuid.uuid4().hex[:12]}"
         self._send(
             "claims",
@@ -287,7 +333,14 @@ class LedgerPublisher:
         return claim_id
 
     def publish_policy(self, version: int, set_by: str, effective_at_ms: int) -> None:
-        """Publish the policy version now in force."""
+        """Publish the policy version now in force.
+
+        Raises:
+            LedgerError: a version below 1, a blank ``set_by``, or the broker
+                did not accept it.
+        """
+        require_policy_version(version)
+        require_name("set_by", set_by)
         self._send(
             "policy",
             "current",
@@ -295,7 +348,16 @@ class LedgerPublisher:
         )
 
     def publish_disposition(self, disposition: Disposition) -> None:
-        """Publish an attributable disposition of an unknown outcome (key: operation ID)."""
+        """Publish an attributable disposition of an unknown outcome (key: operation ID).
+
+        Raises:
+            LedgerError: a blank disposition ID, ``by`` or evidence, or the
+                broker did not accept it.
+        """
+        op = disposition.operation_id
+        require_name("disposition_id", disposition.disposition_id, operation_id=op)
+        require_name("a disposition's by (who decides)", disposition.by, operation_id=op)
+        require_name("a disposition's evidence", disposition.evidence, operation_id=op)
         self._send("dispositions", disposition.operation_id, disposition)
 
     def publish_readback(self, readback: Readback) -> None:

@@ -181,6 +181,12 @@ class GameDay:
                 scope_max_amount_minor=a.scope.max_amount_minor,
                 scope_operation_id=a.scope.operation_id,
                 granted_at_ms=self.harness.clock.now_ms(),
+                scope_action=a.scope.action,
+                scope_sink=a.scope.sink,
+                scope_currency=a.scope.currency,
+                scope_account=a.scope.account,
+                scope_purpose=a.scope.purpose,
+                scope_parameter_digest=a.scope.parameter_digest,
             )
         )
         self.approvals[a.approval_id] = approval

@@ -1,7 +1,8 @@
 """Game-day scenario files (``shared/SCENARIOS.md``): parsing and validation.
 
-A scenario is a JSON or YAML object with ``name``, ``description``, ``mode``,
-``sinks``, ``policy_version``, ``steps`` and ``expect``. Unknown keys are an
+A scenario is a JSON or YAML object with ``name``, ``format`` (1, the
+default, or 2), ``description``, ``mode``, ``sinks``, ``policy_version``,
+``steps`` and ``expect``. Unknown keys are an
 error naming the key and where it is; so are wrong types and unknown steps.
 """
 
@@ -31,12 +32,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+#: A policy version as a scenario gives it: 1 or more (0 is not "the default").
+PolicyVersion = Annotated[int, Field(ge=1)]
+
+
 class Scope(_Strict):
-    """What an approval covers."""
+    """What an approval covers.
+
+    ``subject`` and ``max_amount_minor`` always; each optional field (format
+    v2), when given, must equal the operation's own value for the approval
+    to admit it (``currency`` and ``account`` are read from its ``params``).
+    """
 
     subject: str
     max_amount_minor: int = Field(ge=0)
     operation_id: str | None = None
+    action: str | None = None
+    sink: str | None = None
+    currency: str | None = None
+    account: str | None = None
+    purpose: str | None = None
+    parameter_digest: str | None = None
 
 
 class Approve(_Strict):
@@ -45,7 +61,7 @@ class Approve(_Strict):
     approval_id: str
     reviewer: str
     expires_at: int | float
-    policy_version: int
+    policy_version: PolicyVersion
     scope: Scope
 
 
@@ -59,7 +75,7 @@ class Revoke(_Strict):
 class Policy(_Strict):
     """The current policy version changes."""
 
-    version: int
+    version: PolicyVersion
 
 
 class IntentStep(_Strict):
@@ -308,7 +324,7 @@ class Scenario(BaseModel):
     format: Literal[1, 2] = 1
     mode: Literal["ledger", "checkpoint-only"] = "ledger"
     sinks: dict[str, SinkSpec] = Field(default_factory=dict)
-    policy_version: int = 1
+    policy_version: PolicyVersion = 1
     steps: list[Step]
     expect: Expect = Field(default_factory=Expect)
 

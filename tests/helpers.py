@@ -7,6 +7,7 @@ from typing import Any
 
 from ledger.events import (
     AdmissionDecision,
+    AdmissionRequest,
     Approval,
     Claim,
     EffectReceipt,
@@ -56,7 +57,9 @@ def approval(
     max_amount: int = 5000,
     policy: int = 1,
     operation_id: str | None = None,
+    **scope: str | None,
 ) -> Approval:
+    """An unsigned grant; ``scope`` sets optional scope fields by name (``scope_currency=...``)."""
     return Approval(
         approval_id=approval_id,
         reviewer="rev",
@@ -66,6 +69,30 @@ def approval(
         scope_max_amount_minor=max_amount,
         scope_operation_id=operation_id,
         granted_at_ms=0,
+        **scope,  # type: ignore[arg-type]
+    )
+
+
+def admission_request(
+    op: str = "refund:c1:v1",
+    amount: int = 5000,
+    subject: str = "customer-1",
+    approval_id: str = "ap-1",
+    **params: Any,
+) -> AdmissionRequest:
+    """The request the processor writes for :func:`intent`'s operation (params overridable)."""
+    i = intent(op, amount, approval_id, subject, **params)
+    return AdmissionRequest(
+        operation_id=op,
+        approval_id=approval_id,
+        parameter_digest=i.parameter_digest,
+        subject=subject,
+        amount_minor=i.amount_minor,
+        state_version=1,
+        sink=i.sink,
+        action=i.action,
+        purpose=i.purpose,
+        params_json=i.params_json,
     )
 
 

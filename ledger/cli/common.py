@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from ledger.errors import LedgerError
 from ledger.settings import LedgerSettings
@@ -57,10 +58,26 @@ def current_settings() -> LedgerSettings:
     Returns:
         A :class:`LedgerSettings` (``LEDGER_*`` environment variables, see
         ``ledger config``).
+
+    Raises:
+        click.ClickException: a ``LEDGER_*`` variable holds an invalid value
+            (e.g. ``LEDGER_POLICY_VERSION=0``); the message names it.
     """
     ctx = click.get_current_context(silent=True)
     found = ctx.find_object(LedgerSettings) if ctx is not None else None
-    return found if found is not None else LedgerSettings()
+    if found is not None:
+        return found
+    try:
+        return LedgerSettings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"LEDGER_{'_'.join(str(p) for p in err['loc']).upper()}={err.get('input')!r}: "
+            f"{err['msg']}"
+            for err in exc.errors()
+        )
+        raise click.ClickException(
+            f"invalid setting {problems}; fix the environment variable (see 'ledger --help')"
+        ) from None
 
 
 def setup_logging(verbose: bool) -> None:

@@ -8,6 +8,7 @@ what it was, since the ledger decides asynchronously.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,29 @@ def _report_decision(
     click.echo(f"{entry.outcome}: {entry.operation_id} {moved} ({entry.reason})")
     if entry.outcome == "REFUSED":
         sys.exit(1)
+
+
+def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse an empty or whitespace-only name or ID (``None``, an omitted option, passes)."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty or only white space")
+    return value
+
+
+#: A policy version as an operator gives it: 1 or more (0 is refused, never "the default").
+POLICY_VERSION = click.IntRange(min=1)
+
+#: A parameter digest as ``ledger intent publish`` prints it: SHA-256, 64 lowercase hex digits.
+DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _digest(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not DIGEST.fullmatch(value):
+        raise click.BadParameter(
+            "takes a parameter digest: 64 lowercase hex digits, as 'ledger intent publish' "
+            "prints it"
+        )
+    return value
 
 
 _WAIT = click.option(
@@ -124,8 +148,9 @@ def intent_publish(
     _ready(settings)
     if sink not in load_sinks(settings.sinks_path()):
         click.echo(
-            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the relay will not "
-            "find it (start one with 'ledger sink serve')",
+            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the authority kernel "
+            "refuses its operations (no contract says where their amount is) and the relay "
+            "would not find it (start one with 'ledger sink serve')",
             err=True,
         )
     pub = _publisher(settings)
@@ -170,13 +195,23 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
 
 
 @click.command("approve")
-@click.option("--approval-id", required=True, help="Approval ID (the review decision's ID).")
+@click.option(
+    "--approval-id",
+    required=True,
+    callback=_non_blank,
+    help="Approval ID (the review decision's ID); intents name it with --approval-id.",
+)
 @click.option(
     "--reviewer", required=True, callback=_reviewer_name, help="Reviewer; signs with their key."
 )
-@click.option("--subject", required=True, help="Subject the approval covers.")
+@click.option("--subject", required=True, callback=_non_blank, help="Subject the approval covers.")
 @click.option(
-    "--max-amount-minor", type=click.IntRange(min=0), required=True, help="Largest amount covered."
+    "--max-amount-minor",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Largest amount covered, in minor units (pence, cents), read from the parameter the "
+    "sink's contract names (amount_minor unless it says otherwise); an intent whose parameters "
+    "lack it is refused.",
 )
 @click.option(
     "--expires-in-s",
@@ -185,9 +220,56 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
     show_default=True,
     help="Expiry, seconds after now on the ledger clock.",
 )
-@click.option("--operation-id", default=None, help="Bind the approval to one operation.")
 @click.option(
-    "--policy-version", type=int, default=None, help="Policy granted under (default: in force)."
+    "--operation-id",
+    default=None,
+    callback=_non_blank,
+    help="Bind the approval to one operation ID (e.g. refund:1842:v3).",
+)
+@click.option(
+    "--policy-version",
+    type=POLICY_VERSION,
+    default=None,
+    help="Policy version granted under, 1 or more (default: LEDGER_POLICY_VERSION). An approval "
+    "granted under another version than the one in force admits nothing.",
+)
+@click.option(
+    "--action",
+    default=None,
+    callback=_non_blank,
+    help="Admit only this action (e.g. refund): a payout under a refund's approval is refused.",
+)
+@click.option(
+    "--sink",
+    default=None,
+    callback=_non_blank,
+    help="Admit only operations at this sink (its name in the sink registry, e.g. payments).",
+)
+@click.option(
+    "--currency",
+    default=None,
+    callback=_non_blank,
+    help="Admit only operations whose params.currency is this (e.g. GBP): without it, "
+    "'5000' covers 5000 of any currency.",
+)
+@click.option(
+    "--account",
+    default=None,
+    callback=_non_blank,
+    help="Admit only operations whose params.account is this (e.g. acct-1842).",
+)
+@click.option(
+    "--purpose",
+    default=None,
+    callback=_non_blank,
+    help="Admit only operations declaring this purpose (e.g. fee-remediation).",
+)
+@click.option(
+    "--parameter-digest",
+    default=None,
+    callback=_digest,
+    help="Admit only the operation with exactly these parameters: its parameter digest "
+    "(64 hex digits), as 'ledger intent publish' prints it.",
 )
 def approve_cmd(
     approval_id: str,
@@ -197,12 +279,30 @@ def approve_cmd(
     expires_in_s: float,
     operation_id: str | None,
     policy_version: int | None,
+    action: str | None,
+    sink: str | None,
+    currency: str | None,
+    account: str | None,
+    purpose: str | None,
+    parameter_digest: str | None,
 ) -> None:
     """Publish a signed review decision (an approval).
 
     The authority kernel admits one exact operation with it, once, while it is
     current: not expired or revoked, granted under the policy in force, and
-    covering the operation's subject and amount.
+    covering the operation's scope: its subject, its amount (up to
+    --max-amount-minor), and each of --operation-id, --action, --sink,
+    --currency, --account, --purpose and --parameter-digest that is given.
+    An operation outside the scope is refused with the field and both values
+    ('out of scope: currency EUR, approved GBP') and the approval stays
+    unused. The reviewer's signature covers every field given.
+
+    Example (5000 pence of a GBP refund at the payments sink):
+
+    \b
+      ledger approve --approval-id review-1842 --reviewer alice \\
+        --subject customer-1842 --max-amount-minor 5000 \\
+        --currency GBP --action refund --sink payments
     """
     from ledger.clock import clock_for
     from ledger.events import Approval
@@ -215,12 +315,20 @@ def approve_cmd(
         Approval(
             approval_id=approval_id,
             reviewer=reviewer,
-            policy_version=policy_version or settings.policy_version,
+            policy_version=policy_version
+            if policy_version is not None
+            else settings.policy_version,
             expires_at_ms=now + int(expires_in_s * 1000),
             scope_subject=subject,
             scope_max_amount_minor=max_amount_minor,
             scope_operation_id=operation_id,
             granted_at_ms=now,
+            scope_action=action,
+            scope_sink=sink,
+            scope_currency=currency,
+            scope_account=account,
+            scope_purpose=purpose,
+            scope_parameter_digest=parameter_digest,
         )
     )
     pub = _publisher(settings)
@@ -228,17 +336,33 @@ def approve_cmd(
         pub.publish_approval(approval)
     finally:
         pub.close()
+    bound = ", ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("operation", operation_id),
+            ("action", action),
+            ("sink", sink),
+            ("currency", currency),
+            ("account", account),
+            ("purpose", purpose),
+            ("parameter digest", parameter_digest),
+        )
+        if value is not None
+    )
     click.echo(
-        f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units, "
-        f"expires at {approval.expires_at_ms / 1000:g} s (ledger clock)"
+        f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units"
+        + (f" ({bound})" if bound else "")
+        + f", policy {approval.policy_version}, expires at {approval.expires_at_ms / 1000:g} s "
+        "(ledger clock)"
     )
 
 
 @click.command("revoke")
-@click.argument("approval_id")
+@click.argument("approval_id", callback=_non_blank)
 @click.option(
     "--by",
     required=True,
+    callback=_non_blank,
     help="Reviewer or operator who revokes it; signs with their key "
     "(ledger reviewer add / ledger operator add).",
 )
@@ -268,14 +392,18 @@ def policy_group() -> None:
 
 
 @policy_group.command("set")
-@click.argument("version", type=int)
+@click.argument("version", type=POLICY_VERSION)
 @click.option(
     "--by",
     required=True,
+    callback=_non_blank,
     help="Operator who changes it; signs with their key (ledger operator add).",
 )
 def policy_set(version: int, by: str) -> None:
-    """Publish VERSION as the policy in force."""
+    """Publish VERSION (1 or more) as the policy in force.
+
+    Approvals granted under any other version admit nothing new from then on.
+    """
     from ledger.clock import clock_for
 
     settings = current_settings()
@@ -320,7 +448,9 @@ def state_cmd(operation_id: str | None) -> None:
 
 @click.command("claim")
 @click.argument("operation_id")
-@click.option("--worker", required=True, help="Who claims ownership of the resume.")
+@click.option(
+    "--worker", required=True, callback=_non_blank, help="Who claims ownership of the resume."
+)
 @click.option(
     "--expected-version",
     default="current",
@@ -449,9 +579,10 @@ def reconcile_run() -> None:
 @click.option(
     "--by",
     required=True,
+    callback=_non_blank,
     help="Operator who decides; signs with their key (ledger operator add).",
 )
-@click.option("--evidence", required=True, help="What the decision rests on.")
+@click.option("--evidence", required=True, callback=_non_blank, help="What the decision rests on.")
 @_WAIT
 def reconcile_dispose(
     operation_id: str, decision: str, by: str, evidence: str, wait_s: float
@@ -464,8 +595,6 @@ def reconcile_dispose(
 
     settings = current_settings()
     _ready(settings)
-    if not by.strip() or not evidence.strip():
-        raise click.BadParameter("a disposition needs --by and --evidence")
     pub = _publisher(settings)
     try:
         pub.publish_disposition(

@@ -126,5 +126,9 @@ def _admission_request(state: OperationState, approval_id: str) -> Output:
             subject=state.subject,
             amount_minor=state.amount_minor,
             state_version=state.version,
+            sink=state.sink,
+            action=state.action,
+            purpose=state.purpose,
+            params_json=state.params_json,
         ),
     )

@@ -49,8 +49,9 @@ SINK_FAULT_MODES: tuple[str, ...] = (
 
 #: The mail sink: sends cannot be read back nor deduplicated. A wrong or
 #: repeated notification can be corrected by a follow-up message, so its
-#: consequence class is ``reversible-external``.
-MAILER = EffectContract(consequence="reversible-external")
+#: consequence class is ``reversible-external``. A send carries no amount
+#: (``amount_field=None``: no approval's amount cap applies to it).
+MAILER = EffectContract(consequence="reversible-external", amount_field=None)
 
 #: Sink name -> contract, as the mission registers them.
 MISSION_SINKS: dict[str, EffectContract] = {"payments": PAYMENT_GATEWAY, "mailer": MAILER}

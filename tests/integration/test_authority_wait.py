@@ -19,10 +19,12 @@ from confluent_kafka import Producer
 
 from consumers.authority import AuthorityKernel
 from consumers.reader import read_topic
+from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import AdmissionDecision, AdmissionRequest, OperatingEvent
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from producers.publisher import LedgerPublisher
+from sinks.registry import SinkEndpoint, save_sinks
 from tests.helpers import stage_seal
 from tests.integration.test_stages import approve
 
@@ -46,7 +48,15 @@ def _decisions_within(settings: LedgerSettings, seconds: float) -> list[Admissio
 def _kernel_after_request(
     settings: LedgerSettings, approval_id: str, op: str
 ) -> Iterator[AuthorityKernel]:
-    """Publish an admission request relying on ``approval_id``, then run a kernel (a thread)."""
+    """Publish an admission request relying on ``approval_id``, then run a kernel (a thread).
+
+    The request is for 100 minor units at sink ``payments``, registered (the
+    kernel reads the amount where its contract says); nothing answers there.
+    """
+    save_sinks(
+        settings.sinks_path(),
+        {"payments": SinkEndpoint(url="http://127.0.0.1:9", contract=PAYMENT_GATEWAY)},
+    )
     request = AdmissionRequest(
         operation_id=op,
         approval_id=approval_id,
@@ -54,6 +64,10 @@ def _kernel_after_request(
         subject="customer-1",
         amount_minor=100,
         state_version=1,
+        sink="payments",
+        action="refund",
+        purpose="fee-remediation",
+        params_json='{"account":"acct-1","amount_minor":100,"currency":"GBP"}',
     )
     raw = Producer(producer_config(settings))
     value = request.to_bytes()

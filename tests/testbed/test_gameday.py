@@ -28,7 +28,6 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
 AWAITING = {
-    "s11-scope-currency": "issue 11: finer approval scope (scope.currency)",
     "s12-reservation-cancelled-on-revocation": "issue 14: reservations (try-confirm-cancel)",
     "s13-compensation-is-its-own-operation": "issue 14: compensation as its own operation",
     "s14-upgrade-drops-readback": "issue 14: contract upgrades (format v2 'upgrade' step)",
@@ -169,13 +168,30 @@ def test_format_2_expectations_can_fail() -> None:
             ),
             "sink 'nope' is not declared",
         ),
-        (lambda d: d.update(format=3), "format"),
         (lambda d: d["steps"].append({"forge": {"record": "tombstone"}}), "needs 'topic'"),
         (lambda d: d["steps"].append({"forge": {"record": "admission"}}), "needs 'operation_id'"),
         (lambda d: d["steps"].append({"forge": {"record": "rumour"}}), "steps[9].forge: record"),
         (
             lambda d: d["steps"].append({"upgrade": {"sink": "payments", "contract": {}}}),
             "unknown step 'upgrade'",
+        ),
+        (
+            lambda d: d["steps"][0]["approve"].update(policy_version=0),
+            "steps[0].approve: policy_version: Input should be greater than or equal to 1",
+        ),
+        (
+            lambda d: d["steps"].append({"policy": {"version": -1}}),
+            "steps[9].policy: version: Input should be greater than or equal to 1",
+        ),
+        (lambda d: d.update(policy_version=0), "policy_version"),
+        (lambda d: d.update(format=3), "format"),
+        (
+            lambda d: d["steps"][0]["approve"]["scope"].update(colour="red"),
+            "unknown key 'scope.colour'",
+        ),
+        (
+            lambda d: d["steps"][0]["approve"]["scope"].update(currency=826),
+            "scope.currency",
         ),
     ],
 )
@@ -189,6 +205,15 @@ def test_malformed_scenarios_name_the_bad_key(mutate, message, tmp_path: Path) -
     path.write_text(json.dumps(base))
     with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load(path)
+
+
+def test_format_2_scope_fields_reach_the_approval() -> None:
+    scenario = load(PUBLIC / "s11-scope-currency.json") if PUBLIC.is_dir() else None
+    if scenario is None:
+        pytest.skip(f"public scenarios not found at {PUBLIC}")
+    assert scenario.format == 2
+    scope = scenario.steps[0].args.scope
+    assert (scope.currency, scope.account, scope.action) == ("GBP", None, None)
 
 
 def test_yaml_scenarios_are_read(tmp_path: Path) -> None:

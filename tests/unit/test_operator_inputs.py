@@ -1,0 +1,356 @@
+"""Operator inputs are validated before anything is published (issue 11, item 8).
+
+Policy versions count from 1 (0 never silently becomes 1), names and IDs are
+never blank, and a corrupted local file is an error message with the remedy,
+never a traceback. No broker is needed: the commands are refused first, or the
+broker check and the publisher are replaced by fakes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from ledger.cli import main, ops
+from ledger.errors import LedgerError
+from ledger.events import Approval, Disposition
+from ledger.settings import LedgerSettings
+from ledger.signing import ReviewerKey, load_trusted, trust, verify
+from producers.publisher import LedgerPublisher, build_intent
+from tests import helpers
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run folder in force for the CLI; nothing listens on the broker port."""
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setenv("LEDGER_RUN_DIR", str(run))
+    monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    monkeypatch.delenv("LEDGER_POLICY_VERSION", raising=False)
+    monkeypatch.delenv("LEDGER_SINKS_FILE", raising=False)
+    monkeypatch.delenv("LEDGER_TRUSTED_KEYS_FILE", raising=False)
+    return run
+
+
+class FakePublisher:
+    """Records what a command would publish."""
+
+    def __init__(self) -> None:
+        self.approvals: list[Approval] = []
+
+    def publish_approval(self, approval: Approval) -> None:
+        self.approvals.append(approval)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def published(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePublisher]:
+    """No broker check; publishing goes to a fake."""
+    fake = FakePublisher()
+    monkeypatch.setattr(ops, "_ready", lambda settings: None)
+    monkeypatch.setattr(ops, "_publisher", lambda settings: fake)
+    yield fake
+
+
+def ledger(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def refused(result: Result, *words: str) -> None:
+    """The command failed with a message (no traceback) that says ``words``."""
+    assert result.exit_code != 0, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.output, result.output
+
+
+APPROVE = [
+    "approve",
+    "--approval-id",
+    "review-1",
+    "--reviewer",
+    "alice",
+    "--subject",
+    "customer-1",
+    "--max-amount-minor",
+    "5000",
+]
+
+
+# --------------------------------------------------------------------- policy versions
+
+
+@pytest.mark.parametrize("version", ["0", "-1"])
+def test_a_policy_version_below_one_is_refused_by_every_command(
+    run_dir: Path, published: FakePublisher, version: str
+) -> None:
+    ledger("reviewer", "add", "alice")
+    refused(ledger(*APPROVE, "--policy-version", version), "--policy-version", "x>=1")
+    refused(ledger("policy", "set", "--by", "ops", "--", version), "VERSION", "x>=1")
+    assert published.approvals == []
+
+
+def test_an_explicit_policy_version_is_kept_and_the_default_is_the_setting(
+    run_dir: Path, published: FakePublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger("reviewer", "add", "alice")
+    monkeypatch.setenv("LEDGER_POLICY_VERSION", "4")
+    assert ledger(*APPROVE).exit_code == 0
+    assert ledger(*APPROVE, "--policy-version", "2").exit_code == 0
+    assert [a.policy_version for a in published.approvals] == [4, 2]
+
+
+def test_a_policy_version_setting_below_one_is_an_error_naming_the_variable(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEDGER_POLICY_VERSION", "0")
+    refused(ledger("config"), "LEDGER_POLICY_VERSION", "greater than or equal to 1")
+
+
+# --------------------------------------------------------------------- names and IDs
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t"])
+def test_blank_ids_and_names_are_refused_by_the_cli(
+    run_dir: Path, published: FakePublisher, blank: str
+) -> None:
+    ledger("reviewer", "add", "alice")
+    for args in (
+        ["approve", "--approval-id", blank, *APPROVE[3:]],
+        [*APPROVE[:5], "--subject", blank, *APPROVE[7:]],
+        [*APPROVE, "--currency", blank],
+        ["revoke", blank, "--by", "ops"],
+        ["revoke", "review-1", "--by", blank],
+        ["policy", "set", "2", "--by", blank],
+        ["claim", "refund:1:v1", "--worker", blank],
+        ["reconcile", "dispose", "refund:1:v1", "--decision", "absent"]
+        + ["--by", blank, "--evidence", "bank statement"],
+        ["reconcile", "dispose", "refund:1:v1", "--decision", "absent"]
+        + ["--by", "ops", "--evidence", blank],
+        ["reviewer", "add", blank],
+    ):
+        result = ledger(*args)
+        refused(result)
+        assert "empty" in result.output or "letters, digits" in result.output, args
+    assert published.approvals == []
+
+
+def test_a_parameter_digest_scope_must_look_like_one(
+    run_dir: Path, published: FakePublisher
+) -> None:
+    ledger("reviewer", "add", "alice")
+    refused(ledger(*APPROVE, "--parameter-digest", "abc"), "64 lowercase hex digits")
+    assert published.approvals == []
+
+
+def _publisher() -> LedgerPublisher:
+    """A publisher aimed at nothing: every record here is refused before it is sent."""
+    return LedgerPublisher(LedgerSettings(bootstrap_servers="127.0.0.1:1"))
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"approval_id": " "}, "approval_id"),
+        ({"reviewer": ""}, "reviewer"),
+        ({"scope_subject": "  "}, "scope_subject"),
+        ({"policy_version": 0}, "policy version 0"),
+        ({"policy_version": -3}, "policy version -3"),
+        ({"status": "REVOKED", "revoked_by": " "}, "revoked_by"),
+        ({"status": "REVOKED"}, "revoked_by"),
+        ({"scope_currency": ""}, "scope_currency"),
+    ],
+)
+def test_the_publisher_refuses_a_blank_or_invalid_approval(
+    change: dict[str, Any], words: str
+) -> None:
+    pub = _publisher()
+    try:
+        with pytest.raises(LedgerError, match=words):
+            pub.publish_approval(helpers.approval().model_copy(update=change))
+    finally:
+        pub.close()
+
+
+def test_the_publisher_refuses_blank_dispositions_policies_claims_and_approval_ids() -> None:
+    good = Disposition(
+        disposition_id="d-1",
+        operation_id="refund:1:v1",
+        decision="ABSENT",
+        by="ops",
+        evidence="statement",
+        disposed_at_ms=0,
+    )
+    pub = _publisher()
+    try:
+        for field in ("disposition_id", "by", "evidence"):
+            with pytest.raises(LedgerError, match="must not be empty"):
+                pub.publish_disposition(good.model_copy(update={field: " "}))
+        for version in (0, -1):
+            with pytest.raises(LedgerError, match="policy versions are integers from 1"):
+                pub.publish_policy(version, "ops", 0)
+        with pytest.raises(LedgerError, match="set_by"):
+            pub.publish_policy(2, "  ", 0)
+        with pytest.raises(LedgerError, match="worker"):
+            pub.publish_claim("refund:1:v1", " ", 1)
+    finally:
+        pub.close()
+    with pytest.raises(LedgerError, match="approval_id"):
+        build_intent(
+            operation_id="refund:1:v1",
+            sink="payments",
+            action="refund",
+            params={"amount_minor": 1},
+            actor="svc",
+            subject="customer-1",
+            purpose="p",
+            decision_version=1,
+            approval_id="  ",
+        )
+
+
+# --------------------------------------------------------------------- scope options
+
+
+def test_approve_signs_every_scope_option_given(run_dir: Path, published: FakePublisher) -> None:
+    ledger("reviewer", "add", "alice")
+    digest = "ab" * 32
+    result = ledger(
+        *APPROVE,
+        "--action",
+        "refund",
+        "--sink",
+        "payments",
+        "--currency",
+        "GBP",
+        "--account",
+        "acct-1",
+        "--purpose",
+        "fee-remediation",
+        "--parameter-digest",
+        digest,
+    )
+    assert result.exit_code == 0, result.output
+    assert "currency GBP" in result.output and "policy 1" in result.output
+    (approval,) = published.approvals
+    assert (
+        approval.scope_action,
+        approval.scope_sink,
+        approval.scope_currency,
+        approval.scope_account,
+        approval.scope_purpose,
+        approval.scope_parameter_digest,
+    ) == ("refund", "payments", "GBP", "acct-1", "fee-remediation", digest)
+    trusted = load_trusted(run_dir / "trusted_keys.json")
+    assert verify(approval, trusted) is None
+    assert verify(approval.model_copy(update={"scope_currency": "EUR"}), trusted) is not None
+
+
+def test_approve_help_teaches_each_scope_option() -> None:
+    text = " ".join(ledger("approve", "--help").output.split())
+    for option in (
+        "--action",
+        "--sink",
+        "--currency",
+        "--account",
+        "--purpose",
+        "--parameter-digest",
+    ):
+        assert option in text
+    assert "out of scope: currency EUR, approved GBP" in text
+    assert "params.currency" in text
+
+
+# --------------------------------------------------------------------- corrupted local files
+
+
+def test_corrupted_local_files_are_errors_with_the_remedy_not_tracebacks(
+    run_dir: Path, published: FakePublisher
+) -> None:
+    (run_dir / "clock").write_text("twelve o'clock")
+    refused(ledger("clock", "show"), "ledger clock", "remove it")
+    refused(ledger("clock", "advance", "5"), "ledger clock")
+    (run_dir / "clock").write_text("0")
+
+    (run_dir / "sinks.json").write_text("{not json")
+    refused(ledger("reconcile", "run"), "sink registry", "register the sinks again")
+    refused(
+        ledger(
+            "intent",
+            "publish",
+            "--operation-id",
+            "refund:1:v1",
+            "--sink",
+            "payments",
+            "--action",
+            "refund",
+            "--params",
+            "{}",
+            "--actor",
+            "svc",
+            "--subject",
+            "customer-1",
+            "--purpose",
+            "p",
+            "--decision-version",
+            "1",
+        ),
+        "sink registry",
+    )
+
+    keys = run_dir / "trusted_keys.json"
+    keys.write_text("[1, 2")
+    refused(ledger("reviewer", "add", "bob"), "trusted-keys file", "ledger reviewer add")
+    assert keys.read_text() == "[1, 2"  # left as it was
+
+    keys.unlink()
+    assert ledger("reviewer", "add", "alice").exit_code == 0
+    (run_dir / "reviewers" / "alice.key").write_text('{"key_id": "alice"}')
+    refused(ledger(*APPROVE), "reviewer key", "alice.key")
+    assert published.approvals == []
+
+
+def test_trusting_a_key_keeps_the_others_and_writes_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "trusted_keys.json"
+    first, second = ReviewerKey.generate("a"), ReviewerKey.generate("b")
+    trust(path, first)
+    trust(path, second)
+    assert set(json.loads(path.read_text())) == {"a", "b"}
+    # No temporary file is left behind (the lock file serialises writers).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "trusted_keys.json",
+        "trusted_keys.json.lock",
+    ]
+
+
+def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher(
+    tmp_path: Path,
+) -> None:
+    from consumers.authority import AuthorityKernel
+    from consumers.stage import Record
+    from ledger.events import PolicyChange
+
+    kernel = AuthorityKernel(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    try:
+
+        def change(version: int, offset: int) -> Record:
+            event = PolicyChange(version=version, set_by="mallory", effective_at_ms=0)
+            return Record("policy", 0, offset, "current", event.to_bytes(), event)
+
+        kernel._apply_policy("current", change(3, 0))
+        kernel._apply_policy("current", change(0, 1))
+        assert kernel.policy_version == 3
+        ((topic, _, event),) = kernel.notes
+        assert topic == "operating-events" and event.kind == "BAD_INPUT"  # type: ignore[attr-defined]
+        assert "policy versions count from 1" in event.reason  # type: ignore[attr-defined]
+    finally:
+        kernel.close()

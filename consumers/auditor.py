@@ -68,7 +68,9 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
             endpoint = sinks.get(state.sink)
             if endpoint is None or not endpoint.contract.readback:
                 continue
-            with SinkClient(endpoint.url, timeout_s=settings.sink_timeout_s) as client:
+            with SinkClient(
+                endpoint.url, timeout_s=settings.sink_timeout_s, token=endpoint.token
+            ) as client:
                 result = client.readback(op, None)
             if result.status == "committed":
                 sink_effects[op] = result.effects

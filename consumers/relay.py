@@ -12,7 +12,18 @@ otherwise records an ambiguous outcome.
 
 In ``checkpoint-only`` mode (the negative control) it does what naive
 runtimes do: trusts only its own checkpoint (the committed offset) and
-resubmits with a fresh attempt identity.
+resubmits with a fresh attempt identity (and a fresh idempotency key, the
+attempt's, so a sink that requires a key still makes a second effect).
+
+A sink that refuses the relay's bearer token (401/403,
+:class:`~ledger.errors.SinkAuthError`) refused the request before looking at
+it: no effect was made, and the operation is not at fault. The relay treats
+it like an outage, never as a rejection: an execution gets an ``UNAVAILABLE``
+receipt (the processor re-dispatches within its unavailable budget), a
+readback or postcondition an ``UNKNOWN`` observation (the operation stays
+held), each with a ``SINK_AUTH_FAILED`` operating event naming the sink and
+the remedy; the relay reloads the sink registry before its next request, so
+a corrected token is picked up without a restart.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from ledger.contracts import (
     readback_unsupported,
     sends_idempotency_key,
 )
+from ledger.errors import LedgerError, SinkAuthError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
 from sinks.client import SinkClient, postcondition_source
 from sinks.registry import SinkEndpoint, load_sinks
@@ -147,8 +159,16 @@ class Relay(Stage):
 
     def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
         client = self.clients.get(name)
-        if client is None or client.base_url != endpoint.url.rstrip("/"):
-            client = SinkClient(endpoint.url, timeout_s=self.settings.sink_timeout_s)
+        if (
+            client is None
+            or client.base_url != endpoint.url.rstrip("/")
+            or client.token != endpoint.token
+        ):
+            if client is not None:
+                client.close()
+            client = SinkClient(
+                endpoint.url, timeout_s=self.settings.sink_timeout_s, token=endpoint.token
+            )
             self.clients[name] = client
         return client
 
@@ -271,6 +291,8 @@ class Relay(Stage):
             return self._perform(d, fresh=fresh)
         except KafkaException:
             raise
+        except SinkAuthError as exc:
+            return self._auth_failed(d, exc)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log.error("relay: %s failed: %s", d.dispatch_id, reason)
@@ -297,6 +319,44 @@ class Relay(Stage):
                 reason=f"{d.kind} of {d.operation_id} at {d.sink}: {reason}",
             )
             return [outcome, ("operating-events", d.operation_id, event)]
+
+    def _auth_failed(self, d: Dispatch, exc: SinkAuthError) -> list[tuple[str, str, Event]]:
+        """The sink refused our token: no effect; hold or retry, never reject.
+
+        Returns:
+            An ``UNAVAILABLE`` receipt (execution) or an ``UNKNOWN``
+            observation (readback, postcondition), and a ``SINK_AUTH_FAILED``
+            operating event.
+        """
+        self.sinks.pop(d.sink, None)  # reload the registry before the next request
+        now = self.clock.now_ms()
+        reason = (
+            f"sink {d.sink} refused the relay's bearer token (HTTP {exc.http_status}); no effect "
+            f"was made. Set the 'token' of {d.sink} in {self.settings.sinks_path()} to the token "
+            "the sink was started with"
+        )
+        log.error("relay: %s (%s)", reason, d.dispatch_id)
+        outcome: tuple[str, str, Event]
+        if d.kind == "EXECUTE":
+            first = self.attempts.get(d.dispatch_id, now)
+            outcome = (
+                "receipts",
+                d.operation_id,
+                self._receipt(d, "UNAVAILABLE", first, now, reason),
+            )
+        else:
+            kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
+            outcome = self._observation(
+                d, kind, "UNKNOWN", d.sink, reason, now, on_resume=d.on_resume
+            )
+        event = OperatingEvent(
+            event_id=f"relay:{d.dispatch_id}:SINK_AUTH_FAILED",
+            operation_id=d.operation_id,
+            component="relay",
+            kind="SINK_AUTH_FAILED",
+            reason=reason,
+        )
+        return [outcome, ("operating-events", d.operation_id, event)]
 
     def _perform(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
         endpoint = self._endpoint(d.sink)
@@ -374,13 +434,29 @@ class Relay(Stage):
     ) -> tuple[str, str, Event]:
         attempt_id = f"{d.dispatch_id}:{uuid.uuid4().hex[:8]}" if fresh_identity else d.dispatch_id
         params: dict[str, Any] = json.loads(d.params_json)
+        if d.subject is None or d.purpose is None or d.decision_version is None:
+            # A dispatch of schema version 1 cannot carry the digest's inputs
+            # to the sink; held (as any per-dispatch error), never sent.
+            raise LedgerError(
+                f"dispatch {d.dispatch_id} predates schema version 2 and lacks the inputs of "
+                "its parameter digest (subject, purpose, decision version) that the sink checks; "
+                "a person decides (ledger dispose) or a new dispatch is issued",
+                operation_id=d.operation_id,
+            )
+        keyed = sends_idempotency_key(contract, fresh_attempt_identity=fresh_identity)
         result = client.submit(
             d.operation_id,
             d.parameter_digest,
             params,
             fencing_token_for(contract, d.fencing_token),
             attempt_id,
-            use_key=sends_idempotency_key(contract, fresh_attempt_identity=fresh_identity),
+            # The negative control sends a key of its own attempt: no deduplication.
+            use_key=keyed or (contract.idempotent and fresh_identity),
+            idempotency_key=None if keyed else attempt_id,
+            action=d.action,
+            subject=d.subject,
+            purpose=d.purpose,
+            decision_version=d.decision_version,
         )
         if result.status == "committed":
             self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)

@@ -141,9 +141,9 @@ class OperationParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    account: StrictStr | None = None
-    amount_minor: StrictInt | None = None
-    currency: StrictStr | None = None
+    account: StrictStr | None = Field(default=None, max_length=1000)
+    amount_minor: StrictInt | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    currency: StrictStr | None = Field(default=None, max_length=100)
 
 
 class SubmitBody(BaseModel):
@@ -260,8 +260,8 @@ async def read_json_object(request: Request) -> dict[str, Any] | JSONResponse:
     Returns:
         The object, or the refusal to answer: 413 ``body_too_large``, or 400
         ``invalid_request`` for bytes that are not UTF-8 JSON (``NaN`` and
-        ``Infinity`` included), nesting deeper than :data:`MAX_JSON_DEPTH`, or
-        a value that is not an object.
+        ``Infinity`` included), text with lone surrogates, nesting deeper
+        than :data:`MAX_JSON_DEPTH`, or a value that is not an object.
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -283,6 +283,10 @@ async def read_json_object(request: Request) -> dict[str, Any] | JSONResponse:
         return _invalid(ValueError(f"the body is not UTF-8 JSON: {str(exc)[:200]}"))
     if _too_deep(value, MAX_JSON_DEPTH):
         return _invalid(ValueError(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"))
+    try:  # a lone surrogate (\\ud800) decodes but cannot be stored or hashed
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return _invalid(ValueError(f"the JSON holds text that is not Unicode: {exc.reason}"))
     if not isinstance(value, dict):
         return _invalid(ValueError(f"the body must be a JSON object, not {type(value).__name__}"))
     return value

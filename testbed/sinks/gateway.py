@@ -633,12 +633,12 @@ def create_app(
     async def readback(request: Request) -> JSONResponse:
         raw = request.query_params.get("fencing_token")
         try:
-            token = None if raw in (None, "") else int(raw)
+            fencing = None if raw in (None, "") else int(raw)
         except ValueError:
             return _invalid(ValueError(f"fencing_token must be an integer, got {raw!r}"[:300]))
-        if token is not None and not 0 <= token <= MAX_TOKEN:
+        if fencing is not None and not 0 <= fencing <= MAX_TOKEN:
             return _invalid(ValueError(f"fencing_token must be 0 to {MAX_TOKEN}"))
-        return await respond(service.readback(request.path_params["operation_id"], token))
+        return await respond(service.readback(request.path_params["operation_id"], fencing))
 
     async def account(request: Request) -> JSONResponse:
         return await respond(service.account(request.path_params["account"]))

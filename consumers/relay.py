@@ -16,14 +16,18 @@ resubmits with a fresh attempt identity (and a fresh idempotency key, the
 attempt's, so a sink that requires a key still makes a second effect).
 
 A sink that refuses the relay's bearer token (401/403,
-:class:`~ledger.errors.SinkAuthError`) refused the request before looking at
-it: no effect was made, and the operation is not at fault. The relay treats
-it like an outage, never as a rejection: an execution gets an ``UNAVAILABLE``
-receipt (the processor re-dispatches within its unavailable budget), a
-readback or postcondition an ``UNKNOWN`` observation (the operation stays
-held), each with a ``SINK_AUTH_FAILED`` operating event naming the sink and
-the remedy; the relay reloads the sink registry before its next request, so
-a corrected token is picked up without a restart.
+:class:`~ledger.errors.SinkAuthError`) refused that request before looking at
+it, and the operation is not at fault: it is never a rejection. When the
+refused request was the first and only submit of the dispatch, no effect was
+made and the execution gets an ``UNAVAILABLE`` receipt (the processor
+re-dispatches within its unavailable budget, as for an outage). When an
+earlier request of the dispatch may have reached the sink (a resume, or a
+readback after a timed-out submit), the execution is held ``AMBIGUOUS``
+(UNKNOWN_OUTCOME, for reconciliation once the token is fixed); a readback or
+postcondition is observed ``UNKNOWN``. Each comes with a ``SINK_AUTH_FAILED``
+operating event naming the sink and the remedy, and the relay rereads the
+sink registry before its next request, so a corrected token is picked up
+without a restart.
 """
 
 from __future__ import annotations
@@ -292,7 +296,7 @@ class Relay(Stage):
         except KafkaException:
             raise
         except SinkAuthError as exc:
-            return self._auth_failed(d, exc)
+            return self._auth_failed(d, exc, fresh=fresh)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log.error("relay: %s failed: %s", d.dispatch_id, reason)
@@ -320,13 +324,22 @@ class Relay(Stage):
             )
             return [outcome, ("operating-events", d.operation_id, event)]
 
-    def _auth_failed(self, d: Dispatch, exc: SinkAuthError) -> list[tuple[str, str, Event]]:
-        """The sink refused our token: no effect; hold or retry, never reject.
+    def _auth_failed(
+        self, d: Dispatch, exc: SinkAuthError, *, fresh: bool
+    ) -> list[tuple[str, str, Event]]:
+        """The sink refused our token: retry or hold, never reject (see the module docstring).
+
+        Args:
+            d: the dispatch being handled.
+            exc: the refusal.
+            fresh: no earlier run of the relay may have sent this dispatch.
 
         Returns:
-            An ``UNAVAILABLE`` receipt (execution) or an ``UNKNOWN``
-            observation (readback, postcondition), and a ``SINK_AUTH_FAILED``
-            operating event.
+            An ``UNAVAILABLE`` receipt (a fresh execution whose submit was
+            refused: nothing reached the sink), an ``AMBIGUOUS`` one (an
+            execution an earlier request of which may have reached it), or an
+            ``UNKNOWN`` observation (readback, postcondition); and a
+            ``SINK_AUTH_FAILED`` operating event.
         """
         self.sinks.pop(d.sink, None)  # reload the registry before the next request
         now = self.clock.now_ms()
@@ -339,11 +352,11 @@ class Relay(Stage):
         outcome: tuple[str, str, Event]
         if d.kind == "EXECUTE":
             first = self.attempts.get(d.dispatch_id, now)
-            outcome = (
-                "receipts",
-                d.operation_id,
-                self._receipt(d, "UNAVAILABLE", first, now, reason),
-            )
+            only_send_refused = fresh and self.mode == "ledger" and exc.method == "POST"
+            status = "UNAVAILABLE" if only_send_refused else "AMBIGUOUS"
+            if not only_send_refused:
+                reason = f"an earlier request may have reached {d.sink}; {reason}"
+            outcome = ("receipts", d.operation_id, self._receipt(d, status, first, now, reason))
         else:
             kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
             outcome = self._observation(

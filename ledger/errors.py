@@ -291,6 +291,8 @@ class SinkAuthError(SinkError):
         operation_id: the operation concerned, if any.
 
     Attributes:
+        method: as given.
+        path: as given.
         http_status: as given (also ``observed``).
     """
 
@@ -304,6 +306,8 @@ class SinkAuthError(SinkError):
         sink: str | None = None,
         operation_id: str | None = None,
     ) -> None:
+        self.method = method
+        self.path = path
         self.http_status = http_status
         super().__init__(
             f"sink {sink} refused the credentials of {method} {path} (HTTP {http_status}: "

@@ -138,6 +138,19 @@ def test_a_refused_token_is_an_outage_with_an_operating_event_never_a_rejection(
     assert "payments" in event.reason and "sinks.json" in event.reason and "token" in event.reason
 
 
+def test_a_refused_token_after_a_send_that_may_have_arrived_is_held_ambiguous(
+    tmp_path: Path,
+) -> None:
+    """A resume reads back first: a 401 there says nothing about the earlier send."""
+    relay, seen = _relay_with_sink(tmp_path, registered_token="an-old-token-0123456789")
+    relay.attempts["refund:1:v1#1.EXECUTE"] = 0  # an earlier run marked it attempted
+    (_, _, receipt), (_, _, event) = relay._perform_safely(_v2_dispatch("EXECUTE"), fresh=False)
+    assert len(seen) == 1  # one request, refused
+    assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
+    assert "may have reached payments" in receipt.detail
+    assert isinstance(event, OperatingEvent) and event.kind == "SINK_AUTH_FAILED"
+
+
 def test_a_corrected_token_in_the_registry_is_used_without_a_restart(tmp_path: Path) -> None:
     relay, seen = _relay_with_sink(tmp_path, registered_token="an-old-token-0123456789")
     refused = relay._perform_safely(_v2_dispatch("EXECUTE"), fresh=True)

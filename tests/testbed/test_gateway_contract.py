@@ -10,13 +10,14 @@ real process to show that fault injection is off unless the testbed asks.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from starlette.testclient import TestClient
+from starlette.exceptions import StarletteDeprecationWarning
 
 from ledger.clock import ManualClock
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
@@ -28,6 +29,10 @@ from testbed.sinks.gateway import (
     create_app,
 )
 from testbed.sinks.process import SinkProcess
+
+with warnings.catch_warnings():  # starlette would rather have httpx2; httpx is what we ship
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from starlette.testclient import TestClient
 
 TOKEN = "gateway-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

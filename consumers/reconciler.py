@@ -68,7 +68,9 @@ def reconcile_once(
             if endpoint is None:
                 status, detail, effect_id = "UNKNOWN", f"sink {st.sink!r} is not registered", None
             else:
-                with SinkClient(endpoint.url, timeout_s=settings.sink_timeout_s) as client:
+                with SinkClient(
+                    endpoint.url, timeout_s=settings.sink_timeout_s, token=endpoint.token
+                ) as client:
                     status, detail, effect_id = read_effect(
                         client, endpoint.contract, st.operation_id, st.epoch
                     )

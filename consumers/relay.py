@@ -12,7 +12,22 @@ otherwise records an ambiguous outcome.
 
 In ``checkpoint-only`` mode (the negative control) it does what naive
 runtimes do: trusts only its own checkpoint (the committed offset) and
-resubmits with a fresh attempt identity.
+resubmits with a fresh attempt identity (and a fresh idempotency key, the
+attempt's, so a sink that requires a key still makes a second effect).
+
+A sink that refuses the relay's bearer token (401/403,
+:class:`~ledger.errors.SinkAuthError`) refused that request before looking at
+it, and the operation is not at fault: it is never a rejection. When the
+refused request was the first and only submit of the dispatch, no effect was
+made and the execution gets an ``UNAVAILABLE`` receipt (the processor
+re-dispatches within its unavailable budget, as for an outage). When an
+earlier request of the dispatch may have reached the sink (a resume, or a
+readback after a timed-out submit), the execution is held ``AMBIGUOUS``
+(UNKNOWN_OUTCOME, for reconciliation once the token is fixed); a readback or
+postcondition is observed ``UNKNOWN``. Each comes with a ``SINK_AUTH_FAILED``
+operating event naming the sink and the remedy, and the relay rereads the
+sink registry before its next request, so a corrected token is picked up
+without a restart.
 
 A corrupted sink registry or clock file never stops it: the content last read
 well stands, the problem is logged and published once as a ``LOCAL_FILE``
@@ -44,7 +59,7 @@ from ledger.contracts import (
     readback_unsupported,
     sends_idempotency_key,
 )
-from ledger.errors import LocalFileError
+from ledger.errors import LedgerError, LocalFileError, SinkAuthError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
 from sinks.client import SinkClient, postcondition_source
 from sinks.registry import SinkEndpoint, load_sinks
@@ -192,8 +207,16 @@ class Relay(Stage):
 
     def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
         client = self.clients.get(name)
-        if client is None or client.base_url != endpoint.url.rstrip("/"):
-            client = SinkClient(endpoint.url, timeout_s=self.settings.sink_timeout_s)
+        if (
+            client is None
+            or client.base_url != endpoint.url.rstrip("/")
+            or client.token != endpoint.token
+        ):
+            if client is not None:
+                client.close()
+            client = SinkClient(
+                endpoint.url, timeout_s=self.settings.sink_timeout_s, token=endpoint.token
+            )
             self.clients[name] = client
         return client
 
@@ -319,6 +342,8 @@ class Relay(Stage):
             return self._perform(d, fresh=fresh)
         except KafkaException:
             raise
+        except SinkAuthError as exc:
+            return self._auth_failed(d, exc, fresh=fresh)
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log.error("relay: %s failed: %s", d.dispatch_id, reason)
@@ -345,6 +370,53 @@ class Relay(Stage):
                 reason=f"{d.kind} of {d.operation_id} at {d.sink}: {reason}",
             )
             return [outcome, ("operating-events", d.operation_id, event)]
+
+    def _auth_failed(
+        self, d: Dispatch, exc: SinkAuthError, *, fresh: bool
+    ) -> list[tuple[str, str, Event]]:
+        """The sink refused our token: retry or hold, never reject (see the module docstring).
+
+        Args:
+            d: the dispatch being handled.
+            exc: the refusal.
+            fresh: no earlier run of the relay may have sent this dispatch.
+
+        Returns:
+            An ``UNAVAILABLE`` receipt (a fresh execution whose submit was
+            refused: nothing reached the sink), an ``AMBIGUOUS`` one (an
+            execution an earlier request of which may have reached it), or an
+            ``UNKNOWN`` observation (readback, postcondition); and a
+            ``SINK_AUTH_FAILED`` operating event.
+        """
+        self.sinks.pop(d.sink, None)  # reload the registry before the next request
+        now = self.clock.now_ms()
+        reason = (
+            f"sink {d.sink} refused the relay's bearer token (HTTP {exc.http_status}); no effect "
+            f"was made. Set the 'token' of {d.sink} in {self.settings.sinks_path()} to the token "
+            "the sink was started with"
+        )
+        log.error("relay: %s (%s)", reason, d.dispatch_id)
+        outcome: tuple[str, str, Event]
+        if d.kind == "EXECUTE":
+            first = self.attempts.get(d.dispatch_id, now)
+            only_send_refused = fresh and self.mode == "ledger" and exc.method == "POST"
+            status = "UNAVAILABLE" if only_send_refused else "AMBIGUOUS"
+            if not only_send_refused:
+                reason = f"an earlier request may have reached {d.sink}; {reason}"
+            outcome = ("receipts", d.operation_id, self._receipt(d, status, first, now, reason))
+        else:
+            kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
+            outcome = self._observation(
+                d, kind, "UNKNOWN", d.sink, reason, now, on_resume=d.on_resume
+            )
+        event = OperatingEvent(
+            event_id=f"relay:{d.dispatch_id}:SINK_AUTH_FAILED",
+            operation_id=d.operation_id,
+            component="relay",
+            kind="SINK_AUTH_FAILED",
+            reason=reason,
+        )
+        return [outcome, ("operating-events", d.operation_id, event)]
 
     def _perform(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
         endpoint = self._endpoint(d.sink)
@@ -424,13 +496,29 @@ class Relay(Stage):
     ) -> tuple[str, str, Event]:
         attempt_id = f"{d.dispatch_id}:{uuid.uuid4().hex[:8]}" if fresh_identity else d.dispatch_id
         params: dict[str, Any] = json.loads(d.params_json)
+        if d.subject is None or d.purpose is None or d.decision_version is None:
+            # A dispatch of schema version 1 cannot carry the digest's inputs
+            # to the sink; held (as any per-dispatch error), never sent.
+            raise LedgerError(
+                f"dispatch {d.dispatch_id} predates schema version 2 and lacks the inputs of "
+                "its parameter digest (subject, purpose, decision version) that the sink checks; "
+                "a person decides (ledger dispose) or a new dispatch is issued",
+                operation_id=d.operation_id,
+            )
+        keyed = sends_idempotency_key(contract, fresh_attempt_identity=fresh_identity)
         result = client.submit(
             d.operation_id,
             d.parameter_digest,
             params,
             fencing_token_for(contract, d.fencing_token),
             attempt_id,
-            use_key=sends_idempotency_key(contract, fresh_attempt_identity=fresh_identity),
+            # The negative control sends a key of its own attempt: no deduplication.
+            use_key=keyed or (contract.idempotent and fresh_identity),
+            idempotency_key=None if keyed else attempt_id,
+            action=d.action,
+            subject=d.subject,
+            purpose=d.purpose,
+            decision_version=d.decision_version,
         )
         if result.status == "committed":
             self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)

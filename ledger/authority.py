@@ -54,7 +54,7 @@ SCOPE_FIELDS: tuple[tuple[str, str, str], ...] = (
 )
 
 #: Longest value a refusal reason quotes (characters); longer ones are cut.
-SHOWN_CHARS = 64
+SHOWN_CHARS = 80
 _ABSENT = object()
 
 

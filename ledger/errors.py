@@ -22,6 +22,7 @@ The hierarchy (``retryable`` classes marked *)::
     └── SinkError
         ├── SinkUnavailableError *
         ├── SinkProtocolError
+        ├── SinkAuthError
         ├── SinkStoreError
         └── SinkStartError
 
@@ -270,6 +271,52 @@ class SinkProtocolError(SinkError):
             sink=sink,
             operation_id=operation_id,
             expected="an answer of the sink protocol (sinks.gateway)",
+            observed=http_status,
+        )
+
+
+class SinkAuthError(SinkError):
+    """A sink refused the caller's credentials (HTTP 401 or 403).
+
+    A configuration problem, not a rejection of the operation: the sink
+    refused the request before looking at it, so no effect was made. The
+    remedy is the sink's bearer token in the sink registry (``sinks.json``).
+
+    Args:
+        method: HTTP method of the request.
+        path: request path.
+        http_status: 401 (no or wrong token) or 403 (the token may not do this).
+        body: the answer's body (kept to its first 300 characters).
+        sink: the sink's base URL, if known.
+        operation_id: the operation concerned, if any.
+
+    Attributes:
+        method: as given.
+        path: as given.
+        http_status: as given (also ``observed``).
+    """
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        http_status: int,
+        body: str,
+        *,
+        sink: str | None = None,
+        operation_id: str | None = None,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.http_status = http_status
+        super().__init__(
+            f"sink {sink} refused the credentials of {method} {path} (HTTP {http_status}: "
+            f"{body[:300]!r}); no effect was made. Set the sink's bearer token in the sink "
+            "registry (the 'token' of its entry in sinks.json) to the token the sink was "
+            "started with, or register the sink again",
+            sink=sink,
+            operation_id=operation_id,
+            expected="an accepted bearer token",
             observed=http_status,
         )
 

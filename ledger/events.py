@@ -149,6 +149,11 @@ class Dispatch(Event):
     state_version: int
     approval_id: str | None = None
     on_resume: bool = False
+    #: The rest of what the parameter digest binds, so that a sink can
+    #: recompute it (``None`` in dispatches written before schema version 2).
+    subject: str | None = None
+    purpose: str | None = None
+    decision_version: int | None = None
 
 
 ReceiptStatus = Literal[

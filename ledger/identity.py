@@ -126,6 +126,32 @@ def _check_json(value: Any) -> None:
     )
 
 
+#: Version of the parameter digest that new intents carry. Version 2 binds
+#: the sink as well; its digests are written ``v2:`` followed by 64 hex
+#: characters. Version 1 (64 hex characters, no prefix) is what intents
+#: published before the sink was bound carry; it stays valid for records
+#: already in a ledger (the fold recomputes an intent's digest in the
+#: version the digest names, see :func:`digest_version`).
+DIGEST_VERSION = 2
+
+#: Prefix of a version-2 digest.
+_V2_PREFIX = "v2:"
+
+
+def digest_version(digest: str) -> int:
+    """The version a parameter digest was computed in, read from its text.
+
+    Args:
+        digest: a digest as carried by an intent, a state or a dispatch.
+
+    Returns:
+        2 for ``v2:<64 hex>``, else 1 (the unprefixed form of earlier
+        releases; a malformed digest is reported as 1 and then fails to
+        match its recomputation).
+    """
+    return 2 if digest.startswith(_V2_PREFIX) else 1
+
+
 def parameter_digest(
     *,
     action: str,
@@ -133,14 +159,21 @@ def parameter_digest(
     subject: str,
     purpose: str,
     decision_version: int,
+    sink: str,
+    version: int = DIGEST_VERSION,
     params_checked: bool = False,
 ) -> str:
     """SHA-256 (hex) of the canonical encoding of an operation's semantics.
 
-    The digest binds action, parameters, subject, purpose and decision
+    The digest binds sink, action, parameters, subject, purpose and decision
     version; the operation ID itself and the approval are deliberately not
     part of it (a new approval for the same operation is reauthorisation,
-    not drift).
+    not drift). Re-publishing an operation for another sink therefore
+    changes its digest: parameter drift.
+
+    Version 1 (``version=1``) is the digest of earlier releases, which did
+    not bind the sink (``sink`` is then ignored); compute it only to check a
+    record that carries a version-1 digest.
 
     Args:
         action: action name.
@@ -148,27 +181,33 @@ def parameter_digest(
         subject: represented subject.
         purpose: declared purpose.
         decision_version: version of the business decision.
+        sink: the sink's registered name (bound from version 2).
+        version: the digest version (:data:`DIGEST_VERSION` for new records).
         params_checked: ``params`` came from ``json.loads`` (JSON types and
             string keys only; see :func:`canonical_json`).
 
     Returns:
-        64 lowercase hex characters.
+        ``v2:`` and 64 lowercase hex characters for version 2; 64 lowercase
+        hex characters for version 1.
 
     Raises:
-        LedgerError: parameters that are not JSON values.
+        LedgerError: parameters that are not JSON values, or an unknown version.
         ValueError: non-finite numbers in parameters passed as checked.
     """
-    body = canonical_json(
-        {
-            "action": action,
-            "decision_version": int(decision_version),
-            "params": dict(params),
-            "purpose": purpose,
-            "subject": subject,
-        },
-        checked=params_checked,
-    )
-    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+    fields: dict[str, Any] = {
+        "action": action,
+        "decision_version": int(decision_version),
+        "params": dict(params),
+        "purpose": purpose,
+        "subject": subject,
+    }
+    if version == 2:
+        fields["sink"] = sink
+    elif version != 1:
+        raise LedgerError(f"unknown parameter digest version {version}", observed=version)
+    body = canonical_json(fields, checked=params_checked)
+    hexdigest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+    return _V2_PREFIX + hexdigest if version == 2 else hexdigest
 
 
 def operation_id(kind: str, case_id: str, decision_version: int) -> str:

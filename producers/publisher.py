@@ -126,6 +126,7 @@ def build_intent(
         subject=subject,
         purpose=purpose,
         decision_version=decision_version,
+        sink=sink,
     )
     return Intent(
         operation_id=operation_id,
@@ -149,7 +150,8 @@ class PublishedIntent:
 
     Attributes:
         operation_id: the stable operation ID.
-        parameter_digest: SHA-256 hex digest the operation is bound to.
+        parameter_digest: the digest the operation is bound to (``v2:`` and SHA-256 hex; it
+            binds the sink too, see :func:`ledger.identity.parameter_digest`).
         partition: partition the intent landed on.
         offset: its offset.
     """

@@ -13,7 +13,12 @@ failures are translated once, in :meth:`SinkClient._send`:
 
 Only answers that mean the caller or the sink is broken (400, an unknown
 route, a body that is not the protocol's) raise
-:class:`~ledger.errors.SinkProtocolError`; admin calls raise
+:class:`~ledger.errors.SinkProtocolError`. A 401 or 403 from any route raises
+:class:`~ledger.errors.SinkAuthError`: the sink refused the caller's bearer
+token before looking at the request, which is a configuration problem (the
+``token`` of the sink's entry in the sink registry), never a rejection of
+the operation. Every call carries ``Authorization: Bearer <token>`` when the
+client has a token. Admin calls raise
 :class:`~ledger.errors.SinkUnavailableError` (retryable) when the sink gives
 no answer. Both are :class:`~ledger.errors.SinkError`, hence
 :class:`~ledger.errors.LedgerError`; no httpx transport error leaves this
@@ -30,7 +35,7 @@ from urllib.parse import quote
 import httpx
 
 from ledger.contracts import PostconditionQuery
-from ledger.errors import SinkError, SinkUnavailableError
+from ledger.errors import SinkAuthError, SinkError, SinkUnavailableError
 from ledger.errors import SinkProtocolError as SinkProtocolError  # re-exported: its old home
 
 SubmitStatus = Literal[
@@ -179,8 +184,13 @@ class SinkClient:
         base_url: the sink's URL, e.g. ``http://127.0.0.1:8123``.
         timeout_s: connect, read, write and pool timeout of every call
             (seconds). A submit that exceeds it is ``ambiguous``.
+        token: the sink's bearer token (from the sink registry), sent as
+            ``Authorization: Bearer <token>`` on every call; ``None`` sends none.
         transport: an httpx transport to send through instead of the network
             (e.g. ``httpx.MockTransport`` in unit tests of callers).
+
+    Attributes:
+        token: as given (callers compare it with the registry's to reuse a client).
     """
 
     def __init__(
@@ -188,12 +198,18 @@ class SinkClient:
         base_url: str,
         timeout_s: float = 2.0,
         *,
+        token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = token
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._http = httpx.Client(
-            base_url=self.base_url, timeout=httpx.Timeout(timeout_s), transport=transport
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+            headers=headers,
         )
 
     def close(self) -> None:
@@ -211,14 +227,30 @@ class SinkClient:
     ) -> None:
         self.close()
 
-    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response | _NoAnswer:
-        """Send one request; translate every httpx transport failure once."""
+    def _send(
+        self, method: str, path: str, *, operation_id: str | None = None, **kwargs: Any
+    ) -> httpx.Response | _NoAnswer:
+        """Send one request; translate every httpx transport failure once.
+
+        Raises:
+            SinkAuthError: if the sink answers 401 or 403 (its token is not ours).
+        """
         try:
-            return self._http.request(method, path, **kwargs)
+            response = self._http.request(method, path, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
         except httpx.TransportError as exc:
             return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}", cause=exc)
+        if response.status_code in (401, 403):
+            raise SinkAuthError(
+                method,
+                path,
+                response.status_code,
+                response.text,
+                sink=self.base_url,
+                operation_id=operation_id,
+            )
+        return response
 
     def submit(
         self,
@@ -228,8 +260,20 @@ class SinkClient:
         fencing_token: int | None,
         attempt_id: str,
         use_key: bool,
+        *,
+        action: str | None = None,
+        subject: str | None = None,
+        purpose: str | None = None,
+        decision_version: int | None = None,
+        idempotency_key: str | None = None,
     ) -> SubmitResult:
         """Ask the sink to perform an operation's effect.
+
+        The sink recomputes ``parameter_digest`` from ``params``, ``action``,
+        ``subject``, ``purpose``, ``decision_version`` and its own name
+        (:func:`ledger.identity.parameter_digest`) and refuses a mismatch; a
+        digest input given as ``None`` is left out of the request (the
+        reference gateway then refuses it as malformed).
 
         Args:
             operation_id: the stable operation ID.
@@ -238,29 +282,41 @@ class SinkClient:
                 ``currency`` ...).
             fencing_token: the operation's current fencing token, or ``None``.
             attempt_id: this attempt's identity.
-            use_key: send the operation ID as ``Idempotency-Key``.
+            use_key: send an ``Idempotency-Key`` header.
+            action: the action (a digest input).
+            subject: the represented subject (a digest input).
+            purpose: the declared purpose (a digest input).
+            decision_version: the business decision's version (a digest input).
+            idempotency_key: the key to send when ``use_key``; default the
+                operation ID (a fresh attempt identity sends its own).
 
         Returns:
-            The outcome; see :class:`SubmitResult`.
+            The outcome; see :class:`SubmitResult`. Any other 4xx than the
+            named 409s is ``rejected`` (no effect was made).
 
         Raises:
-            SinkProtocolError: if the sink answers outside the protocol (400,
-                unknown route).
+            SinkAuthError: if the sink refuses the token (401/403): a
+                configuration problem; no effect was made.
+            SinkProtocolError: if the sink answers outside the protocol
+                (e.g. 501 to a submit).
         """
         path = "/operations"
-        headers = {"Idempotency-Key": operation_id} if use_key else {}
-        answer = self._send(
-            "POST",
-            path,
-            headers=headers,
-            json={
-                "operation_id": operation_id,
-                "parameter_digest": parameter_digest,
-                "params": params,
-                "fencing_token": fencing_token,
-                "attempt_id": attempt_id,
-            },
-        )
+        headers = {"Idempotency-Key": idempotency_key or operation_id} if use_key else {}
+        body: dict[str, Any] = {
+            "operation_id": operation_id,
+            "parameter_digest": parameter_digest,
+            "params": params,
+            "fencing_token": fencing_token,
+            "attempt_id": attempt_id,
+        }
+        inputs = {
+            "action": action,
+            "subject": subject,
+            "purpose": purpose,
+            "decision_version": decision_version,
+        }
+        body.update({name: value for name, value in inputs.items() if value is not None})
+        answer = self._send("POST", path, operation_id=operation_id, headers=headers, json=body)
         if isinstance(answer, _NoAnswer):
             status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
             return SubmitResult(status, operation_id, detail=answer.detail)
@@ -310,11 +366,12 @@ class SinkClient:
             The observation; see :class:`ReadbackResult`.
 
         Raises:
+            SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
         path = f"/operations/{quote(operation_id, safe=':')}"
         query = {} if fencing_token is None else {"fencing_token": str(fencing_token)}
-        answer = self._send("GET", path, params=query)
+        answer = self._send("GET", path, operation_id=operation_id, params=query)
         if isinstance(answer, _NoAnswer):
             return ReadbackResult("ambiguous", operation_id, detail=answer.detail)
         code = answer.status_code
@@ -359,6 +416,7 @@ class SinkClient:
             The observation; see :class:`AccountCredits`.
 
         Raises:
+            SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
         path = f"/accounts/{quote(account, safe=':')}"
@@ -397,12 +455,8 @@ class SinkClient:
         Returns:
             The observation; see :class:`AccountCredits`.
 
-        Args:
-            operation_id: the operation whose submits the fault hits.
-            mode: the fault (see :data:`sinks.store.FAULT_MODES`).
-            times: how many submits it hits (at least 1).
-
         Raises:
+            SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
         match query.query:
@@ -410,7 +464,11 @@ class SinkClient:
                 return self.account(subject)
 
     def health_info(self) -> dict[str, Any] | None:
-        """Return the ``/health`` body (name, pid, contract), or ``None`` when down."""
+        """Return the ``/health`` body (name, pid, contract), or ``None`` when down.
+
+        Raises:
+            SinkAuthError: if the sink asks for a token it was not given (401/403).
+        """
         answer = self._send("GET", "/health")
         if isinstance(answer, _NoAnswer) or answer.status_code != 200:
             return None

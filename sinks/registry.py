@@ -1,18 +1,30 @@
 """The sink registry: where each sink answers and what it declares.
 
 The registry is a JSON file (``LEDGER_SINKS_FILE``, default
-``LEDGER_RUN_DIR/sinks.json``) mapping a sink's name to its URL and its
-:class:`~ledger.contracts.EffectContract`. ``ledger sink serve`` and the test
-harness write it; the relay, the reconciler, the auditor and the CLI read it.
+``LEDGER_RUN_DIR/sinks.json``) mapping a sink's name to its URL, its
+:class:`~ledger.contracts.EffectContract` and its bearer token::
+
+    {"payments": {"url": "http://127.0.0.1:8123",
+                  "contract": {"idempotent": true, ...},
+                  "token": "k3J..."}}
+
+``token`` is the secret the sink requires as ``Authorization: Bearer
+<token>`` on every request; the sink client sends it. It is optional (``null``
+or absent: no header is sent, for sinks that take none). The file holds the
+secret itself, so keep it readable by the ledger's user only (it is written
+with mode 0600). ``ledger sink serve`` and the test harness generate a random
+token for each reference sink they start and write it here; the relay, the
+reconciler, the auditor and the CLI read it.
 The file I/O lives here so that :mod:`ledger.contracts` stays pure.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.contracts import EffectContract
 from ledger.errors import LocalFileError
@@ -24,19 +36,21 @@ class SinkEndpoint(BaseModel):
     Attributes:
         url: base URL, e.g. ``http://127.0.0.1:8123``.
         contract: the sink's effect contract.
+        token: the sink's bearer token, or ``None`` when it takes none.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str
     contract: EffectContract
+    token: str | None = Field(default=None, min_length=1, repr=False)
 
 
 def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
     """Read the sink registry.
 
     Args:
-        path: the registry file (a JSON object: name -> ``{url, contract}``).
+        path: the registry file (a JSON object: name -> ``{url, contract, token}``).
 
     Returns:
         ``{name: endpoint}``; an empty dict when the file does not exist.
@@ -60,11 +74,19 @@ def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
 def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:
     """Write the sink registry atomically (a temporary file, then a rename).
 
+    The file is created with mode 0600: it holds the sinks' bearer tokens.
+
     Args:
         path: the registry file; its folder is created when missing.
         sinks: ``{name: endpoint}``, the whole registry (it replaces the file).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: v.model_dump() for k, v in sinks.items()}, indent=2))
+    entries = {
+        k: v.model_dump(exclude={"token"} if v.token is None else None) for k, v in sinks.items()
+    }
+    text = json.dumps(entries, indent=2)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     tmp.replace(path)

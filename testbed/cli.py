@@ -169,7 +169,8 @@ def sink_serve(name: str, contract: str, port: int) -> None:
 
     Its SQLite database and log live under LEDGER_RUN_DIR/sinks/; the relay
     finds it through the sink registry (LEDGER_SINKS_FILE, default
-    LEDGER_RUN_DIR/sinks.json). Stop it with Ctrl-C.
+    LEDGER_RUN_DIR/sinks.json), which also holds the random bearer token the
+    sink requires. Fault injection is off. Stop it with Ctrl-C.
     """
     require_testbed_extra("ledger sink serve")
     from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
@@ -186,7 +187,7 @@ def sink_serve(name: str, contract: str, port: int) -> None:
     sink = SinkProcess(name, chosen, settings.run_dir, clock=clock, port=port)  # type: ignore[arg-type]
     sink.start()
     registry = load_sinks(settings.sinks_path())
-    registry[name] = SinkEndpoint(url=sink.url, contract=chosen)
+    registry[name] = SinkEndpoint(url=sink.url, contract=chosen, token=sink.token)
     save_sinks(settings.sinks_path(), registry)
     click.echo(
         f"sink {name} at {sink.url} (log {sink.log_path}); registered in {settings.sinks_path()}"

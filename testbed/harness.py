@@ -84,12 +84,17 @@ class Harness:
     # ------------------------------------------------------------------ sinks
 
     def start_sink(self, name: str, contract: EffectContract, hang_s: float = 5.0) -> SinkProcess:
-        """Start a reference sink and register it for the relay."""
-        sink = SinkProcess(name, contract, self.run_dir, clock="manual", hang_s=hang_s)
+        """Start a reference sink (fault injection on) and register it for the relay.
+
+        The sink's random bearer token is registered with it in the sink registry.
+        """
+        sink = SinkProcess(
+            name, contract, self.run_dir, clock="manual", hang_s=hang_s, fault_injection=True
+        )
         sink.start()
         self.sinks[name] = sink
         registry = load_sinks(self.settings.sinks_path())
-        registry[name] = SinkEndpoint(url=sink.url, contract=contract)
+        registry[name] = SinkEndpoint(url=sink.url, contract=contract, token=sink.token)
         save_sinks(self.settings.sinks_path(), registry)
         return sink
 
@@ -359,6 +364,10 @@ def stale_dispatch(
         token,
         f"{worker}:{uuid.uuid4().hex[:6]}",
         use_key=contract.idempotent,
+        action=state.action,
+        subject=state.subject,
+        purpose=state.purpose,
+        decision_version=state.decision_version,
     )
     if result.status == "stale_token":
         publisher.publish_operating_event(

@@ -25,12 +25,14 @@ def intent(
     amount: int = 5000,
     approval: str | None = "ap-1",
     subject: str = "customer-1",
+    sink: str = "payments",
+    digest_version: int = 2,
     **params: Any,
 ) -> Intent:
     p = {"account": "acct-1", "amount_minor": amount, "currency": "GBP", **params}
     return Intent(
         operation_id=op,
-        sink="payments",
+        sink=sink,
         action="refund",
         params_json=canonical_json(p),
         actor="svc",
@@ -45,6 +47,8 @@ def intent(
             subject=subject,
             purpose="fee-remediation",
             decision_version=1,
+            sink=sink,
+            version=digest_version,
         ),
         published_at_ms=0,
     )

@@ -147,7 +147,7 @@ def worker(args: argparse.Namespace) -> int:
     from ledger.identity import parameter_digest
     from sinks.client import SinkClient
 
-    client = SinkClient(args.url, timeout_s=10.0)
+    client = SinkClient(args.url, timeout_s=10.0, token=os.environ["LEDGER_SINK_TOKEN"])
     crash_ops = (
         {op_id(i) for i in range(args.operations) if (i + 1) % args.crash_every == 0}
         if args.crash_every > 0
@@ -164,17 +164,26 @@ def worker(args: argparse.Namespace) -> int:
             subject=account,
             purpose="fee-remediation",
             decision_version=1,
+            sink="payments",
         )
         use_key = args.variant == "workflow_id_key"
         if use_key and DBOS.workflow_id != operation_id:
             raise RuntimeError(f"workflow ID {DBOS.workflow_id} is not {operation_id}")
+        attempt_id = uuid.uuid4().hex
+        # The gateway requires a key: "no key" sends a fresh one per attempt,
+        # which deduplicates nothing, as no key would.
         result = client.submit(
             operation_id=operation_id,
             parameter_digest=digest,
             params=params,
             fencing_token=None,
-            attempt_id=uuid.uuid4().hex,
-            use_key=use_key,
+            attempt_id=attempt_id,
+            use_key=True,
+            idempotency_key=operation_id if use_key else attempt_id,
+            action="refund",
+            subject=account,
+            purpose="fee-remediation",
+            decision_version=1,
         )
         if result.status != "committed":
             raise RuntimeError(f"gateway answered {result.status}: {result.detail}")
@@ -244,9 +253,9 @@ class Gateway:
         from ledger.contracts import PAYMENT_GATEWAY
         from testbed.sinks.process import SinkProcess
 
-        self.sink = SinkProcess(
-            "payments", PAYMENT_GATEWAY, run_dir, clock="system", log_level="warning"
-        )
+        # DBOS has no fencing token to send: the gateway offers none here.
+        contract = PAYMENT_GATEWAY.model_copy(update={"fencing": False})
+        self.sink = SinkProcess("payments", contract, run_dir, clock="system", log_level="warning")
 
     def __enter__(self) -> Gateway:
         self.sink.start()
@@ -270,6 +279,7 @@ def spawn_worker(
     concurrency: int,
     variant: str = "no_key",
     crash_every: int = 0,
+    token: str,
 ) -> subprocess.CompletedProcess[bytes]:
     cmd = [
         sys.executable,
@@ -293,8 +303,14 @@ def spawn_worker(
         "--marker-dir",
         str(tmp / "markers"),
     ]
+    env = {**os.environ, "LEDGER_SINK_TOKEN": token}  # not in the arguments
     return subprocess.run(
-        cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=WORKER_TIMEOUT_S, check=False
+        cmd,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        timeout=WORKER_TIMEOUT_S,
+        check=False,
+        env=env,
     )
 
 
@@ -310,6 +326,7 @@ def throughput_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
                 gw.sink.url,
                 operations=args.operations,
                 concurrency=args.concurrency,
+                token=gw.sink.token,
             )
             if done.returncode != 0:
                 raise RuntimeError(f"throughput worker exited with {done.returncode}")
@@ -358,6 +375,7 @@ def lost_response(args: argparse.Namespace, variant: str) -> dict[str, Any]:
                     concurrency=args.crash_concurrency,
                     variant=variant,
                     crash_every=args.crash_every,
+                    token=gw.sink.token,
                 )
                 if done.returncode == -signal.SIGKILL:
                     crashes += 1

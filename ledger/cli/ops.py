@@ -66,15 +66,16 @@ def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) ->
 #: A policy version as an operator gives it: 1 or more (0 is refused, never "the default").
 POLICY_VERSION = click.IntRange(min=1)
 
-#: A parameter digest as ``ledger intent publish`` prints it: SHA-256, 64 lowercase hex digits.
-DIGEST = re.compile(r"[0-9a-f]{64}")
+#: A parameter digest as ``ledger intent publish`` prints it: ``v2:`` and 64 lowercase hex
+#: digits (SHA-256), or the 64 digits alone of a version-1 digest.
+DIGEST = re.compile(r"(v2:)?[0-9a-f]{64}")
 
 
 def _digest(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None and not DIGEST.fullmatch(value):
         raise click.BadParameter(
-            "takes a parameter digest: 64 lowercase hex digits, as 'ledger intent publish' "
-            "prints it"
+            "takes a parameter digest: 'v2:' and 64 lowercase hex digits, as "
+            "'ledger intent publish' prints it"
         )
     return value
 
@@ -269,7 +270,7 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
     default=None,
     callback=_digest,
     help="Admit only the operation with exactly these parameters: its parameter digest "
-    "(64 hex digits), as 'ledger intent publish' prints it.",
+    "('v2:' and 64 hex digits), as 'ledger intent publish' prints it.",
 )
 def approve_cmd(
     approval_id: str,

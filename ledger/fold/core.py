@@ -259,6 +259,9 @@ def _dispatch(
         state_version=state.version + 1,
         approval_id=state.admitted_approval_id,
         on_resume=on_resume,
+        subject=state.subject,
+        purpose=state.purpose,
+        decision_version=state.decision_version,
     )
     return Output("dispatches", state.operation_id, event), n
 

@@ -6,13 +6,17 @@ import json
 
 from ledger.events import AdmissionRequest, Intent, OperationState
 from ledger.fold.core import STAY, Decision, Output, _move, _noop, _refuse
-from ledger.identity import amount_of, operation_id_problem, parameter_digest
+from ledger.identity import amount_of, digest_version, operation_id_problem, parameter_digest
 from ledger.states import ENTRY
 from ledger.states import RecoveryState as S
 
 
 def intent_digest_problem(intent: Intent) -> str | None:
     """Why an intent's digest or amount does not match its fields.
+
+    The digest is recomputed in the version it names
+    (:func:`~ledger.identity.digest_version`): version 2 binds the sink,
+    version 1 (intents of earlier releases) does not.
 
     Args:
         intent: the intent as published.
@@ -32,6 +36,8 @@ def intent_digest_problem(intent: Intent) -> str | None:
             subject=intent.subject,
             purpose=intent.purpose,
             decision_version=intent.decision_version,
+            sink=intent.sink,
+            version=digest_version(intent.parameter_digest),
             params_checked=True,  # straight from json.loads
         )
         amount = amount_of(params)
@@ -88,15 +94,16 @@ def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
             created=True,
             reason="intent recorded",
         )
-    if intent.parameter_digest != state.parameter_digest:
+    if not _same_request(state, intent):
         return _refuse(
             state,
             ref,
             op,
             "PARAMETER_DRIFT",
-            f"operation {op} is bound to parameter digest {state.parameter_digest[:12]}...; "
-            f"this intent has {intent.parameter_digest[:12]}... (parameter drift): use a new "
-            "operation ID (e.g. a new decision version) for a different request",
+            f"operation {op} is bound to parameter digest {state.parameter_digest[:15]}... "
+            f"for sink {state.sink}; this intent has {intent.parameter_digest[:15]}... for sink "
+            f"{intent.sink} (parameter drift): use a new operation ID (e.g. a new decision "
+            "version) for a different request",
         )
     if (
         state.state == S.NEEDS_REAUTHORISATION
@@ -113,6 +120,39 @@ def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
             after=lambda new: (_admission_request(new, approval_id),),
         )
     return _noop(state, "duplicate intent: same operation, same digest")
+
+
+def _same_request(state: OperationState, intent: Intent) -> bool:
+    """Whether a valid intent asks for exactly the operation ``state`` is bound to.
+
+    The sink is compared directly (a version-1 digest does not bind it), and
+    the digests in the state's digest version: an operation recorded with a
+    version-1 digest and re-published by a newer publisher (version 2) is
+    the same request when its version-1 digest matches.
+
+    Args:
+        state: the operation as recorded.
+        intent: an intent for it that passed :func:`intent_digest_problem`.
+
+    Returns:
+        ``True`` when the sink and the digest (in the state's version) agree.
+    """
+    if intent.sink != state.sink:
+        return False
+    version = digest_version(state.parameter_digest)
+    if digest_version(intent.parameter_digest) == version:
+        return intent.parameter_digest == state.parameter_digest
+    recomputed = parameter_digest(
+        action=intent.action,
+        params=json.loads(intent.params_json),
+        subject=intent.subject,
+        purpose=intent.purpose,
+        decision_version=intent.decision_version,
+        sink=intent.sink,
+        version=version,
+        params_checked=True,
+    )
+    return recomputed == state.parameter_digest
 
 
 def _admission_request(state: OperationState, approval_id: str) -> Output:

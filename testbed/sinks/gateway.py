@@ -7,28 +7,61 @@ Routes (JSON in and out):
                                            replay, 409 ``stale_fencing_token`` or
                                            ``idempotency_key_reused``, 422 rejected (fault),
                                            503 unavailable (fault), 504 timeout (fault),
-                                           400 malformed request.
+                                           400 malformed request (see "Refusals").
 ``GET /operations/{operation_id}``         readback (``?fencing_token=N``). 200 committed,
                                            404 absent, 409 ``stale_fencing_token``,
                                            501 when the contract has no readback.
 ``GET /accounts/{account}``                postcondition: credits of an account. 200, or 501
                                            when the contract has no postcondition.
-``POST /admin/faults``                     arm a fault (tests and demos only).
+``POST /admin/faults``                     arm a fault; only when the testbed started the
+                                           gateway with ``--fault-injection`` (else 404).
 ``GET /admin/effects``                     ``{"effects": {operation_id: n}, "total": n}``.
 ``GET /admin/stats``                       the counters (``stale_rejections`` ...).
-``GET /health``                            liveness, sink name, pid and contract.
+``GET /health``                            liveness, sink name, pid and contract (the only
+                                           route that needs no token).
 =========================================  =====================================================
 
-Rules, in the order a submit applies them:
+Authentication: every route but ``/health`` needs ``Authorization: Bearer
+TOKEN``, the token the gateway was started with (environment variable
+``LEDGER_SINK_TOKEN``; the testbed generates a random one and registers it
+with the sink in ``sinks.json``). Without it, or with another, the answer is
+401 with a JSON body whose ``error`` is ``unauthenticated`` or
+``invalid_token``; the token is compared in constant time.
+
+Refusals (each a JSON body ``{"error": ..., "detail": ...}``, never an effect):
+
+* 413 ``body_too_large``: a body over :data:`MAX_BODY_BYTES` (1 MiB).
+* 400 ``invalid_request``: bytes that are not UTF-8 JSON, JSON nested deeper
+  than :data:`MAX_JSON_DEPTH`, a body that is not an object, a missing field or
+  a field of the wrong type, an operation ID or idempotency key outside the
+  ledger's grammar (:func:`ledger.identity.operation_id_problem`).
+* 400 ``idempotency_key_required`` / ``fencing_token_required``: a submit
+  without the ``Idempotency-Key`` header or the fencing token that the
+  contract promises to honour (``contract.idempotent``, ``contract.fencing``).
+* 400 ``parameter_digest_mismatch``: the ``parameter_digest`` is not the
+  digest of the submitted ``params``, ``action``, ``subject``, ``purpose``,
+  ``decision_version`` and this sink's name, recomputed with
+  :func:`ledger.identity.parameter_digest` in the version the digest names
+  (version 1, from releases before the sink was bound, omits the sink). 400,
+  not 409: the request contradicts itself; 409 is kept for conflicts with
+  what the sink already holds.
+* 400 ``fencing_token_out_of_range``: a negative token, one over ``2**63 - 1``,
+  or one more than :data:`MAX_TOKEN_STEP` above the highest seen for the
+  operation (0 when none); the ledger raises an operation's token by one per
+  resume, so such a token can only be an error, and accepting it would make
+  every later request of the operation stale (held in EFFECT_PENDING for ever).
+
+Rules, in the order a submit applies them (after the refusals above):
 
 1. Fencing (``contract.fencing``): a token lower than the highest seen for the
    operation is refused (409) and counted; otherwise the highest is raised to
-   it. A request without a token is not fenced. Readbacks carry tokens too.
+   it. Readbacks carry tokens too (a readback without one is not fenced).
 2. An armed fault for the operation fires (one firing per submit).
 3. Idempotency (``contract.idempotent`` and an ``Idempotency-Key`` header):
    while the key is retained (``now - first_seen < key_retention_s``) the same
    digest replays the first effect (200) and another digest is refused (409,
-   counted as drift). Otherwise the request is a new effect (201).
+   counted as drift). Otherwise the request is a new effect (201). A sink
+   whose contract is not idempotent ignores the header.
 
 Each request's mutations are one SQLite transaction; a fault's hang happens
 after that transaction has ended, on the event loop (``asyncio.sleep``), so it
@@ -43,9 +76,10 @@ import asyncio
 import errno
 import json
 import os
+import secrets
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +95,8 @@ from starlette.routing import Route
 
 from ledger.clock import Clock, clock_for
 from ledger.contracts import EffectContract
+from ledger.errors import LedgerError
+from ledger.identity import digest_version, operation_id_problem, parameter_digest
 from testbed.sinks.store import EffectRecord, FaultMode, SinkStore, StoreTxn
 
 #: The only interface the gateway listens on.
@@ -71,6 +107,27 @@ EXIT_ADDRESS_IN_USE: Final = 98
 
 #: Header that carries the idempotency key (the operation ID).
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
+
+#: Environment variable that carries the gateway's bearer token to its process
+#: (not a command-line option: other users can read a process's arguments).
+TOKEN_ENV: Final = "LEDGER_SINK_TOKEN"
+
+#: Shortest bearer token the gateway accepts to start with (characters).
+MIN_TOKEN_LEN: Final = 16
+
+#: Largest request body the gateway reads (bytes); a larger one is answered 413.
+MAX_BODY_BYTES: Final = 1024 * 1024
+
+#: Deepest nesting of JSON objects and arrays accepted in a body (the body
+#: itself is depth 1).
+MAX_JSON_DEPTH: Final = 32
+
+#: How far above the highest fencing token seen for an operation (0 when none)
+#: a request's token may be.
+MAX_TOKEN_STEP: Final = 1000
+
+#: Largest fencing token (SQLite's signed 64-bit integer).
+MAX_TOKEN: Final = 2**63 - 1
 
 
 class OperationParams(BaseModel):
@@ -84,21 +141,38 @@ class OperationParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
-    account: StrictStr | None = None
-    amount_minor: StrictInt | None = None
-    currency: StrictStr | None = None
+    account: StrictStr | None = Field(default=None, max_length=1000)
+    amount_minor: StrictInt | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    currency: StrictStr | None = Field(default=None, max_length=100)
 
 
 class SubmitBody(BaseModel):
-    """Body of ``POST /operations``."""
+    """Body of ``POST /operations``.
+
+    Attributes:
+        operation_id: the operation (the ledger's ID grammar).
+        parameter_digest: the digest the operation is bound to.
+        params: its parameters.
+        fencing_token: the operation's fencing token (required by a fencing
+            contract), 0 to ``2**63 - 1``.
+        attempt_id: the caller's attempt identity (kept for inspection).
+        action: the action (an input of the digest).
+        subject: the represented subject (an input of the digest).
+        purpose: the declared purpose (an input of the digest).
+        decision_version: the business decision's version (an input of the digest).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    operation_id: str = Field(min_length=1)
-    parameter_digest: str = Field(min_length=1)
+    operation_id: StrictStr = Field(min_length=1)
+    parameter_digest: StrictStr = Field(min_length=1, max_length=200)
     params: OperationParams
-    fencing_token: StrictInt | None = None
-    attempt_id: str = Field(min_length=1)
+    fencing_token: StrictInt | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    attempt_id: StrictStr = Field(min_length=1, max_length=500)
+    action: StrictStr = Field(min_length=1, max_length=200)
+    subject: StrictStr = Field(max_length=1000)
+    purpose: StrictStr = Field(max_length=1000)
+    decision_version: StrictInt = Field(ge=0, le=MAX_TOKEN)
 
 
 class FaultBody(BaseModel):
@@ -106,9 +180,13 @@ class FaultBody(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    operation_id: str = Field(min_length=1)
+    operation_id: StrictStr = Field(min_length=1, max_length=1000)
     mode: FaultMode
-    times: int = Field(default=1, ge=1)
+    times: StrictInt = Field(default=1, ge=1, le=1000)
+
+
+#: A route's handler.
+Handler = Callable[[Request], Awaitable[JSONResponse]]
 
 
 @dataclass(frozen=True)
@@ -146,10 +224,110 @@ def _stale(operation_id: str, highest: int) -> Reply:
 
 def _invalid(exc: ValidationError | ValueError) -> JSONResponse:
     if isinstance(exc, ValidationError):
-        detail: Any = json.loads(exc.json(include_url=False))
+        detail: Any = json.loads(exc.json(include_url=False, include_input=False))
     else:
         detail = str(exc)
     return JSONResponse({"error": "invalid_request", "detail": detail}, status_code=400)
+
+
+def _refusal(status_code: int, error: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status_code)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether JSON ``value`` nests objects and arrays deeper than ``limit`` (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def read_json_object(request: Request) -> dict[str, Any] | JSONResponse:
+    """Read a request body as one bounded JSON object.
+
+    Args:
+        request: the request; at most :data:`MAX_BODY_BYTES` of its body are read.
+
+    Returns:
+        The object, or the refusal to answer: 413 ``body_too_large``, or 400
+        ``invalid_request`` for bytes that are not UTF-8 JSON (``NaN`` and
+        ``Infinity`` included), text with lone surrogates, nesting deeper
+        than :data:`MAX_JSON_DEPTH`, or a value that is not an object.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return _refusal(
+            413, "body_too_large", f"the body has {declared} bytes; at most {MAX_BODY_BYTES}"
+        )
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            return _refusal(
+                413, "body_too_large", f"the body exceeds {MAX_BODY_BYTES} bytes; send less"
+            )
+    try:
+        value = json.loads(bytes(raw).decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        return _invalid(ValueError(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"))
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError too
+        return _invalid(ValueError(f"the body is not UTF-8 JSON: {str(exc)[:200]}"))
+    if _too_deep(value, MAX_JSON_DEPTH):
+        return _invalid(ValueError(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"))
+    try:  # a lone surrogate (\\ud800) decodes but cannot be stored or hashed
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return _invalid(ValueError(f"the JSON holds text that is not Unicode: {exc.reason}"))
+    if not isinstance(value, dict):
+        return _invalid(ValueError(f"the body must be a JSON object, not {type(value).__name__}"))
+    return value
+
+
+def authorised(request: Request, token: str) -> JSONResponse | None:
+    """Check a request's bearer token in constant time.
+
+    Args:
+        request: the request.
+        token: the gateway's token.
+
+    Returns:
+        ``None`` when ``Authorization: Bearer <token>`` matches, else the 401
+        answer (``unauthenticated`` when no bearer token was sent,
+        ``invalid_token`` when another was).
+    """
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    challenge = {"WWW-Authenticate": 'Bearer realm="reference-sink"'}
+    if scheme.lower() != "bearer" or not given.strip():
+        return JSONResponse(
+            {
+                "error": "unauthenticated",
+                "detail": "send Authorization: Bearer <token>, the sink's token from the sink "
+                "registry (sinks.json)",
+            },
+            status_code=401,
+            headers=challenge,
+        )
+    # Header text is Latin-1 decoded, so it encodes back losslessly.
+    if not secrets.compare_digest(given.strip().encode("latin-1"), token.encode("latin-1")):
+        return JSONResponse(
+            {
+                "error": "invalid_token",
+                "detail": "the bearer token is not this sink's; use the token registered "
+                "for it in the sink registry (sinks.json)",
+            },
+            status_code=401,
+            headers=challenge,
+        )
+    return None
 
 
 class SinkService:
@@ -168,26 +346,118 @@ class SinkService:
         self.store = store
         self.clock = clock
 
-    def _fence(self, tx: StoreTxn, operation_id: str, token: int | None, now_ms: int) -> int | None:
-        """Apply the fencing rule; return the highest token when the request is stale."""
+    def _fence(
+        self, tx: StoreTxn, operation_id: str, token: int | None, now_ms: int
+    ) -> Reply | None:
+        """Apply the fencing rule; return the refusal, or ``None`` when the request may go on.
+
+        A token more than :data:`MAX_TOKEN_STEP` above the highest seen (0 when
+        none) is refused with 400 and changes nothing; a token below the
+        highest is stale (409, counted).
+        """
         if not self.contract.fencing or token is None:
             return None
+        ceiling = (tx.highest_token(operation_id) or 0) + MAX_TOKEN_STEP
+        if token > ceiling:
+            tx.bump("refusals")
+            return Reply(
+                400,
+                {
+                    "error": "fencing_token_out_of_range",
+                    "operation_id": operation_id,
+                    "detail": f"fencing token {token} is more than {MAX_TOKEN_STEP} above the "
+                    f"highest this sink has seen for the operation (at most {ceiling})",
+                },
+            )
         check = tx.observe_token(operation_id, token, now_ms)
         if check.accepted:
             return None
         tx.bump("stale_rejections")
-        return check.highest
+        return _stale(operation_id, check.highest)
 
-    def submit(self, body: SubmitBody, idempotency_key: str | None) -> Reply:
-        """Handle one submit in one transaction (see the module docstring)."""
+    def refusal(
+        self, body: SubmitBody, params: dict[str, Any], idempotency_key: str | None
+    ) -> Reply | None:
+        """Why a submit must be refused before it touches anything (see "Refusals").
+
+        Args:
+            body: the validated submit.
+            params: the parameters exactly as received (the digest's input).
+            idempotency_key: the ``Idempotency-Key`` header, if sent.
+
+        Returns:
+            The 400 answer, or ``None`` when the submit may go on.
+        """
+        op = body.operation_id
+
+        def refuse(error: str, detail: str) -> Reply:
+            return Reply(400, {"error": error, "operation_id": op, "detail": detail})
+
+        problem = operation_id_problem(op)
+        if problem is not None:
+            return refuse("invalid_request", problem)
+        if self.contract.idempotent:
+            if idempotency_key is None:
+                return refuse(
+                    "idempotency_key_required",
+                    f"sink {self.name} is idempotent: send the {IDEMPOTENCY_HEADER} header",
+                )
+            key_problem = operation_id_problem(idempotency_key)
+            if key_problem is not None:
+                return refuse("invalid_request", f"{IDEMPOTENCY_HEADER}: {key_problem}")
+        if self.contract.fencing and body.fencing_token is None:
+            return refuse(
+                "fencing_token_required",
+                f"sink {self.name} fences: send the operation's fencing_token",
+            )
+        try:
+            expected = parameter_digest(
+                action=body.action,
+                params=params,
+                subject=body.subject,
+                purpose=body.purpose,
+                decision_version=body.decision_version,
+                sink=self.name,
+                version=digest_version(body.parameter_digest),
+            )
+        except (LedgerError, ValueError) as exc:
+            return refuse("invalid_request", f"params are not JSON values: {exc}")
+        if expected != body.parameter_digest:
+            return refuse(
+                "parameter_digest_mismatch",
+                f"parameter_digest {body.parameter_digest[:20]} is not the digest of these "
+                f"params, action, subject, purpose and decision version for sink {self.name} "
+                f"({expected[:20]})",
+            )
+        return None
+
+    def submit(
+        self, body: SubmitBody, idempotency_key: str | None, params: dict[str, Any] | None = None
+    ) -> Reply:
+        """Handle one submit in one transaction (see the module docstring).
+
+        Args:
+            body: the validated submit.
+            idempotency_key: the ``Idempotency-Key`` header, if sent.
+            params: the parameters as received; default ``body.params``
+                without its unset fields.
+
+        Returns:
+            The answer.
+        """
+        received = params if params is not None else body.params.model_dump(exclude_unset=True)
+        refused = self.refusal(body, received, idempotency_key)
         now_ms = self.clock.now_ms()
         op = body.operation_id
         with self.store.transaction() as tx:
             tx.bump("requests")
             tx.bump("submits")
-            highest = self._fence(tx, op, body.fencing_token, now_ms)
-            if highest is not None:
-                return _stale(op, highest)
+            if refused is not None:
+                tx.bump("refusals")
+                return refused
+            fenced = self._fence(tx, op, body.fencing_token, now_ms)
+            if fenced is not None:
+                return fenced
             fault = tx.take_fault(op)
             if fault is not None:
                 tx.bump("faults_fired")
@@ -252,9 +522,9 @@ class SinkService:
         with self.store.transaction() as tx:
             tx.bump("requests")
             tx.bump("readbacks")
-            highest = self._fence(tx, operation_id, fencing_token, now_ms)
-            if highest is not None:
-                return _stale(operation_id, highest)
+            fenced = self._fence(tx, operation_id, fencing_token, now_ms)
+            if fenced is not None:
+                return fenced
             effects = tx.effects_for_operation(operation_id)
         if not effects:
             return Reply(404, {"status": "absent", "operation_id": operation_id})
@@ -300,7 +570,14 @@ class SinkService:
 
 
 def create_app(
-    name: str, contract: EffectContract, db_path: Path, clock: Clock, hang_s: float = 5.0
+    name: str,
+    contract: EffectContract,
+    db_path: Path,
+    clock: Clock,
+    hang_s: float = 5.0,
+    *,
+    token: str,
+    fault_injection: bool = False,
 ) -> Starlette:
     """Build the gateway app of one sink.
 
@@ -309,19 +586,30 @@ def create_app(
     ``app.state.service``).
 
     Args:
-        name: the sink's name, e.g. ``payments``.
+        name: the sink's name, e.g. ``payments`` (its registered name: it is
+            an input of the parameter digest the gateway checks).
         contract: the behaviour to offer.
         db_path: the sink's SQLite file (created when absent).
         clock: the ledger clock.
         hang_s: how long a timeout fault waits before answering 504 (seconds);
             make it longer than the client's timeout.
+        token: the bearer token every request but ``/health`` must carry
+            (at least :data:`MIN_TOKEN_LEN` characters of printable ASCII).
+        fault_injection: offer ``POST /admin/faults`` (the testbed's fault
+            injection); without it the route does not exist (404).
 
     Returns:
         The Starlette application.
 
     Raises:
+        ValueError: if ``token`` is shorter than :data:`MIN_TOKEN_LEN` or not printable ASCII.
         ledger.errors.SinkStoreError: if ``db_path`` belongs to another sink.
     """
+    if len(token) < MIN_TOKEN_LEN or not all("!" <= c <= "~" for c in token):
+        raise ValueError(
+            f"the sink's bearer token must be at least {MIN_TOKEN_LEN} printable ASCII "
+            "characters; generate one with secrets.token_urlsafe(32)"
+        )
     store = SinkStore(db_path, name)
     service = SinkService(name, contract, store, clock)
 
@@ -331,26 +619,36 @@ def create_app(
         return JSONResponse(reply.body, status_code=reply.status_code)
 
     async def submit(request: Request) -> JSONResponse:
+        raw = await read_json_object(request)
+        if isinstance(raw, JSONResponse):
+            return raw
         try:
-            body = SubmitBody.model_validate_json(await request.body())
+            body = SubmitBody.model_validate(raw)
         except ValidationError as exc:
             return _invalid(exc)
-        return await respond(service.submit(body, request.headers.get(IDEMPOTENCY_HEADER)))
+        return await respond(
+            service.submit(body, request.headers.get(IDEMPOTENCY_HEADER), raw["params"])
+        )
 
     async def readback(request: Request) -> JSONResponse:
         raw = request.query_params.get("fencing_token")
         try:
-            token = None if raw in (None, "") else int(raw)
+            fencing = None if raw in (None, "") else int(raw)
         except ValueError:
-            return _invalid(ValueError(f"fencing_token must be an integer, got {raw!r}"))
-        return await respond(service.readback(request.path_params["operation_id"], token))
+            return _invalid(ValueError(f"fencing_token must be an integer, got {raw!r}"[:300]))
+        if fencing is not None and not 0 <= fencing <= MAX_TOKEN:
+            return _invalid(ValueError(f"fencing_token must be 0 to {MAX_TOKEN}"))
+        return await respond(service.readback(request.path_params["operation_id"], fencing))
 
     async def account(request: Request) -> JSONResponse:
         return await respond(service.account(request.path_params["account"]))
 
     async def arm_fault(request: Request) -> JSONResponse:
+        raw = await read_json_object(request)
+        if isinstance(raw, JSONResponse):
+            return raw
         try:
-            body = FaultBody.model_validate_json(await request.body())
+            body = FaultBody.model_validate(raw)
         except ValidationError as exc:
             return _invalid(exc)
         with store.transaction() as tx:
@@ -377,18 +675,23 @@ def create_app(
         yield
         store.close()
 
-    app = Starlette(
-        routes=[
-            Route("/operations", submit, methods=["POST"]),
-            Route("/operations/{operation_id:path}", readback, methods=["GET"]),
-            Route("/accounts/{account:path}", account, methods=["GET"]),
-            Route("/admin/faults", arm_fault, methods=["POST"]),
-            Route("/admin/effects", effects, methods=["GET"]),
-            Route("/admin/stats", stats, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
+    def guarded(handler: Handler) -> Handler:
+        async def checked(request: Request) -> JSONResponse:
+            return authorised(request, token) or await handler(request)
+
+        return checked
+
+    routes = [
+        Route("/operations", guarded(submit), methods=["POST"]),
+        Route("/operations/{operation_id:path}", guarded(readback), methods=["GET"]),
+        Route("/accounts/{account:path}", guarded(account), methods=["GET"]),
+        Route("/admin/effects", guarded(effects), methods=["GET"]),
+        Route("/admin/stats", guarded(stats), methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    if fault_injection:
+        routes.append(Route("/admin/faults", guarded(arm_fault), methods=["POST"]))
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.state.store = store
     app.state.service = service
     return app
@@ -435,6 +738,8 @@ def serve(
     port_file: Path | None = None,
     hang_s: float = 5.0,
     log_level: str = "info",
+    token: str,
+    fault_injection: bool = False,
 ) -> None:
     """Serve a sink on ``127.0.0.1`` until SIGINT/SIGTERM.
 
@@ -451,13 +756,18 @@ def serve(
         port_file: where to write the bound port (atomic replace), if given.
         hang_s: how long timeout faults hang (seconds).
         log_level: uvicorn log level.
+        token: the bearer token requests must carry (see :func:`create_app`).
+        fault_injection: offer ``POST /admin/faults``.
 
     Raises:
+        ValueError: if ``token`` is too short (see :func:`create_app`).
         OSError: if the port cannot be bound.
         ledger.errors.SinkStoreError: if ``db_path`` belongs to another sink.
     """
+    app = create_app(
+        name, contract, db_path, clock, hang_s=hang_s, token=token, fault_injection=fault_injection
+    )
     sock = bind_socket(port)
-    app = create_app(name, contract, db_path, clock, hang_s=hang_s)
     if port_file is not None:
         _write_port_file(port_file, sock.getsockname()[1])
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=1)
@@ -490,6 +800,12 @@ def serve(
 )
 @click.option("--hang-s", type=click.FloatRange(min=0), default=5.0, help="Fault hang, seconds.")
 @click.option("--log-level", default="info", help="uvicorn log level.")
+@click.option(
+    "--fault-injection",
+    is_flag=True,
+    default=False,
+    help="Offer POST /admin/faults (the testbed's fault injection; still needs the token).",
+)
 def main(
     name: str,
     port: int,
@@ -500,8 +816,19 @@ def main(
     port_file: Path | None,
     hang_s: float,
     log_level: str,
+    fault_injection: bool,
 ) -> None:
-    """Run one reference sink on 127.0.0.1."""
+    """Run one reference sink on 127.0.0.1.
+
+    Its bearer token comes from the environment variable LEDGER_SINK_TOKEN
+    (required; the testbed generates one and registers it in sinks.json).
+    """
+    token = os.environ.get(TOKEN_ENV, "")
+    if len(token) < MIN_TOKEN_LEN:
+        raise click.UsageError(
+            f"set {TOKEN_ENV} to the sink's bearer token (at least {MIN_TOKEN_LEN} characters, "
+            "e.g. from secrets.token_urlsafe(32)); the testbed does this when it starts a sink"
+        )
     try:
         contract = EffectContract.model_validate_json(contract_json)
     except ValidationError as exc:
@@ -516,7 +843,11 @@ def main(
             port_file=port_file,
             hang_s=hang_s,
             log_level=log_level,
+            token=token,
+            fault_injection=fault_injection,
         )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             click.echo(f"sink {name}: cannot bind {HOST}:{port}: {exc}", err=True)

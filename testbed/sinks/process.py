@@ -1,6 +1,11 @@
 """Run a reference sink as a subprocess (for tests, demos and game days).
 
-The child is ``python -m testbed.sinks.gateway`` bound to ``127.0.0.1``. It writes the
+The child is ``python -m testbed.sinks.gateway`` bound to ``127.0.0.1``. Each
+:class:`SinkProcess` generates a random bearer token (``secrets``), hands it to
+the child in its environment (``LEDGER_SINK_TOKEN``, not its arguments) and
+keeps it across restarts; whoever registers the sink writes
+:attr:`SinkProcess.token` into the sink registry. Fault injection
+(``/admin/faults``) exists only when asked for (``fault_injection=True``). It writes the
 port it bound to a port file; :class:`SinkProcess` waits for that file and then
 polls ``/health`` until the child (identified by its pid) answers -- no fixed
 sleeps. Its output goes to ``RUN_DIR/sinks/NAME.log``.
@@ -9,6 +14,7 @@ sleeps. Its output goes to ``RUN_DIR/sinks/NAME.log``.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -20,7 +26,7 @@ from typing import Literal
 from ledger.contracts import EffectContract
 from ledger.errors import SinkStartError as SinkStartError  # re-exported: its old home
 from testbed.sinks.admin import ReferenceSinkClient
-from testbed.sinks.gateway import EXIT_ADDRESS_IN_USE
+from testbed.sinks.gateway import EXIT_ADDRESS_IN_USE, TOKEN_ENV
 
 #: Folder that holds the ``sinks`` package (put on the child's PYTHONPATH).
 #: The folder holding the ``testbed`` package (the checkout, or site-packages).
@@ -45,6 +51,14 @@ class SinkProcess:
         startup_timeout_s: how long :meth:`start` waits for ``/health``
             (seconds).
         log_level: uvicorn log level of the child.
+        fault_injection: start the child with ``--fault-injection`` so that
+            ``POST /admin/faults`` exists (tests, game days, missions); off by
+            default.
+        token: the bearer token to require; default a new random one
+            (``secrets.token_urlsafe(32)``).
+
+    Attributes:
+        token: the bearer token the child requires (register it with the sink).
     """
 
     def __init__(
@@ -59,8 +73,12 @@ class SinkProcess:
         hang_s: float = 5.0,
         startup_timeout_s: float = 20.0,
         log_level: str = "info",
+        fault_injection: bool = False,
+        token: str | None = None,
     ) -> None:
         self.name = name
+        self.fault_injection = fault_injection
+        self.token = token or secrets.token_urlsafe(32)
         self.contract = contract
         self.run_dir = run_dir
         self.db_path = db_path or run_dir / "sinks" / f"{name}.sqlite"
@@ -108,7 +126,7 @@ class SinkProcess:
         Raises:
             SinkStartError: if the sink was never started.
         """
-        return ReferenceSinkClient(self.url, timeout_s=timeout_s)
+        return ReferenceSinkClient(self.url, timeout_s=timeout_s, token=self.token)
 
     def start(self) -> SinkProcess:
         """Start the child and wait until it answers ``/health``.
@@ -220,6 +238,7 @@ class SinkProcess:
             str(self.hang_s),
             "--log-level",
             self.log_level,
+            *(["--fault-injection"] if self.fault_injection else []),
         ]
 
     def _launch(self, port: int) -> int | None:
@@ -231,6 +250,7 @@ class SinkProcess:
         self.port_file.parent.mkdir(parents=True, exist_ok=True)
         self.port_file.unlink(missing_ok=True)
         env = dict(os.environ)
+        env[TOKEN_ENV] = self.token
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(_PACKAGES_ROOT), env.get("PYTHONPATH", "")) if p
         )
@@ -254,7 +274,7 @@ class SinkProcess:
                     text = self.port_file.read_text().strip()
                     if text:
                         self._port = int(text)
-                        client = ReferenceSinkClient(self.url, timeout_s=1.0)
+                        client = ReferenceSinkClient(self.url, timeout_s=1.0, token=self.token)
                 if client is not None:
                     info = client.health_info()
                     if info is not None and info.get("pid") == proc.pid:

@@ -53,6 +53,7 @@ COUNTERS: Final[tuple[str, ...]] = (
     "rejected",
     "unavailable",
     "timeouts",
+    "refusals",
 )
 
 SCHEMA_VERSION: Final = 1

@@ -27,6 +27,7 @@ from ledger.contracts import (
     judge_postcondition,
     postcondition_request,
 )
+from ledger.identity import parameter_digest
 from sinks.client import SinkProtocolError, SubmitResult, postcondition_source
 from testbed.sinks.admin import ReferenceSinkClient as SinkClient
 from testbed.sinks.gateway import bind_socket, create_app
@@ -35,6 +36,9 @@ from testbed.sinks.store import FaultMode, SinkStore, StoreError
 
 ACCOUNT = "acct-1842"
 PARAMS: dict[str, object] = {"account": ACCOUNT, "amount_minor": 5000, "currency": "GBP"}
+
+#: The bearer token of the in-process sinks.
+TOKEN = "test-token-0123456789abcdef"
 
 #: Client timeout versus the sink's fault hang (seconds): the client gives up first.
 CLIENT_TIMEOUT_S = 0.3
@@ -78,25 +82,59 @@ def make_sink(tmp_path: Path) -> Iterator[MakeSink]:
     with ExitStack() as stack:
 
         def make(contract: EffectContract, name: str = "payments") -> LocalSink:
-            app = create_app(name, contract, tmp_path / f"{name}.sqlite", clock)
+            app = create_app(
+                name,
+                contract,
+                tmp_path / f"{name}.sqlite",
+                clock,
+                token=TOKEN,
+                fault_injection=True,
+            )
             url = stack.enter_context(serve_in_thread(app))
-            client = stack.enter_context(SinkClient(url))
+            client = stack.enter_context(SinkClient(url, token=TOKEN))
             return LocalSink(client, clock)
 
         yield make
+
+
+def digest_of(params: dict[str, object], sink: str = "payments") -> str:
+    """The digest the ledger binds these params to (action refund, subject and purpose fixed)."""
+    return parameter_digest(
+        action="refund",
+        params=params,
+        subject="customer-1",
+        purpose="fee-remediation",
+        decision_version=1,
+        sink=sink,
+    )
 
 
 def submit(
     client: SinkClient,
     op: str,
     *,
-    digest: str = "digest-1",
     params: dict[str, object] | None = None,
     token: int | None = 1,
     attempt: str = "attempt-1",
     use_key: bool = True,
+    key: str | None = None,
+    sink: str = "payments",
 ) -> SubmitResult:
-    return client.submit(op, digest, dict(params or PARAMS), token, attempt, use_key)
+    """Submit as the relay does: the digest of ``params`` and its inputs, the key ``key or op``."""
+    sent = dict(params or PARAMS)
+    return client.submit(
+        op,
+        digest_of(sent, sink),
+        sent,
+        token,
+        attempt,
+        use_key,
+        action="refund",
+        subject="customer-1",
+        purpose="fee-remediation",
+        decision_version=1,
+        idempotency_key=key,
+    )
 
 
 # --- idempotency -----------------------------------------------------------------------------
@@ -117,19 +155,22 @@ def test_idempotent_replay_returns_the_same_effect_and_makes_no_second(make_sink
 
 def test_key_reused_with_another_digest_is_refused_and_counted(make_sink: MakeSink) -> None:
     sink = make_sink(PAYMENT_GATEWAY)
-    assert submit(sink.client, "refund:1", digest="d-original").status == "committed"
+    assert submit(sink.client, "refund:1").status == "committed"
 
-    drift = submit(sink.client, "refund:1", digest="d-other", params={**PARAMS, "amount_minor": 9})
+    drift = submit(sink.client, "refund:1", params={**PARAMS, "amount_minor": 9})
 
     assert drift.status == "key_reused" and drift.http_status == 409
     assert sink.client.effects() == {"refund:1": 1}
     assert sink.client.stats()["drift_rejections"] == 1
 
 
-def test_submit_without_key_is_a_new_effect_even_when_idempotent(make_sink: MakeSink) -> None:
+def test_a_fresh_key_per_attempt_is_a_new_effect_even_when_idempotent(
+    make_sink: MakeSink,
+) -> None:
+    """What the checkpoint-only negative control does: the key deduplicates nothing."""
     sink = make_sink(PAYMENT_GATEWAY)
-    one = submit(sink.client, "refund:1", use_key=False, attempt="a1")
-    two = submit(sink.client, "refund:1", use_key=False, attempt="a2")
+    one = submit(sink.client, "refund:1", key="refund:1:a1", attempt="a1")
+    two = submit(sink.client, "refund:1", key="refund:1:a2", attempt="a2")
 
     assert one.effect_id != two.effect_id
     assert sink.client.effects() == {"refund:1": 2}
@@ -164,10 +205,12 @@ def test_key_expiry_makes_resubmission_a_new_effect_but_readback_still_answers(
 
 def test_expired_key_with_another_digest_is_a_new_effect_not_drift(make_sink: MakeSink) -> None:
     sink = make_sink(PAYMENT_GATEWAY.model_copy(update={"key_retention_s": 1}))
-    submit(sink.client, "refund:1", digest="d1")
+    submit(sink.client, "refund:1")
     sink.clock.advance(1)
 
-    assert submit(sink.client, "refund:1", digest="d2").status == "committed"
+    assert submit(sink.client, "refund:1", params={**PARAMS, "amount_minor": 1}).status == (
+        "committed"
+    )
     assert sink.client.stats()["drift_rejections"] == 0
 
 
@@ -224,8 +267,8 @@ def test_sink_without_fencing_ignores_tokens(make_sink: MakeSink) -> None:
 
 def test_unsafe_sink_makes_two_effects_and_offers_no_readback(make_sink: MakeSink) -> None:
     sink = make_sink(UNSAFE_SINK, name="unsafe")
-    one = submit(sink.client, "refund:unsafe", attempt="a1")
-    two = submit(sink.client, "refund:unsafe", attempt="a2")
+    one = submit(sink.client, "refund:unsafe", attempt="a1", use_key=False, sink="unsafe")
+    two = submit(sink.client, "refund:unsafe", attempt="a2", use_key=False, sink="unsafe")
 
     assert one.status == two.status == "committed"
     assert one.effect_id != two.effect_id
@@ -257,8 +300,8 @@ def test_the_contracts_postcondition_query_asked_and_judged(make_sink: MakeSink)
     """What the relay does for a VERIFY: the contract names the query, the core judges."""
     sink = make_sink(PAYMENT_GATEWAY)
     submit(sink.client, "refund:1", params=PARAMS)
-    submit(sink.client, "refund:2", params=PARAMS, use_key=False)
-    submit(sink.client, "refund:2", params=PARAMS, use_key=False)  # a duplicate effect
+    submit(sink.client, "refund:2", params=PARAMS, key="k-1")
+    submit(sink.client, "refund:2", params=PARAMS, key="k-2")  # a duplicate effect
 
     def verify(op: str, contract: EffectContract = PAYMENT_GATEWAY) -> tuple[str, str, str]:
         ask = postcondition_request(contract, PARAMS)
@@ -329,7 +372,18 @@ def test_faults_are_per_operation(make_sink: MakeSink) -> None:
 def test_malformed_requests_are_refused(make_sink: MakeSink) -> None:
     sink = make_sink(PAYMENT_GATEWAY)
 
-    refused = sink.client.submit("refund:1", "", PARAMS, 1, "a1", True)  # empty digest
+    refused = sink.client.submit(
+        "refund:1",
+        "",  # empty digest
+        PARAMS,
+        1,
+        "a1",
+        True,
+        action="refund",
+        subject="customer-1",
+        purpose="fee-remediation",
+        decision_version=1,
+    )
     assert (refused.status, refused.http_status) == ("rejected", 400)
     assert sink.client.effects() == {}
     with pytest.raises(SinkProtocolError):
@@ -349,7 +403,9 @@ def test_store_refuses_another_sinks_database(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def live_sink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SinkProcess]:
     run_dir = tmp_path_factory.mktemp("live-sink")
-    with SinkProcess("payments", PAYMENT_GATEWAY, run_dir, hang_s=HANG_S) as sink:
+    with SinkProcess(
+        "payments", PAYMENT_GATEWAY, run_dir, hang_s=HANG_S, fault_injection=True
+    ) as sink:
         yield sink
 
 
@@ -435,7 +491,9 @@ def test_unreachable_sink_is_unavailable_for_submit_and_ambiguous_for_readback(
 
 
 def test_effects_and_fences_survive_a_sigkill_and_restart(tmp_path: Path) -> None:
-    with SinkProcess("payments", PAYMENT_GATEWAY, tmp_path, hang_s=HANG_S) as sink:
+    with SinkProcess(
+        "payments", PAYMENT_GATEWAY, tmp_path, hang_s=HANG_S, fault_injection=True
+    ) as sink:
         with sink.client() as client:
             first = submit(client, "refund:1", token=3)
             assert client.readback("refund:1", 4).status == "committed"

@@ -30,6 +30,7 @@ from ledger.errors import (
     ScenarioError,
     SchemaError,
     SchemaValidationError,
+    SinkAuthError,
     SinkError,
     SinkProtocolError,
     SinkStartError,
@@ -60,6 +61,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SinkError: False,
     SinkUnavailableError: True,  # no answer: the sink may be down or restarting
     SinkProtocolError: False,  # the request or the URL is wrong
+    SinkAuthError: False,  # the registry's token is not the sink's: fix it first
     SinkStoreError: False,  # another sink's database, a newer schema
     SinkStartError: False,  # the message quotes the sink's log: read it first
 }
@@ -178,3 +180,46 @@ def test_an_answer_outside_the_protocol_is_a_structured_protocol_error() -> None
     )
     assert (error.sink, error.operation_id, error.observed) == ("http://sink.test", "refund:1", 302)
     assert not error.retryable
+
+
+def test_every_call_carries_the_registry_token_as_a_bearer_token() -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(404, json={"status": "absent"})
+
+    transport = httpx.MockTransport(handler)
+    with SinkClient("http://sink.test", token="s3cret-token-value", transport=transport) as c:
+        c.readback("refund:1", 1)
+        c.submit("refund:1", "d", {}, 1, "a1", use_key=True)
+    with SinkClient("http://sink.test", transport=transport) as c:
+        c.readback("refund:1", 1)
+    assert seen == ["Bearer s3cret-token-value", "Bearer s3cret-token-value", None]
+
+
+@pytest.mark.parametrize("code", [401, 403])
+def test_a_refused_token_is_a_configuration_error_naming_the_sink_and_the_remedy(
+    code: int,
+) -> None:
+    """Never a rejection of the operation: the sink did not look at the request."""
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(code, json={"error": "invalid_token"})
+    )
+    calls = {
+        "submit": lambda c: c.submit("refund:1", "d", {}, 1, "a1", use_key=True),
+        "readback": lambda c: c.readback("refund:1", 1),
+        "account": lambda c: c.account("acct-1"),
+        "admin": lambda c: c.effects(),
+    }
+    for name, call in calls.items():
+        with (
+            ReferenceSinkClient("http://sink.test", transport=transport) as client,
+            pytest.raises(SinkAuthError) as caught,
+        ):
+            call(client)
+        error = caught.value
+        assert isinstance(error, SinkError) and not error.retryable, name
+        assert error.http_status == code and error.sink == "http://sink.test"
+        assert "sinks.json" in error.message and "token" in error.message
+    assert caught.value.operation_id is None  # the admin call names none

@@ -123,6 +123,33 @@ def test_parameter_drift_is_refused_and_state_untouched() -> None:
     assert [o.event.kind for o in d.outputs] == ["PARAMETER_DRIFT"]
 
 
+def test_republish_naming_another_sink_is_drift_with_an_operating_event() -> None:
+    state = admitted()
+    elsewhere = helpers.intent(sink="refunds")
+    d = decide(state, elsewhere, "intents:0:9")
+    assert d.outcome == "REFUSED" and d.state == state
+    assert [o.event.kind for o in d.outputs] == ["PARAMETER_DRIFT"]
+    assert "sink refunds" in d.outputs[0].event.reason
+
+
+def test_an_operation_recorded_with_a_version_1_digest_keeps_working() -> None:
+    # Intents of earlier releases carry a digest without the sink (version 1).
+    old = helpers.intent(digest_version=1)
+    assert len(old.parameter_digest) == 64
+    state, _ = run([old, helpers.admission(old)])
+    assert state is not None and state.state == S.EFFECT_PENDING
+    # A newer publisher re-sends the same request (a version-2 digest): not drift.
+    same = decide(state, helpers.intent(), "intents:0:9")
+    assert same.outcome != "REFUSED" and same.state == state
+    # Another sink is drift even though a version-1 digest does not bind it.
+    for other in (helpers.intent(sink="refunds"), helpers.intent(sink="refunds", digest_version=1)):
+        d = decide(state, other, "intents:0:10")
+        assert d.outcome == "REFUSED" and [o.event.kind for o in d.outputs] == ["PARAMETER_DRIFT"]
+    # Other parameters under version 2 are drift too.
+    d = decide(state, helpers.intent(amount=7000), "intents:0:11")
+    assert d.outcome == "REFUSED"
+
+
 def test_bad_digest_is_refused_as_bad_input() -> None:
     forged = helpers.intent().model_copy(update={"parameter_digest": "0" * 64})
     d = decide(None, forged, "intents:0:1")

@@ -13,6 +13,7 @@ from ledger.errors import ForbiddenTransitionError, InputBoundsError, LedgerErro
 from ledger.identity import (
     canonical_json,
     check_operation_id,
+    digest_version,
     operation_id,
     operation_id_problem,
     parameter_digest,
@@ -23,7 +24,12 @@ from ledger.states import RecoveryState as S
 
 def digest(**over):
     base = dict(
-        action="refund", params={"a": 1, "b": [1, 2]}, subject="s", purpose="p", decision_version=1
+        action="refund",
+        params={"a": 1, "b": [1, 2]},
+        subject="s",
+        purpose="p",
+        decision_version=1,
+        sink="payments",
     )
     base.update(over)
     return parameter_digest(**base)
@@ -37,8 +43,20 @@ def test_digest_ignores_key_order_but_binds_every_semantic_field() -> None:
         digest(subject="t"),
         digest(purpose="q"),
         digest(decision_version=2),
+        digest(sink="refunds"),
     ]
-    assert len({digest(), *others}) == 6
+    assert len({digest(), *others}) == 7
+
+
+def test_digest_version_2_binds_the_sink_and_says_so_version_1_does_not() -> None:
+    v2 = digest()
+    assert v2.startswith("v2:") and len(v2) == 3 + 64 and digest_version(v2) == 2
+    v1 = digest(version=1)
+    assert len(v1) == 64 and digest_version(v1) == 1
+    assert digest(version=1, sink="refunds") == v1  # the earlier releases' digest
+    assert v1 != v2.removeprefix("v2:")
+    with pytest.raises(LedgerError):
+        digest(version=3)
 
 
 def test_canonical_json_refuses_non_json() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ledger.contracts import ACCOUNT_CREDITS, PAYMENT_GATEWAY, UNSAFE_SINK, PostconditionQuery
+from ledger.errors import LocalFileError
 from sinks.registry import SinkEndpoint, load_sinks, save_sinks
 
 #: A registry as ``ledger sink serve`` wrote it before postcondition queries were declared.
@@ -67,3 +70,22 @@ def test_a_declared_postcondition_query_round_trips(tmp_path: Path) -> None:
 
     assert load_sinks(path) == {"bank": endpoint}
     assert load_sinks(path)["bank"].contract.postcondition_query() == query
+
+
+def test_a_token_round_trips_and_the_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "sinks.json"
+    endpoint = SinkEndpoint(url="http://127.0.0.1:9000", contract=PAYMENT_GATEWAY, token="t" * 32)
+
+    save_sinks(path, {"payments": endpoint})
+
+    assert load_sinks(path) == {"payments": endpoint}
+    assert json.loads(path.read_text())["payments"]["token"] == "t" * 32
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert "t" * 32 not in repr(endpoint)  # not in logs or tracebacks
+
+
+def test_an_empty_token_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "sinks.json"
+    path.write_text(json.dumps({"payments": {"url": "http://x", "contract": {}, "token": ""}}))
+    with pytest.raises(LocalFileError, match="sinks.json"):
+        load_sinks(path)

@@ -55,7 +55,6 @@ from ledger.events import (
     PolicyChange,
     decode_event,
 )
-from ledger.identity import amount_of, canonical_json, parameter_digest
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPIC_BY_NAME
@@ -122,43 +121,16 @@ class Observed:
 # ---------------------------------------------------------------------- building records
 
 
-def intent_of(op: str, params: Any, approval: str | None, sink: str = "payments") -> Intent:
-    """A well-formed intent (``params`` a dict) or one whose params_json is ``params`` as is."""
+def intent_of(op: str, params: Any, approval: str | None) -> Intent:
+    """A well-formed intent for ``params`` (a dict), or one whose params_json is ``params``
+    as is (a string) with a digest that matches nothing."""
     if isinstance(params, str):
-        return Intent(
-            operation_id=op,
-            sink=sink,
-            action="refund",
-            params_json=params,
-            actor="svc",
-            subject="customer-1",
-            purpose="fee-remediation",
-            decision_version=1,
-            approval_id=approval,
-            amount_minor=100,
-            parameter_digest="0" * 64,
-            published_at_ms=0,
+        return helpers.intent(op, amount=100, approval=approval).model_copy(
+            update={"params_json": params, "parameter_digest": "0" * 64}
         )
-    return Intent(
-        operation_id=op,
-        sink=sink,
-        action="refund",
-        params_json=canonical_json(params),
-        actor="svc",
-        subject="customer-1",
-        purpose="fee-remediation",
-        decision_version=1,
-        approval_id=approval,
-        amount_minor=amount_of(params),
-        parameter_digest=parameter_digest(
-            action="refund",
-            params=params,
-            subject="customer-1",
-            purpose="fee-remediation",
-            decision_version=1,
-        ),
-        published_at_ms=0,
-    )
+    extra = dict(params)
+    amount = extra.pop("amount_minor")
+    return helpers.intent(op, amount=amount, approval=approval, **extra)
 
 
 def valid_record(topic: str, op: str, ctx: Ledger) -> Event:
@@ -744,7 +716,7 @@ def file_ledger(
 
 @pytest.mark.parametrize("case", FILE_CASES, ids=[c.id for c in FILE_CASES])
 def test_corrupted_local_file(case: FileCase, file_ledger: LedgerSettings, tmp_path: Path) -> None:
-    """The command exits non-zero naming the file, with no traceback; nothing is published."""
+    """The command exits non-zero with an error naming the file, and no traceback."""
     settings = file_ledger.model_copy(update={"run_dir": tmp_path})
     deployment_key(settings)
     authority_key(settings)

@@ -162,9 +162,44 @@ class AuthorityKernel(Stage):
             )
         )
 
+    def _misplaced(self, rec: Record, expected: str, named: str | None, key: str) -> bool:
+        """Report a table record of another kind, or naming another key, as ``BAD_INPUT``.
+
+        Such a record decodes and may be authentic, but it is not a row of the
+        table: it is never applied, and an operating event (kept bytes) says so.
+
+        Args:
+            rec: the decoded record.
+            expected: the event kind the table holds (``Approval`` ...).
+            named: the key the event itself names (``None``: no such field).
+            key: the record's key.
+
+        Returns:
+            True when the record was reported (and must not be applied).
+        """
+        if rec.event.KIND == expected and named == key:
+            return False
+        problem = (
+            f"a {rec.event.KIND} is not a {rec.topic} record (expected {expected})"
+            if rec.event.KIND != expected
+            else f"the record's key {key[:200]!r} differs from the {expected}'s {named!r}"
+        )
+        log.warning("authority: %s at %s:%s:%s", problem, rec.topic, rec.partition, rec.offset)
+        self.notes.append(
+            (
+                "operating-events",
+                key or "(no key)",
+                record_event("authority", rec, "BAD_INPUT", problem, id_suffix="MISPLACED"),
+            )
+        )
+        return True
+
     def _apply_approval(self, key: str, rec: Record | None) -> None:
-        if rec is None or not isinstance(rec.event, Approval) or rec.event.approval_id != key:
+        if rec is None or self._misplaced(
+            rec, Approval.KIND, getattr(rec.event, "approval_id", None), key
+        ):
             return
+        assert isinstance(rec.event, Approval)
         merged = merge_approval(self.approvals.get(key), rec.event)
         self.approvals[key] = merged.approval
         if merged.note:
@@ -179,12 +214,20 @@ class AuthorityKernel(Stage):
             )
 
     def _apply_use(self, key: str, rec: Record | None) -> None:
-        if rec is not None and isinstance(rec.event, ApprovalUse) and rec.event.approval_id == key:
-            self.uses.setdefault(key, rec.event)  # the first use stands
+        if rec is None or self._misplaced(
+            rec, ApprovalUse.KIND, getattr(rec.event, "approval_id", None), key
+        ):
+            return
+        assert isinstance(rec.event, ApprovalUse)
+        self.uses.setdefault(key, rec.event)  # the first use stands
 
     def _apply_policy(self, key: str, rec: Record | None) -> None:
-        if rec is None or not isinstance(rec.event, PolicyChange):
+        # The policy topic has one row, keyed 'current'.
+        if rec is None or self._misplaced(
+            rec, PolicyChange.KIND, "current" if isinstance(rec.event, PolicyChange) else None, key
+        ):
             return
+        assert isinstance(rec.event, PolicyChange)
         if rec.event.version < 1:
             # Versions count from 1; the publisher refuses others, so another
             # writer made this one. The policy in force stays.
@@ -316,7 +359,17 @@ class AuthorityKernel(Stage):
         for rec in records:
             request = rec.event
             if not isinstance(request, AdmissionRequest):
-                log.warning("authority: ignoring %s at %s", request.KIND, rec.offset)
+                log.warning("authority: refusing %s at %s", request.KIND, rec.offset)
+                out.write(
+                    "operating-events",
+                    rec.key,
+                    record_event(
+                        "authority",
+                        rec,
+                        "BAD_INPUT",
+                        f"{request.KIND} is not an admission request",
+                    ),
+                )
                 continue
             self.hooks.seam("before_admission", request.operation_id)
             approval = self.approvals.get(request.approval_id)

@@ -531,6 +531,18 @@ class Stage:
                 )
             if not key:
                 raise LedgerError("record has no key; ledger records are keyed by ID")
+            if raw is None:
+                # A tombstone is never a stage's input; one that no trusted
+                # writer sealed is a forgery first (README "Trust model").
+                problem = self.keyring.check(topic, msg.key() or b"", None, msg.headers())
+                if problem is not None and self.unauthenticated(msg, topic, problem):
+                    return dead_letter(
+                        self.component,
+                        topic,
+                        msg,
+                        f"not authentic (tombstone): {problem}",
+                        kind="UNAUTHENTICATED",
+                    )
             event = decode_event(raw)
             problem = self.keyring.check(topic, msg.key() or b"", raw, msg.headers(), event)
             if problem is not None and self.unauthenticated(msg, topic, problem):

@@ -59,6 +59,12 @@ class ManualClock:
             text = self.path.read_text().strip()
         except FileNotFoundError:
             return 0
+        except UnicodeDecodeError as exc:
+            raise LocalFileError(
+                f"the ledger clock {self.path} is not text ({exc}); write the last known "
+                "time into it (e.g. 0) or remove it to start at 0",
+                observed=str(exc),
+            ) from exc
         except OSError as exc:
             raise LocalFileError(
                 f"cannot read the ledger clock {self.path}: {exc}; fix its permissions",

@@ -192,7 +192,16 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
         raise click.ClickException(
             f"reviewer {name!r} has no signing key; create one with 'ledger reviewer add {name}'"
         )
-    return ReviewerKey.from_file(path)
+    try:
+        return ReviewerKey.from_file(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        from ledger.errors import LocalFileError
+
+        raise LocalFileError(
+            f"the reviewer key file {path} is unreadable ({exc}); restore it, or make a new "
+            f"key under a new name with `ledger reviewer add`",
+            observed=str(exc),
+        ) from exc
 
 
 @click.command("approve")

@@ -29,6 +29,7 @@ from ledger.events import (
     Dispatch,
     Event,
     JournalEntry,
+    OperatingEvent,
     OperationState,
     RecoveryReceipt,
     decode_event,
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 #: Topics whose every record is decoded (the journal is replayed; the others
 #: name their writer, which the seal must match).
-DECODE_ALL = frozenset({"journal", "approvals", "policy", "dispositions"})
+DECODE_ALL = frozenset({"journal", "approvals", "policy", "dispositions", "operating-events"})
 
 #: Compacted topics of which the audit reads the latest authentic value per key.
 LATEST = frozenset({"state", "dispatches", "recovery-receipts", "approval-uses", "approvals"})
@@ -170,6 +171,19 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
     for scan in scans.values():
         unauthenticated.update(scan.unauthenticated)
         undecodable.update(scan.undecodable)
+    # A record a stage refused as a dead letter (an authentic BAD_INPUT or
+    # UNAUTHENTICATED operating event names its position) was handled: it is
+    # listed, not a violation. Garbage nobody refused is corrupted evidence.
+    refused = {
+        (e.source_topic, e.source_partition, e.source_offset)
+        for e in scans["operating-events"].records
+        if isinstance(e, OperatingEvent)
+        and e.kind in ("BAD_INPUT", "UNAUTHENTICATED")
+        and e.source_topic is not None
+        and e.source_partition is not None
+        and e.source_offset is not None
+    }
+    dead_lettered = {w: r for w, r in undecodable.items() if w in refused}
     uses = {
         k: e
         for k, e in scans["approval-uses"].latest.items()
@@ -188,7 +202,8 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
         log.warning("auditor: %d unauthenticated records on the ledger", len(unauthenticated))
     return Provenance(
         unauthenticated=unauthenticated,
-        undecodable=undecodable,
+        undecodable={w: r for w, r in undecodable.items() if w not in dead_lettered},
+        dead_lettered=dead_lettered,
         uses=uses,
         grants=grants,
         records=sum(s.count for s in scans.values()),

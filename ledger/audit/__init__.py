@@ -11,8 +11,9 @@ and runs every invariant registered in :mod:`ledger.audit.invariants`, one
 function per invariant, in this order (each violation names the operation
 and the evidence):
 
-* ``readable``: every record read decodes, and so does every journal
-  entry's recorded input (each one that does not is reported with its
+* ``readable``: every record read decodes, or a stage refused it as bad
+  input (listed in ``undecodable_records``), and every journal entry's
+  recorded input decodes (each one that does not is reported with its
   position; the rest is audited);
 * ``authenticity``: no journal entry applied an unauthenticated record, and
   every admission rests on a grant signed by a trusted reviewer and on the
@@ -92,6 +93,10 @@ def audit(
         report.unauthenticated_records = [
             {"topic": t, "partition": p, "offset": o, "reason": reason}
             for (t, p, o), reason in sorted(provenance.unauthenticated.items())
+        ]
+        report.undecodable_records = [
+            {"topic": t, "partition": p, "offset": o, "reason": reason}
+            for (t, p, o), reason in sorted(provenance.dead_lettered.items())
         ]
     for name, check in (INVARIANTS if invariants is None else invariants).items():
         findings = Findings(name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ledger.events import (
@@ -43,7 +43,11 @@ class Provenance:
     Attributes:
         unauthenticated: position -> why the record is not authentic (no
             trusted writer produced it), for every record read.
-        undecodable: position -> why the record does not decode.
+        undecodable: position -> why the record does not decode, for records
+            no stage refused (corrupted evidence: a violation).
+        dead_lettered: position -> why the record does not decode, for
+            records a stage refused with an operating event naming that
+            position (bad input, handled: listed, not a violation).
         uses: approval ID -> the authority kernel's signed use of it (the
             latest authentic record of ``approval-uses``).
         grants: approval ID -> ``None`` when its latest authentic
@@ -57,6 +61,7 @@ class Provenance:
     uses: Mapping[str, ApprovalUse]
     grants: Mapping[str, str | None]
     records: int = 0
+    dead_lettered: Mapping[Position, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

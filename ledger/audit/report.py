@@ -73,6 +73,10 @@ class AuditReport:
             trusted writer produced (``{"topic", "partition", "offset",
             "reason"}``), in position order; readers refused them, and a
             decision resting on one is a violation (``authenticity``).
+        undecodable_records: records on the ledger's topics that do not
+            decode but that a stage refused as bad input (a dead letter names
+            them), ``{"topic", "partition", "offset", "reason"}``; an
+            undecodable record nobody refused is a violation (``readable``).
         authenticity_checked: whether seals were checked at all.
     """
 
@@ -81,6 +85,7 @@ class AuditReport:
     violations: list[Violation] = field(default_factory=list)
     checked: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     unauthenticated_records: list[dict[str, Any]] = field(default_factory=list)
+    undecodable_records: list[dict[str, Any]] = field(default_factory=list)
     authenticity_checked: bool = False
 
     def add(self, invariant: str, operation_id: str | None, evidence: str) -> None:
@@ -118,6 +123,7 @@ class AuditReport:
             "journal_entries": self.journal_entries,
             "authenticity_checked": self.authenticity_checked,
             "unauthenticated_records": list(self.unauthenticated_records),
+            "undecodable_records": list(self.undecodable_records),
             "checked": dict(self.checked),
             "violations": [
                 {"invariant": v.invariant, "operation_id": v.operation_id, "evidence": v.evidence}

@@ -36,10 +36,13 @@ This module is pure (no files, no clock): keys are loaded by
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
+import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -70,6 +73,9 @@ SCHEME_ED25519 = "ed25519"
 
 #: Domain separation: the first field of every sealed message.
 _DOMAIN = b"ledger-record/v1"
+_LENGTH = struct.Struct(">I").pack
+_DOMAIN_FIELD = _LENGTH(len(_DOMAIN)) + _DOMAIN
+_TOMBSTONE_FIELD = _LENGTH(1) + b"\x00"
 
 
 def sealed_message(topic: str, key: bytes, value: bytes | None) -> bytes:
@@ -86,13 +92,11 @@ def sealed_message(topic: str, key: bytes, value: bytes | None) -> bytes:
         bytes, big-endian); a tombstone's value field is the single byte 0,
         a value's is 1 followed by the value, so the two cannot collide.
     """
-    parts = (
-        _DOMAIN,
-        topic.encode("utf-8"),
-        key,
-        b"\x00" if value is None else b"\x01" + value,
-    )
-    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
+    name = topic.encode("utf-8")
+    head = (_DOMAIN_FIELD, _LENGTH(len(name)), name, _LENGTH(len(key)), key)
+    if value is None:
+        return b"".join((*head, _TOMBSTONE_FIELD))
+    return b"".join((*head, _LENGTH(len(value) + 1), b"\x01", value))
 
 
 @dataclass(frozen=True)
@@ -140,15 +144,19 @@ class MacKey:
     secret: bytes
     role: str = ROLE_STAGE
 
-    @property
+    @cached_property
     def key_id(self) -> str:
         """``deployment-`` and the first 12 hex digits of the secret's SHA-256."""
         return "deployment-" + hashlib.sha256(self.secret).hexdigest()[:12]
 
+    @cached_property
+    def _prefix(self) -> bytes:
+        return f"{SCHEME_MAC};{self.key_id};".encode()
+
     def seal(self, topic: str, key: bytes, value: bytes | None) -> bytes:
-        """The ``ledger-auth`` header value for one record."""
-        tag = hmac.new(self.secret, sealed_message(topic, key, value), hashlib.sha256).digest()
-        return Seal(SCHEME_MAC, self.key_id, tag).encode()
+        """The ``ledger-auth`` header value for one record (as :meth:`Seal.encode` gives it)."""
+        tag = hmac.digest(self.secret, sealed_message(topic, key, value), "sha256")
+        return self._prefix + binascii.b2a_base64(tag, newline=False)
 
 
 @dataclass(frozen=True)
@@ -332,7 +340,7 @@ class Keyring:
                 return f"sealed by unknown key {seal.key_id}"
             if ROLE_STAGE not in accept:
                 return f"sealed by a stage key; this topic is written by {', '.join(accept)}"
-            expected = hmac.new(secret, message, hashlib.sha256).digest()
+            expected = hmac.digest(secret, message, "sha256")
             if not hmac.compare_digest(expected, seal.tag):
                 return "the seal does not match the record (forged or altered)"
             return None

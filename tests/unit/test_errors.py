@@ -31,6 +31,7 @@ from ledger.errors import (
     SchemaError,
     SchemaValidationError,
     SinkError,
+    SinkNotReachedError,
     SinkProtocolError,
     SinkStartError,
     SinkStoreError,
@@ -60,6 +61,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SinkError: False,
     SinkUnavailableError: True,  # no answer: the sink may be down or restarting
     SinkProtocolError: False,  # the request or the URL is wrong
+    SinkNotReachedError: True,  # the request never left: sending it again is safe
     SinkStoreError: False,  # another sink's database, a newer schema
     SinkStartError: False,  # the message quotes the sink's log: read it first
 }

@@ -81,8 +81,19 @@ def _committed(
     )
 
 
-def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> Decision:
-    """The outcome cannot be observed: hold it for reconciliation (never a retry)."""
+def _unknown(
+    state: OperationState,
+    ref: str,
+    obs: Observation,
+    *,
+    why: str,
+    label: str = "outcome unknown",
+) -> Decision:
+    """The outcome cannot be observed: hold it for reconciliation (never a retry).
+
+    ``label`` starts the reason (``outcome unknown``, or ``held for a person``
+    when the outcome is known absent but the ledger will not try again alone).
+    """
     if state.state == S.UNKNOWN_OUTCOME:
         return _noop(state, f"still unknown: {why}")
     outputs: list[Output] = []
@@ -104,7 +115,7 @@ def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> 
         state,
         S.UNKNOWN_OUTCOME,
         ref,
-        f"outcome unknown: {why}",
+        f"{label}: {why}",
         outputs,
         refused=why,
         after=lambda new: (_reconciliation(new),),
@@ -211,7 +222,7 @@ def _absent_budget_spent(state: OperationState, ref: str, obs: Observation) -> D
         return _noop(state, f"still held: {why}", event)
     if state.state != S.EFFECT_PENDING:
         return _noop(state, f"absence observed while {state.state}: nothing to do")
-    decision = _unknown(state, ref, obs, why=why)
+    decision = _unknown(state, ref, obs, why=why, label="held for a person")
     return replace(decision, outputs=(*decision.outputs, event))
 
 
@@ -254,8 +265,9 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
             state,
             ref,
             Observation(source, "UNREACHABLE", r.observed_at_ms, r.on_resume, r.observer),
+            label="held for a person",
             why=(
-                f"held: {r.sink} could not be reached ({r.detail}). The request never left and "
+                f"{r.sink} could not be reached ({r.detail}). The request never left and "
                 f"the admission under approval {state.admitted_approval_id} stands: start the "
                 "sink or fix its entry in the sink registry, then 'ledger reconcile run' (a "
                 "readback that finds it absent executes the same admitted operation), or "

@@ -400,7 +400,9 @@ class Relay(Stage):
                 out.write(topic, key, event)
         if commit_offsets and self.consumer is not None:
             positions = self.consumer.position(self.consumer.assignment())
-            self._send_offsets([tp for tp in positions if tp.offset >= 0])
+            offsets = [tp for tp in positions if tp.offset >= 0]
+            if offsets:
+                self._send_offsets(offsets)
         self._commit()
         for p, _ in finished:
             if p.dispatch.kind == "EXECUTE":

@@ -128,6 +128,32 @@ def read_effect(
     return READBACK_STATUS[rb.status], rb.detail or rb.status, rb.effect_id
 
 
+def _not_sent(
+    d: Dispatch,
+    detail: str,
+    kind: Literal["SINK_UNREACHABLE", "UNKNOWN_SINK"],
+    fresh: bool,
+    readback_on_resume: bool | None,
+) -> SinkNotReachedError:
+    """The error for a dispatch whose next request could not be sent (or tried).
+
+    The request is what performing the dispatch would have sent first: the
+    submit of a fresh execution, the postcondition query of a verification,
+    else a readback (of an execution met again after a crash: a resume's).
+    """
+    request: Literal["submit", "readback", "postcondition"] = (
+        "postcondition"
+        if d.kind == "VERIFY"
+        else "submit"
+        if d.kind == "EXECUTE" and fresh and readback_on_resume is None
+        else "readback"
+    )
+    on_resume = d.on_resume if readback_on_resume is None else readback_on_resume
+    if d.kind == "EXECUTE" and readback_on_resume is None and not fresh:
+        on_resume = True
+    return SinkNotReachedError(detail, kind=kind, request=request, on_resume=on_resume, sink=d.sink)
+
+
 class Relay(Stage):
     """Consume-transform-produce stage delivering dispatches to sinks.
 
@@ -156,6 +182,10 @@ class Relay(Stage):
         self.clients: dict[str, SinkClient] = {}
         #: dispatch_id -> a dispatch waiting to try an unreachable sink again.
         self.parked: dict[str, Parked] = {}
+        #: Sinks a request could not reach in the current pass: other dispatches
+        #: to them are parked without a request, so that a sink that does not
+        #: answer costs one connection timeout per pass, not one per dispatch.
+        self.down_now: dict[str, SinkNotReachedError] = {}
         self.budget = RetryBudget(
             attempts=self.settings.sink_retry_attempts,
             first_backoff_ms=int(self.settings.sink_retry_backoff_s * 1000),
@@ -224,7 +254,7 @@ class Relay(Stage):
     def before_transaction(self, records: list[Record]) -> None:
         """Commit ATTEMPTED markers, then perform every dispatch of the batch."""
         assert self.producer is not None
-        self._retry_due(commit_offsets=False)
+        self._retry_due(commit_offsets=False)  # starts a new pass (down_now)
         now = self.clock.now_ms()
         fresh: list[Dispatch] = []
         for rec in records:
@@ -289,9 +319,16 @@ class Relay(Stage):
             another try; once the retry budget is spent, the outputs that
             hold the operation for a person (:meth:`_unreached`).
         """
+        down = self.down_now.get(d.sink)
+        if down is not None:
+            detail = f"not tried: {d.sink} could not be reached a moment ago ({down.detail})"
+            exc = _not_sent(d, detail, "SINK_UNREACHABLE", fresh, readback_on_resume)
+            return self._park(d, exc, partition, offset, fresh=fresh)
         try:
             return self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
         except SinkNotReachedError as exc:
+            if exc.kind == "SINK_UNREACHABLE":
+                self.down_now[d.sink] = exc
             return self._park(d, exc, partition, offset, fresh=fresh)
 
     def _park(
@@ -373,12 +410,14 @@ class Relay(Stage):
         the batch's own commit moves the offsets) and when the relay is idle
         (``commit_offsets``: every consumed record is then handled, so the
         positions, held back at the dispatches still parked, are committed
-        with the outcomes).
+        with the outcomes). Each call starts a new pass: a sink that could not
+        be reached in it is not asked again until the next pass.
 
         Raises:
             KafkaException: from the transaction (the stage loop recovers; a
                 dispatch whose outcome was lost is met again and read back).
         """
+        self.down_now.clear()
         now = time.monotonic()
         due = sorted((p for p in self.parked.values() if p.next_at <= now), key=lambda p: p.next_at)
         if not due or self.producer is None:
@@ -550,17 +589,7 @@ class Relay(Stage):
         now = self.clock.now_ms()
         if endpoint is None:
             problem = self.registry.problem(d.sink) or f"sink {d.sink!r} is not registered"
-            request: Literal["submit", "readback", "postcondition"] = (
-                "postcondition"
-                if d.kind == "VERIFY"
-                else "submit"
-                if d.kind == "EXECUTE" and fresh and readback_on_resume is None
-                else "readback"
-            )
-            on_resume = d.on_resume if readback_on_resume is None else readback_on_resume
-            raise SinkNotReachedError(
-                problem, kind="UNKNOWN_SINK", request=request, on_resume=on_resume
-            )
+            raise _not_sent(d, problem, "UNKNOWN_SINK", fresh, readback_on_resume)
         client = self._client(d.sink, endpoint)
         contract = endpoint.contract
         if d.kind == "VERIFY":

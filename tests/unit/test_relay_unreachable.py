@@ -84,8 +84,10 @@ def test_the_spent_budget_records_the_request_as_never_delivered(tmp_path: Path)
     relay = _relay(tmp_path, sink, attempts=3)
     d = _dispatch()
     for _ in range(2):
+        relay._retry_due(commit_offsets=False)  # a new pass (no producer: tries nothing)
         assert relay._attempt(d, 0, 5, fresh=True) == []
         assert relay.parked[d.dispatch_id].fresh  # nothing left: still a first send
+    relay._retry_due(commit_offsets=False)
     (_, _, receipt), (topic, _, event) = relay._attempt(d, 0, 5, fresh=True)
     assert isinstance(receipt, EffectReceipt) and receipt.status == "UNREACHABLE"
     assert "Connection refused" in receipt.detail and "tried 3 times" in receipt.detail
@@ -114,6 +116,7 @@ def test_after_an_ambiguous_send_only_the_readback_is_retried(tmp_path: Path) ->
     parked = relay.parked[d.dispatch_id]
     assert not parked.fresh and parked.readback_on_resume is False
     sink.readback = "absent"  # the sink is back
+    relay._retry_due(commit_offsets=False)
     (topic, _, readback), *_ = relay._attempt(
         d, 0, 3, fresh=parked.fresh, readback_on_resume=parked.readback_on_resume
     )
@@ -143,3 +146,21 @@ def test_the_registry_is_read_again_when_it_changes(tmp_path: Path) -> None:
     os.utime(path, ns=(1, 1))  # a change, whatever the clock's resolution
     problem = registry.problem("payments") or ""
     assert "unreadable" in problem and str(path) in problem
+
+
+def test_a_sink_that_does_not_answer_is_asked_once_per_pass(tmp_path: Path) -> None:
+    sink = Sink()
+    relay = _relay(tmp_path, sink, attempts=3)
+    first = _dispatch()
+    second = first.model_copy(
+        update={"dispatch_id": "refund:2:v1#1.1", "operation_id": "refund:2:v1"}
+    )
+    relay._retry_due(commit_offsets=False)  # a new pass
+    assert relay._attempt(first, 0, 1, fresh=True) == []
+    assert relay._attempt(second, 0, 2, fresh=True) == []
+    assert sink.posts == 1  # the second was parked without a request
+    parked = relay.parked[second.dispatch_id]
+    assert parked.fresh and "not tried" in parked.last.detail
+    relay._retry_due(commit_offsets=False)  # the next pass asks again
+    assert relay._attempt(second, 0, 2, fresh=True) == []
+    assert sink.posts == 2

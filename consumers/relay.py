@@ -325,11 +325,15 @@ class Relay(Stage):
             exc = _not_sent(d, detail, "SINK_UNREACHABLE", fresh, readback_on_resume)
             return self._park(d, exc, partition, offset, fresh=fresh)
         try:
-            return self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
+            outputs = self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
         except SinkNotReachedError as exc:
             if exc.kind == "SINK_UNREACHABLE":
                 self.down_now[d.sink] = exc
             return self._park(d, exc, partition, offset, fresh=fresh)
+        # Reached at last: no longer parked (if its outcome is then lost with
+        # an aborted transaction, the dispatch is met again and read back).
+        self.parked.pop(d.dispatch_id, None)
+        return outputs
 
     def _park(
         self, d: Dispatch, exc: SinkNotReachedError, partition: int, offset: int, *, fresh: bool
@@ -423,14 +427,22 @@ class Relay(Stage):
         if not due or self.producer is None:
             return
         finished: list[tuple[Parked, list[Output]]] = []
+        any_done = False
         for p in due:
             d = p.dispatch
             outputs = self._attempt(
                 d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
             )
-            if d.dispatch_id not in self.parked:
+            if d.dispatch_id in self.parked:
+                continue
+            any_done = True
+            if self._marks_alone(d.sink):
+                # As for a first send: its receipt committed just after it.
+                self._commit_outputs(outputs)
+                self._done(p.dispatch)
+            else:
                 finished.append((p, outputs))
-        if not finished:
+        if not any_done or not (finished or commit_offsets):
             return
         self.producer.begin_transaction()
         out = Writer(self.producer, self.settings)
@@ -444,8 +456,12 @@ class Relay(Stage):
                 self._send_offsets(offsets)
         self._commit()
         for p, _ in finished:
-            if p.dispatch.kind == "EXECUTE":
-                self.completed.add(p.dispatch.dispatch_id)
+            self._done(p.dispatch)
+
+    def _done(self, d: Dispatch) -> None:
+        """A parked dispatch's outcome is committed: a redelivery of it is skipped."""
+        if d.kind == "EXECUTE":
+            self.completed.add(d.dispatch_id)
 
     def _held_back(self, offsets: list[TopicPartition]) -> list[TopicPartition]:
         """Offsets to commit: never past the oldest parked dispatch of a partition."""

@@ -143,10 +143,11 @@ def test_an_intent_for_an_unregistered_sink_is_refused_before_admission(ledger) 
 def test_a_stopped_sink_is_retried_then_held_while_a_live_sink_keeps_moving(
     ledger_settings: LedgerSettings,
 ) -> None:
-    # Slow enough a budget (0.5 + 1 + 2 + 4 = 7.5 s) that the live sink's
-    # operations must finish while the dead sink's one is still being retried.
+    # The default budget (6 tries, waits of 0.5 + 1 + 2 + 4 + 8 = 15.5 s): the
+    # live sink's operations must finish while the dead sink's one is still
+    # being retried.
     settings = ledger_settings.model_copy(
-        update={"sink_retry_attempts": 5, "sink_retry_backoff_s": 0.5}
+        update={"sink_retry_attempts": 6, "sink_retry_backoff_s": 0.5}
     )
     harness = Harness(settings, create=False)
     pub = LedgerPublisher(settings)
@@ -184,7 +185,7 @@ def test_a_stopped_sink_is_retried_then_held_while_a_live_sink_keeps_moving(
         assert "ConnectError" in held.reason and "the request never left" in held.reason
         assert held.observation_status == "UNREACHABLE"
         (event,) = events(settings, "SINK_UNREACHABLE", dead)
-        assert "ledgerbank" in event.reason and "tried 5 times" in event.reason
+        assert "ledgerbank" in event.reason and "tried 6 times" in event.reason
         assert not events(settings, "SINK_UNAVAILABLE", dead)
         assert held.admitted_approval_id == "ap-dead"  # the admission stands
         assert harness.alive("relay")
@@ -200,6 +201,51 @@ def test_a_stopped_sink_is_retried_then_held_while_a_live_sink_keeps_moving(
         )
         assert harness.effects("ledgerbank", dead) == 1
         assert [u.operation_id for u in uses(settings, "ap-dead")] == [dead]
+        harness.wait_quiescent(60)
+        assert harness.failed() == {}
+    finally:
+        pub.close()
+        harness.stop()
+
+
+def test_a_sink_back_within_the_budget_gets_the_request_once(
+    ledger_settings: LedgerSettings,
+) -> None:
+    settings = ledger_settings.model_copy(
+        update={"sink_retry_attempts": 6, "sink_retry_backoff_s": 0.5}
+    )
+    harness = Harness(settings, create=False)
+    pub = LedgerPublisher(settings)
+    try:
+        harness.start_sink("ledgerbank", PAYMENT_GATEWAY, hang_s=1.0)
+        harness.sinks["ledgerbank"].stop()
+        harness.start_all()
+        op = "refund:sink-restart:v1"
+        approve(pub, "ap-restart")
+        publish(pub, op, "ledgerbank", "ap-restart")
+        relay_log = settings.run_dir / "logs" / "relay-0.log"
+        wait_until(
+            "the relay's first failed try",
+            lambda: "did not reach ledgerbank" in relay_log.read_text(errors="replace"),
+            60,
+        )
+        # The sink restarts on another port; the registry says so and the
+        # relay's next try reaches it there.
+        harness.start_sink("ledgerbank", PAYMENT_GATEWAY, hang_s=1.0)
+        wait_until(
+            f"{op} verified",
+            lambda: getattr(state_of(settings, op), "state", None) == S.OUTCOME_VERIFIED,
+            60,
+        )
+        assert harness.effects("ledgerbank", op) == 1
+        hops = [
+            hop
+            for r in read_topic(settings, "journal")
+            if r.key == op
+            for hop in (getattr(r.event, "hops", None) or ())
+        ]
+        assert "EFFECT_PENDING->UNKNOWN_OUTCOME" not in hops
+        assert not events(settings, "SINK_UNREACHABLE", op)
         harness.wait_quiescent(60)
         assert harness.failed() == {}
     finally:

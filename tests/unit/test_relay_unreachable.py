@@ -164,3 +164,59 @@ def test_a_sink_that_does_not_answer_is_asked_once_per_pass(tmp_path: Path) -> N
     relay._retry_due(commit_offsets=False)  # the next pass asks again
     assert relay._attempt(second, 0, 2, fresh=True) == []
     assert sink.posts == 2
+
+
+class FakeProducer:
+    """Records transactions: each a list of (topic, key) produced in it."""
+
+    def __init__(self) -> None:
+        self.transactions: list[list[tuple[str, bytes]]] = []
+
+    def begin_transaction(self) -> None:
+        self.transactions.append([])
+
+    def produce(self, topic: str, key: bytes, value: bytes | None) -> None:
+        self.transactions[-1].append((topic, key))
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        pass
+
+
+def test_due_retries_commit_their_outcomes(tmp_path: Path) -> None:
+    from ledger.contracts import EffectContract
+
+    relay = _relay(tmp_path, Sink(), attempts=3)
+    unsafe = EffectContract()  # no readback: its receipt is committed just after its send
+    registry = {
+        "payments": SinkEndpoint(url=URL, contract=PAYMENT_GATEWAY),
+        "mailer": SinkEndpoint(url=URL, contract=unsafe),
+    }
+    save_sinks(relay.settings.sinks_path(), registry)
+
+    def committed(request: httpx.Request) -> httpx.Response:
+        body = {"status": "committed", "effect_id": "e-1", "committed_ms": 0}
+        return httpx.Response(201, json=body)
+
+    refund = _dispatch()
+    mail = _dispatch(sink="mailer").model_copy(
+        update={"dispatch_id": "mail:1:v1#1.1", "operation_id": "mail:1:v1"}
+    )
+    for n, d in enumerate([refund, mail]):
+        relay._retry_due(commit_offsets=False)
+        relay.clients[d.sink] = SinkClient(URL, transport=httpx.MockTransport(Sink()))
+        assert relay._attempt(d, n, 7, fresh=True) == []
+    for name in ("payments", "mailer"):
+        relay.clients[name] = SinkClient(URL, transport=httpx.MockTransport(committed))
+    for p in relay.parked.values():
+        p.next_at = 0.0  # due now
+    fake = FakeProducer()
+    relay.producer = fake  # type: ignore[assignment]
+    relay._retry_due(commit_offsets=False)
+    assert relay.parked == {}
+    assert {refund.dispatch_id, mail.dispatch_id} <= relay.completed
+    receipts = relay.settings.topic("receipts")
+    # The mail's receipt alone in its own transaction, then the refund's.
+    assert fake.transactions == [[(receipts, b"mail:1:v1")], [(receipts, b"refund:1:v1")]]

@@ -7,6 +7,15 @@ consumer offsets: the new state (``ledger.state``), the journal entry
 (``ledger.journal``), and any dispatch, admission request, recovery receipt,
 reconciliation item or operating event. Its in-memory state is restored from
 ``ledger.state`` on partition assignment (the changelog pattern).
+
+Before an intent can consume an approval, the processor looks its sink up in
+the sink registry (``LEDGER_SINKS_FILE``, re-read when it changes): an intent
+for a sink the registry does not name (a typo, a sink not yet registered) is
+refused before admission with an ``UNKNOWN_SINK`` operating event, the
+approval untouched and the operation ID still free; the observation is
+journaled with the decision, so replay decides the same. A processor with no
+registry file at all cannot check names and says so once in its log; the
+relay then holds such an operation (see :mod:`consumers.relay`).
 """
 
 from __future__ import annotations
@@ -24,10 +33,18 @@ from consumers.stage import (
     read_partition,
     record_event,
 )
-from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState, decode_event
+from ledger.events import (
+    AdmissionDecision,
+    Claim,
+    Intent,
+    OperatingEvent,
+    OperationState,
+    decode_event,
+)
 from ledger.fold import Decision, decide, journal_entry, ref_of
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
+from sinks.registry import RegistryFile
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +84,30 @@ class Processor(Stage):
         self.ever_held: set[int] = set()
         #: operating events to write with the next transaction (refused state records).
         self.notes: list[tuple[str, OperatingEvent]] = []
+        #: The sink registry, checked for every intent (re-read when it changes).
+        self.registry = RegistryFile(self.settings.sinks_path())
+        self._unchecked_logged = False
+
+    def sink_problem(self, sink: str) -> str | None:
+        """Why an intent's sink cannot be used, or ``None`` (registered, or no registry).
+
+        Args:
+            sink: the sink an intent names.
+
+        Returns:
+            ``None`` when the registry names the sink, or when there is no
+            registry file to check against (logged once); otherwise the
+            problem, naming the file (see :meth:`RegistryFile.problem`).
+        """
+        if not self.registry.exists():
+            if not self._unchecked_logged:
+                log.warning(
+                    "processor: no sink registry at %s: intents are not checked against it",
+                    self.registry.path,
+                )
+                self._unchecked_logged = True
+            return None
+        return self.registry.problem(sink)
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
@@ -230,12 +271,23 @@ class Processor(Stage):
                 continue
             state = self.current(op)
             ref = ref_of(rec.topic, rec.partition, rec.offset)
-            decision = decide(state, rec.event, ref)
+            sink_problem = (
+                self.sink_problem(rec.event.sink) if isinstance(rec.event, Intent) else None
+            )
+            decision = decide(state, rec.event, ref, sink_problem=sink_problem)
             self._seams(rec, decision)
             out.write(
                 "journal",
                 op,
-                journal_entry(decision, rec.event, rec.raw, rec.topic, rec.partition, rec.offset),
+                journal_entry(
+                    decision,
+                    rec.event,
+                    rec.raw,
+                    rec.topic,
+                    rec.partition,
+                    rec.offset,
+                    sink_problem=sink_problem,
+                ),
             )
             if decision.outcome == "APPLIED" and decision.state is not None:
                 raw = decision.state.to_bytes()

@@ -10,6 +10,17 @@ blindly: it reads the effect back first (or, for an idempotent sink without
 readback, resubmits under the same key while the sink still keeps it), and
 otherwise records an ambiguous outcome.
 
+A request that never reached its sink (the connection was refused or could
+not be made, or the sink is not in the registry) cannot have made an effect:
+the relay parks its dispatch and tries again after a growing backoff
+(:func:`~ledger.contracts.after_unreached`, ``LEDGER_SINK_RETRY_*``), while it
+goes on with every other dispatch; the consumer offset is held back at the
+oldest parked dispatch of each partition, so a relay that crashes meets it
+again. Once the budget is spent it records the request as never delivered (an
+``UNREACHABLE`` receipt, or an ``UNKNOWN`` readback) with an operating event
+(``SINK_UNREACHABLE`` or ``UNKNOWN_SINK``): the processor holds the operation
+for a person, its admission intact, instead of abandoning it.
+
 In ``checkpoint-only`` mode (the negative control) it does what naive
 runtimes do: trusts only its own checkpoint (the committed offset) and
 resubmits with a fresh attempt identity (and a fresh idempotency key, the
@@ -39,10 +50,12 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, TopicPartition
 
 from consumers.localfiles import LastGood, LastGoodClock
 from consumers.stage import Record, Stage, Writer, record_event
@@ -51,7 +64,9 @@ from ledger.clock import clock_for
 from ledger.contracts import (
     EffectContract,
     Recovery,
+    RetryBudget,
     after_ambiguous_send,
+    after_unreached,
     fencing_token_for,
     judge_postcondition,
     marks_attempt_alone,
@@ -59,10 +74,13 @@ from ledger.contracts import (
     readback_unsupported,
     sends_idempotency_key,
 )
-from ledger.errors import LedgerError, LocalFileError, SinkAuthError
+from ledger.errors import LedgerError, LocalFileError, SinkAuthError, SinkNotReachedError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
 from sinks.client import SinkClient, postcondition_source
-from sinks.registry import SinkEndpoint, load_sinks
+from sinks.registry import RegistryFile, SinkEndpoint
+
+#: One output of the relay: ``(short topic, key, event)``.
+Output = tuple[str, str, Event]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +92,34 @@ READBACK_STATUS = {
     "stale_token": "STALE_TOKEN",
     "ambiguous": "UNKNOWN",
 }
+
+
+@dataclass
+class Parked:
+    """A dispatch waiting for its next try at a sink it could not reach.
+
+    Attributes:
+        dispatch: the dispatch.
+        fresh: retry it as a first send (nothing of it can have left yet).
+        readback_on_resume: for an execution whose readback could not be
+            sent, retry that readback (with this ``on_resume``), never a send.
+        partition: the dispatch's partition of ``dispatches``.
+        offset: its offset (the relay's committed offset stays at or below it).
+        failures: tries that did not reach the sink.
+        first_at: monotonic time of the first failed try (seconds).
+        next_at: monotonic time of the next try (seconds).
+        last: the last failure.
+    """
+
+    dispatch: Dispatch
+    fresh: bool
+    readback_on_resume: bool | None
+    partition: int
+    offset: int
+    failures: int
+    first_at: float
+    next_at: float
+    last: SinkNotReachedError
 
 
 def read_effect(
@@ -103,6 +149,32 @@ def read_effect(
     return READBACK_STATUS[rb.status], rb.detail or rb.status, rb.effect_id
 
 
+def _not_sent(
+    d: Dispatch,
+    detail: str,
+    kind: Literal["SINK_UNREACHABLE", "UNKNOWN_SINK"],
+    fresh: bool,
+    readback_on_resume: bool | None,
+) -> SinkNotReachedError:
+    """The error for a dispatch whose next request could not be sent (or tried).
+
+    The request is what performing the dispatch would have sent first: the
+    submit of a fresh execution, the postcondition query of a verification,
+    else a readback (of an execution met again after a crash: a resume's).
+    """
+    request: Literal["submit", "readback", "postcondition"] = (
+        "postcondition"
+        if d.kind == "VERIFY"
+        else "submit"
+        if d.kind == "EXECUTE" and fresh and readback_on_resume is None
+        else "readback"
+    )
+    on_resume = d.on_resume if readback_on_resume is None else readback_on_resume
+    if d.kind == "EXECUTE" and readback_on_resume is None and not fresh:
+        on_resume = True
+    return SinkNotReachedError(detail, kind=kind, request=request, on_resume=on_resume, sink=d.sink)
+
+
 class Relay(Stage):
     """Consume-transform-produce stage delivering dispatches to sinks.
 
@@ -130,19 +202,31 @@ class Relay(Stage):
             component="relay",
             on_problem=self._local_file_problem,
         )
-        sinks_path = self.settings.sinks_path()
+        #: The sink registry, re-read when the file changes (it names the sinks,
+        #: their URLs, contracts and bearer tokens).
+        self.registry = RegistryFile(self.settings.sinks_path())
         self._registry = LastGood(
             "sink registry",
-            lambda: load_sinks(sinks_path),
+            self.registry.current,
             component="relay",
             on_problem=self._local_file_problem,
         )
         self.attempts: dict[str, int] = {}
         #: Dispatches whose final receipt is already committed.
         self.completed: set[str] = set()
-        self.sinks: dict[str, SinkEndpoint] = {}
         self.clients: dict[str, SinkClient] = {}
-        self.results: dict[tuple[int, int], list[tuple[str, str, Event]]] = {}
+        #: dispatch_id -> a dispatch waiting to try an unreachable sink again.
+        self.parked: dict[str, Parked] = {}
+        #: Sinks a request could not reach in the current pass: other dispatches
+        #: to them are parked without a request, so that a sink that does not
+        #: answer costs one connection timeout per pass, not one per dispatch.
+        self.down_now: dict[str, SinkNotReachedError] = {}
+        self.budget = RetryBudget(
+            attempts=self.settings.sink_retry_attempts,
+            first_backoff_ms=int(self.settings.sink_retry_backoff_s * 1000),
+            max_backoff_ms=int(self.settings.sink_retry_max_backoff_s * 1000),
+        )
+        self.results: dict[tuple[int, int], list[Output]] = {}
         self.observer = f"relay-{self.instance}"
         self._receipts = TableFollower(
             self.settings, "receipts", self._apply_receipt, keyring=self.keyring
@@ -167,8 +251,18 @@ class Relay(Stage):
         self._receipts.follow(partitions)
         log.info("relay: %d earlier attempts known", len(self.attempts))
 
+    def on_revoke(self, partitions: set[int]) -> None:
+        """Forget parked dispatches of revoked partitions (their new owner meets them)."""
+        for dispatch_id, p in list(self.parked.items()):
+            if p.partition in partitions:
+                del self.parked[dispatch_id]
+
     def rebuild(self) -> None:
-        """Drop results of the aborted transaction (they will be recomputed)."""
+        """Drop results of the aborted transaction (they will be recomputed).
+
+        Parked dispatches stay parked: met again after the rewind, they keep
+        waiting for their next try.
+        """
         self.results.clear()
 
     def after_commit(self) -> None:
@@ -196,14 +290,15 @@ class Relay(Stage):
         )
 
     def _endpoint(self, name: str) -> SinkEndpoint | None:
-        """The sink's entry, re-reading the registry when the name is not known yet.
+        """The sink's entry as the registry file says now (``None``: not registered).
+
+        The file is re-read when it changes; while it is corrupted, the content
+        last read well stands (a ``LOCAL_FILE`` operating event says so).
 
         Raises:
             LocalFileError: the registry is corrupted and was never read well.
         """
-        if name not in self.sinks:
-            self.sinks = self._registry.read()
-        return self.sinks.get(name)
+        return self._registry.read().get(name)
 
     def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
         client = self.clients.get(name)
@@ -225,6 +320,7 @@ class Relay(Stage):
     def before_transaction(self, records: list[Record]) -> None:
         """Commit ATTEMPTED markers, then perform every dispatch of the batch."""
         assert self.producer is not None
+        self._retry_due(commit_offsets=False)  # starts a new pass (down_now)
         now = self.clock.now_ms()
         fresh: list[Dispatch] = []
         for rec in records:
@@ -234,6 +330,7 @@ class Relay(Stage):
                 and d.kind == "EXECUTE"
                 and self.mode == "ledger"
                 and d.dispatch_id not in self.attempts
+                and d.dispatch_id not in self.parked
             ):
                 fresh.append(d)
         # Dispatches to a sink that can be read back are marked together; one
@@ -248,21 +345,217 @@ class Relay(Stage):
             if not isinstance(d, Dispatch):
                 continue
             at = (rec.partition, rec.offset)
-            if self.mode == "ledger" and d.kind == "EXECUTE" and d.dispatch_id in self.completed:
+            parked = self.parked.get(d.dispatch_id)
+            if parked is not None:
+                # Met again after a rewind: it keeps waiting for its next try.
+                parked.partition, parked.offset = rec.partition, rec.offset
+                self.results[at] = []
+            elif self.mode == "ledger" and d.kind == "EXECUTE" and d.dispatch_id in self.completed:
                 self.results[at] = []  # its receipt is in the ledger already
             elif d.dispatch_id in one_by_one:
                 self._mark_attempted([d], now)
-                self._commit_outputs(self._perform_safely(d, fresh=True))
-                self.completed.add(d.dispatch_id)
+                outputs = self._attempt(d, rec.partition, rec.offset, fresh=True)
+                if d.dispatch_id not in self.parked:
+                    self._commit_outputs(outputs)
+                    self.completed.add(d.dispatch_id)
                 self.results[at] = []
             else:
-                self.results[at] = self._perform_safely(d, fresh=d.dispatch_id in fresh_ids)
+                fresh_send = d.dispatch_id in fresh_ids
+                self.results[at] = self._attempt(d, rec.partition, rec.offset, fresh=fresh_send)
+
+    def idle(self) -> None:
+        """Try parked dispatches whose backoff has passed (see :meth:`_retry_due`)."""
+        self._retry_due(commit_offsets=True)
+
+    # ------------------------------------------------------------------ unreachable sinks
+
+    def _attempt(
+        self,
+        d: Dispatch,
+        partition: int,
+        offset: int,
+        *,
+        fresh: bool,
+        readback_on_resume: bool | None = None,
+    ) -> list[Output]:
+        """Perform a dispatch; one that did not reach its sink is parked (no outputs yet).
+
+        Returns:
+            The outputs to write, or ``[]`` when the dispatch was parked for
+            another try; once the retry budget is spent, the outputs that
+            hold the operation for a person (:meth:`_unreached`).
+        """
+        down = self.down_now.get(d.sink)
+        if down is not None:
+            detail = f"not tried: {d.sink} could not be reached a moment ago ({down.detail})"
+            exc = _not_sent(d, detail, "SINK_UNREACHABLE", fresh, readback_on_resume)
+            return self._park(d, exc, partition, offset, fresh=fresh)
+        try:
+            outputs = self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
+        except SinkNotReachedError as exc:
+            if exc.kind == "SINK_UNREACHABLE":
+                self.down_now[d.sink] = exc
+            return self._park(d, exc, partition, offset, fresh=fresh)
+        # Reached at last: no longer parked (if its outcome is then lost with
+        # an aborted transaction, the dispatch is met again and read back).
+        self.parked.pop(d.dispatch_id, None)
+        return outputs
+
+    def _park(
+        self, d: Dispatch, exc: SinkNotReachedError, partition: int, offset: int, *, fresh: bool
+    ) -> list[Output]:
+        """Park a dispatch for another try, or give up on it once the budget is spent."""
+        now = time.monotonic()
+        before = self.parked.get(d.dispatch_id)
+        failures = (before.failures if before else 0) + 1
+        first_at = before.first_at if before else now
+        decision = after_unreached(
+            self.budget, failures=failures, waited_ms=int((now - first_at) * 1000)
+        )
+        if decision.retry:
+            # What is retried is what could not be sent: a first send only if
+            # nothing of this dispatch has left yet, else the readback.
+            readback = exc.on_resume if d.kind == "EXECUTE" and exc.request == "readback" else None
+            self.parked[d.dispatch_id] = Parked(
+                dispatch=d,
+                fresh=fresh and exc.request == "submit",
+                readback_on_resume=readback,
+                partition=partition,
+                offset=offset,
+                failures=failures,
+                first_at=first_at,
+                next_at=now + decision.delay_ms / 1000,
+                last=exc,
+            )
+            log.warning(
+                "relay: %s did not reach %s (%s); %s, next try in %.1f s",
+                d.dispatch_id,
+                d.sink,
+                exc.detail,
+                decision.reason,
+                decision.delay_ms / 1000,
+            )
+            return []
+        self.parked.pop(d.dispatch_id, None)
+        return self._unreached(d, exc, decision.reason)
+
+    def _unreached(self, d: Dispatch, exc: SinkNotReachedError, why: str) -> list[Output]:
+        """The retry budget is spent: record what could not be sent, and say so."""
+        now = self.clock.now_ms()
+        detail = f"{exc.detail}; {why}"
+        log.error("relay: giving up on %s at %s: %s", d.dispatch_id, d.sink, detail)
+        outcome: Output
+        if exc.request == "submit":
+            first = self.attempts.get(d.dispatch_id, now)
+            outcome = (
+                "receipts",
+                d.operation_id,
+                self._receipt(d, "UNREACHABLE", first, now, detail),
+            )
+        else:
+            kind = "POSTCONDITION" if exc.request == "postcondition" else "EFFECT"
+            on_resume = exc.on_resume if exc.request == "readback" else d.on_resume
+            outcome = self._observation(
+                d, kind, "UNKNOWN", d.sink, f"not observed: {detail}", now, on_resume=on_resume
+            )
+        event = OperatingEvent(
+            event_id=f"relay:{d.dispatch_id}:{exc.kind}",
+            operation_id=d.operation_id,
+            component="relay",
+            kind=exc.kind,
+            reason=(
+                f"{d.kind} of {d.operation_id}: the {exc.request} never reached sink {d.sink} "
+                f"({detail}); the operation is held for a person: start the sink or fix its "
+                f"entry in {self.registry.path}, then 'ledger reconcile run'"
+            ),
+        )
+        return [outcome, ("operating-events", d.operation_id, event)]
+
+    def _retry_due(self, *, commit_offsets: bool) -> None:
+        """Try again every parked dispatch whose backoff has passed.
+
+        Outcomes (an answer from the sink, or a spent budget) are committed in
+        their own transaction; a dispatch that again did not reach its sink
+        stays parked with a longer backoff. Called before every batch (then
+        the batch's own commit moves the offsets) and when the relay is idle
+        (``commit_offsets``: every consumed record is then handled, so the
+        positions, held back at the dispatches still parked, are committed
+        with the outcomes). Each call starts a new pass: a sink that could not
+        be reached in it is not asked again until the next pass.
+
+        Raises:
+            KafkaException: from the transaction (the stage loop recovers; a
+                dispatch whose outcome was lost is met again and read back).
+        """
+        self.down_now.clear()
+        now = time.monotonic()
+        due = sorted((p for p in self.parked.values() if p.next_at <= now), key=lambda p: p.next_at)
+        if not due or self.producer is None:
+            return
+        finished: list[tuple[Parked, list[Output]]] = []
+        any_done = False
+        for p in due:
+            d = p.dispatch
+            outputs = self._attempt(
+                d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
+            )
+            if d.dispatch_id in self.parked:
+                continue
+            any_done = True
+            if self._marks_alone(d.sink):
+                # As for a first send: its receipt committed just after it.
+                self._commit_outputs(outputs)
+                self._done(p.dispatch)
+            else:
+                finished.append((p, outputs))
+        if not any_done or not (finished or commit_offsets):
+            return
+        self.producer.begin_transaction()
+        out = Writer(self.producer, self.settings)
+        for _, outputs in finished:
+            for topic, key, event in outputs:
+                out.write(topic, key, event)
+        if commit_offsets and self.consumer is not None:
+            positions = self.consumer.position(self.consumer.assignment())
+            offsets = [tp for tp in positions if tp.offset >= 0]
+            if offsets:
+                self._send_offsets(offsets)
+        self._commit()
+        for p, _ in finished:
+            self._done(p.dispatch)
+
+    def _done(self, d: Dispatch) -> None:
+        """A parked dispatch's outcome is committed: a redelivery of it is skipped."""
+        if d.kind == "EXECUTE":
+            self.completed.add(d.dispatch_id)
+
+    def _held_back(self, offsets: list[TopicPartition]) -> list[TopicPartition]:
+        """Offsets to commit: never past the oldest parked dispatch of a partition."""
+        if not self.parked:
+            return offsets
+        floor: dict[int, int] = {}
+        for p in self.parked.values():
+            floor[p.partition] = min(floor.get(p.partition, p.offset), p.offset)
+        topic = self.settings.topic("dispatches")
+        return [
+            TopicPartition(tp.topic, tp.partition, min(tp.offset, floor[tp.partition]))
+            if tp.topic == topic and tp.partition in floor
+            else tp
+            for tp in offsets
+        ]
+
+    def _send_offsets(self, offsets: list[TopicPartition], *args: Any, **kwargs: Any) -> None:
+        """The stage's offset commit, held back at parked dispatches (see :meth:`_held_back`)."""
+        super()._send_offsets(self._held_back(offsets), *args, **kwargs)
 
     def _marks_alone(self, sink: str) -> bool:
-        endpoint = self._endpoint(sink)
+        try:
+            endpoint = self._endpoint(sink)
+        except LocalFileError:
+            return False  # the dispatch's own handling reports the registry
         return endpoint is not None and marks_attempt_alone(endpoint.contract)
 
-    def _commit_outputs(self, outputs: list[tuple[str, str, Event]]) -> None:
+    def _commit_outputs(self, outputs: list[Output]) -> None:
         """Commit one dispatch's receipt at once (its offset follows with the batch)."""
         assert self.producer is not None
         self.producer.begin_transaction()
@@ -326,7 +619,9 @@ class Relay(Stage):
             observer=self.observer,
         )
 
-    def _perform_safely(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
+    def _perform_safely(
+        self, d: Dispatch, *, fresh: bool, readback_on_resume: bool | None = None
+    ) -> list[Output]:
         """:meth:`_perform`, with a failure confined to its own operation.
 
         A sink answering outside its protocol, a corrupted registry entry or
@@ -336,11 +631,14 @@ class Relay(Stage):
         ``AMBIGUOUS`` (the fold holds the operation as UNKNOWN_OUTCOME) and a
         readback or postcondition as observed ``UNKNOWN``, each with a
         ``SINK_PROTOCOL_ERROR`` operating event naming the error. Kafka errors
-        are the stage loop's and pass through.
+        are the stage loop's and pass through, and so does :class:`SinkNotReachedError`
+        (a request that never reached the sink is retried, see :meth:`_park`).
         """
         try:
+            if readback_on_resume is not None:
+                return self._perform(d, fresh=fresh, readback_on_resume=readback_on_resume)
             return self._perform(d, fresh=fresh)
-        except KafkaException:
+        except (KafkaException, SinkNotReachedError):
             raise
         except SinkAuthError as exc:
             return self._auth_failed(d, exc, fresh=fresh)
@@ -388,7 +686,6 @@ class Relay(Stage):
             ``UNKNOWN`` observation (readback, postcondition); and a
             ``SINK_AUTH_FAILED`` operating event.
         """
-        self.sinks.pop(d.sink, None)  # reload the registry before the next request
         now = self.clock.now_ms()
         reason = (
             f"sink {d.sink} refused the relay's bearer token (HTTP {exc.http_status}); no effect "
@@ -418,28 +715,14 @@ class Relay(Stage):
         )
         return [outcome, ("operating-events", d.operation_id, event)]
 
-    def _perform(self, d: Dispatch, *, fresh: bool) -> list[tuple[str, str, Event]]:
+    def _perform(
+        self, d: Dispatch, *, fresh: bool, readback_on_resume: bool | None = None
+    ) -> list[Output]:
         endpoint = self._endpoint(d.sink)
         now = self.clock.now_ms()
         if endpoint is None:
-            reason = f"unknown sink {d.sink!r}: register it in {self.settings.sinks_path()}"
-            if self._registry.problem is not None:
-                reason += f" (the registry is unreadable: {self._registry.problem})"
-            log.error("relay: %s (%s)", reason, d.dispatch_id)
-            return [
-                ("receipts", d.operation_id, self._receipt(d, "UNAVAILABLE", now, now, reason)),
-                (
-                    "operating-events",
-                    d.operation_id,
-                    OperatingEvent(
-                        event_id=f"relay:{d.dispatch_id}:UNKNOWN_SINK",
-                        operation_id=d.operation_id,
-                        component="relay",
-                        kind="UNKNOWN_SINK",
-                        reason=reason,
-                    ),
-                ),
-            ]
+            problem = self.registry.problem(d.sink) or f"sink {d.sink!r} is not registered"
+            raise _not_sent(d, problem, "UNKNOWN_SINK", fresh, readback_on_resume)
         client = self._client(d.sink, endpoint)
         contract = endpoint.contract
         if d.kind == "VERIFY":
@@ -450,6 +733,9 @@ class Relay(Stage):
         if self.mode == "checkpoint-only":
             return [self._submit(d, client, contract, now, now, fresh_identity=True)]
         first = self.attempts.get(d.dispatch_id, now)
+        if readback_on_resume is not None:
+            # Its readback could not be sent before: ask again, never send blindly.
+            return [self._ambiguous(d, client, contract, first, now, on_resume=readback_on_resume)]
         if not fresh:
             # A previous run may have sent this dispatch: never send blindly.
             return [self._ambiguous(d, client, contract, first, now, on_resume=True)]
@@ -520,6 +806,8 @@ class Relay(Stage):
             purpose=d.purpose,
             decision_version=d.decision_version,
         )
+        if not result.sent:
+            raise SinkNotReachedError(result.detail, kind="SINK_UNREACHABLE", request="submit")
         if result.status == "committed":
             self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)
             detail = "replayed by the sink" if result.replayed else "committed"
@@ -601,7 +889,20 @@ class Relay(Stage):
         on_resume: bool,
     ) -> tuple[str, str, Event]:
         source = f"{d.sink} GET /operations/{d.operation_id}"
-        status, detail, effect_id = read_effect(client, contract, d.operation_id, d.fencing_token)
+        unsupported = readback_unsupported(contract)
+        if unsupported is not None:
+            status, detail, effect_id = "UNSUPPORTED", unsupported, None
+        else:
+            rb = client.readback(d.operation_id, fencing_token_for(contract, d.fencing_token))
+            if not rb.sent:
+                raise SinkNotReachedError(
+                    rb.detail, kind="SINK_UNREACHABLE", request="readback", on_resume=on_resume
+                )
+            status, detail, effect_id = (
+                READBACK_STATUS[rb.status],
+                rb.detail or rb.status,
+                rb.effect_id,
+            )
         return self._observation(
             d, "EFFECT", status, source, detail, now, effect_id=effect_id, on_resume=on_resume
         )
@@ -645,6 +946,13 @@ class Relay(Stage):
         ask = postcondition_request(contract, params)
         source = f"{d.sink} {postcondition_source(ask.query, ask.subject)}"
         observation = client.postcondition(ask.query, ask.subject) if ask.offered else None
+        if observation is not None and not observation.sent:
+            raise SinkNotReachedError(
+                observation.detail,
+                kind="SINK_UNREACHABLE",
+                request="postcondition",
+                on_resume=d.on_resume,
+            )
         status, detail = judge_postcondition(contract, params, observation, d.operation_id)
         return self._observation(
             d, "POSTCONDITION", status, source, detail, now, on_resume=d.on_resume

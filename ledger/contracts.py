@@ -12,6 +12,9 @@ and do only the I/O:
 * :func:`marks_attempt_alone`, :func:`fencing_token_for`,
   :func:`sends_idempotency_key`, :func:`readback_unsupported`,
   :func:`key_retained` -- what a request to the sink carries and when.
+* :func:`after_unreached` -- retry a request that never reached the sink
+  (connection refused, sink not registered) after a backoff, or hold the
+  operation for a person once the :class:`RetryBudget` is spent;
 * :func:`postcondition_request`, :func:`judge_postcondition` -- which
   postcondition observation to ask the sink for (declared by the contract's
   :class:`PostconditionQuery`), and whether it shows the effect.
@@ -276,6 +279,85 @@ def after_ambiguous_send(
         Recovery.HOLD_UNKNOWN,
         f"the sink's key retention ({contract.key_retention_s} s) has passed since "
         f"the first attempt at {first_seen_ms} ms",
+    )
+
+
+# --------------------------------------------------------------------------
+# A request that never reached the sink: retry with backoff, then hold.
+
+
+@dataclass(frozen=True)
+class RetryBudget:
+    """How often, and how patiently, the relay retries a request that never left.
+
+    A request the sink cannot have received (the connection was refused or
+    could not be made, or the sink is not in the registry) is safe to send
+    again: the relay retries it after a growing backoff, without holding up
+    other operations, and holds the operation for a person once the budget is
+    spent. A request that may have left (a timeout after sending) is never
+    retried this way: it is read back (:func:`after_ambiguous_send`).
+
+    Attributes:
+        attempts: tries in all, the first included (at least 1).
+        first_backoff_ms: wait after the first failed try (milliseconds).
+        max_backoff_ms: the longest wait between two tries (milliseconds);
+            each wait doubles the one before, up to this.
+    """
+
+    attempts: int = 6
+    first_backoff_ms: int = 500
+    max_backoff_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.first_backoff_ms < 0 or self.max_backoff_ms < 0:
+            raise LedgerError(
+                f"retry budget {self} is not usable: attempts must be at least 1 and "
+                "backoffs at least 0 ms",
+                expected="attempts >= 1, backoffs >= 0",
+                observed=str(self),
+            )
+
+
+@dataclass(frozen=True)
+class UnreachedDecision:
+    """What to do about a request that did not reach the sink.
+
+    Attributes:
+        retry: ``True``: try again after ``delay_ms``; ``False``: the budget
+            is spent, hold the operation for a person.
+        delay_ms: wait before the next try (milliseconds; 0 when holding).
+        reason: why, in words a receipt or an operating event can carry.
+    """
+
+    retry: bool
+    delay_ms: int
+    reason: str
+
+
+def after_unreached(budget: RetryBudget, *, failures: int, waited_ms: int = 0) -> UnreachedDecision:
+    """Decide whether to try a request that never reached its sink again.
+
+    Args:
+        budget: the relay's retry budget.
+        failures: tries that have failed so far (at least 1).
+        waited_ms: time spent since the first try (milliseconds; for the
+            reason only).
+
+    Returns:
+        Retry after ``min(first_backoff_ms * 2**(failures-1), max_backoff_ms)``
+        while ``failures < budget.attempts``; otherwise hold, with a reason
+        that says the request never left and how often it was tried.
+    """
+    if failures < budget.attempts:
+        delay = min(budget.first_backoff_ms * 2 ** (failures - 1), budget.max_backoff_ms)
+        return UnreachedDecision(
+            True, delay, f"try {failures} of {budget.attempts} did not reach the sink"
+        )
+    return UnreachedDecision(
+        False,
+        0,
+        f"tried {failures} times over {waited_ms / 1000:.1f} s without reaching the sink; "
+        "the request never left, so no effect was made",
     )
 
 

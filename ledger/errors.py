@@ -33,7 +33,7 @@ value ``ambiguous``), not a retryable error.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 
 class LedgerError(Exception):
@@ -231,6 +231,48 @@ class SinkUnavailableError(SinkError):
     """
 
     retryable: ClassVar[bool] = True
+
+
+class SinkNotReachedError(SinkError):
+    """A request never reached its sink: asking again is safe.
+
+    The connection was refused or could not be made, or the sink is not in
+    the registry: the sink cannot have received the request, so no effect
+    was made. The relay raises it inside its handling of one dispatch and
+    parks the dispatch for another try (never raised to a caller outside it).
+
+    Args:
+        message: what happened (the connection error, or the registry's word).
+        kind: the operating event's kind if the relay gives up:
+            ``SINK_UNREACHABLE`` or ``UNKNOWN_SINK``.
+        request: what could not be sent: ``submit``, ``readback`` or
+            ``postcondition``.
+        on_resume: for a readback of an execution, whether it was a resume's.
+        sink: the sink's name.
+        operation_id: the operation concerned.
+
+    Attributes:
+        detail: the message.
+        kind, request, on_resume: as given.
+    """
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: Literal["SINK_UNREACHABLE", "UNKNOWN_SINK"],
+        request: Literal["submit", "readback", "postcondition"],
+        on_resume: bool = False,
+        sink: str | None = None,
+        operation_id: str | None = None,
+    ) -> None:
+        super().__init__(message, sink=sink, operation_id=operation_id)
+        self.detail = message
+        self.kind = kind
+        self.request = request
+        self.on_resume = on_resume
 
 
 class SinkProtocolError(SinkError):

@@ -157,12 +157,24 @@ class Dispatch(Event):
 
 
 ReceiptStatus = Literal[
-    "ATTEMPTED", "COMMITTED", "REJECTED", "AMBIGUOUS", "STALE_TOKEN", "KEY_REUSED", "UNAVAILABLE"
+    "ATTEMPTED",
+    "COMMITTED",
+    "REJECTED",
+    "AMBIGUOUS",
+    "STALE_TOKEN",
+    "KEY_REUSED",
+    "UNAVAILABLE",
+    "UNREACHABLE",
 ]
 
 
 class EffectReceipt(Event):
-    """What the relay saw when it submitted an effect (key: operation ID)."""
+    """What the relay saw when it submitted an effect (key: operation ID).
+
+    ``UNREACHABLE`` (schema version 2) says the relay could not reach the sink
+    (connection refused, or the sink not registered) within its retry budget:
+    the request never left, so no effect can have been made.
+    """
 
     KIND: ClassVar[str] = "EffectReceipt"
     operation_id: str
@@ -243,6 +255,7 @@ class OperationState(Event):
     reauthorisations: int = 0
     recovery_receipts: int = 0
     unavailable: int = 0
+    absent_retries: int = 0
 
 
 class JournalEntry(Event):
@@ -250,7 +263,9 @@ class JournalEntry(Event):
 
     ``hops`` lists the transitions the input took, ``FROM->TO`` (empty for a
     self-loop, a no-op or a refusal); ``None`` in entries written before
-    schema version 2, which did not record them.
+    schema version 2, which did not record them. ``sink_problem`` (version 3)
+    is what the processor observed of an intent's sink when it decided (not
+    registered, or the registry unreadable); replay decides with it.
     """
 
     KIND: ClassVar[str] = "JournalEntry"
@@ -266,6 +281,7 @@ class JournalEntry(Event):
     input_offset: int
     input_event: bytes
     hops: tuple[str, ...] | None = None
+    sink_problem: str | None = None
 
     @field_serializer("hops")
     def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:

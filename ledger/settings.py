@@ -50,6 +50,12 @@ class LedgerSettings(BaseSettings):
             it is unreachable) before it gives up with an error (seconds).
         sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
             that exceeds it is an ambiguous outcome.
+        sink_retry_attempts: tries in all of a request the relay could not
+            deliver (connection refused, sink not registered) before it holds
+            the operation for a person (default 6).
+        sink_retry_backoff_s: wait after the first such failure (seconds);
+            each later wait doubles, up to ``sink_retry_max_backoff_s``.
+        sink_retry_max_backoff_s: longest wait between two tries (seconds).
         policy_version: policy version in force until a ``PolicyChange`` is
             published on ``{prefix}.policy`` (1 or more).
         relay_mode: ``ledger`` (read back before any second attempt) or
@@ -89,6 +95,9 @@ class LedgerSettings(BaseSettings):
     transaction_timeout_ms: int = 15000
     takeover_wait_s: float = 180.0
     sink_timeout_s: float = 2.0
+    sink_retry_attempts: int = Field(default=6, ge=1)
+    sink_retry_backoff_s: float = Field(default=0.5, ge=0)
+    sink_retry_max_backoff_s: float = Field(default=30.0, ge=0)
     policy_version: int = Field(default=1, ge=1)
     relay_mode: str = "ledger"
     sinks_file: Path | None = None

@@ -68,7 +68,11 @@ TRANSITIONS: dict[tuple[S, S], str] = {
     ),
     (S.ADMITTED, S.EFFECT_PENDING): "dispatch record written atomically with the transition",
     (S.EFFECT_PENDING, S.EFFECT_COMMITTED): "a receipt or readback owned by the effect's owner",
-    (S.EFFECT_PENDING, S.UNKNOWN_OUTCOME): "ambiguous failure after the request may have left",
+    (S.EFFECT_PENDING, S.UNKNOWN_OUTCOME): (
+        "ambiguous failure after the request may have left; or held for a person: a sink "
+        "the relay could not reach within its retry budget (the request never left), or "
+        "an effect observed absent again after the re-execution budget"
+    ),
     (S.EFFECT_PENDING, S.ABANDONED): (
         "the sink refused the request (rejected it, or answered unavailable repeatedly): "
         "the effect is absent"

@@ -68,6 +68,8 @@ class SubmitResult:
         highest_token: the sink's highest fencing token, for ``stale_token``.
         http_status: the HTTP status, or ``None`` when no answer came.
         detail: a human-readable reason for any status but ``committed``.
+        sent: ``False`` when the request never left (the connection was
+            refused or could not be made): the sink cannot have received it.
     """
 
     status: SubmitStatus
@@ -78,6 +80,7 @@ class SubmitResult:
     highest_token: int | None = None
     http_status: int | None = None
     detail: str = ""
+    sent: bool = True
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ class ReadbackResult:
         highest_token: the sink's highest fencing token, for ``stale_token``.
         http_status: the HTTP status, or ``None`` when no answer came.
         detail: a human-readable reason for any status but ``committed``.
+        sent: ``False`` when the request never left (no observation was
+            made, and asking again is safe).
     """
 
     status: ReadbackStatus
@@ -106,6 +111,7 @@ class ReadbackResult:
     highest_token: int | None = None
     http_status: int | None = None
     detail: str = ""
+    sent: bool = True
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,7 @@ class AccountCredits:
         credits: the credits, oldest first.
         http_status: the HTTP status, or ``None`` when no answer came.
         detail: a human-readable reason for any status but ``observed``.
+        sent: ``False`` when the request never left (asking again is safe).
     """
 
     status: AccountStatus
@@ -143,6 +150,7 @@ class AccountCredits:
     credits: tuple[Credit, ...] = ()
     http_status: int | None = None
     detail: str = ""
+    sent: bool = True
 
 
 @dataclass(frozen=True)
@@ -319,7 +327,7 @@ class SinkClient:
         answer = self._send("POST", path, operation_id=operation_id, headers=headers, json=body)
         if isinstance(answer, _NoAnswer):
             status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
-            return SubmitResult(status, operation_id, detail=answer.detail)
+            return SubmitResult(status, operation_id, detail=answer.detail, sent=answer.sent)
         code = answer.status_code
         body = _json(answer)
         if code in (200, 201) and body.get("status") == "committed":
@@ -373,7 +381,7 @@ class SinkClient:
         query = {} if fencing_token is None else {"fencing_token": str(fencing_token)}
         answer = self._send("GET", path, operation_id=operation_id, params=query)
         if isinstance(answer, _NoAnswer):
-            return ReadbackResult("ambiguous", operation_id, detail=answer.detail)
+            return ReadbackResult("ambiguous", operation_id, detail=answer.detail, sent=answer.sent)
         code = answer.status_code
         body = _json(answer)
         if code == 200 and body.get("status") == "committed":
@@ -422,7 +430,7 @@ class SinkClient:
         path = f"/accounts/{quote(account, safe=':')}"
         answer = self._send("GET", path)
         if isinstance(answer, _NoAnswer):
-            return AccountCredits("ambiguous", account, detail=answer.detail)
+            return AccountCredits("ambiguous", account, detail=answer.detail, sent=answer.sent)
         code = answer.status_code
         body = _json(answer)
         if code == 200 and "credited_minor" in body:

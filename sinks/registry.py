@@ -90,3 +90,71 @@ def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:
     with os.fdopen(fd, "w") as out:
         out.write(text)
     tmp.replace(path)
+
+
+class RegistryFile:
+    """The sink registry as a long-running stage reads it: again whenever it changes.
+
+    Stages read the registry often (the processor for every intent, the
+    relay for every dispatch); this re-reads the file only when its size,
+    modification time or inode changed, so a sink registered (or moved to
+    another URL) while the stage runs is seen at its next use.
+
+    Args:
+        path: the registry file (see :func:`load_sinks`).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._sinks: dict[str, SinkEndpoint] = {}
+
+    def exists(self) -> bool:
+        """Whether the registry file exists (a stage without one cannot check names)."""
+        return self.path.exists()
+
+    def current(self) -> dict[str, SinkEndpoint]:
+        """The registry as the file says now.
+
+        Returns:
+            ``{name: endpoint}``; empty when the file does not exist.
+
+        Raises:
+            LocalFileError: when the file is unreadable or malformed (as
+                :func:`load_sinks`); the next call reads it again.
+        """
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._stamp, self._sinks = None, {}
+            return self._sinks
+        except OSError as exc:
+            raise LocalFileError(
+                f"the sink registry {self.path} cannot be read ({exc}); fix its permissions",
+                observed=str(exc),
+            ) from exc
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stamp != self._stamp:
+            self._sinks = load_sinks(self.path)
+            self._stamp = stamp
+        return self._sinks
+
+    def problem(self, name: str) -> str | None:
+        """Why sink ``name`` cannot be used, or ``None`` when it is registered.
+
+        Args:
+            name: the sink's name, as an intent or a dispatch gives it.
+
+        Returns:
+            ``None`` when the registry names the sink; otherwise the problem
+            in words that name the file and the sinks it does register (or
+            the registry's own problem when it is unreadable).
+        """
+        try:
+            sinks = self.current()
+        except LocalFileError as exc:
+            return exc.message
+        if name in sinks:
+            return None
+        known = ", ".join(sorted(sinks)) or "none"
+        return f"sink {name!r} is not registered in {self.path} (registered: {known})"

@@ -149,9 +149,9 @@ def intent_publish(
     _ready(settings)
     if sink not in load_sinks(settings.sinks_path()):
         click.echo(
-            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the authority kernel "
-            "refuses its operations (no contract says where their amount is) and the relay "
-            "would not find it (start one with 'ledger sink serve')",
+            f"warning: sink {sink!r} is not in {settings.sinks_path()}; the processor will "
+            "refuse the intent before admission (the approval stays unused): register the sink "
+            "('ledger sink serve') or correct the name, then publish again",
             err=True,
         )
     pub = _publisher(settings)

@@ -34,11 +34,12 @@ from ledger.fold.core import (
     current_dispatch_id,
     dispatch_id,
 )
-from ledger.fold.effects import MAX_UNAVAILABLE
+from ledger.fold.effects import MAX_ABSENT_RETRIES, MAX_UNAVAILABLE
 from ledger.fold.intents import intent_digest_problem
 from ledger.fold.journal import hop_names, journal_entry, ref_of, replay, replay_decisions
 
 __all__ = [
+    "MAX_ABSENT_RETRIES",
     "MAX_UNAVAILABLE",
     "STAY",
     "Decision",

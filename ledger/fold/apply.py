@@ -20,7 +20,9 @@ from ledger.fold.effects import _readback, _receipt
 from ledger.fold.intents import _intent
 
 
-def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
+def decide(
+    state: OperationState | None, event: Event, ref: str, *, sink_problem: str | None = None
+) -> Decision:
     """Apply one input event to one operation's state.
 
     Args:
@@ -39,7 +41,7 @@ def decide(state: OperationState | None, event: Event, ref: str) -> Decision:
         state before.
     """
     if isinstance(event, Intent):
-        return _intent(state, event, ref)
+        return _intent(state, event, ref, sink_problem)
     if state is None:
         op = getattr(event, "operation_id", None)
         return _refuse(

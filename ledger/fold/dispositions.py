@@ -42,6 +42,7 @@ def _disposition(state: OperationState, d: Disposition, ref: str) -> Decision:
             state,
             ref,
             Observation(source, "ABSENT (disposition)", d.disposed_at_ms, True, d.by),
+            by_person=True,
         )
     obs = Observation(source, "ABANDON (disposition)", d.disposed_at_ms, True, d.by)
     receipt = _recovery_receipt(

@@ -27,10 +27,18 @@ from ledger.fold.core import (
 from ledger.states import RecoveryState as S
 
 #: "Unavailable" answers from a sink after which an operation is abandoned. An
-#: absence observed by readback does not count: the request may never have
-#: left (its sender crashed), and executing the same admitted operation again
-#: under its idempotency key is safe.
+#: absence observed by readback does not count here: the request may never
+#: have left (its sender crashed), and executing the same admitted operation
+#: again under its idempotency key is safe.
 MAX_UNAVAILABLE = 5
+
+#: Re-executions of the same admitted operation after its effect was observed
+#: absent: the next absence holds it in UNKNOWN_OUTCOME for a person (an
+#: ``ABSENT_RETRIES_EXHAUSTED`` operating event), so that an attempt that dies
+#: every time (a relay crash-looping on it) cannot re-dispatch for ever. A
+#: readback release of a held operation counts too; only an attributable
+#: disposition ``ABSENT`` starts a new budget.
+MAX_ABSENT_RETRIES = 5
 
 
 def _committed(
@@ -73,8 +81,19 @@ def _committed(
     )
 
 
-def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> Decision:
-    """The outcome cannot be observed: hold it for reconciliation (never a retry)."""
+def _unknown(
+    state: OperationState,
+    ref: str,
+    obs: Observation,
+    *,
+    why: str,
+    label: str = "outcome unknown",
+) -> Decision:
+    """The outcome cannot be observed: hold it for reconciliation (never a retry).
+
+    ``label`` starts the reason (``outcome unknown``, or ``held for a person``
+    when the outcome is known absent but the ledger will not try again alone).
+    """
     if state.state == S.UNKNOWN_OUTCOME:
         return _noop(state, f"still unknown: {why}")
     outputs: list[Output] = []
@@ -96,7 +115,7 @@ def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> 
         state,
         S.UNKNOWN_OUTCOME,
         ref,
-        f"outcome unknown: {why}",
+        f"{label}: {why}",
         outputs,
         refused=why,
         after=lambda new: (_reconciliation(new),),
@@ -105,16 +124,31 @@ def _unknown(state: OperationState, ref: str, obs: Observation, *, why: str) -> 
     )
 
 
-def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision:
-    """The effect is known absent: execute the same admitted operation again."""
+def _absent_retry(
+    state: OperationState, ref: str, obs: Observation, *, by_person: bool = False
+) -> Decision:
+    """The effect is known absent: execute the same admitted operation again.
+
+    Within budgets: ``MAX_UNAVAILABLE`` "unavailable" answers abandon the
+    operation; more than ``MAX_ABSENT_RETRIES`` re-executions after observed
+    absences hold it in UNKNOWN_OUTCOME. ``by_person``: the absence is an
+    attributable disposition, which always re-executes and starts a new budget.
+    """
+    op = state.operation_id
+    counts_absence = obs.status != "UNAVAILABLE" and not by_person
+    absent_retries = 0 if by_person else state.absent_retries + (1 if counts_absence else 0)
+    if counts_absence and absent_retries > MAX_ABSENT_RETRIES:
+        return _absent_budget_spent(state, ref, obs)
     if state.state == S.EFFECT_PENDING:
         unavailable = state.unavailable + (1 if obs.status == "UNAVAILABLE" else 0)
         if unavailable >= MAX_UNAVAILABLE:
+            why = f"{state.sink} answered unavailable {unavailable} times; giving up ({obs.source})"
             return _move(
                 state,
                 S.ABANDONED,
                 ref,
-                f"{state.sink} answered unavailable {unavailable} times; giving up ({obs.source})",
+                why,
+                (_op_event(ref, op, "SINK_UNAVAILABLE", f"{op}: {why}"),),
                 unavailable=unavailable,
             )
         out, n = _dispatch(state, "EXECUTE", on_resume=obs.on_resume)
@@ -139,6 +173,7 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             outputs,
             dispatches=n,
             unavailable=unavailable,
+            absent_retries=absent_retries,
             **obs.fields(),
             recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
         )
@@ -165,10 +200,30 @@ def _absent_retry(state: OperationState, ref: str, obs: Observation) -> Decision
             reason,
             outputs,
             dispatches=n,
+            absent_retries=absent_retries,
             **obs.fields(),
             recovery_receipts=state.recovery_receipts + 1,
         )
     return _noop(state, f"absence observed while {state.state}: nothing to do")
+
+
+def _absent_budget_spent(state: OperationState, ref: str, obs: Observation) -> Decision:
+    """Absent again after ``MAX_ABSENT_RETRIES`` re-executions: hold it for a person."""
+    op = state.operation_id
+    why = (
+        f"the effect at {state.sink} was observed absent again after {state.absent_retries} "
+        f"re-executions of the same admitted operation (last: {obs.source}); every attempt "
+        "ended without an outcome, so it is not sent again automatically. Find why (the relay's "
+        "log and operating events), then 'ledger reconcile dispose --decision ABSENT' to "
+        "execute it again or '--decision ABANDON'"
+    )
+    event = _op_event(ref, op, "ABSENT_RETRIES_EXHAUSTED", f"{op}: {why}")
+    if state.state == S.UNKNOWN_OUTCOME:
+        return _noop(state, f"still held: {why}", event)
+    if state.state != S.EFFECT_PENDING:
+        return _noop(state, f"absence observed while {state.state}: nothing to do")
+    decision = _unknown(state, ref, obs, why=why, label="held for a person")
+    return replace(decision, outputs=(*decision.outputs, event))
 
 
 def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
@@ -202,6 +257,22 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
             state,
             ref,
             Observation(source, "UNAVAILABLE", r.observed_at_ms, r.on_resume, r.observer),
+        )
+    if r.status == "UNREACHABLE":
+        if state.state != S.EFFECT_PENDING:
+            return _noop(state, f"unreachable sink noted while {state.state}")
+        return _unknown(
+            state,
+            ref,
+            Observation(source, "UNREACHABLE", r.observed_at_ms, r.on_resume, r.observer),
+            label="held for a person",
+            why=(
+                f"{r.sink} could not be reached ({r.detail}). The request never left and "
+                f"the admission under approval {state.admitted_approval_id} stands: start the "
+                "sink or fix its entry in the sink registry, then 'ledger reconcile run' (a "
+                "readback that finds it absent executes the same admitted operation), or "
+                "'ledger reconcile dispose --decision ABSENT' (execute it) or '--decision ABANDON'"
+            ),
         )
     if r.status == "KEY_REUSED":
         decision = _unknown(

@@ -52,12 +52,49 @@ def intent_digest_problem(intent: Intent) -> str | None:
     return None
 
 
-def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
-    """Create the operation, reauthorise it with a new approval, or refuse drift."""
+def _unknown_sink(
+    state: OperationState | None, intent: Intent, ref: str, sink_problem: str
+) -> Decision:
+    """Refuse an intent whose sink cannot be used, before any approval is consumed."""
+    op = intent.operation_id
+    used = (
+        f"approval {intent.approval_id} was not used"
+        if intent.approval_id is not None
+        else "no approval was involved"
+    )
+    after = (
+        "publish the intent again (the operation ID is still free)"
+        if state is None
+        else "publish the intent with its new approval again"
+    )
+    return _refuse(
+        state,
+        ref,
+        op,
+        "UNKNOWN_SINK",
+        f"intent for {op} refused before admission: {sink_problem}; {used}. "
+        f"Register the sink or correct its name, then {after}",
+    )
+
+
+def _intent(
+    state: OperationState | None, intent: Intent, ref: str, sink_problem: str | None = None
+) -> Decision:
+    """Create the operation, reauthorise it with a new approval, or refuse drift.
+
+    ``sink_problem`` is what the processor observed of the intent's sink (not
+    registered, registry unreadable): an intent that would create the
+    operation or request its admission is then refused with an
+    ``UNKNOWN_SINK`` operating event, so no approval is consumed and nothing
+    is bound to the operation ID; a duplicate of a known operation stays a
+    no-op.
+    """
     op = intent.operation_id
     problem = operation_id_problem(op) or intent_digest_problem(intent)
     if problem is not None:
         return _refuse(state, ref, op, "BAD_INPUT", f"intent for {op} refused: {problem}")
+    if state is None and sink_problem is not None:
+        return _unknown_sink(state, intent, ref, sink_problem)
     if state is None:
         new = OperationState(
             operation_id=op,
@@ -110,6 +147,8 @@ def _intent(state: OperationState | None, intent: Intent, ref: str) -> Decision:
         and intent.approval_id is not None
         and intent.approval_id != state.approval_id
     ):
+        if sink_problem is not None:
+            return _unknown_sink(state, intent, ref, sink_problem)
         approval_id = intent.approval_id
         return _move(
             state,

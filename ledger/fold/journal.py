@@ -22,7 +22,14 @@ def hop_names(decision: Decision) -> tuple[str, ...]:
 
 
 def journal_entry(
-    decision: Decision, event: Event, raw: bytes, topic: str, partition: int, offset: int
+    decision: Decision,
+    event: Event,
+    raw: bytes,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    sink_problem: str | None = None,
 ) -> JournalEntry:
     """The journal record of one decision (the input bytes are the evidence).
 
@@ -33,6 +40,8 @@ def journal_entry(
         topic: the input's topic (short name).
         partition: the input's partition.
         offset: the input's offset.
+        sink_problem: the observation of the intent's sink the decision was
+            made with (see :func:`~ledger.fold.decide`), kept for replay.
 
     Returns:
         The entry: outcome, states before and after, every hop, the reason,
@@ -53,6 +62,7 @@ def journal_entry(
         input_offset=offset,
         input_event=raw,
         hops=hop_names(decision),
+        sink_problem=sink_problem,
     )
 
 
@@ -105,7 +115,7 @@ def replay_decisions(
             continue
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         before = states.get(entry.operation_id)
-        decision = decide(before, event, ref)
+        decision = decide(before, event, ref, sink_problem=entry.sink_problem)
         steps.append((entry, event, before, decision))
         if decision.state is not None:
             states[entry.operation_id] = decision.state
@@ -132,7 +142,9 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
     for entry in entries:
         event = decode_event(entry.input_event)
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
-        decision = decide(states.get(entry.operation_id), event, ref)
+        decision = decide(
+            states.get(entry.operation_id), event, ref, sink_problem=entry.sink_problem
+        )
         if decision.state is not None:
             states[entry.operation_id] = decision.state
     return states

@@ -32,6 +32,7 @@ from ledger.errors import (
     SchemaValidationError,
     SinkAuthError,
     SinkError,
+    SinkNotReachedError,
     SinkProtocolError,
     SinkStartError,
     SinkStoreError,
@@ -62,6 +63,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SinkUnavailableError: True,  # no answer: the sink may be down or restarting
     SinkProtocolError: False,  # the request or the URL is wrong
     SinkAuthError: False,  # the registry's token is not the sink's: fix it first
+    SinkNotReachedError: True,  # the request never left: sending it again is safe
     SinkStoreError: False,  # another sink's database, a newer schema
     SinkStartError: False,  # the message quotes the sink's log: read it first
 }

@@ -221,12 +221,13 @@ def test_replay_of_journal_reproduces_state() -> None:
 
 
 def test_only_unavailable_answers_count_towards_giving_up() -> None:
-    from ledger.fold import MAX_UNAVAILABLE
+    from ledger.fold import MAX_ABSENT_RETRIES, MAX_UNAVAILABLE
 
     # Absences observed by readback (the request may never have left) never
-    # abandon: the same admitted operation is executed again each time.
+    # abandon: the same admitted operation is executed again each time (up to
+    # its own budget, see test_fold_budgets).
     state = admitted()
-    for n in range(MAX_UNAVAILABLE + 2):
+    for n in range(MAX_ABSENT_RETRIES):
         d = decide(state, helpers.readback(OP, current_dispatch_id(state), "ABSENT"), f"r:0:{n}")
         assert d.state is not None and d.state.state == S.EFFECT_PENDING
         assert [o.event.kind for o in d.outputs if o.topic == "dispatches"] == ["EXECUTE"]

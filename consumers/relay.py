@@ -511,7 +511,7 @@ class Relay(Stage):
         if not any_done or not (finished or commit_offsets):
             return
         self.producer.begin_transaction()
-        out = Writer(self.producer, self.settings)
+        out = self.writer()
         for _, outputs in finished:
             for topic, key, event in outputs:
                 out.write(topic, key, event)

@@ -156,15 +156,17 @@ class Writer:
         producer: the transactional producer.
         settings: for topic names.
         sealer: ``topic -> key`` that seals each record (the ``ledger-auth``
-            header, :mod:`ledger.authn`); ``None`` writes unsealed records,
-            which every reader refuses (tools that forge on purpose only).
+            header, :mod:`ledger.authn`); required, so that no stage writes
+            an unsealed record by omission (``None`` writes unsealed records,
+            which every reader refuses: tools that forge on purpose only).
+            Stages get theirs from :meth:`Stage.writer`.
     """
 
     def __init__(
         self,
         producer: Producer,
         settings: LedgerSettings,
-        sealer: Callable[[str], Sealer] | None = None,
+        sealer: Callable[[str], Sealer] | None,
     ) -> None:
         self.producer = producer
         self.settings = settings

@@ -30,6 +30,7 @@ SECTIONS = (
     "kafka",
     "txnloop",
     "processor",
+    "auth",
     "e2e",
     "recovery",
     "memory",
@@ -145,6 +146,17 @@ def main(
             stages.append(throughput.processor_stage(base, records))
         results["txnloop"] = {"runs": loops, "per_s": median([r["per_s"] for r in loops])}
         results["processor"] = {"runs": stages, "per_s": median([r["per_s"] for r in stages])}
+    if "auth" in sections:
+        say(f"what record seals cost the processor: {records} records x {runs}, sealed or not")
+        sealed, unsealed = [], []
+        for _ in range(runs):  # interleaved, so drift hits both alike
+            sealed.append(throughput.processor_stage(base, records, sealed=True))
+            unsealed.append(throughput.processor_stage(base, records, sealed=False))
+        results["auth"] = {
+            "sealed_per_s": median([r["per_s"] for r in sealed]),
+            "unsealed_per_s": median([r["per_s"] for r in unsealed]),
+            "runs": {"sealed": sealed, "unsealed": unsealed},
+        }
     if "e2e" in sections:
         say(f"end to end: bursts of {burst}, then paced at 0.5x and 0.9x")
         results["e2e"] = e2e.throughput_and_latency(base, burst, paced_s=10, runs=runs)

@@ -247,6 +247,15 @@ def write(results: dict[str, Any], bench_dir: Path) -> Path:
             results["processor"]["per_s"],
             f"ratio to (2): {_fmt(r['processor / bare loop'], 2)}",
         )
+    auth = results.get("auth")
+    if auth:
+        sealed, unsealed = auth["sealed_per_s"], auth["unsealed_per_s"]
+        row(
+            "3a. processor with its outputs unsealed, transitions/s",
+            unsealed,
+            f"record seals (HMAC-SHA256 header on state, journal, request) cost "
+            f"{_fmt(100 * (1 - sealed / unsealed), 0)} % (sealed: {_fmt(sealed, 0)}/s)",
+        )
     e2e = results.get("e2e")
     if e2e:
         row(

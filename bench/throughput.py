@@ -30,6 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from bench.common import create, drop, preload, sample_intent, settings_for
 from consumers.processor import Processor
+from consumers.stage import Writer
 from ledger.kafka import client_config, producer_config
 from ledger.settings import LedgerSettings
 
@@ -173,6 +174,14 @@ class _TimedProcessor(Processor):
     target = 0
     assigned_at = 0.0
     done_at = 0.0
+    sealed = True
+
+    def writer(self) -> Writer:
+        """Sealed outputs, as in production; unsealed only to price the seals."""
+        if self.sealed:
+            return super().writer()
+        assert self.producer is not None
+        return Writer(self.producer, self.settings, None)
 
     def on_assign(self, partitions: set[int]) -> None:
         if not self.assigned_at:
@@ -186,13 +195,24 @@ class _TimedProcessor(Processor):
             self.stopping = True
 
 
-def processor_stage(base: LedgerSettings, records: int, partitions: int = 3) -> dict[str, Any]:
-    """The processor's transitions per second on ``records`` pre-loaded intents."""
+def processor_stage(
+    base: LedgerSettings, records: int, partitions: int = 3, *, sealed: bool = True
+) -> dict[str, Any]:
+    """The processor's transitions per second on ``records`` pre-loaded intents.
+
+    Args:
+        base: settings of the broker.
+        records: intents to pre-load and process.
+        partitions: partitions of the benchmark ledger.
+        sealed: seal every output (production); ``False`` writes them unsealed,
+            only to measure what the seals cost (``ledger.authn``).
+    """
     settings = settings_for(base, "processor", partitions=partitions)
     create(settings)
     try:
         preload(settings, "intents", intents(records))
         stage = _TimedProcessor(settings, instance="bench")
+        stage.sealed = sealed
         stage.target = records
         thread = threading.Thread(target=stage.run, kwargs={"stop_after_s": 300}, daemon=True)
         thread.start()

@@ -178,9 +178,7 @@ class FakeProducer:
     def begin_transaction(self) -> None:
         self.transactions.append([])
 
-    def produce(
-        self, topic: str, key: bytes, value: bytes | None, headers: object = None
-    ) -> None:
+    def produce(self, topic: str, key: bytes, value: bytes | None, headers: object = None) -> None:
         assert headers, "every record a stage writes is sealed"
         self.transactions[-1].append((topic, key))
 

@@ -40,6 +40,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from ledger.errors import BrokerError, BrokerUnavailableError
+from ledger.kafka import CLIENT_LOGGER as CLIENT_LOGGER  # re-exported: tests use it
 from ledger.kafka import admin_config, bootstrap_servers
 from ledger.settings import LedgerSettings
 

@@ -311,3 +311,12 @@ def test_describe_lists_sources(tmp_path: Path) -> None:
     described = {p.key: p for p in describe(_settings(tmp_path, "client.id=c\n"))}
     assert described["bootstrap.servers"].source == "defaults"
     assert described["client.id"].source.endswith("client.properties:1")
+
+
+def test_an_unknown_key_reaches_librdkafka_which_names_it(tmp_path: Path) -> None:
+    from confluent_kafka import KafkaException, Producer
+
+    config = producer_config(_settings(tmp_path, "no.such.property=1\n"))
+    assert config["no.such.property"] == "1"
+    with pytest.raises(KafkaException, match="no.such.property"):
+        Producer(config)

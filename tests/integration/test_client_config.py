@@ -50,7 +50,7 @@ def file_only(ledger_settings: LedgerSettings, tmp_path: Path, dead_port: int) -
         "# the broker is named here and nowhere else\n"
         f"bootstrap.servers={ledger_settings.bootstrap_servers}\n"
         "client.id=ledger-file-test\n"
-        "socket.timeout.ms=20000\n"
+        "socket.timeout.ms=10000\n"
     )
     return ledger_settings.model_copy(
         update={"bootstrap_servers": f"127.0.0.1:{dead_port}", "kafka_config_file": path}

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from ledger.events import Approval, Intent
-from ledger.kafka import client_config, producer_config
+from ledger.kafka import admin_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.publisher import build_intent
@@ -65,7 +65,7 @@ def create(settings: LedgerSettings) -> None:
 
 def drop(settings: LedgerSettings) -> None:
     """Delete every topic of the benchmark ledger (best effort)."""
-    admin = AdminClient(client_config(settings))
+    admin = AdminClient(admin_config(settings))
     doomed = [
         n for n in admin.list_topics(timeout=10).topics if n.startswith(settings.topic_prefix + ".")
     ]

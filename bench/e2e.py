@@ -41,7 +41,7 @@ from bench.common import (
 from consumers.stages import STAGES
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import OperationState, decode_event
-from ledger.kafka import client_config
+from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState
@@ -77,14 +77,10 @@ class Rig:
         self.verified_at: dict[str, float] = {}
         self.next_op = 0
         self.consumer = Consumer(
-            client_config(
+            consumer_config(
                 self.settings,
-                **{
-                    "group.id": f"{self.settings.topic_prefix}.driver",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 10,
-                },
+                f"{self.settings.topic_prefix}.driver",
+                extra={"fetch.wait.max.ms": 10},
             )
         )
         self.consumer.assign(

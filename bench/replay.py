@@ -24,7 +24,7 @@ from bench.common import create, drop, preload, rss_kb, sample_intent, settings_
 from consumers.auditor import run_audit
 from ledger.events import OperationState
 from ledger.fold import decide
-from ledger.kafka import client_config
+from ledger.kafka import consumer_config
 from ledger.serde import HEADER_LEN, registry
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState
@@ -42,14 +42,8 @@ def raw_decode(settings: LedgerSettings) -> dict[str, Any]:
     for short in AUDITED:
         full = settings.topic(short)
         consumer = Consumer(
-            client_config(
-                settings,
-                **{
-                    "group.id": f"{settings.topic_prefix}.rawreplay",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 10,
-                },
+            consumer_config(
+                settings, f"{settings.topic_prefix}.rawreplay", extra={"fetch.wait.max.ms": 10}
             )
         )
         ends = {}

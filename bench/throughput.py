@@ -31,7 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from bench.common import create, drop, preload, sample_intent, settings_for
 from consumers.processor import Processor
 from consumers.stage import Writer
-from ledger.kafka import client_config, producer_config
+from ledger.kafka import consumer_config, producer_config
 from ledger.settings import LedgerSettings
 
 
@@ -52,15 +52,7 @@ def kafka_limit(base: LedgerSettings, records: int, partitions: int = 3) -> dict
         data = intents(records)
         topic = settings.topic("intents")
         producer = Producer(
-            client_config(
-                settings,
-                **{
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "partitioner": "murmur2_random",
-                    "queue.buffering.max.messages": 1_000_000,
-                },
-            )
+            producer_config(settings, **{"queue.buffering.max.messages": 1_000_000})
         )
         producer.produce(topic, key=b"warm-up", value=data[0][1])  # connect first
         assert producer.flush(30) == 0
@@ -75,13 +67,8 @@ def kafka_limit(base: LedgerSettings, records: int, partitions: int = 3) -> dict
         assert producer.flush(120) == 0
         produce_s = time.perf_counter() - started
         consumer = Consumer(
-            client_config(
-                settings,
-                **{
-                    "group.id": f"{settings.topic_prefix}.raw",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 50,
-                },
+            consumer_config(
+                settings, f"{settings.topic_prefix}.raw", extra={"fetch.wait.max.ms": 50}
             )
         )
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
@@ -114,16 +101,10 @@ def transactional_loop(base: LedgerSettings, records: int, partitions: int = 3) 
         preload(settings, "intents", intents(records))
         source, target = settings.topic("intents"), settings.topic("state")
         consumer = Consumer(
-            client_config(
+            consumer_config(
                 settings,
-                **{
-                    "group.id": f"{settings.topic_prefix}.loop",
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "partition.assignment.strategy": "range",
-                    "fetch.wait.max.ms": 50,
-                },
+                f"{settings.topic_prefix}.loop",
+                extra={"partition.assignment.strategy": "range", "fetch.wait.max.ms": 50},
             )
         )
         assigned: list[float] = []

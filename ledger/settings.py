@@ -78,6 +78,12 @@ class LedgerSettings(BaseSettings):
         kafka_debug: librdkafka ``debug`` contexts for every client (e.g.
             ``eos,cgrp``); empty for none. Client logs go to the
             ``ledger.kafka.client`` logger.
+        kafka_config_file: a Java-style properties file (``key=value`` lines,
+            ``#``/``!`` comments) of librdkafka client properties for every
+            Kafka client of the process: security, SASL, TLS, timeouts
+            (``LEDGER_KAFKA_CONFIG_FILE``; see :mod:`ledger.kafka` for the
+            order in which it, ``LEDGER_KAFKA_<PROPERTY>`` variables and the
+            ledger's own properties are merged). ``None``: no file.
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -106,6 +112,7 @@ class LedgerSettings(BaseSettings):
     keys_dir: Path | None = None
     require_authenticated_records: bool = True
     kafka_debug: str = ""
+    kafka_config_file: Path | None = None
 
     @model_validator(mode="after")
     def _local_broker_by_default(self) -> LedgerSettings:

@@ -45,7 +45,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from ledger.errors import BrokerError, BrokerUnavailableError, TopicConfigError
-from ledger.kafka import client_config, consumer_config
+from ledger.kafka import admin_config, bootstrap_servers, consumer_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import COMPACTION_KEY, TOPIC_BY_NAME, TOPICS, TopicSpec, is_reserved_key
 
@@ -139,7 +139,7 @@ def create_topics(settings: LedgerSettings) -> list[str]:
             future.result(timeout=_ADMIN_TIMEOUT_S)
         except TimeoutError as exc:
             raise BrokerUnavailableError(
-                f"Kafka at {settings.bootstrap_servers} did not create {name} within "
+                f"Kafka at {bootstrap_servers(settings)} did not create {name} within "
                 f"{_ADMIN_TIMEOUT_S:g} s; is the broker up (ledger broker status)?",
                 expected="topic created",
                 observed="no answer",
@@ -150,7 +150,7 @@ def create_topics(settings: LedgerSettings) -> list[str]:
                 continue
             raise BrokerError(
                 f"could not create topic {name}: {err}; is the broker at "
-                f"{settings.bootstrap_servers} up (ledger broker status)?",
+                f"{bootstrap_servers(settings)} up (ledger broker status)?",
                 expected="topic created",
                 observed=str(err),
             ) from exc
@@ -456,7 +456,7 @@ def _specs(names: Iterable[str] | None) -> list[TopicSpec]:
 
 
 def _admin(settings: LedgerSettings) -> AdminClient:
-    return AdminClient(client_config(settings))
+    return AdminClient(admin_config(settings))
 
 
 def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]:
@@ -465,8 +465,9 @@ def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]
         md = admin.list_topics(timeout=_ADMIN_TIMEOUT_S)
     except KafkaException as exc:
         raise BrokerUnavailableError(
-            f"Kafka at {settings.bootstrap_servers} does not answer ({exc.args[0]}); start it "
-            "with `ledger broker start` or set KAFKA_BOOTSTRAP_SERVERS / LEDGER_BOOTSTRAP_SERVERS",
+            f"Kafka at {bootstrap_servers(settings)} does not answer ({exc.args[0]}); start it "
+            "with `ledger broker start` or set KAFKA_BOOTSTRAP_SERVERS / LEDGER_BOOTSTRAP_SERVERS "
+            "(or bootstrap.servers in LEDGER_KAFKA_CONFIG_FILE)",
             expected="broker answering",
             observed=str(exc.args[0]),
         ) from exc
@@ -710,7 +711,7 @@ def _wait_configs(
 def _roll(settings: LedgerSettings, parts: Iterable[_TP]) -> dict[_TP, int]:
     """Append a ``__compaction__`` tombstone to each partition; return their offsets."""
     # Not evidence: a tombstone on a reserved key, sent to an explicit partition.
-    producer = Producer(client_config(settings, **{"acks": "all", "linger.ms": 0}))
+    producer = Producer(producer_config(settings, **{"linger.ms": 0}))
     offsets: dict[_TP, int] = {}
     errors: list[str] = []
 

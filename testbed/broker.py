@@ -40,7 +40,8 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from ledger.errors import BrokerError, BrokerUnavailableError
-from ledger.kafka import CLIENT_LOGGER
+from ledger.kafka import CLIENT_LOGGER as CLIENT_LOGGER  # re-exported: tests use it
+from ledger.kafka import admin_config, bootstrap_servers
 from ledger.settings import LedgerSettings
 
 #: Fixed KRaft cluster ID (the official image's default); one cluster per data dir.
@@ -240,10 +241,10 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
     with _locked(paths):
         pid = _recorded_pid(paths)
         if pid is not None:
-            _wait_ready(paths, bootstrap, deadline, pid)
+            _wait_ready(settings, paths, bootstrap, deadline, pid)
             return _status(settings, paths, pid, True, False, "reused the broker we started")
         if _port_open(settings.kafka_port):
-            if _kafka_answers(bootstrap, timeout_s=min(10.0, max(1.0, wait_s))):
+            if _kafka_answers(settings, bootstrap, timeout_s=min(10.0, max(1.0, wait_s))):
                 return _status(
                     settings,
                     paths,
@@ -272,7 +273,7 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
         _format_storage(paths)
         pid = _launch(paths)
         try:
-            _wait_ready(paths, bootstrap, deadline, pid)
+            _wait_ready(settings, paths, bootstrap, deadline, pid)
         except BrokerError:
             _terminate(pid, timeout_s=15)
             paths.pid_file.unlink(missing_ok=True)
@@ -328,7 +329,7 @@ def status(settings: LedgerSettings) -> BrokerStatus:
     paths = _Paths.of(settings)
     bootstrap = local_bootstrap(settings)
     pid = _recorded_pid(paths)
-    answers = _port_open(settings.kafka_port) and _kafka_answers(bootstrap, timeout_s=5)
+    answers = _port_open(settings.kafka_port) and _kafka_answers(settings, bootstrap, timeout_s=5)
     if pid is not None and answers:
         msg = f"running (pid {pid}) on {bootstrap}"
     elif pid is not None:
@@ -603,7 +604,9 @@ def _launch(paths: _Paths) -> int:
     return proc.pid
 
 
-def _wait_ready(paths: _Paths, bootstrap: str, deadline: float, pid: int) -> None:
+def _wait_ready(
+    settings: LedgerSettings, paths: _Paths, bootstrap: str, deadline: float, pid: int
+) -> None:
     port = int(bootstrap.rsplit(":", 1)[1])
     while True:
         if not _alive(pid):
@@ -615,7 +618,9 @@ def _wait_ready(paths: _Paths, bootstrap: str, deadline: float, pid: int) -> Non
                 observed="exited",
             )
         remaining = deadline - time.monotonic()
-        if _port_open(port) and _kafka_answers(bootstrap, timeout_s=max(0.5, min(5.0, remaining))):
+        if _port_open(port) and _kafka_answers(
+            settings, bootstrap, timeout_s=max(0.5, min(5.0, remaining))
+        ):
             return
         if time.monotonic() >= deadline:
             raise BrokerUnavailableError(
@@ -636,8 +641,9 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def _kafka_answers(bootstrap: str, timeout_s: float) -> bool:
-    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=CLIENT_LOGGER)
+def _kafka_answers(settings: LedgerSettings, bootstrap: str, timeout_s: float) -> bool:
+    """Tell whether Kafka answers at ``bootstrap`` (with the process's client properties)."""
+    admin = AdminClient(admin_config(settings, **{"bootstrap.servers": bootstrap}))
     try:
         admin.list_topics(timeout=timeout_s)
     except KafkaException:
@@ -744,7 +750,8 @@ def running_broker(
 
     Args:
         settings: the caller's settings; a bootstrap list other than the local
-            broker's (e.g. ``KAFKA_BOOTSTRAP_SERVERS``) is used as it is.
+            broker's (e.g. ``KAFKA_BOOTSTRAP_SERVERS``, or ``bootstrap.servers``
+            in ``LEDGER_KAFKA_CONFIG_FILE``) is used as it is.
         say: where progress lines go ("starting the local Kafka broker ...").
         keep: leave a broker started here running afterwards.
 
@@ -754,7 +761,7 @@ def running_broker(
     Raises:
         BrokerError: when the local broker cannot be started.
     """
-    if settings.bootstrap_servers != local_bootstrap(settings):
+    if bootstrap_servers(settings) != local_bootstrap(settings):
         yield settings
         return
     started = False

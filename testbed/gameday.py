@@ -27,6 +27,7 @@ from ledger.events import (
     OperationState,
     decode_event,
 )
+from ledger.kafka import bootstrap_servers
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
@@ -299,7 +300,7 @@ class GameDay:
         if not status.owned:
             raise LedgerError(
                 "broker_restart needs the local broker started by 'ledger broker start'; "
-                f"this run uses {self.settings.bootstrap_servers} ({status.message})"
+                f"this run uses {bootstrap_servers(self.settings)} ({status.message})"
             )
         broker.restart(self.settings)
 

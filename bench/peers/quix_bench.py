@@ -97,9 +97,18 @@ def make_intent(k: int, published_at_ms: int) -> Any:
     return sample_intent(k).model_copy(update={"published_at_ms": published_at_ms})
 
 
+def _settings(bootstrap: str) -> Any:
+    """Ledger settings for the parent's own clients (their properties come from ledger.kafka)."""
+    from ledger.settings import LedgerSettings
+
+    return LedgerSettings(bootstrap_servers=bootstrap)
+
+
 def preload(bootstrap: str, topic: str, records: int, operations: int, seed: int) -> dict[str, int]:
     """Produce ``records`` intents over ``operations`` operation IDs; return intents per key."""
     from confluent_kafka import Producer
+
+    from ledger.kafka import producer_config
 
     rng = random.Random(seed)
     order = [i % operations for i in range(records)]
@@ -107,15 +116,7 @@ def preload(bootstrap: str, topic: str, records: int, operations: int, seed: int
     now_ms = int(time.time() * 1000)
     encoded: dict[int, tuple[bytes, bytes]] = {}
     per_key: dict[str, int] = {}
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "partitioner": "murmur2_random",
-            "linger.ms": 5,
-        }
-    )
+    producer = Producer(producer_config(_settings(bootstrap), **{"bootstrap.servers": bootstrap}))
     failures: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -200,7 +201,9 @@ def run_app(args: argparse.Namespace) -> int:
 def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from ledger.kafka import admin_config
+
+    admin = AdminClient(admin_config(_settings(bootstrap), **{"bootstrap.servers": bootstrap}))
     futures = admin.create_topics(
         [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names]
     )
@@ -212,7 +215,9 @@ def cleanup_kafka(bootstrap: str, tag: str, group: str) -> None:
     """Delete every topic whose name holds ``tag`` (input, output, changelog) and the group."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from ledger.kafka import admin_config
+
+    admin = AdminClient(admin_config(_settings(bootstrap), **{"bootstrap.servers": bootstrap}))
     names = [t for t in admin.list_topics(timeout=10).topics if tag in t]
     if names:
         for name, fut in admin.delete_topics(names, operation_timeout=30).items():
@@ -234,14 +239,14 @@ class OutputCounter:
     def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
         from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+        from ledger.kafka import consumer_config
+
         self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"quix-bench-reader-{uuid.uuid4().hex[:8]}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,
-            }
+            consumer_config(
+                _settings(bootstrap),
+                f"quix-bench-reader-{uuid.uuid4().hex[:8]}",
+                extra={"bootstrap.servers": bootstrap, "fetch.wait.max.ms": 10},
+            )
         )
         self.consumer.assign(
             [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)]

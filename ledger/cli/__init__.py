@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 
 import click
 
+from ledger import kafka
 from ledger.cli import keys, ops, stages, topics
 from ledger.cli.common import LedgerGroup, current_settings
 from ledger.settings import ledger_home
@@ -31,7 +32,10 @@ Settings come from the environment (prefix LEDGER_): LEDGER_BOOTSTRAP_SERVERS
 (default 'ledger'), LEDGER_PARTITIONS (3), LEDGER_HOME (run folder .ledger/ and
 broker home .cache/kafka/ live under it; default the current directory),
 LEDGER_CLOCK ('manual' ledger clock or 'system'), LEDGER_RELAY_MODE ('ledger'
-or 'checkpoint-only'). Run 'ledger config' to see the values in force.
+or 'checkpoint-only'). Kafka client properties (security, SASL, TLS) come from
+the Java-style properties file LEDGER_KAFKA_CONFIG_FILE and LEDGER_KAFKA_<PROPERTY>
+variables (LEDGER_KAFKA_SASL_PASSWORD is sasl.password). Run 'ledger config' to
+see the values in force (secrets masked).
 """
 
 
@@ -45,7 +49,14 @@ def main() -> None:
 
 @click.command("config")
 def config_cmd() -> None:
-    """Print the settings in force (after LEDGER_* environment variables)."""
+    """Print the settings and the Kafka client properties in force (secrets masked).
+
+    Settings come from LEDGER_* environment variables; client properties from
+    the ledger's defaults, then the file LEDGER_KAFKA_CONFIG_FILE, then
+    LEDGER_KAFKA_<PROPERTY> variables, then each role's own properties.
+    Values of secret keys (passwords, secrets, tokens, private keys) are
+    printed as ********.
+    """
     settings = current_settings()
     click.echo(f"LEDGER_HOME={ledger_home()}")
     for key, value in settings.model_dump().items():
@@ -54,6 +65,15 @@ def config_cmd() -> None:
     click.echo(f"# trusted reviewer and operator keys in force: {settings.trusted_keys_path()}")
     keys = settings.keys_dir or settings.run_dir / "keys"
     click.echo(f"# deployment and authority keys in: {keys}")
+    click.echo(
+        "# Kafka client properties of every client (ledger defaults < "
+        "LEDGER_KAFKA_CONFIG_FILE < LEDGER_KAFKA_<PROPERTY>; secrets masked):"
+    )
+    for prop in kafka.describe(settings):
+        click.echo(f"{prop.key}={prop.value}  # {prop.source}")
+    for role, props in kafka.ROLE_PROPERTIES.items():
+        fixed = " ".join(f"{k}={v}" for k, v in props.items())
+        click.echo(f"# every {role} also, whatever the file says: {fixed}")
 
 
 #: Every command of the product, in one list: ``ledger --help`` shows them all.

@@ -11,7 +11,7 @@ import click
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
 from ledger.cli.common import current_settings, setup_logging
-from ledger.kafka import CLIENT_LOGGER
+from ledger.kafka import CLIENT_LOGGER, describe
 
 
 def run_stage(
@@ -36,6 +36,12 @@ def run_stage(
     if current.kafka_debug:
         CLIENT_LOGGER.propagate = True
         CLIENT_LOGGER.setLevel(logging.DEBUG)
+    # Refuses an unsafe or malformed client properties file before any client
+    # is built, and says which properties are in force (secrets masked).
+    properties = ", ".join(f"{p.key}={p.value} ({p.source})" for p in describe(current))
+    logging.getLogger(__name__).info(
+        "%s-%s: Kafka client properties: %s", component, instance, properties
+    )
     hooks = hooks_for(current.run_dir) if hooks_for is not None else NO_FAULTS
     STAGES[component](current, instance, hooks).run()
 

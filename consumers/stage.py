@@ -44,6 +44,7 @@ from confluent_kafka import (
 
 from consumers.hooks import NO_FAULTS, FaultHooks
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
+from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
@@ -761,7 +762,15 @@ class Stage:
         self._rewind()
 
     def run(self, stop_after_s: float | None = None) -> None:
-        """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds)."""
+        """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds).
+
+        Raises:
+            SettingsError: the settings name the manual clock outside a
+                testbed (see :func:`ledger.clock.check_stage_clock`).
+            BrokerError: the broker cannot be reached to check the topics.
+            TopicConfigError: a ledger topic is missing or unsafe.
+        """
+        check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
         check_topics(self.settings)
         self.on_start()
         if threading.current_thread() is threading.main_thread():

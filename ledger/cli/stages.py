@@ -13,6 +13,7 @@ import click
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
 from ledger.cli.common import current_settings, setup_logging
+from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER
 
@@ -102,6 +103,8 @@ def run_stage(
     if current.kafka_debug:
         CLIENT_LOGGER.propagate = True
         CLIENT_LOGGER.setLevel(logging.DEBUG)
+    # Before the stage is built: building it creates missing key files.
+    check_stage_clock(current.clock, testbed=current.testbed)
     chosen, source = resolve_instance(instance, current.instance, socket.gethostname())
     log.info("%s instance %s (%s)", component, chosen, source)
     hooks = hooks_for(current.run_dir) if hooks_for is not None else NO_FAULTS

@@ -97,6 +97,7 @@ def test_ledger_stage_commands_refuse_the_manual_clock_with_an_error_not_a_trace
     assert isinstance(result.exception, SystemExit), result.exception
     assert "Error: a stage refuses the manual ledger clock" in result.output
     assert "LEDGER_TESTBED=true" in result.output
+    assert not (env / "keys").exists()  # refused before the stage made its key files
 
 
 def test_clock_show_says_it_is_the_system_clock(env: Path) -> None:

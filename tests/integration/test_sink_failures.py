@@ -25,6 +25,7 @@ from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from testbed.people import can_sign
 from tests.integration.test_stages import approve
 
 pytestmark = pytest.mark.integration
@@ -292,6 +293,7 @@ def test_a_relay_that_dies_on_an_operation_every_time_is_held_by_the_budget(ledg
 
     # An attributable disposition releases it, with a new budget, and the
     # approval's one admission still carries it (no new approval).
+    can_sign(pub, settings, "operator-1")
     pub.publish_disposition(
         Disposition(
             disposition_id="d-loop",

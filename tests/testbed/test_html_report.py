@@ -333,6 +333,7 @@ def test_audit_report_to_dict() -> None:
         "unauthenticated_records": [
             {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
         ],
+        "undecodable_records": [],
         "checked": {"state": 3, "consume-once": 2},
         "violations": [
             {

@@ -510,14 +510,29 @@ class Stage:
         )
 
     def _rewind(self) -> None:
-        """Seek every assigned partition back to its committed offset."""
+        """Seek every assigned partition back to its committed offset.
+
+        A consumer that cannot (its membership was fenced meanwhile, e.g. by
+        a second live process with this instance's identity: the seek fails
+        with ``_STATE``) is replaced as after a fatal consumer error: the new
+        member starts from the committed offsets, so nothing is skipped.
+        """
         assert self.consumer is not None
-        assignment = self.consumer.assignment()
-        if not assignment:
-            return
-        for tp in self.consumer.committed(assignment, timeout=30):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        try:
+            assignment = self.consumer.assignment()
+            if not assignment:
+                return
+            for tp in self.consumer.committed(assignment, timeout=30):
+                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        except KafkaException as exc:
+            log.warning(
+                "%s-%s: cannot rewind to the committed offsets (%s); rejoining the group",
+                self.component,
+                self.instance,
+                exc,
+            )
+            self._rejoin()
 
     def _decode(self, msg: Message) -> Record | tuple[str, OperatingEvent] | None:
         """Decode one message: a record, a dead letter ``(key, event)``, or ``None`` to skip."""

@@ -44,6 +44,7 @@ from confluent_kafka import (
 
 from consumers.hooks import NO_FAULTS, FaultHooks
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
+from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
@@ -509,14 +510,29 @@ class Stage:
         )
 
     def _rewind(self) -> None:
-        """Seek every assigned partition back to its committed offset."""
+        """Seek every assigned partition back to its committed offset.
+
+        A consumer that cannot (its membership was fenced meanwhile, e.g. by
+        a second live process with this instance's identity: the seek fails
+        with ``_STATE``) is replaced as after a fatal consumer error: the new
+        member starts from the committed offsets, so nothing is skipped.
+        """
         assert self.consumer is not None
-        assignment = self.consumer.assignment()
-        if not assignment:
-            return
-        for tp in self.consumer.committed(assignment, timeout=30):
-            offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-            self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        try:
+            assignment = self.consumer.assignment()
+            if not assignment:
+                return
+            for tp in self.consumer.committed(assignment, timeout=30):
+                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        except KafkaException as exc:
+            log.warning(
+                "%s-%s: cannot rewind to the committed offsets (%s); rejoining the group",
+                self.component,
+                self.instance,
+                exc,
+            )
+            self._rejoin()
 
     def _decode(self, msg: Message) -> Record | tuple[str, OperatingEvent] | None:
         """Decode one message: a record, a dead letter ``(key, event)``, or ``None`` to skip."""
@@ -761,7 +777,15 @@ class Stage:
         self._rewind()
 
     def run(self, stop_after_s: float | None = None) -> None:
-        """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds)."""
+        """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds).
+
+        Raises:
+            SettingsError: the settings name the manual clock outside a
+                testbed (see :func:`ledger.clock.check_stage_clock`).
+            BrokerError: the broker cannot be reached to check the topics.
+            TopicConfigError: a ledger topic is missing or unsafe.
+        """
+        check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
         check_topics(self.settings)
         self.on_start()
         if threading.current_thread() is threading.main_thread():

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from ledger.errors import LocalFileError
+from ledger.errors import LocalFileError, SettingsError
 
 #: Largest single move of the manual clock (seconds): ten years.
 MAX_ADVANCE_S = 10 * 365 * 24 * 3600.0
@@ -117,3 +117,37 @@ def clock_for(kind: str, run_dir: Path) -> Clock:
     if kind == "manual":
         return ManualClock(run_dir / "clock")
     raise ValueError(f"unknown clock {kind!r}: use 'system' or 'manual' (LEDGER_CLOCK)")
+
+
+def check_stage_clock(kind: str, *, testbed: bool) -> None:
+    """Refuse a clock a stage must not run on.
+
+    The manual ledger clock starts at 0 and moves only when someone moves
+    it, so on it approvals never expire: it is for testbeds (demo, game days,
+    missions, tests), which say so with ``LEDGER_TESTBED=true``.
+
+    Args:
+        kind: the ``LEDGER_CLOCK`` setting (``system`` or ``manual``).
+        testbed: the ``LEDGER_TESTBED`` setting.
+
+    Raises:
+        SettingsError: ``kind`` is ``manual`` and ``testbed`` is false, or
+            ``kind`` is neither ``system`` nor ``manual``.
+    """
+    if kind == "system" or (kind == "manual" and testbed):
+        return
+    if kind == "manual":
+        raise SettingsError(
+            "a stage refuses the manual ledger clock (LEDGER_CLOCK=manual) outside a testbed: "
+            "it starts at 0 and moves only with 'ledger clock advance', so approvals would "
+            "never expire. Unset LEDGER_CLOCK (the system clock is the default), or set "
+            "LEDGER_TESTBED=true if this process runs in a testbed (demo, game day, tests)",
+            expected="LEDGER_CLOCK=system, or LEDGER_TESTBED=true",
+            observed="LEDGER_CLOCK=manual",
+        )
+    raise SettingsError(
+        f"unknown clock {kind!r} (LEDGER_CLOCK): use 'system' (the default) or, in a "
+        "testbed, 'manual'",
+        expected="system or manual",
+        observed=kind,
+    )

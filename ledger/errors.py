@@ -95,6 +95,11 @@ class BrokerUnavailableError(BrokerError):
     retryable: ClassVar[bool] = True
 
 
+class SettingsError(LedgerError):
+    """A setting is invalid or unsafe for this process (e.g. the manual clock in a
+    production stage); the message names the variable and the remedy."""
+
+
 class TopicConfigError(LedgerError):
     """A ledger topic is missing or configured so that the ledger is unsafe.
 

@@ -39,8 +39,16 @@ class LedgerSettings(BaseSettings):
         kafka_home: folder where the local broker's jars, config, data and logs
             live (default ``{LEDGER_HOME or the current directory}/.cache/kafka``).
         kafka_port: broker listener port on 127.0.0.1 (controller uses +1).
-        clock: ``system`` (wall clock) or ``manual`` (the ledger clock in
-            ``run_dir/clock``, moved only by ``ledger clock advance``).
+        clock: ``system`` (wall clock; the default) or ``manual`` (the ledger
+            clock in ``run_dir/clock``, which starts at 0 and moves only by
+            ``ledger clock advance``: for testbeds and tests only; a stage
+            refuses it unless ``testbed`` is true).
+        testbed: this process runs in a testbed (demo, game day, mission,
+            tests), where a stage may run on the manual clock (default false;
+            ``python -m testbed.stage`` sets it).
+        instance: a stage's instance name when ``--instance`` is not given
+            (``LEDGER_INSTANCE``); unset, the trailing ordinal of the host
+            name (``relay-2`` -> ``2``), else ``0``.
         commit_interval_ms: longest time a stage keeps a transaction open
             before it commits (milliseconds).
         transaction_timeout_ms: broker-side transaction timeout (milliseconds);
@@ -96,7 +104,9 @@ class LedgerSettings(BaseSettings):
     run_dir: Path = Field(default_factory=lambda: ledger_home() / ".ledger")
     kafka_home: Path = Field(default_factory=lambda: ledger_home() / ".cache" / "kafka")
     kafka_port: int = 19092
-    clock: str = "manual"
+    clock: str = "system"
+    testbed: bool = False
+    instance: str | None = None
     commit_interval_ms: int = 100
     transaction_timeout_ms: int = 15000
     takeover_wait_s: float = 180.0

@@ -106,7 +106,11 @@ class Harness:
     # ------------------------------------------------------------------ stages
 
     def start(self, component: str, instance: str = "0") -> None:
-        """Start one stage process with armed fault hooks (``python -m testbed.stage``)."""
+        """Start one stage process with armed fault hooks (``python -m testbed.stage``).
+
+        The process runs in a testbed (``testbed.stage`` sets ``LEDGER_TESTBED=true``),
+        so it accepts the manual ledger clock the harness moves.
+        """
         if component not in STAGES:
             raise LedgerError(f"unknown component {component!r}; one of {sorted(STAGES)}")
         name = f"{component}-{instance}"

@@ -5,22 +5,30 @@ demo use it): the same stage an operator runs with ``ledger COMPONENT``, but
 given :class:`testbed.faults.ArmedFaults`, so hooks armed under
 ``{run_dir}/faults/`` SIGKILL it at their seam. ``ledger processor`` and its
 siblings never fire a hook.
+
+It runs in a testbed, and says so: it sets ``LEDGER_TESTBED=true``, so the
+stage accepts the manual ledger clock (``LEDGER_CLOCK=manual``) that demos,
+game days and missions move by hand; ``ledger COMPONENT`` refuses that clock
+unless the operator sets ``LEDGER_TESTBED=true`` themselves.
 """
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from consumers.stages import STAGES
-from ledger.cli.stages import run_stage
+from ledger.cli.stages import INSTANCE_HELP, run_stage
 from testbed.faults import ArmedFaults
 
 
 @click.command(help=__doc__)
 @click.argument("component", type=click.Choice(sorted(STAGES)))
-@click.option("--instance", default="0", show_default=True, help="Instance name.")
-def main(component: str, instance: str) -> None:
+@click.option("--instance", default=None, help=INSTANCE_HELP)
+def main(component: str, instance: str | None) -> None:
     """Run COMPONENT until SIGTERM, with the run folder's fault hooks armed."""
+    os.environ["LEDGER_TESTBED"] = "true"
     run_stage(component, instance, hooks_for=ArmedFaults)
 
 

@@ -167,7 +167,8 @@ def kafka_bootstrap(kafka: KafkaUnderTest) -> str:
 def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSettings]:
     """Settings with a fresh topic prefix whose topics exist; deleted afterwards.
 
-    partitions=3, run_dir=tmp_path/"run", clock="manual".
+    partitions=3, run_dir=tmp_path/"run", clock="manual" and testbed=True
+    (tests are a testbed: stages accept the manual clock).
     """
     settings = LedgerSettings(
         bootstrap_servers=kafka_bootstrap,
@@ -175,6 +176,7 @@ def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSett
         partitions=3,
         run_dir=tmp_path / "run",
         clock="manual",
+        testbed=True,
         kafka_home=LOCAL_KAFKA_HOME,
     )
     settings.run_dir.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,10 @@ Settings come from the environment (prefix LEDGER_): LEDGER_BOOTSTRAP_SERVERS
 (or KAFKA_BOOTSTRAP_SERVERS; default 127.0.0.1:LEDGER_KAFKA_PORT, 19092), LEDGER_TOPIC_PREFIX
 (default 'ledger'), LEDGER_PARTITIONS (3), LEDGER_HOME (run folder .ledger/ and
 broker home .cache/kafka/ live under it; default the current directory),
-LEDGER_CLOCK ('manual' ledger clock or 'system'), LEDGER_RELAY_MODE ('ledger'
-or 'checkpoint-only'). Kafka client properties (security, SASL, TLS) come from
+LEDGER_CLOCK ('system', the default, or the 'manual' ledger clock, which a stage
+accepts only with LEDGER_TESTBED=true), LEDGER_INSTANCE (a stage's default
+--instance; else the host name's trailing ordinal, else 0), LEDGER_RELAY_MODE
+('ledger' or 'checkpoint-only'). Kafka client properties (security, SASL, TLS) come from
 the Java-style properties file LEDGER_KAFKA_CONFIG_FILE and LEDGER_KAFKA_<PROPERTY>
 variables (LEDGER_KAFKA_SASL_PASSWORD is sasl.password). Run 'ledger config' to
 see the values in force (secrets masked).

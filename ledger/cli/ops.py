@@ -507,16 +507,36 @@ def claim_cmd(operation_id: str, worker: str, expected_version: str, wait_s: flo
 
 @click.group("clock")
 def clock_group() -> None:
-    """The manual ledger clock (LEDGER_CLOCK=manual): show it or move it forward."""
+    """The ledger clock: show it; move the manual one (LEDGER_CLOCK=manual) forward.
+
+    The system clock (LEDGER_CLOCK=system) is the default and cannot be moved;
+    the manual ledger clock is for testbeds (demo, game days, tests).
+    """
+
+
+#: What ``ledger clock`` says of the system clock.
+SYSTEM_CLOCK_NOTE = (
+    "the clock is the system clock (LEDGER_CLOCK=system, the default): it cannot be "
+    "moved; 'ledger clock advance' moves only the manual ledger clock of a testbed "
+    "(LEDGER_CLOCK=manual, LEDGER_TESTBED=true)"
+)
 
 
 @clock_group.command("show")
 def clock_show() -> None:
-    """Print the ledger time in seconds."""
+    """Print the ledger time in seconds (the system clock's is said to be one)."""
     from ledger.clock import clock_for
 
     s = current_settings()
-    click.echo(f"{clock_for(s.clock, s.run_dir).now_ms() / 1000:g}")
+    try:
+        clock = clock_for(s.clock, s.run_dir)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    now_s = clock.now_ms() / 1000
+    if s.clock == "system":
+        click.echo(f"{now_s:.3f} ({SYSTEM_CLOCK_NOTE})")
+    else:
+        click.echo(f"{now_s:g}")
 
 
 @clock_group.command("advance", context_settings={"ignore_unknown_options": True})
@@ -527,7 +547,9 @@ def clock_advance(seconds: float) -> None:
 
     s = current_settings()
     if s.clock != "manual":
-        raise click.ClickException("LEDGER_CLOCK is not 'manual'; the system clock cannot be moved")
+        raise click.ClickException(
+            SYSTEM_CLOCK_NOTE if s.clock == "system" else f"unknown clock {s.clock!r}"
+        )
     try:
         now = ManualClock(s.run_dir / "clock").advance(seconds)
     except ValueError as exc:

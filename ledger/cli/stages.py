@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,22 +13,87 @@ import click
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
 from ledger.cli.common import current_settings, setup_logging
+from ledger.clock import check_stage_clock
+from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
+
+log = logging.getLogger(__name__)
+
+#: What an instance name may hold: it is part of the transactional ID and the
+#: static group member ID (``group.instance.id``), which Kafka restricts to these.
+INSTANCE_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+#: The trailing ordinal of a host name, as a Kubernetes StatefulSet names its
+#: pods (``relay-2``); matched against the first label of the name.
+_ORDINAL = re.compile(r"-(\d+)$")
+
+
+def resolve_instance(
+    given: str | None, from_settings: str | None, hostname: str
+) -> tuple[str, str]:
+    """Choose a stage's instance name and say where it came from.
+
+    In order: ``--instance``; ``LEDGER_INSTANCE``; the trailing ordinal of the
+    host name's first label (``relay-2`` or ``relay-2.relay.ns.svc`` -> ``2``,
+    as a StatefulSet names pods); else ``0``. Two live processes of one
+    component with the same name share a transactional ID and a static member
+    ID and fence each other, so each process slot needs its own.
+
+    Args:
+        given: the ``--instance`` option, or None when not given.
+        from_settings: the ``instance`` setting (``LEDGER_INSTANCE``), or None.
+        hostname: this host's name (``socket.gethostname()``).
+
+    Returns:
+        ``(instance, source)``: the name, and a phrase saying where it came
+        from (for the log).
+
+    Raises:
+        SettingsError: the chosen name is empty or holds characters other than
+            letters, digits, ``.``, ``_`` and ``-`` (or is over 100 long).
+    """
+    if given is not None:
+        instance, source = given, "from --instance"
+    elif from_settings:
+        instance, source = from_settings, "from LEDGER_INSTANCE"
+    elif match := _ORDINAL.search(hostname.split(".", 1)[0]):
+        instance, source = match.group(1), f"from the ordinal of the host name {hostname!r}"
+    else:
+        instance = "0"
+        source = (
+            f"by default: no --instance, no LEDGER_INSTANCE and no trailing ordinal in the "
+            f"host name {hostname!r}; a second process of this component with instance 0 "
+            "would fence this one"
+        )
+    if not INSTANCE_PATTERN.fullmatch(instance):
+        raise SettingsError(
+            f"instance name {instance!r} ({source}) is not 1 to 100 letters, digits, '.', '_' "
+            "or '-'; give --instance or LEDGER_INSTANCE such a name (e.g. 0, 1, 2)",
+            expected=INSTANCE_PATTERN.pattern,
+            observed=instance,
+        )
+    return instance, source
 
 
 def run_stage(
-    component: str, instance: str, hooks_for: Callable[[Path], FaultHooks] | None = None
+    component: str,
+    instance: str | None,
+    hooks_for: Callable[[Path], FaultHooks] | None = None,
 ) -> None:
     """Run one stage until SIGTERM or Ctrl-C, logging to standard error.
 
     Args:
         component: a key of :data:`consumers.stages.STAGES`.
-        instance: the instance name (part of its transactional ID).
+        instance: the instance name (part of its transactional ID); None
+            chooses one as :func:`resolve_instance` says, and logs where it
+            came from.
         hooks_for: builds the stage's fault hooks from its run folder; None
             (what every ``ledger`` command passes) gives hooks that never fire.
 
     Raises:
-        LedgerError: when the stage stops on an error it cannot survive.
+        LedgerError: when the stage stops on an error it cannot survive;
+            :class:`SettingsError` for a bad instance name or the manual clock
+            outside a testbed.
     """
     setup_logging(True)
     # One line per sink request is noise at this level (the journal and the
@@ -36,14 +103,16 @@ def run_stage(
     if current.kafka_debug:
         CLIENT_LOGGER.propagate = True
         CLIENT_LOGGER.setLevel(logging.DEBUG)
+    # Before the stage is built: building it creates missing key files.
+    check_stage_clock(current.clock, testbed=current.testbed)
+    chosen, source = resolve_instance(instance, current.instance, socket.gethostname())
+    log.info("%s instance %s (%s)", component, chosen, source)
     # Refuses an unsafe or malformed client properties file before any client
     # is built, and says which properties are in force (secrets masked).
     properties = ", ".join(f"{p.key}={p.value} ({p.source})" for p in describe(current))
-    logging.getLogger(__name__).info(
-        "%s-%s: Kafka client properties: %s", component, instance, properties
-    )
+    log.info("%s-%s: Kafka client properties: %s", component, chosen, properties)
     hooks = hooks_for(current.run_dir) if hooks_for is not None else NO_FAULTS
-    STAGES[component](current, instance, hooks).run()
+    STAGES[component](current, chosen, hooks).run()
 
 
 _STAGE_HELP = """
@@ -52,18 +121,23 @@ transactional producer (transactional.id {prefix}.{component}.{instance}:
 a restarted instance fences its predecessor). Run several instances with
 different --instance values to share the partitions (consumer group
 {prefix}.{component}, range assignment). Logs go to standard error.
+Refuses the manual clock (LEDGER_CLOCK=manual) unless LEDGER_TESTBED=true.
 """
 
-_INSTANCE = click.option(
-    "--instance", default="0", show_default=True, help="Instance name (stable per process slot)."
+#: Help of the ``--instance`` option (``python -m testbed.stage`` shares it).
+INSTANCE_HELP = (
+    "Instance name, stable per process slot. Default: LEDGER_INSTANCE, else the "
+    "trailing ordinal of the host name (relay-2 -> 2, as a StatefulSet names pods), else 0."
 )
+
+_INSTANCE = click.option("--instance", default=None, help=INSTANCE_HELP)
 
 
 @click.command(
     "processor", help="Run the processor: decides every recovery transition.\n" + _STAGE_HELP
 )
 @_INSTANCE
-def processor_cmd(instance: str) -> None:
+def processor_cmd(instance: str | None) -> None:
     """Run the processor stage."""
     run_stage("processor", instance)
 
@@ -73,7 +147,7 @@ def processor_cmd(instance: str) -> None:
     help="Run the authority kernel: admits operations, consumes approvals once.\n" + _STAGE_HELP,
 )
 @_INSTANCE
-def authority_cmd(instance: str) -> None:
+def authority_cmd(instance: str | None) -> None:
     """Run the authority kernel stage."""
     run_stage("authority", instance)
 
@@ -84,7 +158,7 @@ def authority_cmd(instance: str) -> None:
     + _STAGE_HELP,
 )
 @_INSTANCE
-def relay_cmd(instance: str) -> None:
+def relay_cmd(instance: str | None) -> None:
     """Run the relay stage."""
     run_stage("relay", instance)
 

@@ -30,6 +30,7 @@ from ledger.errors import (
     ScenarioError,
     SchemaError,
     SchemaValidationError,
+    SettingsError,
     SinkAuthError,
     SinkError,
     SinkNotReachedError,
@@ -50,6 +51,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     BrokerError: False,  # missing tools, busy ports, failed formats: fix first
     BrokerUnavailableError: True,  # no answer (yet): the broker may be restarting
     TopicConfigError: False,
+    SettingsError: False,  # change the setting first
     SchemaError: False,
     UnknownSchemaError: False,
     SchemaValidationError: False,

@@ -27,10 +27,11 @@ from tests import helpers
 
 @pytest.fixture
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A run folder in force for the CLI; nothing listens on the broker port."""
+    """A run folder in force for the CLI (manual clock); nothing listens on the broker port."""
     run = tmp_path / "run"
     run.mkdir()
     monkeypatch.setenv("LEDGER_RUN_DIR", str(run))
+    monkeypatch.setenv("LEDGER_CLOCK", "manual")
     monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:1")
     monkeypatch.delenv("LEDGER_POLICY_VERSION", raising=False)
     monkeypatch.delenv("LEDGER_SINKS_FILE", raising=False)

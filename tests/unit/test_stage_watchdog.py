@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.processor import Processor
 from ledger.settings import LedgerSettings
@@ -101,3 +101,28 @@ def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
     assert stage.producer is stuck and stuck.aborted == 1  # one abort: retry with it
     stage._recover(abortable)
     assert stuck.aborted == 2 and stage.producer is fresh
+
+
+class _FencedConsumer:
+    """A consumer whose membership was fenced: seeking its old assignment fails."""
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("t.intents", 0)]
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 12) for tp in tps]
+
+    def seek(self, tp: TopicPartition) -> None:
+        raise KafkaException(KafkaError(KafkaError._STATE, "Failed to seek to offset 12"))
+
+
+def test_a_rewind_the_consumer_cannot_do_replaces_the_consumer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen with two live processes of one identity: the stage rejoins, it does not die."""
+    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage.consumer = _FencedConsumer()  # type: ignore[assignment]
+    rejoined: list[bool] = []
+    monkeypatch.setattr(stage, "_rejoin", lambda: rejoined.append(True))
+    stage._rewind()
+    assert rejoined == [True]

@@ -190,8 +190,9 @@ def load_keyring(settings: LedgerSettings, *, create: bool = True) -> Keyring:
 
     With ``create`` (the default, one-host deployments), missing deployment
     and authority keys are created first, so processes that start together
-    agree on them. The keyring re-reads the files (at most once a second)
-    when a seal names a key it does not know.
+    agree on them. When a seal names a key it does not know, the keyring
+    re-reads the files: at once if one of them changed since it last read
+    them (a reviewer added a moment ago), else at most once a second.
 
     Raises:
         LocalFileError: a key file is unreadable.
@@ -210,12 +211,32 @@ def load_keyring(settings: LedgerSettings, *, create: bool = True) -> Keyring:
                 ring.add_public(key_id, role, key)
         return ring
 
-    last = [time.monotonic()]
+    files = (
+        settings.trusted_keys_path(),
+        keys_dir(settings) / "authority.pub",
+        keys_dir(settings) / "deployment.key",
+    )
+
+    def stamp() -> tuple[tuple[int, int], ...]:
+        found = []
+        for path in files:
+            try:
+                st = path.stat()
+                found.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                found.append((0, -1))
+        return tuple(found)
+
+    last_read, last_stamp = time.monotonic(), stamp()
 
     def reload() -> Keyring | None:
-        if time.monotonic() - last[0] < RELOAD_EVERY_S:
+        # A key file that changed (a reviewer added just now) is read at once;
+        # otherwise at most once a second, for a seal that names a key no file has.
+        nonlocal last_read, last_stamp
+        now_stamp = stamp()
+        if now_stamp == last_stamp and time.monotonic() - last_read < RELOAD_EVERY_S:
             return None
-        last[0] = time.monotonic()
+        last_read, last_stamp = time.monotonic(), now_stamp
         try:
             return read()
         except LocalFileError as exc:

@@ -195,3 +195,22 @@ def test_a_publisher_signs_as_the_person_a_record_names(tmp_path: Path) -> None:
     assert creds.sealer_for("claims", None) == deployment_key(settings)
     with pytest.raises(LedgerError, match="already trusted as operator"):
         add_person(settings, ROLE_REVIEWER, "alex")
+
+
+def test_a_reviewer_trusted_just_after_the_keys_were_loaded_is_found_at_once(
+    tmp_path: Path,
+) -> None:
+    """A stage loads its keys at start; a reviewer added a moment later signs a grant that
+    arrives within the second: the changed trusted-keys file is read again at once (a
+    game day refused such grants as unknown, and the approvals were never admitted)."""
+    from ledger.signing import trust
+
+    settings = _settings(tmp_path)
+    ring = load_keyring(settings)
+    late = ReviewerKey.generate("late-reviewer")
+    trust(settings.trusted_keys_path(), late)
+    grant = late.sign(_grant())
+    assert ring.check("approvals", b"ap-1", grant.to_bytes(), None, grant) is None
+    # A key no file has is still refused, and asking again at once reads nothing new.
+    stranger = ReviewerKey.generate("stranger").sign(_grant())
+    assert "unknown key" in (ring.check("approvals", b"ap-1", b"", None, stranger) or "")

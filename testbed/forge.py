@@ -42,6 +42,7 @@ from ledger.events import (
     PolicyChange,
     Readback,
 )
+from ledger.fold import decide
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
@@ -257,23 +258,17 @@ def build(
                 update={"state": S.ADMITTED, "version": state.version + 1, "reason": "admitted"}
             )
         elif intent is not None:
-            in_flight = OperationState(
-                operation_id=op,
-                state=S.ADMITTED,
-                version=2,
-                epoch=1,
-                parameter_digest=intent.parameter_digest,
-                sink=intent.sink,
-                action=intent.action,
-                params_json=intent.params_json,
-                actor=intent.actor,
-                subject=intent.subject,
-                purpose=intent.purpose,
-                decision_version=intent.decision_version,
-                approval_id=intent.approval_id,
-                amount_minor=intent.amount_minor,
-                admitted_approval_id=intent.approval_id,
-                reason="admitted",
+            # The state the processor would record for the intent, then "admitted".
+            recorded = decide(None, intent, "intents:0:0").state
+            assert recorded is not None
+            in_flight = recorded.model_copy(
+                update={
+                    "state": S.ADMITTED,
+                    "version": recorded.version + 1,
+                    "epoch": 1,
+                    "admitted_approval_id": intent.approval_id,
+                    "reason": "admitted",
+                }
             )
         else:
             raise LedgerError(f"forge: no intent or state of {op!r} to build a state from")

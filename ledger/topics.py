@@ -588,10 +588,11 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
         first_problem = problems[0]
         lines = "\n".join(f"  - {p.message}" for p in problems)
         footer = (
-            "Missing topics: run `ledger topics create`. Wrong configs: alter them back as "
-            "each line says, or with any Kafka admin tool (`ledger topics list` shows the "
-            "layout), or use a fresh LEDGER_TOPIC_PREFIX."
+            "Wrong configs: alter them back as each line says, or with any Kafka admin tool "
+            "(`ledger topics list` shows the layout), or use a fresh LEDGER_TOPIC_PREFIX."
         )
+        if any(p.config == "existence" for p in problems):
+            footer = "Missing topics: run `ledger topics create`. " + footer
         if under_replicated and len(cluster.brokers) >= wanted.replication_factor:
             plan = reassignment_plan(under_replicated, cluster.brokers, wanted.replication_factor)
             footer += (

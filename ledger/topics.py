@@ -1,4 +1,4 @@
-"""Create, check and compact the ledger's topics (``{prefix}.{name}`` for each of TOPICS).
+"""Create, check, compact and export the ledger's topics (``{prefix}.{name}`` for each of TOPICS).
 
 * :func:`create_topics` creates missing topics with the layout of
   :data:`ledger.topology.TOPICS`, replicated as :func:`replication_for`

@@ -9,6 +9,7 @@ import yaml
 
 from ledger import topics
 from ledger.cli.common import current_settings
+from ledger.errors import SettingsError
 from ledger.topology import TOPICS
 
 _TOPICS_HELP = """Create, check, list, compact and export the ledger's topics.
@@ -195,7 +196,15 @@ def topics_manifest(
     if min_insync_replicas is not None:
         overrides["min_insync_replicas"] = min_insync_replicas
     settings = settings.model_copy(update=overrides)
-    replication = topics.replication_for(settings, topics.REPLICATED_BROKERS)
+    try:
+        replication = topics.replication_for(settings, topics.REPLICATED_BROKERS)
+    except SettingsError as exc:
+        if not overrides:
+            raise
+        raise click.UsageError(
+            f"{exc.message} (here --replication-factor and --min-insync-replicas stand for "
+            "those variables)"
+        ) from exc
     layouts = topics.manifest(settings, replication)
     if fmt == "json":
         document = {

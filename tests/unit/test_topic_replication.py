@@ -257,3 +257,11 @@ def test_ledger_topics_manifest_strimzi_needs_the_cluster_name() -> None:
     result = CliRunner().invoke(main, ["topics", "manifest", "--format", "strimzi"])
     assert result.exit_code == 2
     assert "--cluster NAME is needed" in result.output
+
+
+def test_ledger_topics_manifest_refuses_contradictory_replication_options() -> None:
+    result = CliRunner().invoke(
+        main, ["topics", "manifest", "--replication-factor", "2", "--min-insync-replicas", "2"]
+    )
+    assert result.exit_code == 2
+    assert "at most 1" in result.output and "--min-insync-replicas" in result.output

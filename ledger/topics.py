@@ -205,6 +205,23 @@ def replication_for(settings: LedgerSettings, brokers: int) -> Replication:
     return Replication(factor, insync, factor_origin, insync_origin)
 
 
+def cluster_replication(settings: LedgerSettings) -> Replication:
+    """The replication in force for the cluster the settings reach (one metadata request).
+
+    Args:
+        settings: uses the client settings, ``replication_factor`` and
+            ``min_insync_replicas``.
+
+    Returns:
+        :func:`replication_for` with the number of brokers that answer.
+
+    Raises:
+        BrokerUnavailableError: the broker does not answer (retryable).
+        SettingsError: as :func:`replication_for`.
+    """
+    return replication_for(settings, len(_cluster(_admin(settings), settings).brokers))
+
+
 class TopicProblem(NamedTuple):
     """One reason :func:`check_topics` refuses a topic.
 

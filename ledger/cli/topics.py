@@ -58,7 +58,12 @@ def topics_create() -> None:
         + (f": {', '.join(created)}" if created else " (all existed)")
     )
     topics.check_topics(settings)
-    click.echo(f"all {total} topics with prefix {settings.topic_prefix!r} are configured safely")
+    wanted = topics.cluster_replication(settings)
+    click.echo(
+        f"all {total} topics with prefix {settings.topic_prefix!r} are configured safely "
+        f"(replication factor {wanted.replication_factor}: {wanted.factor_origin}; "
+        f"min.insync.replicas {wanted.min_insync_replicas}: {wanted.min_insync_origin})"
+    )
 
 
 @topics_group.command("check")

@@ -215,6 +215,7 @@ def test_ledger_topics_create_replicates_and_forbids_unclean_election(
         result = CliRunner().invoke(main, ["topics", "create"])
         assert result.exit_code == 0, result.output
         assert f"created {len(TOPICS)} of {len(TOPICS)} topics" in result.output
+        assert f"(replication factor {wanted.replication_factor}: " in result.output
         metadata = _admin(s).list_topics(timeout=10).topics
         for spec in TOPICS:
             name = s.topic(spec.name)

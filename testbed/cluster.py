@@ -600,8 +600,22 @@ def ensure_passwords(spec: ClusterSpec) -> dict[str, str]:
     return current
 
 
-def _prepare_security(spec: ClusterSpec) -> dict[str, str]:
-    """CA, node keystores, passwords and client files of a secured cluster."""
+def prepare_security(spec: ClusterSpec) -> dict[str, str]:
+    """Write a secured cluster's material: passwords, CA and node keystores (TLS), client files.
+
+    The CA and the passwords are made once and kept; node keystores and
+    client files are rewritten (cheap), so they always match the layout.
+
+    Args:
+        spec: a secured cluster (``sasl_plaintext`` or ``sasl_ssl``).
+
+    Returns:
+        Principal -> SCRAM password.
+
+    Raises:
+        BrokerError: ``users.json`` is malformed.
+        ValueError: half a CA is on disk (see :func:`testbed.certs.ensure_ca`).
+    """
     passwords = ensure_passwords(spec)
     if spec.security == "sasl_ssl":
         ca_cert, ca_key = certs.ensure_ca(spec.security_dir)
@@ -825,7 +839,7 @@ class Cluster:
                     observed="missing",
                 )
         broker._check_java()
-        passwords = _prepare_security(spec) if spec.secured else None
+        passwords = prepare_security(spec) if spec.secured else None
         for node in spec.nodes:
             paths = node.broker_paths(spec.libs)
             for folder in (paths.config_dir, node.data, node.logs):
@@ -1390,6 +1404,7 @@ __all__ = [
     "NodeStatus",
     "client_properties",
     "ensure_passwords",
+    "prepare_security",
     "recorded_spec",
     "render_properties",
     "server_properties",

@@ -51,6 +51,8 @@ STEPS: tuple[str, ...] = (
 PARTITION_HOLD_S = 20.0
 #: How long a killed node stays down before it is started again (s).
 DOWN_S = 5.0
+#: Longest error text a fault window keeps (the first line of the error).
+ERROR_CHARS = 300
 #: How long to wait for the cluster to be whole again after a fault (s).
 HEAL_TIMEOUT_S = 180.0
 
@@ -59,6 +61,10 @@ class ClusterControl(Protocol):
     """What the chaos needs from the cluster launcher (``testbed.broker``)."""
 
     nodes: int
+
+    def index_of(self, node: int) -> int:
+        """0-based index of node ``node`` (its network namespace's number)."""
+        ...
 
     def leader_of(self, topic: str, partition: int) -> int:
         """Node ID leading ``topic[partition]``."""
@@ -86,6 +92,10 @@ class ClusterControl(Protocol):
 
     def in_sync(self, topics: Sequence[str]) -> bool:
         """True when every node is up and every partition of ``topics`` is fully replicated."""
+        ...
+
+    def restore(self) -> None:
+        """Start every node that is down (after a fault that failed half-way)."""
         ...
 
 
@@ -217,9 +227,14 @@ class BrokerChaos:
             w.end = time.time()
             self.say(f"broker chaos: {w.kind} ({w.target}) over in {w.end - w.start:.1f} s")
         except Exception as exc:  # noqa: BLE001 - recorded on the report, the mission goes on
-            w.error = f"{type(exc).__name__}: {exc}"
+            first = (str(exc).strip().splitlines() or [""])[0]
+            w.error = f"{type(exc).__name__}: {first}"[:ERROR_CHARS]  # the log has it all
             log.exception("broker chaos: %s failed", w.kind)
             self.say(f"broker chaos: {w.kind} failed: {w.error}")
+            try:  # the mission goes on on a whole cluster
+                self.control.restore()
+            except Exception as again:  # noqa: BLE001 - the next fault or the end says more
+                log.warning("broker chaos: restoring the cluster after %s: %s", w.kind, again)
 
     def _wait_whole(self, w: FaultWindow) -> None:
         deadline = time.monotonic() + self.heal_timeout_s
@@ -262,7 +277,7 @@ class BrokerChaos:
         self.control.start(node)
 
     def _rolling_restart(self, w: FaultWindow) -> None:
-        w.target = f"nodes 0..{self.control.nodes - 1}, one at a time"
+        w.target = f"all {self.control.nodes} nodes, one at a time"
         self.say("broker chaos: rolling restart")
         w.start = time.time()
         self.control.rolling_restart()
@@ -281,11 +296,12 @@ class BrokerChaos:
         hold = self.partition_hold_s
         self.say(f"broker chaos: cutting {w.target} off the network for {hold:.0f} s")
         w.start = time.time()
-        self.network.cut(node)
+        index = self.control.index_of(node)
+        self.network.cut(index)
         try:
             time.sleep(hold)
         finally:
-            self.network.heal(node)
+            self.network.heal(index)
         w.note = f"cut for {hold:.0f} s, then healed"
 
     def report(self, t0: float) -> list[dict[str, Any]]:

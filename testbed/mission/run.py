@@ -26,7 +26,6 @@ into the report.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
@@ -86,6 +85,8 @@ STALL_S = 15.0
 #: is stuck: the error names where the logs are instead of hanging).
 NO_PROGRESS_S = 300.0
 
+#: Seconds a publish of the workflow waits for its acknowledgement under broker chaos.
+CHAOS_SEND_TIMEOUT_S = 300.0
 #: Seconds to wait for the broker faults still due at the end of the cases.
 HEAL_WAIT_S = 900.0
 
@@ -176,7 +177,13 @@ class Mission:
             self.op_case[run.case.notify_op] = run.case.number
         self.rng = random.Random(options.seed + 1)
         self.harness = Harness(self.settings)
-        self.publisher = LedgerPublisher(self.settings, client_id="mission-workflow")
+        # Under broker chaos a publish waits out a full-cluster restart (the
+        # producer's own delivery timeout, 300 s) instead of failing the mission.
+        self.publisher = LedgerPublisher(
+            self.settings,
+            client_id="mission-workflow",
+            send_timeout_s=CHAOS_SEND_TIMEOUT_S if options.broker_chaos else 30.0,
+        )
         self.reviewer = ReviewerKey.generate("reviewer-alex-key")
         self.engine = ReviewerKey.generate("policy-engine-key")
         self.policy_version = 1
@@ -258,9 +265,8 @@ class Mission:
 
     def close(self) -> None:
         """Stop every process of the mission and close its clients."""
-        if self.chaos is not None and self.chaos.running:
-            with contextlib.suppress(TimeoutError):
-                self.chaos.finish(timeout_s=HEAL_WAIT_S, started=self.started_cases)
+        if self.chaos is not None:
+            self.chaos.join(HEAL_WAIT_S)  # a fault in progress heals what it broke
         if self._follower is not None:
             self._follower.close()
             self._follower = None
@@ -748,6 +754,8 @@ class Mission:
         )
         self._start()
         deadline = time.monotonic() + 120 + 1.0 * self.options.cases
+        if self.chaos is not None:
+            deadline += HEAL_WAIT_S  # the broker faults take their time
         self._loop(deadline)
         self.say(
             "every case has an outcome or is held; restarting what crashed and "

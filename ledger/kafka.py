@@ -505,11 +505,18 @@ def admin_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
 def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
     """Settings of every ledger producer: idempotent, ``acks=all``, ``murmur2_random``.
 
+    With ``acks=all`` a write is acknowledged only once every in-sync
+    replica holds it, and at least the topic's ``min.insync.replicas``
+    (``LEDGER_MIN_INSYNC_REPLICAS``, see :func:`ledger.topics.replication_for`):
+    what makes replicated topics keep acknowledged evidence.
+
     Args:
         settings: the process's settings.
         **extra: the caller's properties, applied after the file and
             variables, e.g. ``{"transactional.id": ...}`` for a stage or
-            ``{"linger.ms": 1}`` for a publisher.
+            ``{"linger.ms": 1}`` for a publisher. They cannot weaken the
+            required properties either: ``enable.idempotence``, ``acks``
+            and ``partitioner`` given here are overridden.
 
     Returns:
         A librdkafka producer configuration.
@@ -517,7 +524,7 @@ def producer_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
     Raises:
         LocalFileError, LedgerError: as :func:`client_config`.
     """
-    return _merge(settings, _PRODUCER_DEFAULTS, {**_PRODUCER_REQUIRED, **extra})
+    return _merge(settings, _PRODUCER_DEFAULTS, {**extra, **_PRODUCER_REQUIRED})
 
 
 def consumer_config(

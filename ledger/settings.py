@@ -34,6 +34,16 @@ class LedgerSettings(BaseSettings):
             tests and demo cases use their own prefix for isolation.
         partitions: partition count of every operation-keyed topic (all are
             co-partitioned, so they share it).
+        replication_factor: replicas of every ledger topic
+            (``LEDGER_REPLICATION_FACTOR``). ``None`` (the default): derived
+            from the cluster when topics are created or checked, 3 when it
+            has three or more brokers, else 1 (see
+            :func:`ledger.topics.replication_for`). A value set always wins.
+        min_insync_replicas: the topics' ``min.insync.replicas``
+            (``LEDGER_MIN_INSYNC_REPLICAS``): how many replicas must hold a
+            record before an ``acks=all`` write succeeds. ``None`` (the
+            default): 2 when the replication factor is 3 or more, else 1.
+            Must stay below the replication factor when that is above 1.
         run_dir: folder for run-time files: the ledger clock, stage status
             files, sink registry and databases (default
             ``{LEDGER_HOME or the current directory}/.ledger``).
@@ -108,6 +118,8 @@ class LedgerSettings(BaseSettings):
     )
     topic_prefix: str = "ledger"
     partitions: int = 3
+    replication_factor: int | None = Field(default=None, ge=1)
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     run_dir: Path = Field(default_factory=lambda: ledger_home() / ".ledger")
     kafka_home: Path = Field(default_factory=lambda: ledger_home() / ".cache" / "kafka")
     kafka_port: int = 19092

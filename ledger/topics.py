@@ -1,9 +1,14 @@
-"""Create, check and compact the ledger's topics (``{prefix}.{name}`` for each of TOPICS).
+"""Create, check, compact and export the ledger's topics (``{prefix}.{name}`` for each of TOPICS).
 
 * :func:`create_topics` creates missing topics with the layout of
-  :data:`ledger.topology.TOPICS`; it never alters an existing topic.
-* :func:`check_topics` refuses a layout that would make the ledger unsafe;
+  :data:`ledger.topology.TOPICS`, replicated as :func:`replication_for`
+  says, with ``unclean.leader.election.enable=false``; it never alters an
+  existing topic.
+* :func:`check_topics` refuses a layout that would make the ledger unsafe
+  (retention, co-partitioning, replication), naming the fix for each topic;
   every component calls it at start-up.
+* :func:`manifest` describes the layout without a broker, for GitOps
+  (``ledger topics manifest``: JSON or Strimzi ``KafkaTopic`` resources).
 * :func:`force_compaction` makes the broker compact the compacted topics now
   (demos, game days, tests).
 
@@ -16,11 +21,15 @@ compacted ledger topic must skip records whose key is** ``__compaction__``
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -44,7 +53,7 @@ from confluent_kafka.admin._config import (
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
-from ledger.errors import BrokerError, BrokerUnavailableError, TopicConfigError
+from ledger.errors import BrokerError, BrokerUnavailableError, SettingsError, TopicConfigError
 from ledger.kafka import admin_config, bootstrap_servers, consumer_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import COMPACTION_KEY, TOPIC_BY_NAME, TOPICS, TopicSpec, is_reserved_key
@@ -76,16 +85,20 @@ def topic_names(settings: LedgerSettings, names: Iterable[str] | None = None) ->
     return [settings.topic(spec.name) for spec in _specs(names)]
 
 
-def topic_config(spec: TopicSpec) -> dict[str, str]:
+def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dict[str, str]:
     """The topic-level configs :func:`create_topics` sets for one spec.
 
     Args:
         spec: the topic.
+        replication: the replication in force (:func:`replication_for`);
+            ``None`` leaves ``min.insync.replicas`` out.
 
     Returns:
         ``cleanup.policy`` plus, for compacted topics, ``min.compaction.lag.ms=0``
         and ``segment.ms`` (:data:`COMPACTED_SEGMENT_MS`); for delete topics
-        ``retention.ms`` (``-1`` = forever) and ``retention.bytes=-1``.
+        ``retention.ms`` (``-1`` = forever) and ``retention.bytes=-1``; always
+        ``unclean.leader.election.enable=false``; and ``min.insync.replicas``
+        when ``replication`` is given. Values are strings, as Kafka takes them.
     """
     config: dict[str, str] = {"cleanup.policy": spec.cleanup}
     if spec.cleanup == "compact":
@@ -94,6 +107,9 @@ def topic_config(spec: TopicSpec) -> dict[str, str]:
     else:
         config["retention.ms"] = str(spec.retention_ms)
         config["retention.bytes"] = "-1"
+    config["unclean.leader.election.enable"] = "false"
+    if replication is not None:
+        config["min.insync.replicas"] = str(replication.min_insync_replicas)
     return config
 
 
@@ -102,16 +118,283 @@ def partitions_for(settings: LedgerSettings, spec: TopicSpec) -> int:
     return 1 if spec.single_partition else settings.partitions
 
 
+# --------------------------------------------------------------------------- replication
+
+#: Brokers from which a cluster gets the replicated defaults
+#: (:data:`REPLICATED_FACTOR` replicas, :data:`REPLICATED_MIN_INSYNC` in sync).
+REPLICATED_BROKERS = 3
+#: Default replication factor on a cluster of :data:`REPLICATED_BROKERS` or more.
+REPLICATED_FACTOR = 3
+#: Default ``min.insync.replicas`` where the replication factor is 3 or more.
+REPLICATED_MIN_INSYNC = 2
+
+
+@dataclass(frozen=True)
+class Replication:
+    """How every ledger topic is replicated (see :func:`replication_for`).
+
+    Attributes:
+        replication_factor: replicas of each partition (1 or more).
+        min_insync_replicas: the topics' ``min.insync.replicas``: replicas
+            that must hold a record before an ``acks=all`` write succeeds.
+        factor_origin: where the factor came from, for messages
+            (``LEDGER_REPLICATION_FACTOR`` or the cluster's default).
+        min_insync_origin: where ``min_insync_replicas`` came from.
+    """
+
+    replication_factor: int
+    min_insync_replicas: int
+    factor_origin: str
+    min_insync_origin: str
+
+
+def _brokers_text(count: int) -> str:
+    return f"{count} broker" + ("" if count == 1 else "s")
+
+
+def replication_for(settings: LedgerSettings, brokers: int) -> Replication:
+    """The replication of the ledger's topics: the settings, else derived from the cluster.
+
+    * replication factor: ``settings.replication_factor``
+      (``LEDGER_REPLICATION_FACTOR``) when set; else 3 on a cluster of three
+      or more brokers, 1 on a smaller one;
+    * ``min.insync.replicas``: ``settings.min_insync_replicas``
+      (``LEDGER_MIN_INSYNC_REPLICAS``) when set; else 2 when the factor is 3
+      or more, 1 when it is 1 or 2.
+
+    An explicit setting always wins. The broker count is of the brokers
+    that answer metadata requests: create topics while every broker is up,
+    or set both variables (advised in production).
+
+    Args:
+        settings: uses ``replication_factor`` and ``min_insync_replicas``.
+        brokers: brokers of the cluster (:data:`REPLICATED_BROKERS` for a
+            manifest of a replicated cluster, written without one).
+
+    Returns:
+        The :class:`Replication` in force.
+
+    Raises:
+        SettingsError: ``min.insync.replicas`` above the replication factor
+            (every ``acks=all`` write would fail), or equal to it with a
+            factor above 1 (writes would stop as soon as one replica is down).
+    """
+    if settings.replication_factor is not None:
+        factor, factor_origin = settings.replication_factor, "LEDGER_REPLICATION_FACTOR"
+    else:
+        factor = REPLICATED_FACTOR if brokers >= REPLICATED_BROKERS else 1
+        factor_origin = f"the default on a cluster of {_brokers_text(brokers)}"
+    if settings.min_insync_replicas is not None:
+        insync, insync_origin = settings.min_insync_replicas, "LEDGER_MIN_INSYNC_REPLICAS"
+    else:
+        insync = REPLICATED_MIN_INSYNC if factor >= 3 else 1
+        insync_origin = f"the default for replication factor {factor}"
+    if insync > factor or (factor > 1 and insync >= factor):
+        effect = (
+            "every acks=all write would fail"
+            if insync > factor
+            else "acks=all writes would stop as soon as one replica is down"
+        )
+        raise SettingsError(
+            f"min.insync.replicas {insync} ({insync_origin}) with replication factor {factor} "
+            f"({factor_origin}): {effect}; set LEDGER_MIN_INSYNC_REPLICAS to at most "
+            f"{max(1, factor - 1)}, or raise LEDGER_REPLICATION_FACTOR",
+            expected=f"min.insync.replicas <= {max(1, factor - 1)}",
+            observed=insync,
+        )
+    return Replication(factor, insync, factor_origin, insync_origin)
+
+
+class TopicProblem(NamedTuple):
+    """One reason :func:`check_topics` refuses a topic.
+
+    Attributes:
+        topic: full topic name (or names, comma-separated).
+        config: the offending setting: a topic config (``cleanup.policy``,
+            ``min.insync.replicas`` ...), ``partitions``,
+            ``replication.factor`` or ``existence``.
+        expected: what the ledger needs.
+        observed: what the broker has.
+        message: one line: what is wrong and how to fix it.
+    """
+
+    topic: str
+    config: str
+    expected: object
+    observed: object
+    message: str
+
+
+def _kafka_configs(bootstrap: str, topic: str, key: str, value: str) -> str:
+    return (
+        f"kafka-configs.sh --bootstrap-server {bootstrap} --alter --entity-type topics "
+        f"--entity-name {topic} --add-config {key}={value}"
+    )
+
+
+def replication_problems(
+    name: str,
+    replicas: Mapping[int, Sequence[int]],
+    config: Mapping[str, str | None],
+    wanted: Replication,
+    brokers: int,
+    bootstrap: str,
+) -> list[TopicProblem]:
+    """What in one topic's replication could lose evidence or stop writes (pure).
+
+    Refused: a replication factor (the smallest of its partitions) below
+    ``wanted``; ``min.insync.replicas`` below ``wanted``, above the factor,
+    or equal to it with a factor above 1; ``unclean.leader.election.enable``
+    true (an out-of-sync replica could become leader and drop records
+    acknowledged to ``acks=all`` producers). A factor above the wanted one
+    is fine.
+
+    Args:
+        name: full topic name.
+        replicas: partition -> replica broker IDs (from metadata).
+        config: the topic's effective configs (``min.insync.replicas``,
+            ``unclean.leader.election.enable``; a missing key reads as
+            Kafka's default).
+        wanted: the replication in force (:func:`replication_for`).
+        brokers: brokers in the cluster, to say whether the factor can be
+            raised at all.
+        bootstrap: bootstrap servers, for the fix commands.
+
+    Returns:
+        One :class:`TopicProblem` per finding, each naming its fix: a
+        ``kafka-configs.sh`` command, or ``kafka-reassign-partitions.sh``
+        with the plan of :func:`reassignment_plan`.
+    """
+    problems: list[TopicProblem] = []
+    factor = min((len(r) for r in replicas.values()), default=0)
+    if factor < wanted.replication_factor:
+        if brokers < wanted.replication_factor:
+            fix = (
+                f"the cluster has only {_brokers_text(brokers)}: add brokers and then replicas "
+                f"(kafka-reassign-partitions.sh), or set LEDGER_REPLICATION_FACTOR={brokers}"
+            )
+        else:
+            fix = "add replicas with kafka-reassign-partitions.sh and the plan below"
+        problems.append(
+            TopicProblem(
+                name,
+                "replication.factor",
+                wanted.replication_factor,
+                factor,
+                f"{name}: replication factor {factor}, below {wanted.replication_factor} "
+                f"({wanted.factor_origin}): a lost disk loses evidence; fix: {fix}",
+            )
+        )
+    insync_raw = config.get("min.insync.replicas") or "1"
+    try:
+        insync = int(insync_raw)
+    except ValueError:
+        insync = 1
+    blocking = insync > factor or (factor > 1 and insync >= factor)
+    # Where replicas are missing and min.insync.replicas is what the ledger wants,
+    # adding the replicas is the fix (reported above), not lowering it.
+    if blocking and factor < wanted.replication_factor:
+        blocking = insync > wanted.min_insync_replicas
+    if factor > 0 and blocking:
+        target = min(wanted.min_insync_replicas, max(1, factor - 1))
+        effect = (
+            "every acks=all write fails"
+            if insync > factor
+            else "acks=all writes stop as soon as one replica is down"
+        )
+        problems.append(
+            TopicProblem(
+                name,
+                "min.insync.replicas",
+                target,
+                insync,
+                f"{name}: min.insync.replicas={insync} with {factor} replicas: {effect}; "
+                f"fix: {_kafka_configs(bootstrap, name, 'min.insync.replicas', str(target))}",
+            )
+        )
+    elif insync < wanted.min_insync_replicas:
+        after = " (after adding the replicas)" if factor < wanted.replication_factor else ""
+        problems.append(
+            TopicProblem(
+                name,
+                "min.insync.replicas",
+                wanted.min_insync_replicas,
+                insync,
+                f"{name}: min.insync.replicas={insync}, below {wanted.min_insync_replicas} "
+                f"({wanted.min_insync_origin}): a write acknowledged by {insync} replica(s) "
+                f"can be lost with them; fix{after}: "
+                + _kafka_configs(
+                    bootstrap, name, "min.insync.replicas", str(wanted.min_insync_replicas)
+                ),
+            )
+        )
+    unclean = (config.get("unclean.leader.election.enable") or "false").strip().lower()
+    if unclean == "true":
+        problems.append(
+            TopicProblem(
+                name,
+                "unclean.leader.election.enable",
+                "false",
+                unclean,
+                f"{name}: unclean.leader.election.enable=true lets an out-of-sync replica "
+                "become leader and drop acknowledged evidence; fix: "
+                + _kafka_configs(bootstrap, name, "unclean.leader.election.enable", "false"),
+            )
+        )
+    return problems
+
+
+def reassignment_plan(
+    replicas: Mapping[str, Mapping[int, Sequence[int]]],
+    broker_ids: Sequence[int],
+    replication_factor: int,
+) -> dict[str, Any]:
+    """A ``kafka-reassign-partitions.sh`` plan that raises partitions to a replication factor.
+
+    Each partition keeps its replicas, in order (the preferred leader
+    stays), and gains the missing ones from the other brokers, taken in
+    turn so that new replicas spread over the cluster. Partitions that
+    already have enough replicas are left out.
+
+    Args:
+        replicas: topic -> partition -> replica broker IDs.
+        broker_ids: the cluster's broker IDs (at least ``replication_factor``).
+        replication_factor: replicas each partition must have.
+
+    Returns:
+        ``{"version": 1, "partitions": [{"topic", "partition", "replicas"}, ...]}``,
+        the JSON ``--reassignment-json-file`` takes.
+    """
+    ids = sorted(set(broker_ids))
+    turn = 0
+    partitions: list[dict[str, Any]] = []
+    for topic in sorted(replicas):
+        for part in sorted(replicas[topic]):
+            current = list(replicas[topic][part])
+            if len(current) >= replication_factor:
+                continue
+            others = [b for b in ids if b not in current]
+            start = turn % len(others) if others else 0
+            rotated = others[start:] + others[:start]
+            added = rotated[: replication_factor - len(current)]
+            turn += 1
+            partitions.append({"topic": topic, "partition": part, "replicas": current + added})
+    return {"version": 1, "partitions": partitions}
+
+
 def create_topics(settings: LedgerSettings) -> list[str]:
     """Create every topic of TOPICS that does not exist yet (idempotent).
 
     Operation-keyed topics get ``settings.partitions`` partitions, control
-    (single-partition) topics one; replication factor 1; configs from
-    :func:`topic_config`. Existing topics are left exactly as they are (use
-    :func:`check_topics` to validate them).
+    (single-partition) topics one; the replication factor and
+    ``min.insync.replicas`` of :func:`replication_for` (from the settings,
+    else from the number of brokers); configs from :func:`topic_config`,
+    with ``unclean.leader.election.enable=false``. Existing topics are left
+    exactly as they are (use :func:`check_topics` to validate them).
 
     Args:
-        settings: uses ``bootstrap_servers``, ``topic_prefix`` and ``partitions``.
+        settings: uses ``bootstrap_servers``, ``topic_prefix``, ``partitions``,
+            ``replication_factor`` and ``min_insync_replicas``.
 
     Returns:
         Full names of the topics this call created (empty when all existed).
@@ -120,18 +403,34 @@ def create_topics(settings: LedgerSettings) -> list[str]:
         BrokerUnavailableError: the broker does not answer (retryable).
         BrokerError: the broker refuses a creation for a reason other than
             "already exists".
+        SettingsError: the replication settings contradict each other, or
+            the replication factor exceeds the brokers of the cluster.
     """
     admin = _admin(settings)
-    _list_topics(admin, settings)  # a broker that does not answer: say so, with the remedy
+    cluster = _cluster(admin, settings)  # a broker that does not answer: say so, with the remedy
+    brokers = len(cluster.brokers)
+    replication = replication_for(settings, brokers)
+    missing = [s for s in TOPICS if settings.topic(s.name) not in cluster.replicas]
+    if missing and replication.replication_factor > brokers:
+        raise SettingsError(
+            f"replication factor {replication.replication_factor} "
+            f"({replication.factor_origin}) but the cluster at {bootstrap_servers(settings)} "
+            f"has {_brokers_text(brokers)}; set LEDGER_REPLICATION_FACTOR={brokers} or start "
+            "the missing brokers",
+            expected=f"at most {brokers}",
+            observed=replication.replication_factor,
+        )
     new = [
         NewTopic(
             settings.topic(spec.name),
             num_partitions=partitions_for(settings, spec),
-            replication_factor=1,
-            config=topic_config(spec),
+            replication_factor=replication.replication_factor,
+            config=topic_config(spec, replication),
         )
-        for spec in TOPICS
+        for spec in missing
     ]
+    if not new:
+        return []
     futures = admin.create_topics(new, operation_timeout=_ADMIN_TIMEOUT_S)
     created: list[str] = []
     for name, future in futures.items():
@@ -165,58 +464,89 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
 
     Checks, for the given short names (default: all of TOPICS):
 
-    * the topic exists;
+    * the topic exists (when none of them does: one line, "topics not
+      created: run `ledger topics create`");
     * ``cleanup.policy`` is the spec's (``compact`` or ``delete``), never
       ``compact,delete``;
     * an audited ``delete`` topic keeps everything: ``retention.ms=-1`` and
       ``retention.bytes=-1``;
     * a control topic has exactly 1 partition; all operation-keyed topics
-      have the same partition count, equal to ``settings.partitions``.
+      have the same partition count, equal to ``settings.partitions``;
+    * replication (:func:`replication_problems`): a replication factor at
+      least :func:`replication_for`'s, ``min.insync.replicas`` at least its
+      and below the factor, ``unclean.leader.election.enable`` false.
+
+    One metadata request and one ``describe_configs`` for all topics, as
+    before replication was checked: the broker count and replicas come from
+    the metadata.
 
     Args:
-        settings: uses ``bootstrap_servers``, ``topic_prefix``, ``partitions``.
+        settings: uses ``bootstrap_servers``, ``topic_prefix``, ``partitions``,
+            ``replication_factor`` and ``min_insync_replicas``.
         names: short topic names to check (e.g. ``["intents", "state"]``).
 
     Returns:
         Full names of the checked topics (all fine).
 
     Raises:
-        TopicConfigError: naming every offending topic and config; its fields
-            hold the first problem (``topic``, ``config``, ``expected``,
-            ``observed``).
+        TopicConfigError: one line per problem, each naming its topic and
+            its fix (a command); its fields hold the first problem
+            (``topic``, ``config``, ``expected``, ``observed``).
+        SettingsError: the replication settings contradict each other.
         BrokerUnavailableError: the broker does not answer (retryable).
     """
     specs = _specs(names)
     admin = _admin(settings)
-    metadata = _list_topics(admin, settings)
-    problems: list[tuple[str, str, object, object, str]] = []
-    present: list[TopicSpec] = []
-    for spec in specs:
-        name = settings.topic(spec.name)
-        if name not in metadata:
-            problems.append(
-                (
-                    name,
-                    "existence",
-                    "exists",
-                    "missing",
-                    f"{name} is missing (ledger topics create)",
-                )
-            )
-        else:
-            present.append(spec)
+    cluster = _cluster(admin, settings)
+    metadata = cluster.partitions()
+    bootstrap = bootstrap_servers(settings)
+    wanted = replication_for(settings, len(cluster.brokers))
+    present = [spec for spec in specs if settings.topic(spec.name) in metadata]
+    if not present and len(specs) > 1:
+        first = settings.topic(specs[0].name)
+        raise TopicConfigError(
+            "topics not created: run `ledger topics create` (no ledger topic with prefix "
+            f"{settings.topic_prefix!r} at {bootstrap}; LEDGER_TOPIC_PREFIX names the prefix)",
+            topic=first,
+            config="existence",
+            expected="exists",
+            observed="missing",
+        )
+    problems: list[TopicProblem] = [
+        TopicProblem(
+            settings.topic(spec.name),
+            "existence",
+            "exists",
+            "missing",
+            f"{settings.topic(spec.name)} is missing (ledger topics create)",
+        )
+        for spec in specs
+        if spec not in present
+    ]
 
     configs = _describe(admin, [settings.topic(s.name) for s in present])
+    under_replicated: dict[str, dict[int, tuple[int, ...]]] = {}
     for spec in present:
         name = settings.topic(spec.name)
         problems.extend(_config_problems(name, spec, configs[name]))
+        found = replication_problems(
+            name,
+            cluster.replicas[name],
+            {k: e.value for k, e in configs[name].items()},
+            wanted,
+            len(cluster.brokers),
+            bootstrap,
+        )
+        problems.extend(found)
+        if any(p.config == "replication.factor" for p in found):
+            under_replicated[name] = cluster.replicas[name]
 
     keyed = {settings.topic(s.name): metadata[settings.topic(s.name)] for s in present}
     for spec in present:
         name = settings.topic(spec.name)
         if spec.single_partition and keyed[name] != 1:
             problems.append(
-                (
+                TopicProblem(
                     name,
                     "partitions",
                     1,
@@ -234,7 +564,7 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
         odd = {n: c for n, c in counts.items() if c != common}
         for name, count in odd.items():
             problems.append(
-                (
+                TopicProblem(
                     name,
                     "partitions",
                     common,
@@ -245,7 +575,7 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
             )
         if not odd and common != settings.partitions:
             problems.append(
-                (
+                TopicProblem(
                     ", ".join(sorted(counts)),
                     "partitions",
                     settings.partitions,
@@ -255,17 +585,33 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
                 )
             )
     if problems:
-        topic, config, expected, observed, _ = problems[0]
-        lines = "\n".join(f"  - {p[4]}" for p in problems)
+        first_problem = problems[0]
+        lines = "\n".join(f"  - {p.message}" for p in problems)
+        footer = (
+            "Wrong configs: alter them back as each line says, or with any Kafka admin tool "
+            "(`ledger topics list` shows the layout), or use a fresh LEDGER_TOPIC_PREFIX."
+        )
+        if any(p.config == "existence" for p in problems):
+            footer = "Missing topics: run `ledger topics create`. " + footer
+        if under_replicated and len(cluster.brokers) >= wanted.replication_factor:
+            plan = reassignment_plan(under_replicated, cluster.brokers, wanted.replication_factor)
+            footer += (
+                "\nTo add the missing replicas, save this plan as replicas.json and run "
+                f"kafka-reassign-partitions.sh --bootstrap-server {bootstrap} "
+                "--reassignment-json-file replicas.json --execute (then the same with --verify):"
+                f"\n{json.dumps(plan, separators=(',', ':'))}"
+            )
+        if any("kafka-" in p.message for p in problems):
+            footer += (
+                "\nOn a secured cluster, give the Kafka tools your client's Java properties "
+                "with --command-config."
+            )
         raise TopicConfigError(
-            f"unsafe ledger topic layout for prefix {settings.topic_prefix!r}:\n{lines}\n"
-            "Missing topics: run `ledger topics create`. Wrong configs: alter them back with "
-            "any Kafka admin tool (policy and retention of every topic are listed by "
-            "`ledger topics list`), or use a fresh LEDGER_TOPIC_PREFIX.",
-            topic=topic,
-            config=config,
-            expected=expected,
-            observed=observed,
+            f"unsafe ledger topic layout for prefix {settings.topic_prefix!r}:\n{lines}\n" + footer,
+            topic=first_problem.topic,
+            config=first_problem.config,
+            expected=first_problem.expected,
+            observed=first_problem.observed,
         )
     return [settings.topic(s.name) for s in specs]
 
@@ -280,6 +626,11 @@ class TopicInfo:
         partitions: partition count, or None when the topic does not exist.
         cleanup_policy: the topic's ``cleanup.policy`` (None when missing).
         retention_ms: the topic's ``retention.ms`` (None when missing).
+        replication_factor: replicas of its least replicated partition
+            (None when missing).
+        min_insync_replicas: its ``min.insync.replicas`` (None when missing).
+        unclean_leader_election: its ``unclean.leader.election.enable``
+            (None when missing).
     """
 
     name: str
@@ -287,6 +638,9 @@ class TopicInfo:
     partitions: int | None
     cleanup_policy: str | None
     retention_ms: str | None
+    replication_factor: int | None = None
+    min_insync_replicas: str | None = None
+    unclean_leader_election: str | None = None
 
 
 def describe_ledger_topics(settings: LedgerSettings) -> list[TopicInfo]:
@@ -302,22 +656,154 @@ def describe_ledger_topics(settings: LedgerSettings) -> list[TopicInfo]:
         BrokerUnavailableError: the broker does not answer (retryable).
     """
     admin = _admin(settings)
-    present = _list_topics(admin, settings)
+    cluster = _cluster(admin, settings)
+    present = cluster.partitions()
     names = topic_names(settings)
     configs = _describe(admin, [n for n in names if n in present])
     out: list[TopicInfo] = []
     for spec, name in zip(TOPICS, names, strict=True):
         cfg = configs.get(name, {})
-        policy = cfg.get("cleanup.policy")
-        retention = cfg.get("retention.ms")
+
+        def value(key: str, cfg: Mapping[str, ConfigEntry] = cfg) -> str | None:
+            entry = cfg.get(key)
+            return None if entry is None else entry.value
+
+        replicas = cluster.replicas.get(name)
         out.append(
             TopicInfo(
                 name=name,
                 spec=spec,
                 partitions=present.get(name),
-                cleanup_policy=None if policy is None else policy.value,
-                retention_ms=None if retention is None else retention.value,
+                cleanup_policy=value("cleanup.policy"),
+                retention_ms=value("retention.ms"),
+                replication_factor=(
+                    None
+                    if replicas is None
+                    else min((len(r) for r in replicas.values()), default=0)
+                ),
+                min_insync_replicas=value("min.insync.replicas"),
+                unclean_leader_election=value("unclean.leader.election.enable"),
             )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- manifest
+
+#: API version of the Strimzi ``KafkaTopic`` resources :func:`strimzi_topics` writes.
+STRIMZI_API_VERSION = "kafka.strimzi.io/v1beta2"
+
+
+@dataclass(frozen=True)
+class TopicLayout:
+    """One ledger topic as :func:`create_topics` would create it (no broker involved).
+
+    Attributes:
+        name: full topic name (``{prefix}.{name}``).
+        spec: its entry in TOPICS.
+        partitions: partition count.
+        replication_factor: replicas per partition.
+        config: topic configs (:func:`topic_config`, with ``min.insync.replicas``).
+    """
+
+    name: str
+    spec: TopicSpec
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str]
+
+
+def manifest(settings: LedgerSettings, replication: Replication) -> list[TopicLayout]:
+    """The layout of every ledger topic, in TOPICS order, for GitOps tools.
+
+    Pure: no broker is asked. ``ledger topics manifest`` prints it as JSON or
+    as Strimzi ``KafkaTopic`` resources (:func:`strimzi_topics`).
+
+    Args:
+        settings: uses ``topic_prefix`` and ``partitions``.
+        replication: the replication to write (:func:`replication_for`).
+
+    Returns:
+        One :class:`TopicLayout` per topic.
+    """
+    return [
+        TopicLayout(
+            name=settings.topic(spec.name),
+            spec=spec,
+            partitions=partitions_for(settings, spec),
+            replication_factor=replication.replication_factor,
+            config=topic_config(spec, replication),
+        )
+        for spec in TOPICS
+    ]
+
+
+def _typed(value: str) -> bool | int | str:
+    """A config value as YAML should carry it: ``-1`` as a number, ``false`` as a boolean."""
+    if value in ("true", "false"):
+        return value == "true"
+    if re.fullmatch(r"-?[0-9]+", value):
+        return int(value)
+    return value
+
+
+def kubernetes_name(topic: str) -> str:
+    """A Kubernetes resource name for a topic (``metadata.name`` of its ``KafkaTopic``).
+
+    Lower-cased; characters other than ``a-z0-9.-`` become ``-``; trimmed to
+    a leading and trailing alphanumeric; when that changed the name, a short
+    hash of the topic is appended so that two topics never share a resource.
+
+    Args:
+        topic: the full topic name.
+
+    Returns:
+        A DNS-subdomain name of at most 253 characters.
+    """
+    name = re.sub(r"[^a-z0-9.-]", "-", topic.lower()).strip(".-")
+    if name != topic:
+        name = f"{name[:240]}-{hashlib.sha256(topic.encode()).hexdigest()[:8]}".strip(".-")
+    return name[:253]
+
+
+def strimzi_topics(
+    layouts: Sequence[TopicLayout], cluster: str, namespace: str | None = None
+) -> list[dict[str, Any]]:
+    """Strimzi ``KafkaTopic`` resources for a layout (one per topic, as dictionaries).
+
+    Args:
+        layouts: from :func:`manifest`.
+        cluster: the Strimzi ``Kafka`` resource's name (the
+            ``strimzi.io/cluster`` label the Topic Operator selects on).
+        namespace: ``metadata.namespace``; ``None`` leaves it to ``kubectl``.
+
+    Returns:
+        One resource per topic: ``apiVersion`` :data:`STRIMZI_API_VERSION`,
+        ``kind: KafkaTopic``, ``metadata`` (``name`` from
+        :func:`kubernetes_name`, the cluster label), ``spec`` (``topicName``,
+        ``partitions``, ``replicas``, ``config`` with numbers and booleans
+        typed).
+    """
+    out: list[dict[str, Any]] = []
+    for layout in layouts:
+        metadata: dict[str, Any] = {
+            "name": kubernetes_name(layout.name),
+            "labels": {"strimzi.io/cluster": cluster},
+        }
+        if namespace:
+            metadata["namespace"] = namespace
+        out.append(
+            {
+                "apiVersion": STRIMZI_API_VERSION,
+                "kind": "KafkaTopic",
+                "metadata": metadata,
+                "spec": {
+                    "topicName": layout.name,
+                    "partitions": layout.partitions,
+                    "replicas": layout.replication_factor,
+                    "config": {k: _typed(v) for k, v in layout.config.items()},
+                },
+            }
         )
     return out
 
@@ -459,8 +945,19 @@ def _admin(settings: LedgerSettings) -> AdminClient:
     return AdminClient(admin_config(settings))
 
 
-def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]:
-    """Map topic name to partition count."""
+@dataclass(frozen=True)
+class _Cluster:
+    """What one metadata request says: broker IDs, and per topic partition -> replicas."""
+
+    brokers: tuple[int, ...]
+    replicas: dict[str, dict[int, tuple[int, ...]]]
+
+    def partitions(self) -> dict[str, int]:
+        return {name: len(parts) for name, parts in self.replicas.items()}
+
+
+def _cluster(admin: AdminClient, settings: LedgerSettings) -> _Cluster:
+    """One metadata request: the brokers that answer and every topic's replicas."""
     try:
         md = admin.list_topics(timeout=_ADMIN_TIMEOUT_S)
     except KafkaException as exc:
@@ -471,7 +968,19 @@ def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]
             expected="broker answering",
             observed=str(exc.args[0]),
         ) from exc
-    return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
+    return _Cluster(
+        brokers=tuple(sorted(md.brokers)),
+        replicas={
+            name: {p: tuple(pm.replicas) for p, pm in t.partitions.items()}
+            for name, t in md.topics.items()
+            if t.error is None
+        },
+    )
+
+
+def _list_topics(admin: AdminClient, settings: LedgerSettings) -> dict[str, int]:
+    """Map topic name to partition count."""
+    return _cluster(admin, settings).partitions()
 
 
 def _wait_metadata(admin: AdminClient, settings: LedgerSettings, names: Sequence[str]) -> None:
@@ -546,17 +1055,17 @@ def _alter(
 
 def _config_problems(
     name: str, spec: TopicSpec, config: Mapping[str, ConfigEntry]
-) -> list[tuple[str, str, object, object, str]]:
+) -> list[TopicProblem]:
     def value(key: str) -> str | None:
         entry = config.get(key)
         return None if entry is None else entry.value
 
-    problems: list[tuple[str, str, object, object, str]] = []
+    problems: list[TopicProblem] = []
     policy_raw = value("cleanup.policy") or ""
     policy = {p.strip() for p in policy_raw.split(",") if p.strip()}
     if policy == {"compact", "delete"}:
         problems.append(
-            (
+            TopicProblem(
                 name,
                 "cleanup.policy",
                 spec.cleanup,
@@ -568,7 +1077,7 @@ def _config_problems(
         )
     elif policy != {spec.cleanup}:
         problems.append(
-            (
+            TopicProblem(
                 name,
                 "cleanup.policy",
                 spec.cleanup,
@@ -580,7 +1089,7 @@ def _config_problems(
         for key in ("retention.ms", "retention.bytes"):
             if value(key) != "-1":
                 problems.append(
-                    (
+                    TopicProblem(
                         name,
                         key,
                         "-1",

@@ -8,18 +8,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
+    ConfigSource,
     NewPartitions,
     ResourceType,
 )
 
 from ledger import topics
-from ledger.errors import TopicConfigError
+from ledger.cli import main
+from ledger.errors import SettingsError, TopicConfigError
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
 from testbed import broker
@@ -189,6 +192,101 @@ def test_check_topics_refuses_broken_co_partitioning(ledger_settings: LedgerSett
     err = caught.value
     assert (err.topic, err.config, err.expected, err.observed) == (name, "partitions", 3, 4)
     assert "co-partitioning" in str(err)
+
+
+def _brokers(settings: LedgerSettings) -> int:
+    return len(_admin(settings).list_topics(timeout=10).brokers)
+
+
+def test_ledger_topics_create_replicates_and_forbids_unclean_election(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    s = LedgerSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix)
+    monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", kafka_bootstrap)
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", prefix)
+    # A fresh prefix: one line, not one per topic.
+    with pytest.raises(TopicConfigError) as caught:
+        topics.check_topics(s)
+    assert str(caught.value).startswith("topics not created: run `ledger topics create`")
+    assert "\n" not in str(caught.value)
+    wanted = topics.replication_for(s, _brokers(s))
+    try:
+        result = CliRunner().invoke(main, ["topics", "create"])
+        assert result.exit_code == 0, result.output
+        assert f"created {len(TOPICS)} of {len(TOPICS)} topics" in result.output
+        metadata = _admin(s).list_topics(timeout=10).topics
+        for spec in TOPICS:
+            name = s.topic(spec.name)
+            assert all(
+                len(p.replicas) == wanted.replication_factor
+                for p in metadata[name].partitions.values()
+            ), name
+            cfg = _configs(s, name)
+            for key, value in (
+                ("unclean.leader.election.enable", "false"),
+                ("min.insync.replicas", str(wanted.min_insync_replicas)),
+            ):
+                assert cfg[key].value == value, (name, key)
+                # Set on the topic itself, not inherited from the broker.
+                assert cfg[key].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value, (name, key)
+    finally:
+        admin = _admin(s)
+        doomed = [n for n in admin.list_topics(timeout=10).topics if n.startswith(prefix + ".")]
+        if doomed:
+            for future in admin.delete_topics(doomed, operation_timeout=30).values():
+                future.result(timeout=30)
+
+
+def test_check_topics_refuses_unclean_election_and_blocking_min_insync(
+    ledger_settings: LedgerSettings,
+) -> None:
+    s = ledger_settings
+    journal, state = s.topic("journal"), s.topic("state")
+    factor = topics.replication_for(s, _brokers(s)).replication_factor
+    _set_configs(s, journal, {"unclean.leader.election.enable": "true"})
+    _set_configs(s, state, {"min.insync.replicas": str(factor + 1)})
+
+    with pytest.raises(TopicConfigError) as caught:
+        topics.check_topics(s)
+    err = caught.value  # its fields name the first problem, in TOPICS order
+    assert (err.topic, err.config, err.observed) == (state, "min.insync.replicas", factor + 1)
+    message = str(err)
+    assert f"{journal}: unclean.leader.election.enable=true" in message
+    assert (
+        f"kafka-configs.sh --bootstrap-server {s.bootstrap_servers} --alter --entity-type "
+        f"topics --entity-name {journal} --add-config unclean.leader.election.enable=false"
+    ) in message
+    assert f"{state}: min.insync.replicas={factor + 1} with {factor} replicas" in message
+    assert f"--entity-name {state} --add-config min.insync.replicas=" in message
+    # Only those two topics are wrong.
+    assert message.count("\n  - ") == 2
+    topics.check_topics(s, ["intents", "receipts"])
+
+
+def test_check_topics_refuses_a_factor_above_the_cluster_and_names_the_fix(
+    ledger_settings: LedgerSettings,
+) -> None:
+    brokers = _brokers(ledger_settings)
+    # On the single local broker: LEDGER_REPLICATION_FACTOR=2.
+    s = ledger_settings.model_copy(update={"replication_factor": brokers + 1})
+    with pytest.raises(TopicConfigError) as caught:
+        topics.check_topics(s)
+    err = caught.value
+    assert (err.config, err.expected) == ("replication.factor", brokers + 1)
+    message = str(err)
+    for spec in TOPICS:
+        assert f"{s.topic(spec.name)}: replication factor " in message, spec.name
+    noun = "broker" if brokers == 1 else "brokers"
+    assert f"the cluster has only {brokers} {noun}" in message
+    assert f"set LEDGER_REPLICATION_FACTOR={brokers}" in message
+    # Creating topics with that factor is refused before the broker is asked.
+    fresh = s.model_copy(update={"topic_prefix": f"t{uuid.uuid4().hex[:12]}"})
+    with pytest.raises(SettingsError, match=f"set LEDGER_REPLICATION_FACTOR={brokers}"):
+        topics.create_topics(fresh)
+    assert not any(
+        n.startswith(fresh.topic_prefix + ".") for n in _admin(s).list_topics(timeout=10).topics
+    )
 
 
 def test_force_compaction_keeps_the_latest_value_per_key(ledger_settings: LedgerSettings) -> None:

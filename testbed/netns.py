@@ -48,6 +48,8 @@ import uuid
 from dataclasses import dataclass
 from types import TracebackType
 
+from ledger.errors import BrokerError
+
 log = logging.getLogger(__name__)
 
 #: Environment variable that hands a child process the network the parent made
@@ -61,15 +63,15 @@ CLIENT_HOST = 100
 MAX_NODES = 16
 
 
-class NetnsError(RuntimeError):
-    """A namespace command failed (the message carries the command and its stderr)."""
-
-
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = ["ip", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
     if check and done.returncode != 0:
-        raise NetnsError(f"{' '.join(cmd)}: {done.stderr.strip() or f'exit {done.returncode}'}")
+        raise BrokerError(
+            f"{' '.join(cmd)}: {done.stderr.strip() or f'exit {done.returncode}'}",
+            expected="exit 0",
+            observed=done.returncode,
+        )
     return done
 
 
@@ -191,7 +193,7 @@ class NetworkSpec:
         """Cut node ``i`` off: its hub-side link goes down (nothing in or out).
 
         Raises:
-            NetnsError: the link could not be set down.
+            BrokerError: the link could not be set down.
         """
         _ip("-n", self.hub, "link", "set", f"n{self._idx(i)}", "down")
 
@@ -199,7 +201,7 @@ class NetworkSpec:
         """Restore node ``i``'s link (undo :meth:`cut`).
 
         Raises:
-            NetnsError: the link could not be set up.
+            BrokerError: the link could not be set up.
         """
         _ip("-n", self.hub, "link", "set", f"n{self._idx(i)}", "up")
 
@@ -253,7 +255,7 @@ class ClusterNetwork(NetworkSpec):
             self.
 
         Raises:
-            NetnsError: a command failed (whatever was made is deleted again).
+            BrokerError: a command failed (whatever was made is deleted again).
         """
         if not self._registered:
             atexit.register(self.down)

@@ -253,9 +253,23 @@ class BrokerChaos:
             return False
 
     def _busiest_leader(self) -> tuple[int, str]:
-        topic, partition = self.busiest()
-        node = self.control.leader_of(topic, partition)
-        return node, f"node {node} (leader of {topic}[{partition}])"
+        """``(node, description)`` of the leader of the busiest partition.
+
+        Asked again until ``heal_timeout_s`` while the answer fails (just
+        after a restart a client's metadata can be stale, a partition
+        leaderless for a moment).
+        """
+        deadline = time.monotonic() + self.heal_timeout_s
+        while True:
+            try:
+                topic, partition = self.busiest()
+                node = self.control.leader_of(topic, partition)
+                return node, f"node {node} (leader of {topic}[{partition}])"
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.info("broker chaos: finding the busiest partition's leader: %s", exc)
+                time.sleep(0.5)
 
     # ------------------------------------------------------------------ the faults
 

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states
@@ -662,12 +662,17 @@ class Mission:
                 consumer_config(self.settings, f"{self.settings.topic_prefix}.chaos")
             )
         best, most = (self.settings.topic("journal"), 0), -1
-        for t in TOPICS:
-            for p in range(partitions_for(self.settings, t)):
-                tp = TopicPartition(self.settings.topic(t.name), p)
-                _low, high = self._offsets.get_watermark_offsets(tp, timeout=10, cached=False)
-                if high > most:
-                    best, most = (tp.topic, p), high
+        try:
+            for t in TOPICS:
+                for p in range(partitions_for(self.settings, t)):
+                    tp = TopicPartition(self.settings.topic(t.name), p)
+                    _low, high = self._offsets.get_watermark_offsets(tp, timeout=10, cached=False)
+                    if high > most:
+                        best, most = (tp.topic, p), high
+        except KafkaException:
+            self._offsets.close()  # its metadata may be stale (a restart): a new one next time
+            self._offsets = None
+            raise
         return best
 
     def _settle(self, timeout_s: float = 180.0) -> None:

@@ -342,6 +342,8 @@ class Stage:
         self._ready_reported = False
         self._assignment_seen = False
         self._committed_positions: dict[tuple[str, int], int] = {}
+        #: a client reported a retriable error since the loop last checked Kafka.
+        self._kafka_suspect = False
         #: rides out retriable errors and broker outages (indefinitely, until told to stop).
         self.retry = KafkaRetry(
             f"{self.component}-{instance}",
@@ -386,15 +388,25 @@ class Stage:
             # producer (init_transactions fences the old epoch) is the remedy.
             self.broker_bounced = True
         if classify(err) == "retriable":
-            self.retry.failed("producer", err)  # one WARNING per outage
+            self._suspect_kafka("producer", err)
         else:
             log.warning("%s: Kafka client error: %s", self.component, err)
 
     def _on_consumer_error(self, err: KafkaError) -> None:
         if classify(err) == "retriable":
-            self.retry.failed("consumer", err)  # one WARNING per outage
+            self._suspect_kafka("consumer", err)
         else:
             log.warning("%s: Kafka consumer error: %s", self.component, err)
+
+    def _suspect_kafka(self, client: str, err: KafkaError) -> None:
+        """A client reported a retriable error: the loop checks that Kafka answers.
+
+        Client errors can arrive late (queued while Kafka was away) or be
+        passing (one dropped connection); only a call that fails starts an
+        outage (:meth:`_await_kafka`), so the log has one WARNING per outage.
+        """
+        log.debug("%s: %s reported %s; checking that Kafka answers", self.component, client, err)
+        self._kafka_suspect = True
 
     def _new_producer(self) -> Producer:
         self.broker_bounced = False
@@ -914,10 +926,11 @@ class Stage:
                 elif err.code() == KafkaError._PARTITION_EOF:
                     continue
                 elif classify(err) == "retriable":
-                    self.retry.failed("consume", err)  # one WARNING per outage
+                    self._suspect_kafka("consume", err)
                 else:
                     log.warning("%s: consumer error: %s", self.component, err)
-            if self.retry.down:
+            if self._kafka_suspect or self.retry.down:
+                self._kafka_suspect = False
                 self._await_kafka()
             if not real:
                 try:
@@ -934,7 +947,7 @@ class Stage:
                 self._recover(exc)
 
     def _await_kafka(self) -> None:
-        """Kafka was reported unreachable (a client error): wait until it answers.
+        """A client reported Kafka unreachable: check, and wait until it answers.
 
         Asks for the committed offsets of the assignment (or for the first
         input's metadata when nothing is assigned), riding out the outage;

@@ -85,13 +85,16 @@ def chaos_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     report: dict[str, Any] = json.loads(path.read_text())
     report["_exit"] = done.returncode
     report["_home"] = str(home)
+    report["_stderr"] = "\n".join(
+        line for line in done.stderr.splitlines() if not line.startswith("[20")
+    )[-3000:]  # the mission's own lines (no broker log tails), for a failure's message
     return report
 
 
 def test_the_chaos_mission_passes_its_checks(chaos_report: dict[str, Any]) -> None:
     report = chaos_report
-    assert report["checks"] == {"passed": True, "failures": []}
-    assert report["_exit"] == 0
+    assert report["checks"] == {"passed": True, "failures": []}, report["_stderr"]
+    assert report["_exit"] == 0, report["_stderr"]
     assert report["mission"]["brokers"] == 3 and report["mission"]["broker_chaos"]
     assert sum(report["cases"]["by_outcome"].values()) == CASES
     dup = _measure(report, "duplicate effects")

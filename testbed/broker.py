@@ -17,6 +17,10 @@ The broker listens on ``127.0.0.1:{kafka_port}`` (clients) and
 ``127.0.0.1:{kafka_port + 1}`` (KRaft controller). Only a broker whose PID is
 recorded in ``broker.pid`` is ever stopped; a broker someone else runs on the
 same port is reused but never touched.
+
+A cluster of several nodes, or a secured one (``ledger broker start --brokers
+3 --security sasl_ssl``), is :mod:`testbed.cluster`'s: it shares the jars and
+the folder's lock, and keeps its nodes in ``kafka_home/node-<i>/``.
 """
 
 from __future__ import annotations

@@ -600,8 +600,22 @@ def ensure_passwords(spec: ClusterSpec) -> dict[str, str]:
     return current
 
 
-def _prepare_security(spec: ClusterSpec) -> dict[str, str]:
-    """CA, node keystores, passwords and client files of a secured cluster."""
+def prepare_security(spec: ClusterSpec) -> dict[str, str]:
+    """Write a secured cluster's material: passwords, CA and node keystores (TLS), client files.
+
+    The CA and the passwords are made once and kept; node keystores and
+    client files are rewritten (cheap), so they always match the layout.
+
+    Args:
+        spec: a secured cluster (``sasl_plaintext`` or ``sasl_ssl``).
+
+    Returns:
+        Principal -> SCRAM password.
+
+    Raises:
+        BrokerError: ``users.json`` is malformed.
+        ValueError: half a CA is on disk (see :func:`testbed.certs.ensure_ca`).
+    """
     passwords = ensure_passwords(spec)
     if spec.security == "sasl_ssl":
         ca_cert, ca_key = certs.ensure_ca(spec.security_dir)
@@ -791,25 +805,33 @@ class Cluster:
     # ------------------------------------------------------------ processes
 
     def node_pid(self, node_id: int) -> int | None:
-        """PID of node ``node_id``'s java process if it is alive, else ``None``."""
+        """PID of node ``node_id``'s java process if it is alive, else ``None``.
+
+        The recorded PID when its command line is the node's ``java
+        kafka.Kafka``; else such a process found in ``/proc`` (a command
+        prefix that forks, e.g. ``sudo``, leaves java a child of the recorded
+        process); else the recorded PID if it is a child of this process that
+        has not exec'd java yet (a node just launched).
+        """
         node = self.spec.node(node_id)
         marker = str(node.server_properties)
+
+        def is_node(cmd: str | None) -> bool:
+            return cmd is not None and "kafka.Kafka" in cmd and cmd.rstrip().endswith(marker)
+
         pid = broker._read_pid_file(node.broker_paths(self.spec.libs))
-        if pid is not None and broker._alive(pid):
-            if pid in broker._children:  # ours; just forked, it may not have exec'd java yet
-                return pid
-            cmd = broker._cmdline(pid)
-            if cmd is None or ("kafka.Kafka" in cmd and marker in cmd):
-                return pid
+        recorded = pid is not None and broker._alive(pid)
+        if pid is not None and recorded and is_node(broker._cmdline(pid)):
+            return pid
         for entry in Path("/proc").glob("[0-9]*"):
             try:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if "kafka.Kafka" in cmd and cmd.rstrip().endswith(marker):
-                found = int(entry.name)
-                if broker._alive(found):
-                    return found
+            if is_node(cmd) and broker._alive(int(entry.name)):
+                return int(entry.name)
+        if pid is not None and recorded and pid in broker._children:
+            return pid
         return None
 
     def _prepare(self) -> dict[str, str] | None:
@@ -825,7 +847,7 @@ class Cluster:
                     observed="missing",
                 )
         broker._check_java()
-        passwords = _prepare_security(spec) if spec.secured else None
+        passwords = prepare_security(spec) if spec.secured else None
         for node in spec.nodes:
             paths = node.broker_paths(spec.libs)
             for folder in (paths.config_dir, node.data, node.logs):
@@ -871,8 +893,11 @@ class Cluster:
         for node in todo:
             paths = node.broker_paths(self.spec.libs)
             log = node.logs / "format.log"
+            java = broker._java_base(paths)
+            # A short-lived tool: C1 only and one GC thread start it faster on a busy machine.
+            java[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
             cmd = [
-                *broker._java_base(paths),
+                *java,
                 "kafka.tools.StorageTool",
                 "format",
                 "-t",
@@ -1390,6 +1415,7 @@ __all__ = [
     "NodeStatus",
     "client_properties",
     "ensure_passwords",
+    "prepare_security",
     "recorded_spec",
     "render_properties",
     "server_properties",

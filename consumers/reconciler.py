@@ -72,21 +72,22 @@ def reconcile_once(
 ) -> list[dict[str, Any]]:
     """Read back every open unknown outcome once and record what was observed.
 
-    Waits first for a broker that does not answer (for ``takeover_wait_s``),
-    then checks the topics.
+    Reads the sink registry and the clock, then waits for a broker that does
+    not answer (for ``takeover_wait_s``) and checks the topics.
 
     Returns:
         One ``{"operation_id", "sink", "observed", "detail"}`` per item.
 
     Raises:
+        LocalFileError: the sink registry or the clock file is corrupted.
         BrokerError: Kafka did not answer within ``takeover_wait_s``.
         TopicConfigError: a ledger topic is missing or unsafe.
         LedgerError: a topic could not be read.
     """
-    retry = KafkaRetry("reconciler", policy_for(settings, indefinitely=False))
-    retry.call(lambda: check_topics(settings), "topic check")
     sinks = load_sinks(settings.sinks_path())
     now = clock_for(settings.clock, settings.run_dir).now_ms()
+    retry = KafkaRetry("reconciler", policy_for(settings, indefinitely=False))
+    retry.call(lambda: check_topics(settings), "topic check")
     results: list[dict[str, Any]] = []
     publisher = LedgerPublisher(settings, client_id="reconciler")
     try:

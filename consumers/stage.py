@@ -92,7 +92,7 @@ class Record:
     event: Event
 
 
-__all__ = ["FENCING_CODES"]  # re-exported: defined with the classification in consumers.retry
+#: FENCING_CODES (imported above) is defined with the classification, in consumers.retry.
 
 #: Seconds a transaction's commit (or offsets send) may keep failing with
 #: retriable errors before the producer is replaced (see :meth:`Stage._commit`).

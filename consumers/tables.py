@@ -28,8 +28,6 @@ from ledger.topology import is_reserved_key
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STALL_S", "TableFollower"]
-
 
 class TableFollower:
     """Follow partitions of one topic and feed every record to ``apply``.

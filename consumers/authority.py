@@ -99,6 +99,7 @@ class AuthorityKernel(Stage):
             self._apply_approval,
             on_bad=self._bad_table_value,
             keyring=self.keyring,
+            retry=self.retry,
         )
         self._uses = TableFollower(
             self.settings,
@@ -106,6 +107,7 @@ class AuthorityKernel(Stage):
             self._apply_use,
             on_bad=self._bad_table_value,
             keyring=self.keyring,
+            retry=self.retry,
         )
         self._policy = TableFollower(
             self.settings,
@@ -113,6 +115,7 @@ class AuthorityKernel(Stage):
             self._apply_policy,
             on_bad=self._bad_table_value,
             keyring=self.keyring,
+            retry=self.retry,
         )
 
     def on_start(self) -> None:

@@ -123,7 +123,7 @@ class Processor(Stage):
 
         # The stage has waited for stable offsets (Stage._restore); the state
         # partitions may still wait for the same transaction's markers.
-        waited = await_settled(self.settings, "state", partitions)
+        waited = await_settled(self.settings, "state", partitions, retry=self.retry)
         if waited > 1.0:
             log.info("processor: waited %.1f s for ledger.state to settle", waited)
         n = read_partition(
@@ -133,6 +133,7 @@ class Processor(Stage):
             load,
             keyring=self.keyring,
             on_refused=self._refused_state,
+            retry=self.retry,
         )
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
         # A resume follows a crash or a takeover: partitions this process

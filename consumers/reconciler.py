@@ -9,6 +9,10 @@ operation on that new evidence. Sinks without readback are observed as
 ``UNSUPPORTED`` and the operation stays held: only an attributable
 disposition (``ledger reconcile dispose``) can release it. Nothing is ever
 released by a timer.
+
+A broker that does not answer (down, restarting, failing over) is waited for,
+for at least ``LEDGER_TAKEOVER_WAIT_S`` (:mod:`consumers.retry`), before
+anything is read; so is every read.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from confluent_kafka import Message
 
 from consumers.reader import current_states
 from consumers.relay import read_effect
+from consumers.retry import KafkaRetry, policy_for
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
 from ledger.credentials import load_keyring
@@ -27,20 +32,32 @@ from ledger.events import OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
+from ledger.topics import check_topics
 from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient
 from sinks.registry import load_sinks
 
 
-def open_items(settings: LedgerSettings) -> list[OperationState]:
-    """Operations queued for reconciliation and still in UNKNOWN_OUTCOME, oldest first."""
+def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> list[OperationState]:
+    """Operations queued for reconciliation and still in UNKNOWN_OUTCOME, oldest first.
+
+    Args:
+        settings: ledger settings.
+        retry: how a broker outage is waited out (default: for
+            ``takeover_wait_s`` per read).
+
+    Raises:
+        LedgerError: a topic could not be read (Kafka did not answer in time).
+    """
     queued: dict[str, bool] = {}
 
     def seen(rec: Record | None, msg: Message) -> None:
         queued[key_text(msg)] = msg.value() is not None
 
     # A forged tombstone cannot hide an item, nor a forged record add one.
-    read_partition(settings, "reconciliation", None, seen, keyring=load_keyring(settings))
+    read_partition(
+        settings, "reconciliation", None, seen, keyring=load_keyring(settings), retry=retry
+    )
     states = current_states(settings)
     items = [
         states[op]
@@ -55,15 +72,26 @@ def reconcile_once(
 ) -> list[dict[str, Any]]:
     """Read back every open unknown outcome once and record what was observed.
 
+    Reads the sink registry and the clock, then waits for a broker that does
+    not answer (for ``takeover_wait_s``) and checks the topics.
+
     Returns:
         One ``{"operation_id", "sink", "observed", "detail"}`` per item.
+
+    Raises:
+        LocalFileError: the sink registry or the clock file is corrupted.
+        BrokerError: Kafka did not answer within ``takeover_wait_s``.
+        TopicConfigError: a ledger topic is missing or unsafe.
+        LedgerError: a topic could not be read.
     """
     sinks = load_sinks(settings.sinks_path())
     now = clock_for(settings.clock, settings.run_dir).now_ms()
+    retry = KafkaRetry("reconciler", policy_for(settings, indefinitely=False))
+    retry.call(lambda: check_topics(settings), "topic check")
     results: list[dict[str, Any]] = []
     publisher = LedgerPublisher(settings, client_id="reconciler")
     try:
-        for st in open_items(settings):
+        for st in open_items(settings, retry):
             endpoint = sinks.get(st.sink)
             if endpoint is None:
                 status, detail, effect_id = "UNKNOWN", f"sink {st.sink!r} is not registered", None

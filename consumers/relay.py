@@ -229,7 +229,11 @@ class Relay(Stage):
         self.results: dict[tuple[int, int], list[Output]] = {}
         self.observer = f"relay-{self.instance}"
         self._receipts = TableFollower(
-            self.settings, "receipts", self._apply_receipt, keyring=self.keyring
+            self.settings,
+            "receipts",
+            self._apply_receipt,
+            keyring=self.keyring,
+            retry=self.retry,
         )
 
     # ------------------------------------------------------------------ state

@@ -12,11 +12,14 @@ inputs land on one member), and for every batch:
    metadata, so progress commits with the outputs or not at all;
 5. ``commit_transaction()``.
 
-Errors follow librdkafka's classification (``examples/transactions.c``):
-retriable -> retry the call; ``txn_requires_abort`` -> abort, rewind the
-consumer to its committed offsets and rebuild the stage's in-memory state;
-anything else (fatal) -> new producer (``init_transactions`` fences the old
-epoch), rewind, rebuild.
+Errors follow librdkafka's classification (``examples/transactions.c``), made
+once in :mod:`consumers.retry`: retriable -> retry the call with bounded,
+jittered backoff (a broker outage is waited out, however long, with one
+WARNING, a recovery line and ``waiting`` in the stage's status file);
+``txn_requires_abort`` -> abort, rewind the consumer to its committed offsets
+and rebuild the stage's in-memory state; anything else (fatal), and a commit
+still failing after its retry budget -> new producer (``init_transactions``
+fences the old epoch), rewind, rebuild.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -43,6 +47,14 @@ from confluent_kafka import (
 )
 
 from consumers.hooks import NO_FAULTS, FaultHooks
+from consumers.retry import (
+    FENCING_CODES,
+    STALL_S,
+    KafkaRetry,
+    classify,
+    is_retriable,
+    policy_for,
+)
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
@@ -55,6 +67,8 @@ from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,18 +92,11 @@ class Record:
     event: Event
 
 
-#: Errors with which Kafka refuses a zombie's transaction: its group
-#: membership or generation is gone (KIP-447) or its producer was fenced.
-FENCING_CODES = frozenset(
-    {
-        KafkaError.UNKNOWN_MEMBER_ID,
-        KafkaError.ILLEGAL_GENERATION,
-        KafkaError.FENCED_INSTANCE_ID,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError._FENCED,
-    }
-)
+#: FENCING_CODES (imported above) is defined with the classification, in consumers.retry.
+
+#: Seconds a transaction's commit (or offsets send) may keep failing with
+#: retriable errors before the producer is replaced (see :meth:`Stage._commit`).
+COMMIT_BUDGET_S = 60.0
 
 #: Consecutive aborted transactions after which a stage replaces its producer.
 ABORTS_BEFORE_NEW_PRODUCER = 2
@@ -335,6 +342,15 @@ class Stage:
         self._ready_reported = False
         self._assignment_seen = False
         self._committed_positions: dict[tuple[str, int], int] = {}
+        #: a client reported a retriable error since the loop last checked Kafka.
+        self._kafka_suspect = False
+        #: rides out retriable errors and broker outages (indefinitely, until told to stop).
+        self.retry = KafkaRetry(
+            f"{self.component}-{instance}",
+            policy_for(settings, indefinitely=True),
+            should_stop=lambda: self.stopping,
+            on_change=lambda _: self._write_status(),
+        )
 
     # ------------------------------------------------------------------ hooks
 
@@ -371,7 +387,26 @@ class Stage:
             # wait forever draining requests lost with the connection; a new
             # producer (init_transactions fences the old epoch) is the remedy.
             self.broker_bounced = True
-        log.warning("%s: Kafka client error: %s", self.component, err)
+        if classify(err) == "retriable":
+            self._suspect_kafka("producer", err)
+        else:
+            log.warning("%s: Kafka client error: %s", self.component, err)
+
+    def _on_consumer_error(self, err: KafkaError) -> None:
+        if classify(err) == "retriable":
+            self._suspect_kafka("consumer", err)
+        else:
+            log.warning("%s: Kafka consumer error: %s", self.component, err)
+
+    def _suspect_kafka(self, client: str, err: KafkaError) -> None:
+        """A client reported a retriable error: the loop checks that Kafka answers.
+
+        Client errors can arrive late (queued while Kafka was away) or be
+        passing (one dropped connection); only a call that fails starts an
+        outage (:meth:`_await_kafka`), so the log has one WARNING per outage.
+        """
+        log.debug("%s: %s reported %s; checking that Kafka answers", self.component, client, err)
+        self._kafka_suspect = True
 
     def _new_producer(self) -> Producer:
         self.broker_bounced = False
@@ -385,18 +420,10 @@ class Stage:
                 },
             )
         )
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                producer.init_transactions(30)
-                return producer
-            except KafkaException as exc:
-                err = exc.args[0]
-                if time.monotonic() > deadline or not (
-                    err.retriable() or err.code() == KafkaError._TIMED_OUT
-                ):
-                    raise
-                log.warning("%s: init_transactions retry: %s", self.component, err)
+        # A broker that is down or restarting is waited for; a fatal error
+        # (not authorised, fenced) is raised.
+        self.retry.call(lambda: producer.init_transactions(30), "init_transactions")
+        return producer
 
     def _new_consumer(self) -> Consumer:
         return Consumer(
@@ -415,6 +442,7 @@ class Stage:
                     "session.timeout.ms": 10000,
                     "heartbeat.interval.ms": 1000,
                     "max.poll.interval.ms": 300000,
+                    "error_cb": self._on_consumer_error,
                 },
             )
         )
@@ -448,8 +476,9 @@ class Stage:
         settle as well (:func:`await_settled`).
 
         Raises:
-            LedgerError: if the offsets stay unstable (or unreadable) for
-                ``takeover_wait_s`` seconds.
+            LedgerError: if the offsets stay unreadable with a non-retriable
+                error for ``takeover_wait_s`` seconds (retriable errors,
+                unstable offsets included, are waited out).
         """
         assert self.consumer is not None
         parts = {tp.partition for tp in partitions}
@@ -458,9 +487,17 @@ class Stage:
             deadline = time.monotonic() + budget_s
             started = time.monotonic()
             asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
+            consumer = self.consumer
             while True:
                 try:
-                    self.consumer.committed(asked, timeout=max(1.0, deadline - time.monotonic()))
+                    # Retriable errors (the coordinator moving, the broker
+                    # down) are ridden out; others are retried until the deadline.
+                    self.retry.call(
+                        lambda: consumer.committed(
+                            asked, timeout=max(5.0, deadline - time.monotonic())
+                        ),
+                        "stable committed offsets of the assigned partitions",
+                    )
                     break
                 except KafkaException as exc:
                     if time.monotonic() > deadline:
@@ -512,17 +549,24 @@ class Stage:
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset.
 
-        A consumer that cannot (its membership was fenced meanwhile, e.g. by
-        a second live process with this instance's identity: the seek fails
-        with ``_STATE``) is replaced as after a fatal consumer error: the new
-        member starts from the committed offsets, so nothing is skipped.
+        Retriable errors while reading the committed offsets (the group
+        coordinator moving, the broker down: ``NOT_COORDINATOR`` ...) are
+        ridden out. A consumer that cannot (its membership was fenced
+        meanwhile, e.g. by a second live process with this instance's
+        identity: the seek fails with ``_STATE``) is replaced as after a fatal
+        consumer error: the new member starts from the committed offsets, so
+        nothing is skipped.
         """
         assert self.consumer is not None
+        consumer = self.consumer
         try:
-            assignment = self.consumer.assignment()
+            assignment = consumer.assignment()
             if not assignment:
                 return
-            for tp in self.consumer.committed(assignment, timeout=30):
+            committed = self.retry.call(
+                lambda: consumer.committed(assignment, timeout=30), "committed offsets (rewind)"
+            )
+            for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
                 self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         except KafkaException as exc:
@@ -633,6 +677,7 @@ class Stage:
         self._send_offsets(offsets)
         self.before_commit(records)
         self._commit()
+        self.retry.recovered()
         self.aborts_in_a_row = 0
         self.processed += len(msgs)
         self.after_commit()
@@ -657,7 +702,10 @@ class Stage:
         current = {(tp.topic, tp.partition): tp.offset for tp in positions}
         if not positions or current == self._committed_positions:
             return
-        committed = self.consumer.committed(positions, timeout=10)
+        consumer = self.consumer
+        committed = self.retry.call(
+            lambda: consumer.committed(positions, timeout=10), "committed offsets"
+        )
         if all(tp.offset >= current[(tp.topic, tp.partition)] for tp in committed):
             self._committed_positions = current
             return
@@ -667,6 +715,24 @@ class Stage:
         self._committed_positions = current
 
     def _send_offsets(
+        self, offsets: list[TopicPartition], timeout_s: float = 30.0, grace_s: float = 5.0
+    ) -> None:
+        """``send_offsets_to_transaction``, retriable errors retried for :data:`COMMIT_BUDGET_S`.
+
+        Each try is :meth:`_send_offsets_once`; an abortable or fatal error
+        (a hung call included) is raised at once for :meth:`_recover`.
+
+        Raises:
+            KafkaException: as :meth:`_send_offsets_once`; a retriable error
+                that lasted longer than the budget.
+        """
+        self.retry.call(
+            lambda: self._send_offsets_once(offsets, timeout_s, grace_s),
+            "send_offsets_to_transaction",
+            give_up_after_s=COMMIT_BUDGET_S,
+        )
+
+    def _send_offsets_once(
         self, offsets: list[TopicPartition], timeout_s: float = 30.0, grace_s: float = 5.0
     ) -> None:
         """``send_offsets_to_transaction`` with a deadline that holds.
@@ -711,33 +777,41 @@ class Stage:
         if outcome[0] is not None:
             raise outcome[0]
 
-    def _commit(self, budget_s: float = 60.0) -> None:
+    def _commit(self, budget_s: float = COMMIT_BUDGET_S) -> None:
         """Commit the open transaction, retrying retriable errors for ``budget_s`` seconds.
 
-        A commit that still times out is treated as fatal (librdkafka does not
+        A commit that still fails is treated as fatal (librdkafka does not
         implement KIP-890 yet; recreating the producer is the stop-gap its
-        maintainers suggest): the new producer's ``init_transactions`` aborts
-        the transaction and fences this one.
+        maintainers suggest): the new producer's ``init_transactions`` (which
+        waits for a broker that is down) aborts the transaction or completes
+        it, and fences this one; :meth:`_recover` then restores the state
+        from what was committed.
+
+        Raises:
+            KafkaException: an abortable or fatal error, or a retriable one
+                that lasted ``budget_s``.
         """
         assert self.producer is not None
-        deadline = time.monotonic() + budget_s
-        while True:
-            try:
-                self.producer.commit_transaction(10)
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.retriable() and time.monotonic() < deadline:
-                    log.warning("%s: commit_transaction retry: %s", self.component, err)
-                    continue
-                raise
+        producer = self.producer
+        self.retry.call(
+            lambda: producer.commit_transaction(10), "commit_transaction", give_up_after_s=budget_s
+        )
 
     def _recover(self, exc: KafkaException) -> None:
+        """Recover from a failed transaction or Kafka call (see the module docstring).
+
+        An abortable error aborts the transaction (the batch is redone from
+        the committed offsets); a fatal one, or a retriable one that outlasted
+        its retry budget, replaces the producer and restores the state from
+        what was committed. Every Kafka call on the way rides out retriable
+        errors, so a broker outage is waited out here too.
+        """
         err: KafkaError = exc.args[0]
         assert self.producer is not None
         if err.code() in FENCING_CODES:
             log.warning("%s-%s: %s: %s", self.component, self.instance, FENCED_MARKER, err)
-        if err.txn_requires_abort() and not err.fatal():
+        kind = classify(err)
+        if kind == "abortable":
             log.warning("%s: transaction aborted: %s", self.component, err)
             self.aborts_in_a_row += 1
             try:
@@ -763,7 +837,14 @@ class Stage:
                     self.producer = self._new_producer()
             self.rebuild()
         else:
-            log.error("%s: fatal producer error (%s); new producer", self.component, err)
+            if kind == "retriable":
+                log.warning(
+                    "%s: %s still failing after its retry budget; new producer",
+                    self.component,
+                    err,
+                )
+            else:
+                log.error("%s: fatal producer error (%s); new producer", self.component, err)
             self.producer = self._new_producer()
             # The old producer's last transaction may have committed after
             # all (a commit that timed out had reached the coordinator; the
@@ -779,21 +860,33 @@ class Stage:
     def run(self, stop_after_s: float | None = None) -> None:
         """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds).
 
+        A broker that does not answer, at start-up or later, is waited for
+        (see :mod:`consumers.retry`); a stop asked for meanwhile ends the run
+        cleanly.
+
         Raises:
             SettingsError: the settings name the manual clock outside a
                 testbed (see :func:`ledger.clock.check_stage_clock`).
-            BrokerError: the broker cannot be reached to check the topics.
+            BrokerError: the topics cannot be checked for a reason other than
+                the broker not answering.
             TopicConfigError: a ledger topic is missing or unsafe.
         """
         check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
-        check_topics(self.settings)
-        self.on_start()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
-        self.producer = self._new_producer()
-        self.consumer = self._new_consumer()
-        self._subscribe()
+        try:
+            self.retry.call(lambda: check_topics(self.settings), "start-up topic check")
+            self.on_start()
+            self.producer = self._new_producer()
+            self.consumer = self._new_consumer()
+            self._subscribe()
+        except (KafkaException, LedgerError) as exc:
+            self.close()
+            if not self.stopping:
+                raise
+            log.info("%s-%s: stopped while starting (%s)", self.component, self.instance, exc)
+            return
         log.info(
             "%s-%s running (pid %s, group %s, transactional.id %s)",
             self.component,
@@ -802,41 +895,73 @@ class Stage:
             self.group_id,
             self.transactional_id,
         )
-        started = time.monotonic()
         try:
-            while not self.stopping:
-                if stop_after_s is not None and time.monotonic() - started > stop_after_s:
-                    break
-                msgs = self.consumer.consume(
-                    self.batch_size, self.settings.commit_interval_ms / 1000
-                )
-                real = []
-                for msg in msgs:
-                    err = msg.error()
-                    if err is None:
-                        real.append(msg)
-                    elif err.code() == KafkaError._FATAL or err.fatal():
-                        # e.g. a static member fenced after a coordinator restart
-                        log.error("%s: fatal consumer error (%s); rejoining", self.component, err)
-                        self._rejoin()
-                        break
-                    elif err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("%s: consumer error: %s", self.component, err)
-                if not real:
-                    try:
-                        self.producer.poll(0)
-                        self._commit_skipped()
-                        self.idle()
-                        self._report_ready()
-                    except KafkaException as exc:
-                        self._recover(exc)
-                    continue
-                try:
-                    self._process(real)
-                except KafkaException as exc:
-                    self._recover(exc)
+            self._loop(stop_after_s)
+        except (KafkaException, LedgerError) as exc:
+            if not self.stopping:
+                raise
+            # Told to stop while it waited for Kafka: the last error ends the wait.
+            log.info("%s-%s: stopped while waiting (%s)", self.component, self.instance, exc)
         finally:
             self.close()
+
+    def _loop(self, stop_after_s: float | None) -> None:
+        """The consume-transform-produce loop (see :meth:`run`)."""
+        assert self.consumer is not None and self.producer is not None
+        started = time.monotonic()
+        while not self.stopping:
+            if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+                break
+            msgs = self.consumer.consume(self.batch_size, self.settings.commit_interval_ms / 1000)
+            real = []
+            for msg in msgs:
+                err = msg.error()
+                if err is None:
+                    real.append(msg)
+                elif err.code() == KafkaError._FATAL or err.fatal():
+                    # e.g. a static member fenced after a coordinator restart
+                    log.error("%s: fatal consumer error (%s); rejoining", self.component, err)
+                    self._rejoin()
+                    break
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                elif classify(err) == "retriable":
+                    self._suspect_kafka("consume", err)
+                else:
+                    log.warning("%s: consumer error: %s", self.component, err)
+            if self._kafka_suspect or self.retry.down:
+                self._kafka_suspect = False
+                self._await_kafka()
+            if not real:
+                try:
+                    self.producer.poll(0)
+                    self._commit_skipped()
+                    self.idle()
+                    self._report_ready()
+                except KafkaException as exc:
+                    self._recover(exc)
+                continue
+            try:
+                self._process(real)
+            except KafkaException as exc:
+                self._recover(exc)
+
+    def _await_kafka(self) -> None:
+        """A client reported Kafka unreachable: check, and wait until it answers.
+
+        Asks for the committed offsets of the assignment (or for the first
+        input's metadata when nothing is assigned), riding out the outage;
+        the answer ends it, with one log line, and clears ``waiting`` from the
+        status file.
+        """
+        assert self.consumer is not None
+        consumer = self.consumer
+        assignment = consumer.assignment()
+        if assignment:
+            self.retry.call(lambda: consumer.committed(assignment, timeout=10), "Kafka to answer")
+        else:
+            topic = self.settings.topic(self.inputs[0])
+            self.retry.call(lambda: consumer.list_topics(topic, timeout=10), "Kafka to answer")
 
     def settled(self) -> bool:
         """True once start-up work after an assignment is done (override to add some)."""
@@ -850,12 +975,23 @@ class Stage:
         """Tell harnesses this process has its partitions and nothing left from start-up."""
         if self._ready_reported or not self._assignment_seen or not self.settled():
             return
+        self._ready_reported = True
+        self._write_status()
+
+    def _write_status(self) -> None:
+        """Write :meth:`status_path`: ``{"pid", "ready", "waiting"}``.
+
+        ``ready`` says the process has its partitions and nothing left from
+        start-up; ``waiting`` is ``None``, or what it waits for while Kafka
+        does not answer (``{"for", "error", "since"}``, since in Unix seconds,
+        see :attr:`consumers.retry.KafkaRetry.waiting`).
+        """
         path = self.status_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "ready": True}))
+        status = {"pid": os.getpid(), "ready": self._ready_reported, "waiting": self.retry.waiting}
+        tmp.write_text(json.dumps(status))
         os.replace(tmp, path)
-        self._ready_reported = True
 
     def idle(self) -> None:
         """Called when a poll returned nothing (periodic work may go here)."""
@@ -878,6 +1014,7 @@ def await_settled(
     topic: str,
     partitions: set[int],
     timeout_s: float | None = None,
+    retry: KafkaRetry | None = None,
 ) -> float:
     """Wait until every transaction open on partitions of a ledger topic has ended.
 
@@ -895,7 +1032,10 @@ def await_settled(
         topic: short topic name.
         partitions: which partitions.
         timeout_s: give up after this many seconds (default: the setting
-            ``takeover_wait_s``).
+            ``takeover_wait_s``); time spent waiting out retriable errors (a
+            broker outage) does not count.
+        retry: how retriable errors are ridden out (a stage passes its own;
+            default: for ``takeover_wait_s`` at a time).
 
     Returns:
         Seconds waited.
@@ -909,16 +1049,35 @@ def await_settled(
         timeout_s = settings.takeover_wait_s
     full = settings.topic(topic)
     group = f"{settings.topic_prefix}.settle"
+    if retry is None:
+        retry = KafkaRetry(f"{full} settle", policy_for(settings, indefinitely=False))
 
-    def readers() -> tuple[Consumer, Consumer]:
-        return (
+    def readers() -> list[Consumer]:
+        return [
             Consumer(consumer_config(settings, group)),
             Consumer(consumer_config(settings, group, isolation="read_uncommitted")),
-        )
+        ]
 
-    stable_reader, high_reader = readers()
+    #: [stable reader, high-watermark reader], replaced when they may be stuck.
+    now_reading = readers()
+
+    def fresh(failures: int) -> None:
+        # A client that went through a broker restart may keep failing: ask afresh.
+        if failures % 5 == 0:
+            for reader in now_reading:
+                reader.close()
+            now_reading[:] = readers()
+
+    def watermark(which: int, tp: TopicPartition) -> int:
+        _, high = retry.call(
+            lambda: now_reading[which].get_watermark_offsets(tp, timeout=10, cached=False),
+            f"offsets of {tp.topic}[{tp.partition}]",
+            between=fresh,
+        )
+        return int(high)
+
     started = time.monotonic()
-    deadline = started + timeout_s
+    waited_before = retry.waited_s
     marks: dict[int, int] = {}
     next_note = started + 15
     fresh_at = started
@@ -930,10 +1089,11 @@ def await_settled(
                 tp = TopicPartition(full, p)
                 try:
                     if p not in marks:
-                        _, high = high_reader.get_watermark_offsets(tp, timeout=10, cached=False)
-                        marks[p] = int(high)
-                    _, stable = stable_reader.get_watermark_offsets(tp, timeout=10, cached=False)
+                        marks[p] = watermark(1, tp)
+                    stable = watermark(0, tp)
                 except KafkaException as exc:
+                    if is_retriable(exc):  # the retry policy gave up: Kafka is not answering
+                        raise retry.no_answer(full, exc) from exc
                     unreadable[p] = str(exc.args[0])
                     continue
                 if stable < marks[p]:
@@ -941,7 +1101,7 @@ def await_settled(
             if not behind and not unreadable:
                 return time.monotonic() - started
             now = time.monotonic()
-            if now > deadline:
+            if now > started + timeout_s + (retry.waited_s - waited_before):
                 if unreadable:
                     raise LedgerError(
                         f"{full}: cannot read the offsets of partitions {sorted(unreadable)} "
@@ -957,9 +1117,7 @@ def await_settled(
                 # A client whose first metadata came before the partitions
                 # were known (or before a broker restart) can keep answering
                 # "unknown partition"; fresh readers ask again.
-                stable_reader.close()
-                high_reader.close()
-                stable_reader, high_reader = readers()
+                fresh(0)
                 fresh_at = now
             if now > next_note:
                 log.warning(
@@ -972,8 +1130,8 @@ def await_settled(
                 next_note = now + 15
             time.sleep(0.1)
     finally:
-        stable_reader.close()
-        high_reader.close()
+        for reader in now_reading:
+            reader.close()
 
 
 def read_partition(
@@ -986,12 +1144,17 @@ def read_partition(
     decode: bool = True,
     keyring: Keyring | None = None,
     on_refused: Callable[[Message, str], None] | None = None,
+    retry: KafkaRetry | None = None,
 ) -> int:
     """Read partitions of a ledger topic from the beginning to their end.
 
     Reads ``read_committed`` up to the last stable offset as of the call, so
     an open transaction of a dead producer does not hold it forever (its
-    records are not stable and are not needed).
+    records are not stable and are not needed). A broker outage is waited
+    out (``retry``), and the time it takes does not count against
+    ``timeout_s``; a read that makes no progress for
+    :data:`~consumers.retry.STALL_S` seconds checks that Kafka answers and
+    goes on with a fresh client where it was.
 
     Args:
         settings: ledger settings.
@@ -999,21 +1162,28 @@ def read_partition(
         partitions: which partitions (``None``: all).
         handle: called with each decoded record (``None`` when the value does
             not decode, e.g. a tombstone) and the raw message.
-        timeout_s: give up after this many seconds.
+        timeout_s: give up after this many seconds (outages not counted).
         decode: ``False`` passes ``None`` for every record, leaving the
             decoding (of only the values it keeps) to ``handle``.
         keyring: when given, a record whose seal is missing or wrong is not
             passed to ``handle`` (unless ``require_authenticated_records`` is
             off) but to ``on_refused`` with the reason.
         on_refused: see ``keyring``.
+        retry: how retriable errors are ridden out (a stage passes its own,
+            which waits indefinitely; default: for ``takeover_wait_s`` at a
+            time).
 
     Returns:
         The number of records read.
 
     Raises:
-        LedgerError: if the end is not reached within ``timeout_s``.
+        LedgerError: if the end is not reached within ``timeout_s``, or Kafka
+            does not answer for as long as ``retry`` waits.
     """
     full = settings.topic(topic)
+    if retry is None:
+        retry = KafkaRetry(f"{full} reader", policy_for(settings, indefinitely=False))
+    waits = retry
 
     def reader() -> Consumer:
         return Consumer(
@@ -1024,45 +1194,73 @@ def read_partition(
             )
         )
 
-    consumer = reader()
-    deadline = time.monotonic() + timeout_s
+    #: the one client, replaced when it may be stuck
+    client = [reader()]
+
+    def renew(failures: int = 0) -> None:
+        if failures % 5 == 0:
+            client[0].close()
+            client[0] = reader()
+
+    def ask(call: Callable[[Consumer], T], what: str) -> T:
+        try:
+            return waits.call(lambda: call(client[0]), what, between=renew)
+        except KafkaException as exc:
+            if is_retriable(exc):  # the retry policy gave up: Kafka is not answering
+                raise waits.no_answer(full, exc) from exc
+            raise
+
+    started = time.monotonic()
+    waited_before = retry.waited_s
+
+    def overdue() -> bool:
+        return time.monotonic() > started + timeout_s + (waits.waited_s - waited_before)
+
+    def end_of(tp: TopicPartition) -> int:
+        _, high = ask(
+            lambda c: c.get_watermark_offsets(tp, timeout=10, cached=False),
+            f"end of {tp.topic}[{tp.partition}]",
+        )
+        return int(high)
+
     try:
         if partitions is None:
-            meta = consumer.list_topics(full, timeout=30)
+            meta = ask(lambda c: c.list_topics(full, timeout=30), f"metadata of {full}")
             partitions = set(meta.topics[full].partitions)
         ends: dict[int, int] = {}
         for p in partitions:
             while True:
                 try:
-                    _, high = consumer.get_watermark_offsets(
-                        TopicPartition(full, p), timeout=10, cached=False
-                    )
+                    high = end_of(TopicPartition(full, p))
                     break
                 except KafkaException as exc:
                     # A client that asked before the partition was known (or
-                    # during a broker restart) may keep answering "unknown
+                    # just after a broker restart) may keep answering "unknown
                     # partition": a fresh one asks again.
-                    if time.monotonic() > deadline:
+                    if overdue():
                         raise LedgerError(
                             f"cannot read the end of {full}[{p}]: {exc.args[0]}"
                         ) from exc
-                    consumer.close()
                     time.sleep(0.2)
-                    consumer = reader()
+                    renew()
             if high > 0:
                 ends[p] = high
         if not ends:
             return 0
-        consumer.assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in ends])
+        client[0].assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in ends])
         done: set[int] = set()
         count = 0
+        #: partition -> next offset to read (known once the client delivered from it).
+        at: dict[int, int] = {}
+        last: dict[int, int] = {}
+        moved_at = time.monotonic()
         while len(done) < len(ends):
-            if time.monotonic() > deadline:
+            if overdue():
                 raise LedgerError(
                     f"reading {full} did not reach its end in {timeout_s} s",
                     expected=ends,
                 )
-            for msg in consumer.consume(1000, 0.02):
+            for msg in client[0].consume(1000, 0.02):
                 if msg.error() is not None:
                     continue
                 p = msg.partition() or 0
@@ -1083,9 +1281,25 @@ def read_partition(
                         continue
                 handle(rec, msg)
                 count += 1
-            for tp in consumer.position([TopicPartition(full, p) for p in ends if p not in done]):
-                if tp.offset >= ends[tp.partition]:
-                    done.add(tp.partition)
+            pending = [TopicPartition(full, p) for p in ends if p not in done]
+            at.update(
+                (tp.partition, tp.offset) for tp in client[0].position(pending) if tp.offset >= 0
+            )
+            done |= {p for p, offset in at.items() if offset >= ends[p]}
+            now = time.monotonic()
+            if at != last:
+                last, moved_at = dict(at), now
+            elif now - moved_at > STALL_S and len(done) < len(ends):
+                # No progress: wait for Kafka if it is away (not counted), then
+                # read on from where this client was with a fresh one.
+                rest = sorted(p for p in ends if p not in done)
+                end_of(TopicPartition(full, rest[0]))
+                client[0].close()
+                client[0] = reader()
+                client[0].assign(
+                    [TopicPartition(full, p, at.get(p, OFFSET_BEGINNING)) for p in rest]
+                )
+                moved_at = time.monotonic()
         return count
     finally:
-        consumer.close()
+        client[0].close()

@@ -4,7 +4,9 @@ A :class:`TableFollower` reads some partitions of a compacted topic from the
 beginning (``read_committed``, no consumer group) and, on each
 :meth:`TableFollower.catch_up`, up to the topic's current last stable offset.
 The authority kernel uses it for approvals and the policy version; the relay
-for its record of attempts.
+for its record of attempts. A broker outage is waited out (with the stage's
+:class:`~consumers.retry.KafkaRetry`, indefinitely), and the time it takes
+does not count against a catch-up's deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
+from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from consumers.stage import Record, await_settled, decode_record, key_text, oversized
 from ledger.authn import Keyring
 from ledger.errors import LedgerError
@@ -24,9 +27,6 @@ from ledger.settings import LedgerSettings
 from ledger.topology import is_reserved_key
 
 log = logging.getLogger(__name__)
-
-#: Seconds a catch-up may see no progress before its consumer is replaced.
-STALL_S = 10.0
 
 
 class TableFollower:
@@ -45,6 +45,9 @@ class TableFollower:
             absent (never applied).
         keyring: checks each record's seal (:mod:`ledger.authn`); ``None``
             applies records unchecked (tools that read for display).
+        retry: how retriable errors and outages are ridden out (a stage
+            passes its own, which waits indefinitely; default: for
+            ``takeover_wait_s`` at a time).
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class TableFollower:
         apply: Callable[[str, Record | None], None],
         on_bad: Callable[[Message, str, str], None] | None = None,
         keyring: Keyring | None = None,
+        retry: KafkaRetry | None = None,
     ) -> None:
         self.settings = settings
         self.topic = topic
@@ -69,6 +73,9 @@ class TableFollower:
         self._uncommitted: Consumer | None = None
         #: partition -> offset a replacement reader was told to start at.
         self._resume_at: dict[int, int] = {}
+        self.retry = retry or KafkaRetry(
+            f"{self.full} follower", policy_for(settings, indefinitely=False)
+        )
         self.consumer = self._new_consumer()
 
     def _new_consumer(self) -> Consumer:
@@ -80,13 +87,17 @@ class TableFollower:
             )
         )
 
-    def _reconnect(self, positions: dict[int, int]) -> None:
+    def _reconnect(self, positions: dict[int, int], why: str = "") -> None:
         """Replace the consumer, resuming at ``positions`` (partition -> offset).
 
         After a broker restart a consumer's fetch or metadata can stay stuck
         for longer than a catch-up may wait; a fresh consumer asks again.
+        ``why`` (during an outage, logged already) keeps the log quiet.
         """
-        log.warning("%s: catch-up made no progress; reconnecting its reader", self.full)
+        if why:
+            log.debug("%s: %s; reconnecting its reader", self.full, why)
+        else:
+            log.warning("%s: catch-up made no progress; reconnecting its reader", self.full)
         self.consumer.close()
         self.consumer = self._new_consumer()
         # A fresh consumer reports no position for a partition until it has
@@ -114,7 +125,7 @@ class TableFollower:
         from one that died inside a transaction reads what that transaction
         wrote once it is decided.
         """
-        await_settled(self.settings, self.topic, set(partitions))
+        await_settled(self.settings, self.topic, set(partitions), retry=self.retry)
         self.partitions = set(partitions)
         self._reported.clear()
         self._resume_at = {}
@@ -126,22 +137,30 @@ class TableFollower:
     def catch_up(self, timeout_s: float | None = None) -> int:
         """Read until every followed partition reaches its current last stable offset.
 
+        A broker that does not answer is waited for (:attr:`retry`); that
+        time does not count against the timeout, so an outage of any length
+        does not stop a stage.
+
         Args:
-            timeout_s: longest wait in seconds; default ``LEDGER_TAKEOVER_WAIT_S``
-                (180 s), which also covers a broker that is restarting (a
-                60 s outage made the authority kernel exit with a fixed 60 s).
+            timeout_s: longest wait in seconds while Kafka answers; default
+                ``LEDGER_TAKEOVER_WAIT_S`` (180 s).
 
         Returns:
             Number of records applied.
 
         Raises:
-            LedgerError: if the end is not reached within the timeout.
+            LedgerError: if the end is not reached within the timeout, or
+                Kafka does not answer for as long as :attr:`retry` waits.
         """
         if not self.partitions:
             return 0
         wait_s = self.settings.takeover_wait_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + wait_s
-        ends = {p: self._end(p, deadline) for p in self.partitions}
+        started, waited_before = time.monotonic(), self.retry.waited_s
+
+        def overdue() -> bool:
+            return time.monotonic() > started + wait_s + (self.retry.waited_s - waited_before)
+
+        ends = {p: self._end(p, overdue) for p in self.partitions}
         count = 0
         last: dict[int, int] = {}
         moved_at = time.monotonic()
@@ -157,7 +176,7 @@ class TableFollower:
             if not behind:
                 return count
             now = time.monotonic()
-            if now > deadline:
+            if overdue():
                 raise LedgerError(f"following {self.full} did not catch up in {wait_s:g} s")
             if current != last:
                 last, moved_at = current, now
@@ -166,8 +185,8 @@ class TableFollower:
                 # restart can be one the partition cannot reach.
                 log.info("%s: positions %s, ends %s", self.full, current, ends)
                 self._reconnect(current)
-                ends = {p: self._end(p, deadline) for p in self.partitions}
-                moved_at = now
+                ends = {p: self._end(p, overdue) for p in self.partitions}
+                moved_at = time.monotonic()
             for msg in self.consumer.consume(1000, 0.02):
                 if msg.error() is not None:
                     continue
@@ -223,34 +242,52 @@ class TableFollower:
         if self.on_bad is not None:
             self.on_bad(msg, reason, "BAD_INPUT")
 
-    def _end(self, partition: int, deadline: float) -> int:
+    def _positions(self) -> dict[int, int]:
+        """The consumer's position in each followed partition (negative: none yet)."""
+        return {
+            tp.partition: tp.offset
+            for tp in self.consumer.position(
+                [TopicPartition(self.full, p) for p in self.partitions]
+            )
+        }
+
+    def _end(self, partition: int, overdue: Callable[[], bool]) -> int:
         """Last stable offset of a partition, retried while the broker settles.
 
-        Just after a broker restart metadata can be missing for a moment
-        ("unknown partition", "transport"); those are retried until
-        ``deadline``.
+        Retriable errors (the broker down or restarting) are ridden out with
+        :attr:`retry`, replacing the consumer now and then; others (just after
+        a broker restart metadata can be missing for a moment: "unknown
+        partition") are retried with a fresh consumer until ``overdue()``.
+
+        Raises:
+            LedgerError: still failing when ``overdue()``, or Kafka did not
+                answer for as long as :attr:`retry` waits.
         """
+        tp = TopicPartition(self.full, partition)
+
+        def fresh(failures: int) -> None:
+            if failures % 5 == 0:
+                self._reconnect(self._positions(), why="Kafka does not answer")
+
         failures = 0
         while True:
             try:
-                _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.full, partition), timeout=10, cached=False
+                _, high = self.retry.call(
+                    lambda: self.consumer.get_watermark_offsets(tp, timeout=10, cached=False),
+                    f"end of {self.full}[{partition}]",
+                    between=fresh,
                 )
                 return int(high)
             except KafkaException as exc:
-                if time.monotonic() > deadline:
+                if is_retriable(exc):  # the retry policy gave up: Kafka is not answering
+                    raise self.retry.no_answer(self.full, exc) from exc
+                if overdue():
                     raise LedgerError(
                         f"cannot read the end of {self.full}[{partition}]: {exc.args[0]}"
                     ) from exc
                 failures += 1
                 if failures % 25 == 0:  # about five seconds of refusals: ask afresh
-                    positions = {
-                        tp.partition: tp.offset
-                        for tp in self.consumer.position(
-                            [TopicPartition(self.full, p) for p in self.partitions]
-                        )
-                    }
-                    self._reconnect(positions)
+                    self._reconnect(self._positions())
                 time.sleep(0.2)
 
     def unsettled(self, partition: int) -> bool:

@@ -1031,6 +1031,12 @@ def _describe(admin: AdminClient, topics: Sequence[str]) -> dict[str, dict[str, 
                 expected="topic configs",
                 observed=str(exc.args[0]),
             ) from exc
+        except TimeoutError as exc:  # no answer in time (a failover): worth trying again
+            raise BrokerUnavailableError(
+                f"reading the configs of {resource.name} got no answer in {_ADMIN_TIMEOUT_S} s",
+                expected="topic configs",
+                observed="no answer",
+            ) from exc
     return out
 
 

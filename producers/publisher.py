@@ -168,6 +168,9 @@ class LedgerPublisher:
     Args:
         settings: ledger settings (bootstrap servers, topic prefix).
         client_id: identifies the publishing service in broker logs.
+        send_timeout_s: how long one publish waits for the broker's
+            acknowledgement before it raises (seconds); a caller that must
+            ride out a cluster restart waits longer.
 
     Example:
         >>> pub = LedgerPublisher(LedgerSettings())
@@ -185,8 +188,10 @@ class LedgerPublisher:
         client_id: str = "intent-publisher",
         *,
         credentials: Credentials | None = None,
+        send_timeout_s: float = 30.0,
     ) -> None:
         self.settings = settings
+        self.send_timeout_s = send_timeout_s
         #: the keys records are sealed with (:class:`ledger.credentials.Credentials`):
         #: intents are not sealed; a policy change, disposition or approval is
         #: signed by the person it names; claims, readbacks and operating
@@ -198,7 +203,7 @@ class LedgerPublisher:
             producer_config(settings, **{"client.id": client_id, "linger.ms": 1})
         )
 
-    def _send(self, topic: str, key: str, event: Event, timeout_s: float = 30.0) -> Message:
+    def _send(self, topic: str, key: str, event: Event, timeout_s: float | None = None) -> Message:
         value = event.to_bytes()  # validates against the schema first
         if len(value) > MAX_INPUT_BYTES:
             raise InputBoundsError(
@@ -217,6 +222,7 @@ class LedgerPublisher:
             headers=seal_headers(sealer, topic, raw_key, value),
             on_delivery=lambda err, msg: delivered.append((err, msg)),
         )
+        timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while not delivered:
             if time.monotonic() > deadline:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
+import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,11 @@ import click
 from testbed.extras import require_testbed_extra
 
 Options = Callable[..., Any]
+
+#: Environment of a mission re-executed in its client namespace: the options (JSON).
+CHILD_ENV = "LEDGER_TESTBED_MISSION"
+#: Environment: why the cluster runs without network namespaces (for the report).
+NO_NETNS_ENV = "LEDGER_TESTBED_NO_NETNS"
 
 
 def _mission_options(func: Options) -> Options:
@@ -69,6 +77,23 @@ def _mission_options(func: Options) -> Options:
             help="Every this many cases, SIGKILL a random stage at an arbitrary point (with "
             "several instances, or pause it past its session timeout: a zombie). 0: never.",
         ),
+        click.option(
+            "--brokers",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Broker nodes of the local cluster to run on (3: a three-node KRaft cluster "
+            "started by the mission, as 'ledger broker start --brokers 3').",
+        ),
+        click.option(
+            "--broker-chaos",
+            is_flag=True,
+            help="With --brokers 3: while the mission runs, SIGKILL the leader of the busiest "
+            "partition, SIGKILL the active controller, restart the nodes one by one, restart "
+            "the whole cluster and cut one node off the network (each node in its own network "
+            "namespace; needs root, else the cut is skipped and the report says why). Each "
+            "fault is on the report with its start and end.",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
         click.option(
             "--html",
@@ -90,10 +115,9 @@ def _mission_options(func: Options) -> Options:
 
 def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
     """Run one mission on the configured (or local) broker; returns (report, run folder)."""
-    from ledger.cli.common import current_settings
-    from testbed.broker import running_broker
     from testbed.mission.plan import MissionOptions
     from testbed.mission.run import Mission
+    from testbed.netns import NetworkSpec
 
     try:
         options = MissionOptions(
@@ -106,6 +130,8 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
             window=kw["window"],
             broker_restart=kw["broker_restart"],
             chaos_every=kw["chaos_every"],
+            brokers=kw["brokers"],
+            broker_chaos=kw["broker_chaos"],
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
@@ -118,8 +144,10 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
         "show_percent": False,
         "item_show_func": lambda status: status,
     }
+    network = NetworkSpec.from_env()
+    no_network = os.environ.get(NO_NETNS_ENV, "the nodes run without network namespaces")
     with (
-        running_broker(current_settings(), say, keep=kw["keep_broker"]) as settings,
+        _kafka(options, say, kw["keep_broker"], network) as (settings, cluster),
         click.progressbar(**bar_settings) as bar,
     ):
         last = [0.0]
@@ -132,7 +160,15 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
                 last[0] = time.monotonic()
                 click.echo(f"{mode}: {done}/{total} cases settled · {status}", err=True)
 
-        mission = Mission(options, settings, say=say, progress=progress)
+        mission = Mission(
+            options,
+            settings,
+            say=say,
+            progress=progress,
+            cluster=cluster,
+            network=network,
+            no_network=no_network,
+        )
         # SIGTERM stops the mission like Ctrl-C, between two steps of its loop
         # (never from inside a Kafka client call): its stages and sinks stop too.
         signal.signal(signal.SIGTERM, lambda _sig, _frame: mission.request_stop())
@@ -197,11 +233,29 @@ def mission_run(mode: str, **kw: Any) -> None:
       ledger mission run --cases 300 --mode checkpoint-only --json > control.json
     """
     require_testbed_extra("ledger mission run")
+    _log(kw["verbose"])
+    say = _say(kw["as_json"])
+    if kw["broker_chaos"] and kw["brokers"] < 3:
+        raise click.BadParameter("--broker-chaos needs --brokers 3 (or more)")
+    if kw["broker_chaos"]:
+        from testbed import netns
+
+        reason = netns.unavailable_reason()
+        if reason is None:
+            sys.exit(_in_client_namespace(mode, kw, say))
+        say(
+            f"network namespaces unavailable ({reason}): the cluster runs on 127.0.0.1 and "
+            "the network-partition fault is skipped"
+        )
+        os.environ[NO_NETNS_ENV] = reason
+    _mission_run(mode, kw, say)
+
+
+def _mission_run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> None:
+    """Run the mission here and print its report; exits 0 when its checks pass."""
     from testbed.mission.report import render_text
 
     as_json = kw["as_json"]
-    _log(kw["verbose"])
-    say = _say(as_json)
     report, run_dir = _run(mode, kw, say)
     out, html = _write(report, run_dir, kw["html_path"])
     if as_json:
@@ -210,6 +264,81 @@ def mission_run(mode: str, **kw: Any) -> None:
         click.echo(render_text(report))
     click.echo(f"report: {out}\nHTML:   {html}", err=True)
     sys.exit(0 if report["checks"]["passed"] else 1)
+
+
+def _in_client_namespace(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> int:
+    """Make the cluster's network, run the mission in its client namespace, tear it down.
+
+    The mission re-executes itself (``python -m testbed.cli_mission``, its
+    options in :data:`CHILD_ENV`) behind ``ip netns exec CLIENT``: its stages,
+    sinks and clients then live in the client namespace, where the broker
+    nodes' addresses are reachable; the nodes are started in their own
+    namespaces. SIGTERM and SIGINT are passed on to it. Whatever still runs in
+    the namespaces afterwards is stopped, and the namespaces are deleted.
+
+    Returns:
+        The child's exit status.
+    """
+    from ledger.cli.common import current_settings
+    from testbed.netns import NETNS_ENV, ClusterNetwork
+
+    port = current_settings().kafka_port
+    with ClusterNetwork(port, kw["brokers"]) as net:
+        say(
+            f"network: {kw['brokers']} node namespaces {net.node(0)}.. on "
+            f"{net.node_address(0)}.., clients in {net.client} ({net.client_address})"
+        )
+        env = dict(os.environ)
+        env[NETNS_ENV] = net.to_env()
+        env[CHILD_ENV] = json.dumps(
+            {"mode": mode, **{k: str(v) if isinstance(v, Path) else v for k, v in kw.items()}}
+        )
+        child = subprocess.Popen(
+            [*net.client_prefix(), sys.executable, "-m", "testbed.cli_mission"], env=env
+        )
+        forward = (signal.SIGTERM, signal.SIGINT)
+        previous = {sig: signal.getsignal(sig) for sig in forward}
+        for sig in forward:
+            signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        try:
+            return child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+@contextlib.contextmanager
+def _kafka(
+    options: Any, say: Callable[[str], None], keep: bool, network: Any
+) -> Iterator[tuple[Any, Any]]:
+    """``(settings, cluster control or None)`` for the mission's Kafka: one broker or a cluster."""
+    from ledger.cli.common import current_settings
+    from testbed.broker import running_broker
+
+    if options.brokers == 1:
+        with running_broker(current_settings(), say, keep=keep) as settings:
+            yield settings, None
+        return
+    from testbed.mission.cluster import running_cluster
+
+    with running_cluster(current_settings(), options.brokers, network, say, keep=keep) as (
+        settings,
+        control,
+    ):
+        yield settings, control
+
+
+def _child_main() -> None:
+    """Entry point of a mission re-executed in its client namespace (see :data:`CHILD_ENV`)."""
+    raw = json.loads(os.environ.pop(CHILD_ENV))
+    mode = raw.pop("mode")
+    if raw.get("html_path"):
+        raw["html_path"] = Path(raw["html_path"])
+    _log(raw["verbose"])
+    _mission_run(mode, raw, _say(raw["as_json"]))
 
 
 @mission_group.command("compare")
@@ -296,3 +425,7 @@ def _log(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+if __name__ == "__main__":
+    _child_main()

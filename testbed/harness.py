@@ -225,8 +225,9 @@ class Harness:
     def _ready(self, name: str, pid: int) -> bool:
         path = self.run_dir / "status" / f"{name}.json"
         try:
-            return int(json.loads(path.read_text()).get("pid", -1)) == pid
-        except (OSError, ValueError):
+            status = json.loads(path.read_text())
+            return int(status.get("pid", -1)) == pid and status.get("ready", True) is True
+        except (OSError, ValueError, AttributeError):
             return False
 
     def lagging(self) -> dict[str, int]:

@@ -131,6 +131,8 @@ def mission_html(report: Mapping[str, Any]) -> str:
         faults: {kills_by_seam: {seam: int}, sink_faults_by_mode: {mode: int},
                  chaos_kills, zombie_pauses, broker_restarts, restarts}
         timeline: [{t_s: float (s since start), states: {state: int}}]
+        failovers: [{kind, target, start_s, end_s, duration_s (s since start),
+                     note, error}] (broker chaos only)
         effects_per_case: {"<effects>": cases}
         audit: {before_compaction | after_compaction:
                 {violations: int, details: [str], checked: {invariant: int}}}
@@ -156,6 +158,7 @@ def mission_html(report: Mapping[str, Any]) -> str:
         _measures_section(_list(report.get("measures"))),
         _faults_section(_map(report.get("faults"))),
         _latency_section(_map(report.get("readback_latency_ms"))),
+        _failover_section(_list(report.get("failovers"))),
         _mission_audit_section(_map(report.get("audit"))),
         "<h2>Operations by state over time</h2>",
         _plot_or_empty(
@@ -357,6 +360,13 @@ def _latency_section(latency: Mapping[str, Any]) -> str:
         ("p99 (ms)", _fmt(latency.get("p99"))),
         ("max (ms)", _fmt(latency.get("max"))),
     ]
+    for key, label in (("during_failover", "during failovers"), ("outside_failover", "outside")):
+        part = _map(latency.get(key))
+        if part:
+            rows.append(
+                (f"{label}: p50 / p99 (ms) over n", f"{_fmt(part.get('p50'))} / "
+                 f"{_fmt(part.get('p99'))} over {_fmt(part.get('count'))}")
+            )  # fmt: skip
     marks = {name: float(latency[name]) for name in ("p50", "p99") if _is_number(latency.get(name))}
     svg = _histogram_svg(
         [float(x) for x in _list(latency.get("samples")) if _is_number(x)],
@@ -364,6 +374,27 @@ def _latency_section(latency: Mapping[str, Any]) -> str:
         "readback-latency",
     )
     return head + _kv_table(rows, num=True) + _plot_or_empty(svg, "no latency samples recorded")
+
+
+def _failover_section(failovers: list[Any]) -> str:
+    if not failovers:
+        return ""
+    rows = []
+    for w in failovers:
+        w = _map(w)
+        rows.append(
+            [
+                _e(str(w.get("kind", ""))),
+                _e(str(w.get("target", ""))),
+                _fmt(w.get("start_s")),
+                _fmt(w.get("end_s")),
+                _fmt(w.get("duration_s")),
+                _e(str(w.get("error") or w.get("note") or "")),
+            ]
+        )
+    return "<h2>Broker faults</h2>" + _table(
+        ["fault", "target", "start (s)", "end (s)", "duration (s)", "note"], rows, num={2, 3, 4}
+    )
 
 
 def _mission_audit_section(audit: Mapping[str, Any]) -> str:

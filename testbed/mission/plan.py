@@ -89,6 +89,10 @@ class MissionOptions:
         chaos_every: a SIGKILL (or, with two instances, a pause that makes a
             zombie) at an arbitrary point every this many cases started;
             0 disables.
+        brokers: broker nodes of the local cluster the mission runs on
+            (1, or 3 for a KRaft cluster).
+        broker_chaos: hit the cluster with broker faults in turn while the
+            mission runs (``testbed.mission.chaos``); needs ``brokers >= 3``.
     """
 
     cases: int = 300
@@ -103,6 +107,8 @@ class MissionOptions:
     window: int = 200
     broker_restart: bool = True
     chaos_every: int = 500
+    brokers: int = 1
+    broker_chaos: bool = False
 
     def __post_init__(self) -> None:
         for name in ("crash_rate", "expiring_rate"):
@@ -119,6 +125,13 @@ class MissionOptions:
             raise ValueError("instances must be between 1 and 4")
         if self.window < 1:
             raise ValueError("window must be at least 1")
+        if self.brokers < 1:
+            raise ValueError("brokers must be at least 1")
+        if self.broker_chaos and self.brokers < 3:
+            raise ValueError(
+                "broker chaos needs a cluster of at least 3 brokers (--brokers 3): "
+                "with fewer, a killed node takes the evidence with it"
+            )
         if self.mode not in ("ledger", "checkpoint-only"):
             raise ValueError(f"mode must be ledger or checkpoint-only, not {self.mode!r}")
 

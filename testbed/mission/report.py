@@ -110,6 +110,10 @@ class MissionFacts:
         kafka_fenced: stage process -> its transactions Kafka refused as a
             zombie's (group generation gone, producer fenced).
         process_starts: ``(Unix time, stage process name)`` of every start.
+        failovers: broker faults (``testbed.mission.chaos.FaultWindow.as_dict``):
+            ``kind``, ``target``, ``start`` and ``end`` (Unix seconds; ``end``
+            ``None`` when the cluster never became whole again), ``note``,
+            ``error``.
     """
 
     options: MissionOptions
@@ -144,6 +148,7 @@ class MissionFacts:
     stage_errors: Mapping[str, int]
     kafka_fenced: Mapping[str, int]
     process_starts: Sequence[tuple[float, str]] = ()
+    failovers: Sequence[Mapping[str, Any]] = ()
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -190,6 +195,16 @@ def readback_latencies(
     fired: Sequence[Mapping[str, Any]],
     starts: Sequence[tuple[float, str]] = (),
 ) -> tuple[list[float], int]:
+    """Latencies of :func:`readback_resumes` (milliseconds) and the unattributed count."""
+    resumes, unattributed = readback_resumes(journal, fired, starts)
+    return [ms for _begun, _at, ms in resumes], unattributed
+
+
+def readback_resumes(
+    journal: Sequence[JournalRow],
+    fired: Sequence[Mapping[str, Any]],
+    starts: Sequence[tuple[float, str]] = (),
+) -> tuple[list[tuple[float, float, float]], int]:
     """Time from the start of each resume to the authoritative readback that decided it.
 
     A resume starts at the latest of: the last accepted claim on the
@@ -201,14 +216,15 @@ def readback_latencies(
     held on purpose).
 
     Returns:
-        ``(latencies in milliseconds, resumes with no attributable start)``.
+        ``([(resume start, readback, latency in milliseconds)], resumes with
+        no attributable start)``; times are Unix seconds.
     """
     _, steps = replay_decisions(row.entry for row in journal)
     crash_at: dict[str, list[float]] = defaultdict(list)
     for f in fired:
         crash_at[str(f.get("operation_id"))].append(float(f.get("at", 0.0)))
     last_claim: dict[str, float] = {}
-    samples: list[float] = []
+    samples: list[tuple[float, float, float]] = []
     unattributed = 0
     for row, (entry, event, _before, decision) in zip(journal, steps, strict=True):
         op = entry.operation_id
@@ -226,8 +242,79 @@ def readback_latencies(
         if not begun:
             unattributed += 1
             continue
-        samples.append(round((row.at_s - max(begun)) * 1000.0, 1))
+        start = max(begun)
+        samples.append((start, row.at_s, round((row.at_s - start) * 1000.0, 1)))
     return samples, unattributed
+
+
+def split_by_failover(
+    resumes: Sequence[tuple[float, float, float]], failovers: Sequence[Mapping[str, Any]]
+) -> tuple[list[float], list[float]]:
+    """Readback latencies of resumes that overlapped a broker failover, and of the others.
+
+    Args:
+        resumes: ``(resume start, readback, latency ms)`` (:func:`readback_resumes`).
+        failovers: windows with ``start`` and ``end`` (Unix seconds; a window
+            without ``start`` was skipped, one without ``end`` never closed).
+
+    Returns:
+        ``(during, outside)``: latencies in milliseconds; a resume is during a
+        failover when ``[start, readback]`` meets ``[window start, window end]``.
+    """
+    windows = [
+        (float(w["start"]), float(w["end"]) if w.get("end") else math.inf)
+        for w in failovers
+        if w.get("start")
+    ]
+    during: list[float] = []
+    outside: list[float] = []
+    for begun, at, ms in resumes:
+        hit = any(begun <= end and at >= start for start, end in windows)
+        (during if hit else outside).append(ms)
+    return during, outside
+
+
+def lost_transitions(
+    journal: Sequence[JournalRow],
+    states: Mapping[str, OperationState],
+    effects: Mapping[str, Mapping[str, int]],
+) -> set[str]:
+    """Operations whose effect a sink holds but the ledger does not.
+
+    The journal is replayed with the processor's fold; every operation with
+    at least one effect at a sink must reach a state that records it
+    (``EFFECT_COMMITTED``, ``OUTCOME_VERIFIED``, or ``UNKNOWN_OUTCOME``, held
+    because it may have happened), and ``ledger.state`` must hold the
+    replay's version of it (no transition journaled but lost from the state).
+
+    Args:
+        journal: the whole journal, in order per partition.
+        states: the final ``ledger.state`` per operation.
+        effects: sink -> operation -> effects the sink itself holds.
+
+    Returns:
+        The operation IDs that fail (empty when nothing was lost).
+    """
+    replayed, _ = replay_decisions(row.entry for row in journal)
+    recorded = {S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED, S.UNKNOWN_OUTCOME}
+    held = {op for ops in effects.values() for op, n in ops.items() if n > 0}
+    return {
+        op
+        for op in held
+        if op not in replayed
+        or replayed[op].state not in recorded
+        or op not in states
+        or states[op].version != replayed[op].version
+    }
+
+
+def _latency_summary(values: Sequence[float]) -> dict[str, Any]:
+    return {
+        "count": len(values),
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else None,
+    }
 
 
 def build(f: MissionFacts) -> dict[str, Any]:
@@ -407,7 +494,36 @@ def build(f: MissionFacts) -> dict[str, Any]:
         )
     )
 
-    latencies, unattributed = readback_latencies(f.journal, f.fired, f.process_starts)
+    resumes, unattributed = readback_resumes(f.journal, f.fired, f.process_starts)
+    latencies = [ms for _b, _a, ms in resumes]
+    during, outside = split_by_failover(resumes, f.failovers)
+
+    effect_ops = sorted({op for held in f.effects.values() for op, n in held.items() if n > 0})
+    lost = lost_transitions(f.journal, f.states, f.effects)
+    measures.append(
+        _measure(
+            "lost transitions",
+            len(lost),
+            len(effect_ops),
+            "operations with an effect at a sink",
+            split([op for op in effect_ops if op in sink_of], lost),
+            "the journal's replay must record every effect the sinks hold "
+            "(EFFECT_COMMITTED, OUTCOME_VERIFIED or held UNKNOWN_OUTCOME), and "
+            "ledger.state must be at the replay's version",
+        )
+    )
+    deaths = sum(f.stage_errors.values())
+    measures.append(
+        _measure(
+            "stage deaths by error",
+            deaths,
+            len(f.process_starts),
+            "stage process starts",
+            {},
+            "exits other than the SIGKILLs the mission sends on purpose: "
+            + (", ".join(f"{k} {n}" for k, n in sorted(f.stage_errors.items())) or "none"),
+        )
+    )
 
     # faults
     kills_by_seam = Counter(str(x.get("seam")) for x in f.fired)
@@ -432,9 +548,14 @@ def build(f: MissionFacts) -> dict[str, Any]:
         failures.append(f"{unfinished} case(s) did not reach an outcome")
     if f.stage_errors:
         failures.append(f"stage process(es) died of an error: {dict(f.stage_errors)}")
+    for w in f.failovers:
+        if w.get("error"):
+            failures.append(f"broker fault {w['kind']} failed: {w['error']}")
     if opts.mode == "ledger":
         if dups:
             failures.append(f"{len(dups)} operation(s) with duplicate effects")
+        if lost:
+            failures.append(f"{len(lost)} operation(s) with lost transitions: {sorted(lost)[:5]}")
         if double_winners or losers_refused != losers or stale_refused != stale_sent:
             failures.append(
                 f"losing resumers not all fenced: {double_winners} races with two winners, "
@@ -457,6 +578,8 @@ def build(f: MissionFacts) -> dict[str, Any]:
             "race_rate": opts.races,
             "mode": opts.mode,
             "instances": opts.instances,
+            "brokers": opts.brokers,
+            "broker_chaos": opts.broker_chaos,
             "started_at": f.started_at,
             "wall_s": round(f.wall_s, 1),
             "peak_rss_mb": round(f.peak_rss_mb, 1),
@@ -481,7 +604,10 @@ def build(f: MissionFacts) -> dict[str, Any]:
             "max": max(latencies) if latencies else None,
             "unattributed": unattributed,
             "samples": latencies,
+            "during_failover": _latency_summary(during),
+            "outside_failover": _latency_summary(outside),
         },
+        "failovers": [dict(w) for w in f.failovers],
         "faults": {
             "kills_by_seam": {s: kills_by_seam.get(s, 0) for s in SEAM_STAGE},
             "kills_by_stage": dict(
@@ -545,6 +671,22 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"time to authoritative readback after a resume: p50 {lat['p50']} ms, p99 {lat['p99']} ms,"
         f" max {lat['max']} ms over {lat['count']} resumes",
     ]
+    if report.get("failovers"):
+        d, o = lat["during_failover"], lat["outside_failover"]
+        lines += [
+            f"  during broker failovers: p50 {d['p50']} ms, p99 {d['p99']} ms over "
+            f"{d['count']}; outside: p50 {o['p50']} ms, p99 {o['p99']} ms over {o['count']}",
+            "",
+            "broker faults:",
+        ]
+        for w in report["failovers"]:
+            span = (
+                f"{w.get('start_s')} s -> {w.get('end_s')} s ({w.get('duration_s')} s)"
+                if w.get("start")
+                else "-"
+            )
+            extra = w.get("error") or w.get("note") or ""
+            lines.append(f"  {w['kind']:<16} {w.get('target', ''):<40} {span}  {extra}")
     fl = report["faults"]
     note = f" ({fl['broker_restart_note']})" if fl["broker_restart_note"] else ""
     lines += [

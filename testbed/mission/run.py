@@ -40,6 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
 from consumers.auditor import run_audit
 from consumers.reader import current_states
 from consumers.reconciler import reconcile_once
@@ -48,15 +50,19 @@ from consumers.stages import STAGES
 from consumers.tables import TableFollower
 from ledger.errors import LedgerError
 from ledger.events import Approval, OperationState
+from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
-from ledger.topics import force_compaction
+from ledger.topics import force_compaction, partitions_for
+from ledger.topology import TOPICS
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults
 from testbed.harness import Harness, run_dir_for, stale_dispatch
+from testbed.mission.chaos import BrokerChaos, ClusterControl
 from testbed.mission.plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
 from testbed.mission.report import JournalRow, MissionFacts, build
+from testbed.netns import NetworkSpec
 from testbed.people import can_sign
 from testbed.sinks.admin import ReferenceSinkClient
 from testbed.sinks.store import FaultMode
@@ -78,6 +84,11 @@ STALL_S = 15.0
 #: Seconds without any state change after which the mission gives up (a stage
 #: is stuck: the error names where the logs are instead of hanging).
 NO_PROGRESS_S = 300.0
+
+#: Seconds a publish of the workflow waits for its acknowledgement under broker chaos.
+CHAOS_SEND_TIMEOUT_S = 300.0
+#: Seconds to wait for the broker faults still due at the end of the cases.
+HEAL_WAIT_S = 900.0
 
 SETTLED = {S.OUTCOME_VERIFIED, S.ABANDONED, S.UNKNOWN_OUTCOME}
 
@@ -119,6 +130,14 @@ class Mission:
         base: settings of the broker to use (bootstrap, kafka home, run folder).
         say: one-line progress messages.
         progress: ``(cases settled, cases, status line)`` after each step.
+        cluster: the local cluster, for ``options.broker_chaos``.
+        network: the cluster nodes' network namespaces (for the partition
+            fault), or ``None``.
+        no_network: why there is no network (recorded when the partition
+            fault is skipped).
+
+    Raises:
+        ValueError: ``options.broker_chaos`` without a ``cluster``.
     """
 
     def __init__(
@@ -127,7 +146,13 @@ class Mission:
         base: LedgerSettings,
         say: Say = lambda _: None,
         progress: Progress = lambda _d, _t, _s: None,
+        *,
+        cluster: ClusterControl | None = None,
+        network: NetworkSpec | None = None,
+        no_network: str = "the nodes have no network namespaces",
     ) -> None:
+        if options.broker_chaos and cluster is None:
+            raise ValueError("broker chaos needs the local cluster to control")
         self.options = options
         self.say = say
         self.progress = progress
@@ -152,7 +177,13 @@ class Mission:
             self.op_case[run.case.notify_op] = run.case.number
         self.rng = random.Random(options.seed + 1)
         self.harness = Harness(self.settings)
-        self.publisher = LedgerPublisher(self.settings, client_id="mission-workflow")
+        # Under broker chaos a publish waits out a full-cluster restart (the
+        # producer's own delivery timeout, 300 s) instead of failing the mission.
+        self.publisher = LedgerPublisher(
+            self.settings,
+            client_id="mission-workflow",
+            send_timeout_s=CHAOS_SEND_TIMEOUT_S if options.broker_chaos else 30.0,
+        )
         self.reviewer = ReviewerKey.generate("reviewer-alex-key")
         self.engine = ReviewerKey.generate("policy-engine-key")
         self.policy_version = 1
@@ -175,6 +206,18 @@ class Mission:
         self.stale_dispatches: list[dict[str, Any]] = []
         self.reconciled: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
+        self.t0_unix = time.time()
+        self.chaos: BrokerChaos | None = None
+        if options.broker_chaos and cluster is not None:
+            self.chaos = BrokerChaos(
+                cluster,
+                network,
+                self._busiest,
+                [self.settings.topic(t.name) for t in TOPICS],
+                say=say,
+                unavailable=no_network,
+            )
+        self._offsets: Consumer | None = None
         self.last_change = self.last_state_at = self.t0
         self._next_sample = self.t0
         self._follower: TableFollower | None = None
@@ -222,9 +265,14 @@ class Mission:
 
     def close(self) -> None:
         """Stop every process of the mission and close its clients."""
+        if self.chaos is not None:
+            self.chaos.join(HEAL_WAIT_S)  # a fault in progress heals what it broke
         if self._follower is not None:
             self._follower.close()
             self._follower = None
+        if self._offsets is not None:
+            self._offsets.close()
+            self._offsets = None
         for client in self._sinks.values():
             client.close()
         self.publisher.close()
@@ -421,7 +469,12 @@ class Mission:
             self.publisher.publish_policy(2, "mission", self.harness.clock.now_ms())
             self.policy_changed_at = n
             self.say(f"policy version 2 in force after {n} cases")
-        if self.options.broker_restart and not self.broker_restarts and n >= (total * 3) // 5:
+        if (
+            self.options.broker_restart
+            and not self.options.broker_chaos  # the chaos restarts the whole cluster instead
+            and not self.broker_restarts
+            and n >= (total * 3) // 5
+        ):
             self.broker_restarts = -1  # tried (even if it cannot be done)
             status = broker.status(self.settings)
             if not status.owned:
@@ -572,16 +625,55 @@ class Mission:
                 in_flight += 0 if run.settled else 1
                 budget -= 1
             exhausted = self._next_case >= total
+            if self.chaos is not None:
+                self.chaos.poke(self.started_cases, total)
             self._supervise()
             self._sample()
             settled = self._settled()
             self.progress(settled, total, self._status())
-            if exhausted and settled == total:
+            if exhausted and settled == total and self._chaos_over():
                 return
             if time.monotonic() - self.last_change > STALL_S and self._quiet():
                 self.last_change = time.monotonic()
-                if not self._nudge() and exhausted and self._settled() == total:
+                if (
+                    not self._nudge()
+                    and exhausted
+                    and self._settled() == total
+                    and self._chaos_over()
+                ):
                     return
+
+    def _chaos_over(self) -> bool:
+        """True when no broker fault is due any more (every one has run and healed)."""
+        if self.chaos is None or self.chaos.done:
+            return True
+        # Every case is settled: the faults still due run now, one after another,
+        # while the loop goes on following the ledger (resumes still happen).
+        self.chaos.poke(self.options.cases, self.options.cases)
+        return False
+
+    def _busiest(self) -> tuple[str, int]:
+        """The partition of the mission's topics with the most records: ``(topic, partition)``.
+
+        Called from the chaos thread only (its consumer is its own).
+        """
+        if self._offsets is None:
+            self._offsets = Consumer(
+                consumer_config(self.settings, f"{self.settings.topic_prefix}.chaos")
+            )
+        best, most = (self.settings.topic("journal"), 0), -1
+        try:
+            for t in TOPICS:
+                for p in range(partitions_for(self.settings, t)):
+                    tp = TopicPartition(self.settings.topic(t.name), p)
+                    _low, high = self._offsets.get_watermark_offsets(tp, timeout=10, cached=False)
+                    if high > most:
+                        best, most = (tp.topic, p), high
+        except KafkaException:
+            self._offsets.close()  # its metadata may be stale (a restart): a new one next time
+            self._offsets = None
+            raise
+        return best
 
     def _settle(self, timeout_s: float = 180.0) -> None:
         """Every crashed stage restarted, every zombie woken, every stage caught up."""
@@ -667,6 +759,8 @@ class Mission:
         )
         self._start()
         deadline = time.monotonic() + 120 + 1.0 * self.options.cases
+        if self.chaos is not None:
+            deadline += HEAL_WAIT_S  # the broker faults take their time
         self._loop(deadline)
         self.say(
             "every case has an outcome or is held; restarting what crashed and "
@@ -730,5 +824,6 @@ class Mission:
             stage_errors=dict(self.stage_errors),
             kafka_fenced=self._kafka_fenced(),
             process_starts=self.process_starts,
+            failovers=self.chaos.report(self.t0_unix) if self.chaos is not None else (),
         )
         return build(facts)

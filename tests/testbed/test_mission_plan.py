@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ledger.events import JournalEntry
+from ledger.events import JournalEntry, OperationState
 from ledger.fold import decide, journal_entry
 from testbed.mission.plan import (
     SEAM_STAGE,
@@ -16,8 +16,14 @@ from testbed.mission.plan import (
     eligible,
     plan,
 )
-from testbed.mission.report import JournalRow, percentile, readback_latencies
-from tests.helpers import admission, claim, intent, readback
+from testbed.mission.report import (
+    JournalRow,
+    lost_transitions,
+    percentile,
+    readback_latencies,
+    split_by_failover,
+)
+from tests.helpers import admission, claim, intent, readback, receipt
 
 
 def test_the_plan_is_a_function_of_the_seed_and_not_of_the_mode() -> None:
@@ -109,3 +115,39 @@ def test_readback_latency_runs_from_the_resume_to_the_deciding_readback() -> Non
     late = rb.model_copy(update={"observer": "reconciler"})
     rows = _rows([(i, 100.0), (admission(i), 100.1), (claim(op, "w", 2), 200.0), (late, 900.0)])
     assert readback_latencies(rows, []) == ([], 0)
+
+
+def _state_after(rows: list[JournalRow]) -> dict[str, OperationState]:
+    from ledger.fold import replay
+
+    return replay(r.entry for r in rows)
+
+
+def test_an_effect_the_journal_does_not_record_is_a_lost_transition() -> None:
+    op = "refund:c1:v1"
+    i = intent(op)
+    pending = _rows([(i, 100.0), (admission(i), 100.1)])
+    committed = _rows([(i, 100.0), (admission(i), 100.1), (receipt(op, f"{op}#1.1"), 100.5)])
+    assert _state_after(committed)[op].state == "EFFECT_COMMITTED"
+    effect = {"payments": {op: 1}}
+    assert lost_transitions(committed, _state_after(committed), effect) == set()
+    assert lost_transitions(pending, _state_after(pending), {"payments": {op: 0}}) == set()
+    # the sink holds the refund but the journal stops before it: lost
+    assert lost_transitions(pending, _state_after(pending), effect) == {op}
+    # ledger.state behind the journal (a journaled transition lost from the state)
+    assert lost_transitions(committed, _state_after(pending), effect) == {op}
+    # an effect of an operation the ledger never saw
+    assert lost_transitions([], {}, {"mailer": {"notify:c9:v1": 1}}) == {"notify:c9:v1"}
+
+
+def test_readback_latencies_split_by_whether_the_resume_met_a_failover() -> None:
+    resumes = [(10.0, 10.5, 500.0), (20.0, 21.0, 1000.0), (29.0, 31.0, 2000.0), (50.0, 50.1, 100.0)]
+    windows = [
+        {"kind": "leader-kill", "start": 20.5, "end": 30.0},
+        {"kind": "partition", "start": 0.0, "end": None, "note": "skipped: not root"},
+        {"kind": "full-restart", "start": 45.0, "end": None},  # never healed: open-ended
+    ]
+    during, outside = split_by_failover(resumes, windows)
+    assert during == [1000.0, 2000.0, 100.0]
+    assert outside == [500.0]
+    assert split_by_failover(resumes, []) == ([], [500.0, 1000.0, 2000.0, 100.0])

@@ -9,11 +9,13 @@ and the names the stages really use:
 * a stage's transactional ID is ``{prefix}.{component}.{instance}``, so the
   stage gets the *prefixed* transactional-ID resource ``{prefix}.{component}.``;
 * a stage's consumer group is ``{prefix}.{component}``;
-* readers that assign partitions themselves still name a group (librdkafka
-  looks its coordinator up): ``{prefix}.reader`` (whole-topic reads),
-  ``{prefix}.settle`` (waiting out open transactions) and
-  ``{prefix}.table.{topic}`` / ``{prefix}.table.{topic}.hw`` (a followed
-  table and its high-watermark probe). They never commit offsets.
+* readers that assign partitions themselves still name a group, and
+  librdkafka looks its coordinator up (FindCoordinator, which needs DESCRIBE
+  on the group; without it the broker logs a denial every few hundred
+  milliseconds): ``{prefix}.reader`` (whole-topic reads), ``{prefix}.settle``
+  (waiting out open transactions) and ``{prefix}.table.{topic}`` /
+  ``{prefix}.table.{topic}.hw`` (a followed table and its high-watermark
+  probe). They get DESCRIBE only: nothing joins them or commits offsets.
 
 Principals (role names; the Kafka principal of each is configurable, see
 :func:`principal_names`):
@@ -210,8 +212,9 @@ class Grant:
             (every ledger topic: ``check_topics``).
         transactional_id_prefix: full prefix of its transactional IDs, or
             ``None`` (not transactional).
-        group: its own consumer group (stages), or ``None``.
-        helper_groups: groups of its partition readers (never committed).
+        group: its own consumer group (stages, READ), or ``None``.
+        helper_groups: groups its partition readers name (DESCRIBE only:
+            never joined, never committed).
         idempotent_write: IDEMPOTENT_WRITE on the cluster.
         notes: topic -> why it is written or read beyond the topology.
     """
@@ -228,7 +231,7 @@ class Grant:
     notes: Mapping[str, str] = field(default_factory=dict)
 
     def groups(self) -> tuple[str, ...]:
-        """Every group it may READ: its own first, then the helpers."""
+        """Every group it names: its own (READ) first, then the helpers (DESCRIBE)."""
         return ((self.group,) if self.group else ()) + self.helper_groups
 
     def acls(self, topic_prefix: str) -> list[Acl]:
@@ -254,8 +257,10 @@ class Grant:
             txn = self.transactional_id_prefix
             out.add(Acl(p, "TRANSACTIONAL_ID", txn, "PREFIXED", "WRITE"))
             out.add(Acl(p, "TRANSACTIONAL_ID", txn, "PREFIXED", "DESCRIBE"))
-        for group in self.groups():
-            out.add(Acl(p, "GROUP", group, "LITERAL", "READ"))
+        if self.group is not None:
+            out.add(Acl(p, "GROUP", self.group, "LITERAL", "READ"))
+        for group in self.helper_groups:
+            out.add(Acl(p, "GROUP", group, "LITERAL", "DESCRIBE"))
         if self.idempotent_write:
             out.add(Acl(p, "CLUSTER", CLUSTER_NAME, "LITERAL", "IDEMPOTENT_WRITE"))
         return sorted(out)

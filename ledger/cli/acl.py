@@ -9,6 +9,7 @@ cluster): run it with that principal's ``LEDGER_KAFKA_CONFIG_FILE``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -166,14 +167,19 @@ def compare(acl_plan: acl.AclPlan, bindings: Iterable[AclBinding]) -> Comparison
 
 
 def apply_plan(
-    settings: LedgerSettings, acl_plan: acl.AclPlan, *, dry_run: bool = False
+    settings: LedgerSettings,
+    acl_plan: acl.AclPlan,
+    *,
+    dry_run: bool = False,
+    wait_s: float = _TIMEOUT_S,
 ) -> tuple[list[acl.Acl], Comparison]:
-    """Create the plan's missing entries (idempotent).
+    """Create the plan's missing entries (idempotent), then wait until the broker has them.
 
     Args:
         settings: whose client configuration reaches the cluster as admin.
         acl_plan: the plan.
         dry_run: only say what would be created.
+        wait_s: longest wait (seconds) for a broker to report the new entries.
 
     Returns:
         The entries created (or that would be), and the comparison made first.
@@ -200,7 +206,28 @@ def apply_plan(
             f"{len(failures)} of {len(futures)} ACLs were not created:\n  " + "\n  ".join(failures),
             observed=failures,
         )
+    _await_visible(settings, acl_plan, wait_s)
     return before.missing, before
+
+
+def _await_visible(settings: LedgerSettings, acl_plan: acl.AclPlan, wait_s: float) -> None:
+    """Wait until a broker reports every entry of the plan.
+
+    The controller commits new ACLs before brokers load them into their
+    authorizers; a client that starts at once could still be refused.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        now = compare(acl_plan, broker_acls(settings, (g.principal for g in acl_plan.grants)))
+        if not now.missing:
+            return
+        if time.monotonic() > deadline:
+            raise BrokerUnavailableError(
+                f"{len(now.missing)} ACLs created but not yet reported by the broker after "
+                f"{wait_s:g} s (e.g. {now.missing[0]}); run `ledger acl check` again shortly",
+                observed=len(now.missing),
+            )
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------- the commands
@@ -261,7 +288,7 @@ def acl_group() -> None:
 
 
 def _table(acl_plan: acl.AclPlan) -> str:
-    rows = [("PRINCIPAL", "WRITES", "READS", "TRANSACTIONAL ID PREFIX", "GROUPS")]
+    rows = [("PRINCIPAL", "WRITES", "READS", "TRANSACTIONAL ID PREFIX", "GROUP", "DESCRIBE GROUPS")]
     for g in acl_plan.grants:
         rows.append(
             (
@@ -269,7 +296,8 @@ def _table(acl_plan: acl.AclPlan) -> str:
                 ",".join(g.writes) or "-",
                 ",".join(g.reads) or "-",
                 g.transactional_id_prefix or "-",
-                ",".join(g.groups()) or "-",
+                g.group or "-",
+                ",".join(g.helper_groups) or "-",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -320,8 +348,9 @@ def acl_plan(
         click.echo(_table(the_plan))
         click.echo(
             "# every principal may also DESCRIBE and DESCRIBE_CONFIGS every ledger topic "
-            f"(the start-up topic check); {len(the_plan.acls())} entries in all "
-            "(--format json lists them)"
+            "(the start-up topic check); DESCRIBE GROUPS are named by partition readers "
+            "(never joined); "
+            f"{len(the_plan.acls())} entries in all (--format json lists them)"
         )
 
 

@@ -124,9 +124,22 @@ def test_transactional_ids_groups_and_inputs_match_the_stages(
         ("PREFIXED", "WRITE"),
         ("PREFIXED", "DESCRIBE"),
     }
-    assert {a.name for a in _entries(principal=f"User:{component}", resource_type="GROUP")} >= {
-        stage.group_id
-    }
+    groups = _entries(principal=f"User:{component}", resource_type="GROUP", operation="READ")
+    assert [a.name for a in groups] == [stage.group_id]
+
+
+def test_only_stages_join_a_group_and_helper_groups_are_describe_only() -> None:
+    joined = {(a.principal, a.name) for a in _entries(resource_type="GROUP", operation="READ")}
+    assert joined == {(f"User:{c}", f"{PREFIX}.{c}") for c in acl.STAGE_COMPONENTS}
+    for grant in PLAN.grants:
+        described = {
+            a.name
+            for a in _entries(
+                principal=grant.principal, resource_type="GROUP", operation="DESCRIBE"
+            )
+        }
+        assert described == set(grant.helper_groups)
+        assert grant.group not in described
 
 
 def test_the_table_groups_are_the_ones_the_followers_name(

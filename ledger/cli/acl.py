@@ -92,9 +92,47 @@ def _fail(what: str, exc: KafkaException) -> BrokerError:
             else "the cluster has no authorizer (authorizer.class.name): ACLs cannot be set"
         )
         return BrokerError(f"{what}: {err}; {remedy}", observed=code)
-    if getattr(err, "retriable", lambda: False)():
-        return BrokerUnavailableError(f"{what}: {err} (is the cluster up?)", observed=code)
+    if getattr(err, "retriable", lambda: False)() or code in (
+        "_TIMED_OUT",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+    ):
+        return BrokerUnavailableError(
+            f"{what}: {err} (is the cluster up, and are the client's security settings "
+            "those of its listener?)",
+            observed=code,
+        )
     return BrokerError(f"{what}: {err}", observed=code)
+
+
+def _require_cluster_rights(admin: AdminClient, *operations: str) -> None:
+    """Refuse early, with the remedy, a principal that may not manage ACLs.
+
+    (A broker refuses DescribeAcls to such a principal, but the admin client
+    hands back an empty list, which would read as "no ACLs at all".)
+
+    Raises:
+        BrokerError: the principal lacks one of ``operations`` on the cluster,
+            or the cluster has no authorizer.
+        BrokerUnavailableError: the cluster does not answer.
+    """
+    try:
+        cluster = admin.describe_cluster(
+            include_authorized_operations=True, request_timeout=_TIMEOUT_S
+        ).result()
+    except KafkaException as exc:
+        raise _fail("cannot describe the cluster", exc) from exc
+    allowed = {getattr(op, "name", str(op)) for op in cluster.authorized_operations or ()}
+    lacking = [op for op in operations if op not in allowed]
+    if lacking:
+        raise BrokerError(
+            f"this client's principal may not {' or '.join(lacking)} the cluster (so it cannot "
+            "read or write ACLs), or the cluster has no authorizer: run `ledger acl` as the "
+            "admin principal (a super user; LEDGER_KAFKA_CONFIG_FILE with its credentials) "
+            "on a cluster with authorizer.class.name set",
+            expected=list(operations),
+            observed=sorted(allowed),
+        )
 
 
 def broker_acls(settings: LedgerSettings, principals: Iterable[str]) -> list[AclBinding]:
@@ -112,6 +150,7 @@ def broker_acls(settings: LedgerSettings, principals: Iterable[str]) -> list[Acl
             refusal; BrokerUnavailableError when the cluster does not answer.
     """
     admin = _admin(settings)
+    _require_cluster_rights(admin, "DESCRIBE")
     out: list[AclBinding] = []
     for principal in sorted(set(principals)):
         # None matches any name and host (the stubs say str).
@@ -148,8 +187,30 @@ class Comparison:
     extra: list[AclBinding]
 
 
+def concerns(binding: AclBinding, topic_prefix: str) -> bool:
+    """Tell whether a binding reaches the resources of the ledger with ``topic_prefix``.
+
+    True for the cluster resource, for a name that begins with ``{prefix}.``,
+    for the wildcard ``*``, and for a prefixed pattern that covers
+    ``{prefix}.`` (``ledger``, ``led`` ...). Bindings of other ledgers on the
+    same cluster (other prefixes) are not this plan's business.
+    """
+    restype: Any = binding.restype
+    pattern: Any = binding.resource_pattern_type
+    ours = topic_prefix + "."
+    if restype == ResourceType.BROKER or binding.name == "*":
+        return True
+    if binding.name.startswith(ours):
+        return True
+    return bool(pattern == ResourcePatternType.PREFIXED and ours.startswith(binding.name))
+
+
 def compare(acl_plan: acl.AclPlan, bindings: Iterable[AclBinding]) -> Comparison:
-    """Compare a plan with the bindings the cluster holds (pure)."""
+    """Compare a plan with the bindings the cluster holds (pure).
+
+    Bindings that do not concern the plan's ledger (:func:`concerns`) are
+    ignored: one cluster may carry several ledgers under one set of principals.
+    """
     wanted = set(acl_plan.acls())
     have: set[acl.Acl] = set()
     extra: list[AclBinding] = []
@@ -157,7 +218,7 @@ def compare(acl_plan: acl.AclPlan, bindings: Iterable[AclBinding]) -> Comparison
         entry = from_binding(binding)
         if entry is not None and entry in wanted:
             have.add(entry)
-        else:
+        elif concerns(binding, acl_plan.topic_prefix):
             extra.append(binding)
     return Comparison(
         present=sorted(have),
@@ -192,6 +253,7 @@ def apply_plan(
     if dry_run or not before.missing:
         return before.missing, before
     admin = _admin(settings)
+    _require_cluster_rights(admin, "ALTER")
     futures = admin.create_acls(
         [to_binding(entry) for entry in before.missing], request_timeout=_TIMEOUT_S
     )

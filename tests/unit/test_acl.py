@@ -20,7 +20,7 @@ from consumers.auditor import TopicScan
 from consumers.stages import STAGES
 from ledger import acl
 from ledger.cli import main
-from ledger.cli.acl import compare, from_binding, to_binding
+from ledger.cli.acl import compare, concerns, from_binding, to_binding
 from ledger.errors import LedgerError
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
@@ -294,3 +294,27 @@ def test_acl_plan_command_prints_the_table_and_the_json(monkeypatch: pytest.Monk
     assert data == acl.plan(PREFIX, {"relay": "User:sa-1"}).to_dict()
     bad = runner.invoke(main, ["acl", "plan", "--principal", "relay"])
     assert bad.exit_code == 1 and "ROLE=PRINCIPAL" in bad.output
+
+
+def _binding(name: str, pattern: ResourcePatternType = ResourcePatternType.LITERAL) -> AclBinding:
+    return AclBinding(
+        ResourceType.TOPIC,
+        name,
+        pattern,
+        "User:service",
+        "*",
+        AclOperation.WRITE,
+        AclPermissionType.ALLOW,
+    )
+
+
+def test_check_ignores_other_ledgers_but_not_wildcards_or_covering_prefixes() -> None:
+    assert not concerns(_binding("other.state"), PREFIX)
+    assert not concerns(_binding(f"{PREFIX}x.state"), PREFIX)
+    assert concerns(_binding(f"{PREFIX}.state"), PREFIX)
+    assert concerns(_binding("*"), PREFIX)
+    assert concerns(_binding(PREFIX[:2], ResourcePatternType.PREFIXED), PREFIX)
+    assert not concerns(_binding(PREFIX[:2], ResourcePatternType.LITERAL), PREFIX)
+    other = acl.plan("other")
+    result = compare(PLAN, [to_binding(e) for e in PLAN.acls() + other.acls()])
+    assert not result.missing and not result.extra

@@ -11,19 +11,22 @@ module's own topic prefix; every other client runs as its role's principal.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from consumers.auditor import run_audit
-from consumers.reader import current_states
+from consumers.reader import current_states, read_topic, wait_for_decision
 from consumers.reconciler import reconcile_once
 from ledger import acl
+from ledger.cli import main
 from ledger.cli.acl import apply_plan, broker_acls, compare, to_binding
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval
@@ -133,7 +136,8 @@ def _approve(ledger: SecuredLedger) -> None:
         pub.close()
 
 
-def _publish_intent(ledger: SecuredLedger) -> None:
+def _publish_intent(ledger: SecuredLedger) -> tuple[str, int, int]:
+    """Publish the intent as ``service``; returns its (topic, partition, offset)."""
     pub = LedgerPublisher(ledger.as_("service"))
     try:
         pub.publish(
@@ -147,8 +151,27 @@ def _publish_intent(ledger: SecuredLedger) -> None:
             decision_version=1,
             approval_id="ap-acl",
         )
+        assert pub.last_position is not None
+        return pub.last_position
     finally:
         pub.close()
+
+
+def _settled_state(settings: LedgerSettings, harness: Harness, timeout_s: float = 60) -> str:
+    """The operation's state once it is final (or the last one seen at the deadline).
+
+    Quiescence can be seen in the instant between a transaction's offset
+    commit and the commit marker on its output partition (the coordinator
+    writes them one after the other); the state read as the operator then
+    lags by one step, so wait for the final state itself.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = current_states(settings).get(OPERATION)
+        seen = state.state if state is not None else "(none)"
+        if seen == S.OUTCOME_VERIFIED or time.monotonic() > deadline:
+            return seen
+        harness.wait_quiescent(60)
 
 
 def test_the_ledger_reaches_a_verified_outcome_under_its_principals(
@@ -162,13 +185,19 @@ def test_the_ledger_reaches_a_verified_outcome_under_its_principals(
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
     try:
         _approve(secured)
-        _publish_intent(secured)
+        topic, partition, offset = _publish_intent(secured)
         harness.start_all()
         harness.wait_quiescent(120)
         assert not harness.crashed(), harness.log_tail()
-        state = current_states(secured.as_("operator"))[OPERATION]
-        assert state.state == S.OUTCOME_VERIFIED, harness.log_tail()
+        state = _settled_state(secured.as_("operator"), harness)
+        assert state == S.OUTCOME_VERIFIED, harness.log_tail()
         assert harness.effects("payments", OPERATION) == 1
+        # What the operator's and reviewer's commands read: the decision on a
+        # published input (the journal, followed), the grant `ledger revoke` reads.
+        decision = wait_for_decision(secured.as_("operator"), topic, partition, offset, 60)
+        assert decision is not None and decision.outcome == "APPLIED"
+        grants = read_topic(secured.as_("reviewer"), "approvals")
+        assert [r.key for r in grants] == ["ap-acl"]
         # The reconciler reads its queue and the states (nothing is held here).
         assert reconcile_once(secured.as_("reconciler")) == []
         report = run_audit(secured.as_("auditor"))
@@ -210,3 +239,21 @@ def test_a_service_may_not_take_a_stages_transactional_id(secured: SecuredLedger
     with pytest.raises(KafkaException) as refused:
         producer.init_transactions(60)
     assert refused.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def test_acl_apply_is_idempotent_and_check_is_clean(
+    secured: SecuredLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", secured.admin.bootstrap_servers)
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", secured.admin.topic_prefix)
+    monkeypatch.setenv("LEDGER_KAFKA_CONFIG_FILE", str(secured.admin.kafka_config_file))
+    runner = CliRunner()
+    again = runner.invoke(main, ["acl", "apply"])
+    assert again.exit_code == 0, again.output
+    assert f"created 0 ACLs, {len(secured.plan.acls())} already present" in again.output
+    check = runner.invoke(main, ["acl", "check"])
+    assert check.exit_code == 0, check.output
+    # Not as a principal of the matrix: refused with the remedy.
+    monkeypatch.setenv("LEDGER_KAFKA_CONFIG_FILE", str(secured.as_("operator").kafka_config_file))
+    refused = runner.invoke(main, ["acl", "apply"])
+    assert refused.exit_code == 1 and "admin principal" in refused.output

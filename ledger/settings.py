@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,12 @@ class LedgerSettings(BaseSettings):
         kafka_home: folder where the local broker's jars, config, data and logs
             live (default ``{LEDGER_HOME or the current directory}/.cache/kafka``).
         kafka_port: broker listener port on 127.0.0.1 (controller uses +1).
+        brokers: nodes of the local broker ``ledger broker start`` runs when
+            ``--brokers`` is not given (``LEDGER_BROKERS``, default 1; 3 for a
+            replicated cluster; see ``testbed.cluster``).
+        broker_security: security of that local broker when ``--security`` is
+            not given (``LEDGER_BROKER_SECURITY``): ``plaintext`` (default),
+            ``sasl_plaintext`` or ``sasl_ssl``.
         clock: ``system`` (wall clock; the default) or ``manual`` (the ledger
             clock in ``run_dir/clock``, which starts at 0 and moves only by
             ``ledger clock advance``: for testbeds and tests only; a stage
@@ -104,6 +111,8 @@ class LedgerSettings(BaseSettings):
     run_dir: Path = Field(default_factory=lambda: ledger_home() / ".ledger")
     kafka_home: Path = Field(default_factory=lambda: ledger_home() / ".cache" / "kafka")
     kafka_port: int = 19092
+    brokers: int = Field(default=1, ge=1)
+    broker_security: Literal["plaintext", "sasl_plaintext", "sasl_ssl"] = "plaintext"
     clock: str = "system"
     testbed: bool = False
     instance: str | None = None

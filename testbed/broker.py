@@ -17,6 +17,10 @@ The broker listens on ``127.0.0.1:{kafka_port}`` (clients) and
 ``127.0.0.1:{kafka_port + 1}`` (KRaft controller). Only a broker whose PID is
 recorded in ``broker.pid`` is ever stopped; a broker someone else runs on the
 same port is reused but never touched.
+
+A cluster of several nodes, or a secured one (``ledger broker start --brokers
+3 --security sasl_ssl``), is :mod:`testbed.cluster`'s: it shares the jars and
+the folder's lock, and keeps its nodes in ``kafka_home/node-<i>/``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,21 @@ CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
 POM_PATH = Path(__file__).resolve().parent / "kafka" / "pom.xml"
 #: Java heap of the broker.
 JVM_HEAP = ("-Xms256m", "-Xmx512m")
+#: The SCRAM users of a secured local cluster (``ledger broker start --security
+#: sasl_ssl``, see :mod:`testbed.cluster`): the super user ``admin`` (brokers,
+#: controllers, topic and ACL administration) and one principal per role of
+#: DESIGN.md "Trust boundary". Each gets ``kafka_home/clients/<user>.properties``.
+PRINCIPALS: tuple[str, ...] = (
+    "admin",
+    "processor",
+    "authority",
+    "relay",
+    "reconciler",
+    "auditor",
+    "service",
+    "reviewer",
+    "operator",
+)
 
 _log = logging.getLogger(__name__)
 
@@ -339,6 +358,11 @@ def status(settings: LedgerSettings) -> BrokerStatus:
     else:
         msg = f"not running (nothing answers on {bootstrap})"
     return _status(settings, paths, pid, answers, False, msg)
+
+
+def status_pid(settings: LedgerSettings) -> int | None:
+    """PID of the single-node broker we started in ``settings.kafka_home``, if it is alive."""
+    return _recorded_pid(_Paths.of(settings))
 
 
 def restart(settings: LedgerSettings, wait_s: float = 90, timeout_s: float = 30) -> BrokerStatus:

@@ -17,12 +17,13 @@ from pathlib import Path
 import click
 
 from ledger.cli.common import current_settings
-from testbed import broker
+from ledger.settings import LedgerSettings
+from testbed import broker, cluster
 from testbed.broker import running_broker
 from testbed.cli_mission import mission_group
 from testbed.extras import require_testbed_extra
 
-_BROKER_HELP = """Run the local single-node Kafka 4 broker (KRaft) from Maven jars.
+_BROKER_HELP = """Run the local Kafka 4 broker (KRaft) from Maven jars: one node, or a cluster.
 
 \b
 No Docker, no tarball: Java 17+ and Maven are enough. Everything lives in
@@ -38,6 +39,12 @@ to the current directory):
 Environment:
   LEDGER_KAFKA_HOME   broker folder (above)
   LEDGER_KAFKA_PORT   client port on 127.0.0.1 (default 19092; controller +1)
+  LEDGER_BROKERS      nodes of `start` without --brokers (default 1)
+  LEDGER_BROKER_SECURITY  plaintext | sasl_plaintext | sasl_ssl (default plaintext)
+
+\b
+A cluster (--brokers 3, --security sasl_ssl) lives in node-<i>/ folders,
+security/ (CA, keystores, users.json) and clients/<user>.properties.
 
 \b
 Clients use LEDGER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS (default
@@ -77,25 +84,87 @@ def broker_fetch() -> None:
     click.echo(f"{jars} jars in {libs}")
 
 
+def _cluster_or_none(settings: LedgerSettings) -> cluster.Cluster | None:
+    """The cluster recorded in kafka_home, unless the single-node broker runs there."""
+    if broker.status_pid(settings) is not None:
+        return None
+    return cluster.Cluster.recorded(settings)
+
+
+def _echo_cluster(st: cluster.ClusterStatus) -> None:
+    click.echo(st.message)
+    click.echo(f"  bootstrap : {st.bootstrap}")
+    click.echo(f"  security  : {st.security}")
+    ctl = st.controller if st.controller is not None else "unknown"
+    click.echo(f"  controller: node {ctl} (active KRaft controller)")
+    for node in st.nodes:
+        reg = {True: "registered", False: "NOT registered", None: "cluster silent"}[node.registered]
+        click.echo(
+            f"  node {node.node_id}    : pid {node.pid if node.alive else '-'} "
+            f"{'alive' if node.alive else 'down'}, {reg}, client {node.host}:{node.client_port}, "
+            f"controller {node.host}:{node.controller_port}, log {node.log_file}"
+        )
+    if st.client_files:
+        folder = next(iter(st.client_files.values())).parent
+        click.echo(f"  clients   : {folder}/<user>.properties for {', '.join(st.client_files)}")
+        click.echo(
+            f"              e.g. LEDGER_KAFKA_CONFIG_FILE={st.client_files['admin']} "
+            "ledger topics create"
+        )
+
+
 @broker_group.command("start")
 @click.option(
     "--wait",
     "wait_s",
     type=float,
-    default=90,
-    show_default=True,
-    help="Seconds to wait until the broker answers.",
+    default=None,
+    help="Seconds to wait until the broker answers (default 90; a cluster 180).",
 )
-def broker_start(wait_s: float) -> None:
-    """Start the broker in the background, or reuse the one already running.
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, cluster.MAX_BROKERS),
+    default=None,
+    help="Nodes (each broker and KRaft controller); default LEDGER_BROKERS (1).",
+)
+@click.option(
+    "--security",
+    type=click.Choice(cluster.SECURITY_MODES),
+    default=None,
+    help="plaintext, or SCRAM users + StandardAuthorizer (sasl_plaintext), with TLS "
+    "(sasl_ssl); default LEDGER_BROKER_SECURITY (plaintext).",
+)
+def broker_start(wait_s: float | None, brokers: int | None, security: str | None) -> None:
+    """Start the broker (or cluster) in the background, or reuse the one running.
 
     Fetches the jars if needed, writes the configs, formats the storage once,
     launches java detached (it keeps running after this command exits) and
     waits until the broker answers. If a broker we started is running, or any
     Kafka answers on LEDGER_KAFKA_PORT, it is reused. Stop it with
     `ledger broker stop`.
+
+    With --brokers N (N>1) or --security other than plaintext it starts an
+    N-node KRaft cluster in LEDGER_KAFKA_HOME/node-<i>/ (node i: client port
+    LEDGER_KAFKA_PORT+i-1, controller port LEDGER_KAFKA_PORT+N+i-1); a secured
+    one writes a client properties file per user to LEDGER_KAFKA_HOME/clients/
+    (use one as LEDGER_KAFKA_CONFIG_FILE).
     """
-    _echo_status(broker.start(current_settings(), wait_s=wait_s))
+    settings = current_settings()
+    n = settings.brokers if brokers is None else brokers
+    mode = settings.broker_security if security is None else security
+    if n == 1 and mode == "plaintext":
+        running = _cluster_or_none(settings)
+        if running is not None and any(running.node_pid(x.node_id) for x in running.spec.nodes):
+            raise click.ClickException(
+                f"a {running.spec.brokers}-node {running.spec.security} cluster runs in "
+                f"{running.spec.kafka_home}; stop it first (ledger broker stop) or pass "
+                f"--brokers {running.spec.brokers} --security {running.spec.security}"
+            )
+        _echo_status(broker.start(settings, wait_s=90 if wait_s is None else wait_s))
+        return
+    spec = cluster.ClusterSpec.from_settings(settings, n, mode)
+    st = cluster.Cluster(spec, settings).start(wait_s=180 if wait_s is None else wait_s)
+    _echo_cluster(st)
 
 
 @broker_group.command("stop")
@@ -108,12 +177,17 @@ def broker_start(wait_s: float) -> None:
     help="Seconds to wait after SIGTERM before SIGKILL.",
 )
 def broker_stop(timeout_s: float) -> None:
-    """Stop the broker `ledger broker start` launched (by its recorded PID).
+    """Stop the broker or cluster `ledger broker start` launched (by recorded PIDs).
 
     A broker someone else runs on the port is never touched. Without a
     recorded broker this does nothing and says so.
     """
-    click.echo(broker.stop(current_settings(), timeout_s=timeout_s))
+    settings = current_settings()
+    recorded = cluster.Cluster.recorded(settings)
+    if recorded is not None:
+        click.echo(recorded.stop(timeout_s=max(timeout_s, 60)))
+    if recorded is None or broker.status_pid(settings) is not None:
+        click.echo(broker.stop(settings, timeout_s=timeout_s))
 
 
 @broker_group.command("restart")
@@ -121,26 +195,39 @@ def broker_stop(timeout_s: float) -> None:
     "--wait",
     "wait_s",
     type=float,
-    default=90,
-    show_default=True,
-    help="Seconds to wait until the broker answers again.",
+    default=None,
+    help="Seconds to wait until the broker answers again (default 90; a cluster 180).",
 )
-def broker_restart(wait_s: float) -> None:
-    """Stop and start our broker on the same data (game days: broker loss).
+def broker_restart(wait_s: float | None) -> None:
+    """Stop and start our broker (or every node of our cluster) on the same data.
 
     Topics, records, committed offsets and transactions survive; clients see
     the broker vanish for a few seconds.
     """
-    _echo_status(broker.restart(current_settings(), wait_s=wait_s))
+    settings = current_settings()
+    running = _cluster_or_none(settings)
+    if running is not None:
+        _echo_cluster(running.full_restart(wait_s=180 if wait_s is None else wait_s))
+        return
+    _echo_status(broker.restart(settings, wait_s=90 if wait_s is None else wait_s))
 
 
 @broker_group.command("status")
 def broker_status() -> None:
-    """Say whether the broker runs, its PID, address, log and data paths.
+    """Say whether the broker (or each cluster node) runs: PID, ports, log paths.
 
-    Exit status: 0 when a broker answers on LEDGER_KAFKA_PORT, 3 when not.
+    Exit status: 0 when the broker answers on LEDGER_KAFKA_PORT (a cluster:
+    every node alive and registered), 3 when not.
     """
-    st = broker.status(current_settings())
+    settings = current_settings()
+    running = _cluster_or_none(settings)
+    if running is not None:
+        cst = running.status()
+        _echo_cluster(cst)
+        if not cst.running:
+            raise click.exceptions.Exit(3)
+        return
+    st = broker.status(settings)
     _echo_status(st)
     if not st.running:
         raise click.exceptions.Exit(3)

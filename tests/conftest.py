@@ -12,6 +12,12 @@ Broker, in this order (a missing broker is a failure, never a skip):
 
 Every test gets its own topic prefix (uuid), and should use its own group and
 transactional IDs (see :func:`unique`).
+
+``secure_cluster`` (session-scoped, started only by the tests that ask for
+it) is a second, separate Kafka: a three-node ``sasl_ssl`` cluster of
+``testbed.cluster`` with SCRAM users and the ``StandardAuthorizer``, in its
+own folder under the session's temporary directory, on ports
+``LEDGER_KAFKA_PORT + 10`` upwards; see :class:`SecureCluster`.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -32,6 +39,7 @@ from ledger import topics
 from ledger.errors import BrokerError
 from ledger.settings import LedgerSettings
 from testbed import broker
+from testbed.cluster import Cluster, ClusterSpec
 from tests.helpers import PROJECT_ROOT
 
 LOCAL_KAFKA_HOME = PROJECT_ROOT / ".cache" / "kafka"
@@ -190,3 +198,110 @@ def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSett
         for future in admin.delete_topics(doomed, operation_timeout=30).values():
             with contextlib.suppress(Exception):  # cleanup must not fail the test
                 future.result(timeout=30)
+
+
+@dataclass(frozen=True)
+class SecureCluster:
+    """The session's secured three-node cluster (fixture ``secure_cluster``).
+
+    Attributes:
+        cluster: the running :class:`testbed.cluster.Cluster`: its fault
+            primitives (``kill_node``, ``start_node``, ``leader_of``,
+            ``active_controller``, ``wait_fully_replicated`` ...) and an
+            ``admin()`` client. A test that kills or stops a node must start
+            it again (``cluster.start_node(i)``) before it ends.
+        bootstrap: every node's ``127.0.0.1:port``, comma-separated.
+        ca_file: the cluster's CA certificate (PEM).
+        client_files: principal -> its librdkafka client properties file
+            (what ``LEDGER_KAFKA_CONFIG_FILE`` takes), for every name in
+            :data:`testbed.broker.PRINCIPALS`.
+    """
+
+    cluster: Cluster
+    bootstrap: str
+    ca_file: Path
+    client_files: Mapping[str, Path]
+
+    @property
+    def admin_file(self) -> Path:
+        """The super user's client properties file (topic and ACL administration)."""
+        return self.client_files["admin"]
+
+    def settings_for(
+        self, principal: str, run_dir: Path | None = None, **overrides: Any
+    ) -> LedgerSettings:
+        """Settings of a ledger process that connects as ``principal``.
+
+        Args:
+            principal: one of :data:`testbed.broker.PRINCIPALS`.
+            run_dir: the run folder (created); default none is made, the
+                settings' default applies.
+            **overrides: further fields, e.g. ``topic_prefix=...`` to share
+                one prefix among several principals' settings.
+
+        Returns:
+            Settings with the cluster's bootstrap list, the principal's
+            client file as ``kafka_config_file``, a fresh ``topic_prefix``,
+            ``partitions=3``, ``clock="manual"`` and ``testbed=True``. No
+            topics are created: create them with :meth:`admin_settings`.
+        """
+        fields: dict[str, Any] = {
+            "topic_prefix": f"t{uuid.uuid4().hex[:12]}",
+            "partitions": 3,
+            "clock": "manual",
+            "testbed": True,
+        }
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fields["run_dir"] = run_dir
+        fields.update(overrides)
+        return self.cluster.client_settings(principal, **fields)
+
+    def admin_settings(self, **overrides: Any) -> LedgerSettings:
+        """:meth:`settings_for` the super user ``admin``."""
+        return self.settings_for("admin", **overrides)
+
+    def env_for(self, principal: str) -> dict[str, str]:
+        """Environment variables for a ledger subprocess that connects as ``principal``.
+
+        Returns:
+            ``LEDGER_KAFKA_CONFIG_FILE``, ``LEDGER_BOOTSTRAP_SERVERS``,
+            ``KAFKA_BOOTSTRAP_SERVERS``, ``LEDGER_KAFKA_HOME``,
+            ``LEDGER_KAFKA_PORT`` (and the cluster's ``LEDGER_BROKERS``,
+            ``LEDGER_BROKER_SECURITY``): merge them over ``os.environ``.
+        """
+        return self.cluster.client_env(principal)
+
+
+@pytest.fixture(scope="session")
+def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
+    """A three-node ``sasl_ssl`` cluster for the session, on ``LEDGER_KAFKA_PORT + 10``..+15.
+
+    Started on first use (about a minute on a loaded machine), stopped at
+    the end of the session; its folder (CA, users, client files, data) is
+    under the session's temporary directory. The jars are the checkout's
+    (``.cache/kafka/libs``, fetched if missing).
+    """
+    base = LedgerSettings(kafka_home=LOCAL_KAFKA_HOME)
+    try:
+        broker.fetch_jars(base)
+        spec = ClusterSpec.build(
+            tmp_path_factory.mktemp("secure-cluster"),
+            base.kafka_port + 10,
+            brokers=3,
+            security="sasl_ssl",
+            libs=LOCAL_KAFKA_HOME / "libs",
+        )
+        running = Cluster(spec, base)
+        running.start(wait_s=240)
+    except BrokerError as exc:
+        pytest.fail(f"the secured three-node cluster did not start: {exc.message}", pytrace=False)
+    try:
+        yield SecureCluster(
+            cluster=running,
+            bootstrap=spec.bootstrap,
+            ca_file=spec.ca_file,
+            client_files={p: spec.client_file(p) for p in broker.PRINCIPALS},
+        )
+    finally:
+        running.stop()

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -37,6 +35,7 @@ from ledger.states import RecoveryState as S
 from ledger.topics import create_topics
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from tests.conftest import SecureCluster
 
 pytestmark = pytest.mark.integration
 
@@ -48,42 +47,31 @@ class SecuredLedger:
     """One ledger (topic prefix) on the secured cluster with the matrix applied.
 
     Attributes:
-        cluster: the session's secured cluster (``testbed.cluster.Cluster``).
+        cluster: the session's ``secure_cluster`` fixture (``tests.conftest.SecureCluster``).
         admin: settings of the super user for this ledger.
         plan: the ACL matrix applied.
     """
 
-    cluster: Any
+    cluster: SecureCluster
     admin: LedgerSettings
     plan: acl.AclPlan
 
     def as_(self, role: str) -> LedgerSettings:
         """This ledger's settings as ``role``'s principal (its client properties file)."""
-        return self.cluster.client_settings(
+        return self.cluster.settings_for(
             role,
             topic_prefix=self.admin.topic_prefix,
             run_dir=self.admin.run_dir,
-            clock="manual",
-            testbed=True,
             partitions=self.admin.partitions,
         )
 
 
 @pytest.fixture(scope="module")
 def secured(
-    secure_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+    secure_cluster: SecureCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SecuredLedger]:
     """Topics created and the matrix applied as ``admin``; both removed afterwards."""
-    run_dir = tmp_path_factory.mktemp("acl") / "run"
-    run_dir.mkdir()
-    admin = secure_cluster.client_settings(
-        "admin",
-        topic_prefix=f"t{uuid.uuid4().hex[:12]}",
-        run_dir=run_dir,
-        clock="manual",
-        testbed=True,
-        partitions=3,
-    )
+    admin = secure_cluster.admin_settings(run_dir=tmp_path_factory.mktemp("acl") / "run")
     create_topics(admin)
     plan = acl.plan(admin.topic_prefix)
     created, before = apply_plan(admin, plan)

@@ -78,6 +78,9 @@ class Harness:
         self.sinks: dict[str, SinkProcess] = {}
         self._group_consumers: dict[str, Consumer] = {}
         self._lso_consumer: Consumer | None = None
+        #: component -> environment variables of its processes on top of the
+        #: settings' (e.g. its own ``LEDGER_KAFKA_CONFIG_FILE``: one principal per stage).
+        self.stage_env: dict[str, dict[str, str]] = {}
         if create:
             create_topics(settings)
 
@@ -121,7 +124,7 @@ class Harness:
         self._logs[name] = log
         self.procs[name] = subprocess.Popen(
             [sys.executable, "-m", "testbed.stage", component, "--instance", instance],
-            env=settings_env(self.settings),
+            env={**settings_env(self.settings), **self.stage_env.get(component, {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import keys, ops, stages, topics
+from ledger.cli import acl, keys, ops, stages, topics
 from ledger.cli.common import LedgerGroup, current_settings
 from ledger.settings import ledger_home
 
@@ -85,6 +85,7 @@ COMMANDS: tuple[click.Command, ...] = (
     topics.topics_group,
     *ops.COMMANDS,
     *keys.COMMANDS,
+    *acl.COMMANDS,
 )
 
 

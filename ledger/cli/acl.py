@@ -1,0 +1,471 @@
+"""``ledger acl ...``: print, apply and check the least-privilege ACL matrix.
+
+The matrix itself is :mod:`ledger.acl` (pure); this module talks to the
+cluster with the admin client (``describe_acls``, ``create_acls``), as the
+admin principal (a super user, or one allowed ALTER and DESCRIBE on the
+cluster): run it with that principal's ``LEDGER_KAFKA_CONFIG_FILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+# confluent_kafka.admin re-exports these without marking them public, so
+# mypy --strict wants them from their defining modules.
+from confluent_kafka.admin._acl import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+)
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+
+from ledger import acl
+from ledger.cli.common import current_settings
+from ledger.errors import BrokerError, BrokerUnavailableError
+from ledger.kafka import admin_config
+from ledger.settings import LedgerSettings
+
+_TIMEOUT_S = 30.0
+
+_RESOURCE: dict[str, ResourceType] = {
+    "TOPIC": ResourceType.TOPIC,
+    "GROUP": ResourceType.GROUP,
+    "TRANSACTIONAL_ID": ResourceType.TRANSACTIONAL_ID,
+    "CLUSTER": ResourceType.BROKER,
+}
+_PATTERN: dict[str, ResourcePatternType] = {
+    "LITERAL": ResourcePatternType.LITERAL,
+    "PREFIXED": ResourcePatternType.PREFIXED,
+}
+
+
+def to_binding(entry: acl.Acl) -> AclBinding:
+    """The admin client's ALLOW binding of one plan entry."""
+    return AclBinding(
+        _RESOURCE[entry.resource_type],
+        entry.name,
+        _PATTERN[entry.pattern],
+        entry.principal,
+        entry.host,
+        AclOperation[entry.operation],
+        AclPermissionType.ALLOW,
+    )
+
+
+def from_binding(binding: AclBinding) -> acl.Acl | None:
+    """The plan entry a broker binding equals, or ``None`` (a DENY, or an
+    operation, resource type or pattern the plan never uses)."""
+    if binding.permission_type != AclPermissionType.ALLOW:
+        return None
+    # The admin client hands back enums; the annotations also allow str and int.
+    restype: Any = binding.restype
+    pattern_type: Any = binding.resource_pattern_type
+    operation: Any = binding.operation
+    rtype = {v: k for k, v in _RESOURCE.items()}.get(restype)
+    pattern = {v: k for k, v in _PATTERN.items()}.get(pattern_type)
+    op = getattr(operation, "name", str(operation))
+    if rtype is None or pattern is None or op not in acl.OPERATIONS:
+        return None
+    return acl.Acl(binding.principal, rtype, binding.name, pattern, op, binding.host)  # type: ignore[arg-type]
+
+
+def _admin(settings: LedgerSettings) -> AdminClient:
+    return AdminClient(admin_config(settings))
+
+
+def _fail(what: str, exc: KafkaException) -> BrokerError:
+    err = exc.args[0] if exc.args else exc
+    code = getattr(err, "name", lambda: "")()
+    if code in ("CLUSTER_AUTHORIZATION_FAILED", "SECURITY_DISABLED"):
+        remedy = (
+            "run it as the admin principal (LEDGER_KAFKA_CONFIG_FILE of a super user)"
+            if code == "CLUSTER_AUTHORIZATION_FAILED"
+            else "the cluster has no authorizer (authorizer.class.name): ACLs cannot be set"
+        )
+        return BrokerError(f"{what}: {err}; {remedy}", observed=code)
+    if getattr(err, "retriable", lambda: False)() or code in (
+        "_TIMED_OUT",
+        "_TRANSPORT",
+        "_ALL_BROKERS_DOWN",
+    ):
+        return BrokerUnavailableError(
+            f"{what}: {err} (is the cluster up, and are the client's security settings "
+            "those of its listener?)",
+            observed=code,
+        )
+    return BrokerError(f"{what}: {err}", observed=code)
+
+
+def _require_cluster_rights(admin: AdminClient, *operations: str) -> None:
+    """Refuse early, with the remedy, a principal that may not manage ACLs.
+
+    (A broker refuses DescribeAcls to such a principal, but the admin client
+    hands back an empty list, which would read as "no ACLs at all".)
+
+    Raises:
+        BrokerError: the principal lacks one of ``operations`` on the cluster,
+            or the cluster has no authorizer.
+        BrokerUnavailableError: the cluster does not answer.
+    """
+    try:
+        cluster = admin.describe_cluster(
+            include_authorized_operations=True, request_timeout=_TIMEOUT_S
+        ).result()
+    except KafkaException as exc:
+        raise _fail("cannot describe the cluster", exc) from exc
+    allowed = {getattr(op, "name", str(op)) for op in cluster.authorized_operations or ()}
+    lacking = [op for op in operations if op not in allowed]
+    if lacking:
+        raise BrokerError(
+            f"this client's principal may not {' or '.join(lacking)} the cluster (so it cannot "
+            "read or write ACLs), or the cluster has no authorizer: run `ledger acl` as the "
+            "admin principal (a super user; LEDGER_KAFKA_CONFIG_FILE with its credentials) "
+            "on a cluster with authorizer.class.name set",
+            expected=list(operations),
+            observed=sorted(allowed),
+        )
+
+
+def broker_acls(settings: LedgerSettings, principals: Iterable[str]) -> list[AclBinding]:
+    """Every binding the cluster holds for some principals.
+
+    Args:
+        settings: whose client configuration reaches the cluster as admin.
+        principals: Kafka principals (``User:relay``).
+
+    Returns:
+        The bindings, any permission, resource and pattern.
+
+    Raises:
+        BrokerError: not allowed (not the admin), no authorizer, or another
+            refusal; BrokerUnavailableError when the cluster does not answer.
+    """
+    admin = _admin(settings)
+    _require_cluster_rights(admin, "DESCRIBE")
+    out: list[AclBinding] = []
+    for principal in sorted(set(principals)):
+        # None matches any name and host (the stubs say str).
+        anything: Any = None
+        query = AclBindingFilter(
+            ResourceType.ANY,
+            anything,
+            ResourcePatternType.ANY,
+            principal,
+            anything,
+            AclOperation.ANY,
+            AclPermissionType.ANY,
+        )
+        try:
+            out.extend(admin.describe_acls(query, request_timeout=_TIMEOUT_S).result())
+        except KafkaException as exc:
+            raise _fail(f"cannot describe the ACLs of {principal}", exc) from exc
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The plan against the cluster.
+
+    Attributes:
+        present: plan entries the cluster has.
+        missing: plan entries the cluster lacks.
+        extra: bindings of the plan's principals that the plan does not
+            contain (DENY entries included), as the broker reports them.
+    """
+
+    present: list[acl.Acl]
+    missing: list[acl.Acl]
+    extra: list[AclBinding]
+
+
+def concerns(binding: AclBinding, topic_prefix: str) -> bool:
+    """Tell whether a binding reaches the resources of the ledger with ``topic_prefix``.
+
+    True for the cluster resource, for a name that begins with ``{prefix}.``,
+    for the wildcard ``*``, and for a prefixed pattern that covers
+    ``{prefix}.`` (``ledger``, ``led`` ...). Bindings of other ledgers on the
+    same cluster (other prefixes) are not this plan's business.
+    """
+    restype: Any = binding.restype
+    pattern: Any = binding.resource_pattern_type
+    ours = topic_prefix + "."
+    if restype == ResourceType.BROKER or binding.name == "*":
+        return True
+    if binding.name.startswith(ours):
+        return True
+    return bool(pattern == ResourcePatternType.PREFIXED and ours.startswith(binding.name))
+
+
+def compare(acl_plan: acl.AclPlan, bindings: Iterable[AclBinding]) -> Comparison:
+    """Compare a plan with the bindings the cluster holds (pure).
+
+    Bindings that do not concern the plan's ledger (:func:`concerns`) are
+    ignored: one cluster may carry several ledgers under one set of principals.
+    """
+    wanted = set(acl_plan.acls())
+    have: set[acl.Acl] = set()
+    extra: list[AclBinding] = []
+    for binding in bindings:
+        entry = from_binding(binding)
+        if entry is not None and entry in wanted:
+            have.add(entry)
+        elif concerns(binding, acl_plan.topic_prefix):
+            extra.append(binding)
+    return Comparison(
+        present=sorted(have),
+        missing=sorted(wanted - have),
+        extra=sorted(extra, key=str),
+    )
+
+
+def apply_plan(
+    settings: LedgerSettings,
+    acl_plan: acl.AclPlan,
+    *,
+    dry_run: bool = False,
+    wait_s: float = _TIMEOUT_S,
+) -> tuple[list[acl.Acl], Comparison]:
+    """Create the plan's missing entries (idempotent), then wait until the broker has them.
+
+    Args:
+        settings: whose client configuration reaches the cluster as admin.
+        acl_plan: the plan.
+        dry_run: only say what would be created.
+        wait_s: longest wait (seconds) for a broker to report the new entries.
+
+    Returns:
+        The entries created (or that would be), and the comparison made first.
+
+    Raises:
+        BrokerError: the cluster refused (see :func:`broker_acls`) or refused
+            one of the entries (the message names it).
+    """
+    before = compare(acl_plan, broker_acls(settings, (g.principal for g in acl_plan.grants)))
+    if dry_run or not before.missing:
+        return before.missing, before
+    admin = _admin(settings)
+    _require_cluster_rights(admin, "ALTER")
+    futures = admin.create_acls(
+        [to_binding(entry) for entry in before.missing], request_timeout=_TIMEOUT_S
+    )
+    failures: list[str] = []
+    for binding, future in futures.items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            failures.append(f"{binding}: {exc.args[0] if exc.args else exc}")
+    if failures:
+        raise BrokerError(
+            f"{len(failures)} of {len(futures)} ACLs were not created:\n  " + "\n  ".join(failures),
+            observed=failures,
+        )
+    _await_visible(settings, acl_plan, wait_s)
+    return before.missing, before
+
+
+def _await_visible(settings: LedgerSettings, acl_plan: acl.AclPlan, wait_s: float) -> None:
+    """Wait until a broker reports every entry of the plan.
+
+    The controller commits new ACLs before brokers load them into their
+    authorizers; a client that starts at once could still be refused.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        now = compare(acl_plan, broker_acls(settings, (g.principal for g in acl_plan.grants)))
+        if not now.missing:
+            return
+        if time.monotonic() > deadline:
+            raise BrokerUnavailableError(
+                f"{len(now.missing)} ACLs created but not yet reported by the broker after "
+                f"{wait_s:g} s (e.g. {now.missing[0]}); run `ledger acl check` again shortly",
+                observed=len(now.missing),
+            )
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------- the commands
+
+_MATRIX_HELP = """Least-privilege Kafka ACLs of the ledger (DESIGN.md "Trust boundary").
+
+\b
+One principal per role: processor, authority, relay (the transactional
+stages: their topics, transactional-ID prefix {prefix}.{component}. and
+group {prefix}.{component}), reconciler, auditor, service (writes intents
+only), reviewer (approvals), operator (dispositions, claims, policy,
+revocations; reads what its commands read). Every principal may describe
+every ledger topic (the start-up topic check). Principals are User:{role}
+unless --principal-format or --principal ROLE=PRINCIPAL say otherwise.
+`apply` and `check` run as the admin principal: point
+LEDGER_KAFKA_CONFIG_FILE at its client properties.
+"""
+
+
+def _plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = click.option(
+        "--idempotent-write",
+        is_flag=True,
+        help="Also grant IDEMPOTENT_WRITE on the cluster to every producing principal "
+        "(only brokers before Kafka 3.0 need it).",
+    )(func)
+    func = click.option(
+        "--principal-format",
+        default=acl.DEFAULT_PRINCIPAL_FORMAT,
+        show_default=True,
+        help="Principal of each role not mapped by --principal; {name} is the role.",
+    )(func)
+    func = click.option(
+        "--principal",
+        "mapping",
+        multiple=True,
+        metavar="ROLE=PRINCIPAL",
+        help="The principal of one role (repeatable), e.g. relay=User:sa-4kq2 for a "
+        "Confluent service account.",
+    )(func)
+    return func
+
+
+def _build_plan(
+    settings: LedgerSettings, mapping: tuple[str, ...], principal_format: str, idem: bool
+) -> acl.AclPlan:
+    return acl.plan(
+        settings.topic_prefix,
+        acl.parse_principal_mapping(mapping),
+        principal_format=principal_format,
+        idempotent_write=idem,
+    )
+
+
+@click.group("acl", help=_MATRIX_HELP)
+def acl_group() -> None:
+    """Least-privilege ACLs (see the group help)."""
+
+
+def _table(acl_plan: acl.AclPlan) -> str:
+    rows = [("PRINCIPAL", "WRITES", "READS", "TRANSACTIONAL ID PREFIX", "GROUP", "DESCRIBE GROUPS")]
+    for g in acl_plan.grants:
+        rows.append(
+            (
+                g.principal,
+                ",".join(g.writes) or "-",
+                ",".join(g.reads) or "-",
+                g.transactional_id_prefix or "-",
+                g.group or "-",
+                ",".join(g.helper_groups) or "-",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        for r in rows
+    )
+
+
+@acl_group.command("plan")
+@_plan_options
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "kafka-acls"]),
+    default="table",
+    show_default=True,
+    help="table: one row per principal; json: rows and every entry; kafka-acls: "
+    "kafka-acls.sh --add command lines.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option(
+    "--command-config",
+    default="admin.properties",
+    show_default=True,
+    help="For --format kafka-acls: the admin's client properties file.",
+)
+def acl_plan(
+    mapping: tuple[str, ...],
+    principal_format: str,
+    idempotent_write: bool,
+    fmt: str,
+    as_json: bool,
+    command_config: str,
+) -> None:
+    """Print the ACL matrix for LEDGER_TOPIC_PREFIX (no cluster needed)."""
+    settings = current_settings()
+    the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
+    if as_json or fmt == "json":
+        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+    elif fmt == "kafka-acls":
+        click.echo(
+            f"# BOOTSTRAP=host:port; {command_config} holds the admin principal's client properties"
+        )
+        for line in acl.kafka_acls_commands(the_plan, command_config=command_config):
+            click.echo(line)
+    else:
+        click.echo(_table(the_plan))
+        click.echo(
+            "# every principal may also DESCRIBE and DESCRIBE_CONFIGS every ledger topic "
+            "(the start-up topic check); DESCRIBE GROUPS are named by partition readers "
+            "(never joined); "
+            f"{len(the_plan.acls())} entries in all (--format json lists them)"
+        )
+
+
+@acl_group.command("apply")
+@_plan_options
+@click.option("--dry-run", is_flag=True, help="Only print what would be created.")
+def acl_apply(
+    mapping: tuple[str, ...], principal_format: str, idempotent_write: bool, dry_run: bool
+) -> None:
+    """Create the matrix's missing ACLs (idempotent), as the admin principal.
+
+    Entries already there are left alone; entries not in the matrix are
+    reported, never deleted (`ledger acl check` lists them).
+    """
+    settings = current_settings()
+    the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
+    created, before = apply_plan(settings, the_plan, dry_run=dry_run)
+    verb = "would create" if dry_run else "created"
+    for entry in created:
+        click.echo(
+            f"{verb}: {entry.principal} {entry.operation} {entry.resource_type} "
+            f"{entry.name} ({entry.pattern.lower()})"
+        )
+    click.echo(
+        f"{verb} {len(created)} ACLs, {len(before.present)} already present, "
+        f"{len(before.extra)} not in the plan (see `ledger acl check`)"
+    )
+
+
+@acl_group.command("check")
+@_plan_options
+def acl_check(mapping: tuple[str, ...], principal_format: str, idempotent_write: bool) -> None:
+    """Compare the cluster's ACLs of the matrix's principals with the matrix.
+
+    Exit status 1 when an entry is missing or a principal holds one the
+    matrix does not grant (including any DENY).
+    """
+    settings = current_settings()
+    the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
+    result = compare(the_plan, broker_acls(settings, (g.principal for g in the_plan.grants)))
+    for entry in result.missing:
+        click.echo(
+            f"missing: {entry.principal} {entry.operation} {entry.resource_type} "
+            f"{entry.name} ({entry.pattern.lower()})"
+        )
+    for binding in result.extra:
+        click.echo(f"not in the plan: {binding}")
+    click.echo(
+        f"{len(result.present)} of {len(the_plan.acls())} planned ACLs present, "
+        f"{len(result.missing)} missing, {len(result.extra)} not in the plan"
+    )
+    if result.missing or result.extra:
+        raise SystemExit(1)
+
+
+COMMANDS: tuple[click.Command, ...] = (acl_group,)

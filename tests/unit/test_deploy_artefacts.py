@@ -258,6 +258,22 @@ def _commands() -> list[tuple[str, list[str]]]:
     return found
 
 
+def _readme_commands() -> list[tuple[str, list[str]]]:
+    """``ledger`` commands the README's "Deploying" section runs in a container."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    section = readme.split("## Deploying", 1)[1].split("\n## ", 1)[0]
+    found = []
+    for line in section.replace("\\\n", " ").splitlines():
+        words = shlex.split(line) if line.startswith("docker ") else []
+        if words[:2] == ["docker", "compose"] and "cli" in words:
+            found.append(("README", words[words.index("cli") + 1 :]))
+        elif words[:2] == ["docker", "run"]:
+            image = next(i for i, w in enumerate(words) if w.startswith(IMAGE))
+            found.append(("README", words[image + 1 :]))
+    assert len(found) >= 5, found
+    return found
+
+
 def _resolve(argv: list[str]) -> tuple[list[str], click.Command, list[str]]:
     """Walk the ``ledger`` group: (command path, the command, the arguments left)."""
     command: click.Command = ledger_cli
@@ -272,7 +288,9 @@ def _resolve(argv: list[str]) -> tuple[list[str], click.Command, list[str]]:
     return path, command, rest
 
 
-@pytest.mark.parametrize("where, argv", _commands(), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize(
+    "where, argv", _commands() + _readme_commands(), ids=lambda x: x if isinstance(x, str) else ""
+)
 def test_every_command_is_a_ledger_command(where: str, argv: list[str]) -> None:
     path, command, rest = _resolve(argv)
     result = CliRunner().invoke(ledger_cli, [*path, "--help"])

@@ -151,16 +151,16 @@ class Harness:
     def retire(self, component: str, instance: str, timeout_s: float = 15.0) -> None:
         """Stop one stage process for good (SIGTERM, then SIGKILL): it is no longer restarted.
 
-        A paused process is continued first, so that it can see the SIGTERM.
+        A paused process is continued after the SIGTERM, so that it sees it.
         """
         name = f"{component}-{instance}"
         proc = self.procs.pop(name, None)
         if proc is None:
             return
         if proc.poll() is None:
+            proc.terminate()  # held while it is stopped, delivered on SIGCONT
             if name in self.paused:
                 proc.send_signal(signal.SIGCONT)
-            proc.terminate()
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -235,10 +235,16 @@ class Harness:
         """
         name = f"{component}-{instance}"
         proc = self.procs.get(name)
+        was_paused = name in self.paused
         self.paused.discard(name)
         if proc is not None and proc.poll() is None:
             deadline = time.monotonic() + 10
-            while not _stopped(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            while (
+                was_paused
+                and not _stopped(proc.pid)
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
             proc.send_signal(signal.SIGCONT)
 

@@ -5,8 +5,8 @@ starting at 0), its declared reference sinks, and the real stage processes.
 Faults are real SIGKILLs at the named seams; ``pause`` and ``resume`` are
 real SIGSTOP and SIGCONT (a stalled owner, then a zombie), ``scale`` starts
 or stops instances so that a consumer group rebalances; ``broker_restart``
-restarts the local broker; ``compact`` forces log compaction; ``audit`` replays the whole
-ledger. The report counts effects from the sinks themselves.
+restarts the local broker; ``compact`` forces log compaction; ``audit``
+replays the whole ledger. The report counts effects from the sinks themselves.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Harness:
         if not (self.run_dir / "clock").exists():
             self.clock.set_ms(0)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        #: Stage processes stopped by :meth:`pause` (names).
+        #: Stage processes stopped by :meth:`pause` or by a pause hook (names).
         self.paused: set[str] = set()
         self._pause_firings_seen = 0
         self._logs: dict[str, IO[bytes]] = {}
@@ -118,6 +118,7 @@ class Harness:
         proc = self.procs.get(name)
         if proc is not None and proc.poll() is None:
             return
+        self.paused.discard(name)  # a new process under the name runs
         old = self._logs.get(name)
         if old is not None:
             old.close()

@@ -1,10 +1,16 @@
-"""Fault hooks: a stage process dies (SIGKILL) at a named seam when armed.
+"""Fault hooks: a stage process dies (SIGKILL), or stalls (SIGSTOP), at a named seam when armed.
 
 A game-day runner or the demo arms a hook by writing a small file under
 ``{run_dir}/faults/``; each stage calls :func:`seam` at every named seam.
 When a hook for that seam (and operation, or any operation) is armed, its
 remaining count is decremented durably first, then the process sends itself
 SIGKILL: a real crash, with no ``finally`` blocks, flushes or commits.
+
+A pause hook (:func:`arm_pause`) names one process (``relay-0``): that
+process, reaching the seam for the operation, logs the firing and sends
+itself SIGSTOP. It stays alive holding what it held (a dispatch it is about
+to send, an open transaction) until someone sends it SIGCONT: a stalled
+owner, and a zombie once continued.
 """
 
 from __future__ import annotations
@@ -55,6 +61,38 @@ def arm(run_dir: Path, seam: str, operation_id: str = ANY, times: int = 1) -> Pa
     return path
 
 
+def _pause_file(run_dir: Path, process: str, seam: str, operation_id: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", operation_id)
+    return run_dir / "faults" / f"pause--{process}--{seam}--{safe}.json"
+
+
+def arm_pause(run_dir: Path, process: str, seam: str, operation_id: str) -> Path:
+    """Arm a pause hook: ``process`` stops itself (SIGSTOP) at ``seam`` for that operation, once.
+
+    Args:
+        run_dir: the ledger run folder shared by all processes.
+        process: the stage process, ``{component}-{instance}`` (e.g. ``relay-0``).
+        seam: one of :data:`SEAMS`.
+        operation_id: the operation whose arrival at the seam stops the process.
+
+    Returns:
+        The hook file.
+
+    Raises:
+        ValueError: for an unknown seam.
+    """
+    if seam not in SEAMS:
+        raise ValueError(f"unknown seam {seam!r}; seams are: {', '.join(SEAMS)}")
+    path = _pause_file(run_dir, process, seam, operation_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"seam": seam, "operation_id": operation_id, "times": 1, "pause": process})
+    )
+    os.replace(tmp, path)
+    return path
+
+
 def armed(run_dir: Path) -> list[dict[str, object]]:
     """The hooks still armed (for reports)."""
     folder = run_dir / "faults"
@@ -90,28 +128,36 @@ def _take(path: Path) -> bool:
     return True
 
 
-def seam(run_dir: Path, name: str, operation_id: str) -> None:
-    """Die here (SIGKILL) if a hook is armed for this seam and operation.
+def seam(run_dir: Path, name: str, operation_id: str, process: str | None = None) -> None:
+    """Stall here (SIGSTOP) or die here (SIGKILL) if a hook is armed for this seam and operation.
+
+    A pause hook for this process is taken first: the process stops until
+    SIGCONT and then goes on (a kill hook armed too fires after that).
 
     Args:
         run_dir: the ledger run folder.
         name: the seam reached.
         operation_id: the operation being handled.
+        process: this process's name (``relay-0``) for pause hooks; None: none fire.
     """
     folder = run_dir / "faults"
     if not folder.is_dir():
         return
+    if process is not None and _take(_pause_file(run_dir, process, name, operation_id)):
+        _log_firing(folder, name, operation_id, action="pause")
+        os.kill(os.getpid(), signal.SIGSTOP)
     for op in (operation_id, ANY):
         if _take(_file(run_dir, name, op)):
             _log_firing(folder, name, operation_id)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-#: One JSON line per firing: ``{"at": unix seconds, "seam", "operation_id", "pid", "process"}``.
+#: One JSON line per firing: ``{"at": unix seconds, "seam", "operation_id", "pid", "process",
+#: "action"}`` (``action``: ``kill`` or ``pause``).
 FIRED_LOG = "fired.jsonl"
 
 
-def _log_firing(folder: Path, name: str, operation_id: str) -> None:
+def _log_firing(folder: Path, name: str, operation_id: str, action: str = "kill") -> None:
     line = json.dumps(
         {
             "at": time.time(),
@@ -119,6 +165,7 @@ def _log_firing(folder: Path, name: str, operation_id: str) -> None:
             "operation_id": operation_id,
             "pid": os.getpid(),
             "process": " ".join(sys.argv[1:4]),
+            "action": action,
         }
     )
     fd = os.open(folder / FIRED_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -151,11 +198,17 @@ class ArmedFaults:
 
     Args:
         run_dir: the ledger run folder whose ``faults/`` holds armed hooks.
+        process: this process's name (``relay-0``), which pause hooks name;
+            None: no pause hook fires.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, process: str | None = None) -> None:
         self.run_dir = run_dir
+        self.process = process
 
     def seam(self, name: str, operation_id: str) -> None:
-        """SIGKILL this process if a hook is armed for ``name`` and the operation (:func:`seam`)."""
-        seam(self.run_dir, name, operation_id)
+        """SIGSTOP or SIGKILL this process if a hook is armed for ``name`` and the operation.
+
+        See :func:`seam`.
+        """
+        seam(self.run_dir, name, operation_id, self.process)

@@ -2,9 +2,11 @@
 
 Each scenario gets its own ledger (topic prefix, run folder, ledger clock
 starting at 0), its declared reference sinks, and the real stage processes.
-Faults are real SIGKILLs at the named seams; ``broker_restart`` restarts the
-local broker; ``compact`` forces log compaction; ``audit`` replays the whole
-ledger. The report counts effects from the sinks themselves.
+Faults are real SIGKILLs at the named seams; ``pause`` and ``resume`` are
+real SIGSTOP and SIGCONT (a stalled owner, then a zombie), ``scale`` starts
+or stops instances so that a consumer group rebalances; ``broker_restart``
+restarts the local broker; ``compact`` forces log compaction; ``audit``
+replays the whole ledger. The report counts effects from the sinks themselves.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ from testbed.scenario import (
     Fault,
     Forge,
     IntentStep,
+    Pause,
     Policy,
     Race,
     Restart,
+    Resume,
     Revoke,
     Run,
+    Scale,
     Scenario,
     SinkFault,
     StaleDispatch,
@@ -98,6 +103,8 @@ class GameDay:
         self.audit_unauthenticated: int | None = None
         self.audit_details: list[str] = []
         self.started = False
+        #: component -> instances that run (``scale``); 1 for a component not named.
+        self.instances: dict[str, int] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -228,7 +235,7 @@ class GameDay:
             client.arm_fault(f.operation_id, f.mode)
 
     def _step_run(self, r: Run) -> None:
-        self.harness.start_all()
+        self.harness.start_all(self.instances)
         self.started = True
         self.settle(r.timeout_s)
         crashed = self.harness.crashed()
@@ -238,6 +245,41 @@ class GameDay:
     def _step_restart(self, r: Restart) -> None:
         restarted = self.harness.restart(r.component)
         self.say(f"    restarted: {', '.join(restarted) or 'nothing had crashed'}")
+
+    def _step_pause(self, p: Pause) -> None:
+        name = f"{p.component}-{p.instance}"
+        if p.seam is not None and p.operation_id is not None:
+            self.harness.arm_pause(p.component, str(p.instance), p.seam, p.operation_id)
+            self.say(f"    {name} stops itself at {p.seam} for {p.operation_id}")
+            return
+        if not self.harness.pause(p.component, str(p.instance)):
+            raise LedgerError(
+                f"pause: {name} is not running (a 'run' step starts the stages; 'scale' "
+                "starts instances beyond 0)"
+            )
+        self.say(f"    {name} paused (SIGSTOP)")
+
+    def _step_resume(self, r: Resume) -> None:
+        name = f"{r.component}-{r.instance}"
+        self.harness.self_paused()
+        if name not in self.harness.paused:
+            raise LedgerError(
+                f"resume: {name} is not paused (no 'pause' step stopped it, or its pause "
+                f"hook has not fired: did it reach the seam?)"
+            )
+        self.harness.resume(r.component, str(r.instance))
+        self.say(f"    {name} resumed (SIGCONT)")
+
+    def _step_scale(self, s: Scale) -> None:
+        self.instances[s.component] = s.instances
+        if not self.started:
+            self.say(f"    {s.component}: {s.instances} instance(s) from the first 'run'")
+            return
+        started, stopped = self.harness.scale(s.component, s.instances)
+        self.say(
+            f"    {s.component}: {s.instances} instance(s); started {', '.join(started) or '-'}, "
+            f"stopped {', '.join(stopped) or '-'}"
+        )
 
     def _step_advance(self, a: Advance) -> None:
         now = self.harness.advance(a.seconds)

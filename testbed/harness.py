@@ -72,8 +72,9 @@ class Harness:
         if not (self.run_dir / "clock").exists():
             self.clock.set_ms(0)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        #: Stage processes stopped by :meth:`pause` (names).
+        #: Stage processes stopped by :meth:`pause` or by a pause hook (names).
         self.paused: set[str] = set()
+        self._pause_firings_seen = 0
         self._logs: dict[str, IO[bytes]] = {}
         self.sinks: dict[str, SinkProcess] = {}
         self._group_consumers: dict[str, Consumer] = {}
@@ -120,6 +121,10 @@ class Harness:
         proc = self.procs.get(name)
         if proc is not None and proc.poll() is None:
             return
+        self.paused.discard(name)  # a new process under the name runs
+        old = self._logs.get(name)
+        if old is not None:
+            old.close()
         log = open(self.run_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
         self._logs[name] = log
         self.procs[name] = subprocess.Popen(
@@ -130,11 +135,71 @@ class Harness:
             stdin=subprocess.DEVNULL,
         )
 
-    def start_all(self) -> None:
-        """Start every stage that was never started (crashed ones wait for :meth:`restart`)."""
+    def start_all(self, instances: dict[str, int] | None = None) -> None:
+        """Start every stage instance never started (crashed ones wait for :meth:`restart`).
+
+        Args:
+            instances: component -> how many instances (``0`` .. ``n-1``); 1 for
+                a component not named.
+        """
         for component in STAGES:
-            if f"{component}-0" not in self.procs:
-                self.start(component)
+            for n in range((instances or {}).get(component, 1)):
+                if f"{component}-{n}" not in self.procs:
+                    self.start(component, str(n))
+
+    def instances(self, component: str) -> list[str]:
+        """Instance names of the component's processes the harness runs (live or crashed)."""
+        names = [n.rpartition("-")[2] for n in self.procs if n.rpartition("-")[0] == component]
+        return sorted(names, key=lambda i: (len(i), i))
+
+    def retire(self, component: str, instance: str, timeout_s: float = 15.0) -> None:
+        """Stop one stage process for good (SIGTERM, then SIGKILL): it is no longer restarted.
+
+        A paused process is continued after the SIGTERM, so that it sees it.
+        """
+        name = f"{component}-{instance}"
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()  # held while it is stopped, delivered on SIGCONT
+            if name in self.paused:
+                proc.send_signal(signal.SIGCONT)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.paused.discard(name)
+
+    def scale(self, component: str, count: int) -> tuple[list[str], list[str]]:
+        """Run ``count`` instances of the component from now on (``0`` .. ``count-1``).
+
+        Missing instances are started; instances numbered ``count`` or higher
+        are retired (:meth:`retire`), highest first. Crashed instances below
+        ``count`` are left for :meth:`restart`.
+
+        Returns:
+            ``(started, stopped)``: process names.
+
+        Raises:
+            LedgerError: for an unknown component or a count below 1.
+        """
+        if component not in STAGES:
+            raise LedgerError(f"unknown component {component!r}; one of {sorted(STAGES)}")
+        if count < 1:
+            raise LedgerError(f"scale {component}: at least 1 instance, not {count}")
+        started = []
+        for n in range(count):
+            if f"{component}-{n}" not in self.procs:
+                self.start(component, str(n))
+                started.append(f"{component}-{n}")
+        stopped = []
+        for instance in reversed(self.instances(component)):
+            if not (instance.isdigit() and int(instance) < count):
+                self.retire(component, instance)
+                stopped.append(f"{component}-{instance}")
+        return started, stopped
 
     def alive(self, component: str, instance: str = "0") -> bool:
         """True while that stage process runs."""
@@ -166,12 +231,46 @@ class Harness:
         return True
 
     def resume(self, component: str, instance: str = "0") -> None:
-        """SIGCONT a stage process paused by :meth:`pause`."""
+        """SIGCONT a stage process paused by :meth:`pause` or a pause hook.
+
+        A process that logged a pause hook's firing is first waited for until
+        it has actually stopped (up to 10 s), so that the SIGCONT cannot
+        arrive before its own SIGSTOP.
+        """
         name = f"{component}-{instance}"
         proc = self.procs.get(name)
+        was_paused = name in self.paused
         self.paused.discard(name)
         if proc is not None and proc.poll() is None:
+            deadline = time.monotonic() + 10
+            while (
+                was_paused
+                and not _stopped(proc.pid)
+                and proc.poll() is None
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.01)
             proc.send_signal(signal.SIGCONT)
+
+    def arm_pause(self, component: str, instance: str, seam: str, operation_id: str) -> None:
+        """Arm a pause hook: that instance stops itself (SIGSTOP) at the seam for the operation."""
+        faults.arm_pause(self.run_dir, f"{component}-{instance}", seam, operation_id)
+
+    def self_paused(self) -> set[str]:
+        """Stage processes that stopped themselves at a pause hook (added to :attr:`paused`).
+
+        Read from the hooks' firing log (``faults/fired.jsonl``): a firing with
+        ``action: pause`` by the pid of a live process the harness started.
+        """
+        by_pid = {proc.pid: name for name, proc in self.procs.items() if proc.poll() is None}
+        found = set()
+        for firing in faults.fired(self.run_dir)[self._pause_firings_seen :]:
+            self._pause_firings_seen += 1
+            name = by_pid.get(int(str(firing.get("pid", -1))))
+            if firing.get("action") == "pause" and name is not None:
+                found.add(name)
+        self.paused |= found
+        return found
 
     def crashed(self) -> list[str]:
         """Stages whose process has ended."""
@@ -237,11 +336,16 @@ class Harness:
         """Records each live stage has yet to commit past (empty when quiescent).
 
         A stage that has not yet said it is ready (partitions assigned,
-        start-up work such as resume claims done) counts as one behind.
+        start-up work such as resume claims done) counts as one behind. A
+        paused process (:meth:`pause`, or a pause hook) progresses nothing:
+        it is left out, and so is the lag of a component whose every live
+        process is paused (its work waits for a resume, or for another
+        instance to take its partitions over).
         """
+        self.self_paused()
         behind: dict[str, int] = {}
         for name, proc in self.procs.items():
-            if proc.poll() is not None:
+            if proc.poll() is not None or name in self.paused:
                 continue
             component = name.rpartition("-")[0]
             if not self._ready(name, proc.pid):
@@ -330,6 +434,15 @@ class Harness:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """True if the process is stopped by a signal (Linux ``/proc/PID/stat`` state ``T``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] in ("T", "t")
 
 
 def run_dir_for(base: Path, name: str) -> Path:

@@ -28,6 +28,13 @@ SINK_FAULT = Literal[
 ]
 
 
+#: The stage components a scenario can pause, resume, scale or restart.
+Component = Literal["processor", "authority", "relay"]
+
+#: An instance name as the harness starts it (``--instance``), e.g. ``0`` or ``1``.
+Instance = Annotated[int, Field(ge=0, le=63)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -117,7 +124,46 @@ class Run(_Strict):
 class Restart(_Strict):
     """Restart crashed components (all, or one)."""
 
-    component: Literal["processor", "authority", "relay"] | None = None
+    component: Component | None = None
+
+
+class Pause(_Strict):
+    """A stage process is stopped (SIGSTOP) but stays alive with what it holds (format v2).
+
+    Without ``seam`` the process stops at once. With ``seam`` (and
+    ``operation_id``), an extension of this runner, the step arms a hook and
+    the instance stops itself when it next reaches that seam for that
+    operation: a stalled owner holding exactly that dispatch.
+    """
+
+    component: Component
+    instance: Instance = 0
+    seam: SEAM | None = None
+    operation_id: str | None = None
+
+    @model_validator(mode="after")
+    def _seam_names_operation(self) -> Pause:
+        if (self.seam is None) != (self.operation_id is None):
+            raise ValueError("a pause at a seam needs both 'seam' and 'operation_id'")
+        return self
+
+
+class Resume(_Strict):
+    """A process stopped by ``pause`` continues (SIGCONT) (format v2)."""
+
+    component: Component
+    instance: Instance = 0
+
+
+class Scale(_Strict):
+    """From now on ``instances`` instances of the component run (format v2).
+
+    Extra instances are started (``1``, ``2`` ...) and surplus ones stopped,
+    highest first, so the component's consumer group rebalances.
+    """
+
+    component: Component
+    instances: int = Field(ge=1, le=64)
 
 
 class Advance(_Strict):
@@ -203,6 +249,9 @@ STEP_TYPES: dict[str, type[BaseModel]] = {
     "sink_fault": SinkFault,
     "run": Run,
     "restart": Restart,
+    "pause": Pause,
+    "resume": Resume,
+    "scale": Scale,
     "advance": Advance,
     "claim": ClaimStep,
     "race": Race,

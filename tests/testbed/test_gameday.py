@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from consumers.reader import read_topic
+from ledger.events import EffectReceipt, Intent, JournalEntry, decode_event
 from ledger.settings import LedgerSettings
 from testbed import broker
 from testbed.gameday import GameDay, check
@@ -47,6 +52,56 @@ def test_scenario_folders_are_found() -> None:
     assert sorted(PUBLIC.glob("*.json")), PUBLIC
 
 
+def _receipts(game: GameDay) -> list[EffectReceipt]:
+    return [
+        r.event for r in read_topic(game.settings, "receipts") if isinstance(r.event, EffectReceipt)
+    ]
+
+
+def _stalled_owner_was_fenced(game: GameDay, report: dict[str, Any]) -> None:
+    """The stalled relay held the dispatch, woke with the old token, and was refused.
+
+    Evidence from the ledger (receipts, with their observers and tokens) and
+    from the sink (its count of requests refused for a stale token), not logs.
+    """
+    receipts = _receipts(game)
+    held = [r for r in receipts if r.observer == "relay-0" and r.status == "ATTEMPTED"]
+    assert held, "relay-0 never marked the dispatch attempted: it did not stall holding it"
+    old_token = max(r.fencing_token for r in held)
+    committed = [r for r in receipts if r.status == "COMMITTED"]
+    # The one effect was made by the instance that took over, under the claim's newer token ...
+    assert committed, receipts
+    assert {(r.observer, r.fencing_token > old_token) for r in committed} == {("relay-1", True)}
+    # ... and the stalled owner's send with its old token reached the sink and was refused.
+    assert report["totals"]["stale_rejections"] >= 1
+    assert not [r for r in receipts if r.observer == "relay-0" and r.status == "COMMITTED"]
+    stale = [r for r in receipts if r.status == "STALE_TOKEN"]
+    assert all(r.observer == "relay-0" and r.fencing_token == old_token for r in stale), stale
+
+
+def _rebalance_lost_and_doubled_nothing(game: GameDay, report: dict[str, Any]) -> None:
+    """Every input was applied exactly once by the processor across its rebalances."""
+    journal = [
+        r.event for r in read_topic(game.settings, "journal") if isinstance(r.event, JournalEntry)
+    ]
+    positions = Counter((e.input_topic, e.input_partition, e.input_offset) for e in journal)
+    assert journal and max(positions.values()) == 1, positions.most_common(3)
+    intents = Counter(
+        e.operation_id
+        for e in journal
+        if e.outcome == "APPLIED" and isinstance(decode_event(e.input_event), Intent)
+    )
+    wanted = set(game.scenario.expect.operations)
+    assert set(intents) == wanted and set(intents.values()) == {1}, intents
+
+
+#: Evidence beyond a scenario's own expectations, checked after it ran (by file stem).
+EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
+    "g19-stalled-owner-fenced": _stalled_owner_was_fenced,
+    "g20-rebalance-mid-batch": _rebalance_lost_and_doubled_nothing,
+}
+
+
 @pytest.mark.parametrize("path", PARAMS, ids=[p.stem for p in FILES])
 def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
     scenario = load(path)
@@ -54,12 +109,15 @@ def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
     if uses_broker_restart and not broker.status(ledger_settings).owned:
         pytest.skip("broker_restart needs the broker this test session started itself")
     lines: list[str] = []
-    report = GameDay(scenario, ledger_settings, ledger_settings.run_dir, lines.append).run()
+    game = GameDay(scenario, ledger_settings, ledger_settings.run_dir, lines.append)
+    report = game.run()
     assert report["passed"], json.dumps(report["failures"], indent=2) + "\n" + "\n".join(lines)
     # The report always carries every total and the audit result.
     assert set(report["totals"]) >= {"duplicate_effects", "unknown_outcomes_open"}
     if any(s.kind == "audit" for s in scenario.steps):
         assert report["audit"]["violations"] == 0
+    if path.parent == OWN and path.stem in EVIDENCE:
+        EVIDENCE[path.stem](game, report)
 
 
 def test_expectations_can_fail() -> None:
@@ -184,6 +242,25 @@ def test_format_2_expectations_can_fail() -> None:
             "steps[9].policy: version: Input should be greater than or equal to 1",
         ),
         (lambda d: d.update(policy_version=0), "policy_version"),
+        (
+            lambda d: d["steps"].append({"pause": {"component": "sink"}}),
+            "steps[9].pause: component",
+        ),
+        (
+            lambda d: d["steps"].append(
+                {"pause": {"component": "relay", "seam": "before_admission"}}
+            ),
+            "needs both 'seam' and 'operation_id'",
+        ),
+        (
+            lambda d: d["steps"].append({"resume": {"component": "relay", "instance": -1}}),
+            "steps[9].resume: instance",
+        ),
+        (
+            lambda d: d["steps"].append({"scale": {"component": "relay", "instances": 0}}),
+            "steps[9].scale: instances",
+        ),
+        (lambda d: d["steps"].append({"scale": {"component": "relay"}}), "missing key 'instances'"),
         (lambda d: d.update(format=3), "format"),
         (
             lambda d: d["steps"][0]["approve"]["scope"].update(colour="red"),
@@ -221,3 +298,41 @@ def test_yaml_scenarios_are_read(tmp_path: Path) -> None:
     path.write_text("name: y\nsteps:\n  - run: {}\n  - advance: {seconds: 5}\n")
     scenario = load(path)
     assert [s.kind for s in scenario.steps] == ["run", "advance"]
+
+
+def test_format_2_pause_resume_scale_parse() -> None:
+    scenario = parse(
+        {
+            "name": "v2-processes",
+            "format": 2,
+            "steps": [
+                {"run": {}},
+                {"pause": {"component": "relay"}},
+                {
+                    "pause": {
+                        "component": "relay",
+                        "instance": 1,
+                        "seam": "after_dispatch_before_send",
+                        "operation_id": "op",
+                    }
+                },
+                {"resume": {"component": "relay"}},
+                {"scale": {"component": "processor", "instances": 3}},
+            ],
+        }
+    )
+    kinds = [(s.kind, s.args.model_dump(exclude_none=True)) for s in scenario.steps[1:]]
+    assert kinds == [
+        ("pause", {"component": "relay", "instance": 0}),
+        (
+            "pause",
+            {
+                "component": "relay",
+                "instance": 1,
+                "seam": "after_dispatch_before_send",
+                "operation_id": "op",
+            },
+        ),
+        ("resume", {"component": "relay", "instance": 0}),
+        ("scale", {"component": "processor", "instances": 3}),
+    ]

@@ -167,11 +167,14 @@ def is_retriable(exc: BaseException) -> bool:
     """True when ``exc`` is worth riding out: a retriable Kafka error, or Kafka not answering.
 
     A :class:`~ledger.errors.BrokerUnavailableError` (no answer to the
-    start-up check) is retriable; so is a :class:`~ledger.errors.BrokerError`
+    start-up check) and a ``TimeoutError`` (an admin request's future not
+    answered in time) are retriable; so is a :class:`~ledger.errors.BrokerError`
     caused by a retriable Kafka error. A ``KafkaException`` is retriable when
     :func:`classify` says so. Anything else is not.
     """
-    if isinstance(exc, BrokerUnavailableError):
+    if isinstance(exc, BrokerUnavailableError | TimeoutError):
+        # TimeoutError: an admin request's future not answered in time (the
+        # start-up topic check while the broker restarts).
         return True
     if not isinstance(exc, KafkaException | BrokerError):
         return False

@@ -83,6 +83,7 @@ def test_the_code_sets_do_not_overlap_and_fencing_is_never_retried() -> None:
 
 def test_broker_errors_are_retriable_only_when_kafka_did_not_answer() -> None:
     assert is_retriable(BrokerUnavailableError("no answer"))
+    assert is_retriable(TimeoutError())  # an admin future of the start-up check, unanswered
     caused = BrokerError("could not read the configs")
     caused.__cause__ = _exc(KafkaError._TRANSPORT)
     assert is_retriable(caused)

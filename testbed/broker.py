@@ -43,6 +43,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from ledger.acl import ADMIN, ROLES
 from ledger.errors import BrokerError, BrokerUnavailableError
 from ledger.kafka import CLIENT_LOGGER as CLIENT_LOGGER  # re-exported: tests use it
 from ledger.kafka import admin_config, bootstrap_servers
@@ -58,17 +59,7 @@ JVM_HEAP = ("-Xms256m", "-Xmx512m")
 #: sasl_ssl``, see :mod:`testbed.cluster`): the super user ``admin`` (brokers,
 #: controllers, topic and ACL administration) and one principal per role of
 #: DESIGN.md "Trust boundary". Each gets ``kafka_home/clients/<user>.properties``.
-PRINCIPALS: tuple[str, ...] = (
-    "admin",
-    "processor",
-    "authority",
-    "relay",
-    "reconciler",
-    "auditor",
-    "service",
-    "reviewer",
-    "operator",
-)
+PRINCIPALS: tuple[str, ...] = (ADMIN, *ROLES)
 
 _log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@
 #                  real broker, then the wheel check (the built wheel installed
 #                  outside the checkout runs `ledger demo --json`)
 #   make mission   the 4,000-case fee-remediation mission with crashes everywhere
+#   make mission-chaos  the same on three brokers with broker faults (root: netns)
 #                  (CASES=, INSTANCES=, MODE=ledger|checkpoint-only to change it)
 #   make bench     benchmarks against the bare Kafka limit and against peers
 #                  (Quix Streams, DBOS in .venv-peers): bench/results.json and
@@ -23,7 +24,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := test
-.PHONY: venv venv-run kafka demo mission mission-compare bench check test wheel-check lint fmt broker-start broker-stop broker-status clean distclean
+.PHONY: venv venv-run kafka demo mission mission-chaos mission-compare bench check test wheel-check lint fmt broker-start broker-stop broker-status clean distclean
 
 # Two stamps in one virtualenv: the runtime with its testbed (what the demo
 # and missions need), and the developer tools on top (what the tests need).
@@ -62,6 +63,13 @@ MODE      ?= ledger
 mission: venv-run kafka
 	$(BIN)/ledger mission run --cases $(CASES) --crash-rate 0.05 --seed 7 \
 		--instances $(INSTANCES) --mode $(MODE)
+
+# The same mission on a local three-broker cluster in network namespaces of
+# its own, with the leader, the controller, rolling and full restarts and a
+# partition hitting the cluster while it runs (needs root for `ip netns`).
+mission-chaos: venv-run kafka
+	$(BIN)/ledger mission run --cases $(CASES) --crash-rate 0.05 --seed 11 \
+		--instances $(INSTANCES) --brokers 3 --broker-chaos
 
 mission-compare: venv-run kafka
 	$(BIN)/ledger mission compare --cases $(CASES) --crash-rate 0.05 --seed 7 \

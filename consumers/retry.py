@@ -6,7 +6,7 @@ meet a broker outage or a failover (``committed``, ``get_watermark_offsets``,
 ``send_offsets_to_transaction``, the start-up topic check) through a
 :class:`KafkaRetry`, which
 
-* classifies the error once (:func:`classify`): **retriable** (the broker or a
+* classifies the error once (:func:`ledger.kafka.classify`): **retriable** (the broker or a
   coordinator is away or moving: ``_TRANSPORT``, ``_ALL_BROKERS_DOWN``,
   ``_TIMED_OUT``, ``NOT_COORDINATOR``, ``COORDINATOR_LOAD_IN_PROGRESS``,
   ``LEADER_NOT_AVAILABLE``, ``NOT_LEADER_FOR_PARTITION``,
@@ -31,9 +31,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -45,6 +45,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from ledger.errors import BrokerError, BrokerUnavailableError, LedgerError
+from ledger.kafka import classify, kafka_error
 from ledger.settings import LedgerSettings
 
 log = logging.getLogger(__name__)
@@ -55,112 +56,6 @@ T = TypeVar("T")
 #: (waiting out an outage) and replaces its client, which can stay stuck after
 #: a broker restart.
 STALL_S = 10.0
-
-#: What to do about a Kafka error: ride it out, abort the transaction, or the caller's own handling.
-ErrorClass = Literal["retriable", "abortable", "fatal"]
-
-#: Errors with which Kafka refuses a zombie's transaction: its group
-#: membership or generation is gone (KIP-447) or its producer was fenced.
-FENCING_CODES = frozenset(
-    {
-        KafkaError.UNKNOWN_MEMBER_ID,
-        KafkaError.ILLEGAL_GENERATION,
-        KafkaError.FENCED_INSTANCE_ID,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-        KafkaError._FENCED,
-    }
-)
-
-#: Never ridden out, whatever librdkafka says: a fenced zombie, a principal
-#: that is not allowed, a topic or partition that does not exist (the
-#: callers that meet "unknown partition" just after a broker restart keep
-#: their own bounded retry with a fresh client), a broken client state.
-NEVER_RETRIED = FENCING_CODES | frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError._AUTHENTICATION,
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._FATAL,
-        KafkaError._STATE,
-        KafkaError._INCONSISTENT,
-    }
-)
-
-#: Retriable even where librdkafka does not flag the error so: the broker is
-#: down or restarting, a coordinator or leader is moving, a request timed out.
-RETRIABLE_CODES = frozenset(
-    {
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._TIMED_OUT,
-        KafkaError._TIMED_OUT_QUEUE,
-        KafkaError._MSG_TIMED_OUT,
-        KafkaError._RESOLVE,
-        KafkaError._WAIT_COORD,
-        KafkaError._RETRY,
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError.NETWORK_EXCEPTION,
-        KafkaError.NOT_ENOUGH_REPLICAS,
-        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        KafkaError.CONCURRENT_TRANSACTIONS,
-        KafkaError.UNSTABLE_OFFSET_COMMIT,
-        KafkaError.REBALANCE_IN_PROGRESS,
-        KafkaError.KAFKA_STORAGE_ERROR,
-        KafkaError.FETCH_SESSION_ID_NOT_FOUND,
-        KafkaError.UNKNOWN_LEADER_EPOCH,
-        KafkaError.OFFSET_NOT_AVAILABLE,
-        KafkaError.THROTTLING_QUOTA_EXCEEDED,
-    }
-)
-
-
-def classify(err: KafkaError) -> ErrorClass:
-    """How a stage treats a Kafka error (librdkafka's order: fatal, abortable, retriable).
-
-    Args:
-        err: the error (``KafkaException.args[0]``, a message's or a callback's).
-
-    Returns:
-        ``"fatal"`` for an error librdkafka flags fatal or one of
-        :data:`NEVER_RETRIED` (fenced, not authorised, unknown topic ...),
-        unless it is abortable; ``"abortable"`` when the open transaction must
-        be aborted (``txn_requires_abort``); ``"retriable"`` when librdkafka
-        flags it retriable or its code is one of :data:`RETRIABLE_CODES`;
-        ``"fatal"`` otherwise (the caller's own handling).
-    """
-    if err.fatal():
-        return "fatal"
-    if err.txn_requires_abort():
-        return "abortable"
-    if err.code() in NEVER_RETRIED:
-        return "fatal"
-    if err.retriable() or err.code() in RETRIABLE_CODES:
-        return "retriable"
-    return "fatal"
-
-
-def kafka_error(exc: BaseException) -> KafkaError | None:
-    """The Kafka error an exception carries (directly, or as the cause of a ledger error)."""
-    seen: BaseException | None = exc
-    for _ in range(3):
-        if seen is None:
-            return None
-        if isinstance(seen, KafkaException) and seen.args and isinstance(seen.args[0], KafkaError):
-            return seen.args[0]
-        seen = seen.__cause__
-    return None
 
 
 def is_retriable(exc: BaseException) -> bool:

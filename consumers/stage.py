@@ -47,21 +47,14 @@ from confluent_kafka import (
 )
 
 from consumers.hooks import NO_FAULTS, FaultHooks
-from consumers.retry import (
-    FENCING_CODES,
-    STALL_S,
-    KafkaRetry,
-    classify,
-    is_retriable,
-    policy_for,
-)
+from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.errors import LedgerError
 from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
 from ledger.identity import MAX_INPUT_BYTES, MAX_KEY_BYTES
-from ledger.kafka import consumer_config, producer_config
+from ledger.kafka import FENCING_CODES, classify, consumer_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
@@ -91,8 +84,6 @@ class Record:
     raw: bytes
     event: Event
 
-
-#: FENCING_CODES (imported above) is defined with the classification, in consumers.retry.
 
 #: Seconds a transaction's commit (or offsets send) may keep failing with
 #: retriable errors before the producer is replaced (see :meth:`Stage._commit`).

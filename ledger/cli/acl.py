@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 # confluent_kafka.admin re-exports these without marking them public, so
@@ -31,7 +31,7 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 from ledger import acl
 from ledger.cli.common import current_settings
 from ledger.errors import BrokerError, BrokerUnavailableError
-from ledger.kafka import admin_config
+from ledger.kafka import admin_config, classify
 from ledger.settings import LedgerSettings
 
 _TIMEOUT_S = 30.0
@@ -92,11 +92,7 @@ def _fail(what: str, exc: KafkaException) -> BrokerError:
             else "the cluster has no authorizer (authorizer.class.name): ACLs cannot be set"
         )
         return BrokerError(f"{what}: {err}; {remedy}", observed=code)
-    if getattr(err, "retriable", lambda: False)() or code in (
-        "_TIMED_OUT",
-        "_TRANSPORT",
-        "_ALL_BROKERS_DOWN",
-    ):
+    if isinstance(err, KafkaError) and classify(err) == "retriable":
         return BrokerUnavailableError(
             f"{what}: {err} (is the cluster up, and are the client's security settings "
             "those of its listener?)",

@@ -11,17 +11,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.processor import Processor
-from consumers.retry import (
-    FENCING_CODES,
-    NEVER_RETRIED,
-    RETRIABLE_CODES,
-    KafkaRetry,
-    RetryPolicy,
-    classify,
-    is_retriable,
-    policy_for,
-)
+from consumers.retry import KafkaRetry, RetryPolicy, is_retriable, policy_for
 from ledger.errors import BrokerError, BrokerUnavailableError, LedgerError
+from ledger.kafka import FENCING_CODES, NEVER_RETRIED, RETRIABLE_CODES, classify
 from ledger.settings import LedgerSettings
 
 #: What a broker outage or a failover throws at a stage (the issue's cases first).

@@ -568,13 +568,21 @@ def _java_base(paths: _Paths) -> list[str]:
     ]
 
 
-def _format_storage(paths: _Paths) -> None:
-    """Format the KRaft storage once (``-g`` also tolerates a formatted dir)."""
-    if (paths.data / "meta.properties").is_file():
-        return
-    format_log = paths.logs / "format.log"
-    cmd = [
-        *_java_base(paths),
+def format_command(paths: _Paths, *extra: str) -> list[str]:
+    """The java command that formats a node's KRaft storage (``-g``: a formatted dir is kept).
+
+    Args:
+        paths: the node's folders (its ``server.properties`` and jars).
+        extra: more ``StorageTool format`` arguments (``--add-scram ...``).
+
+    Returns:
+        The argument list, C1-compiled with one GC thread (a short-lived tool
+        starts faster so on a busy machine).
+    """
+    java = _java_base(paths)
+    java[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
+    return [
+        *java,
         "kafka.tools.StorageTool",
         "format",
         "-t",
@@ -582,10 +590,22 @@ def _format_storage(paths: _Paths) -> None:
         "-c",
         str(paths.server_properties),
         "-g",
+        *extra,
     ]
+
+
+def _format_storage(paths: _Paths) -> None:
+    """Format the KRaft storage once (``-g`` also tolerates a formatted dir)."""
+    if (paths.data / "meta.properties").is_file():
+        return
+    format_log = paths.logs / "format.log"
     with format_log.open("wb") as out:
         rc = subprocess.call(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=paths.home
+            format_command(paths),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=paths.home,
         )
     if rc != 0:
         raise BrokerError(

@@ -893,20 +893,7 @@ class Cluster:
         for node in todo:
             paths = node.broker_paths(self.spec.libs)
             log = node.logs / "format.log"
-            java = broker._java_base(paths)
-            # A short-lived tool: C1 only and one GC thread start it faster on a busy machine.
-            java[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-            cmd = [
-                *java,
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                CLUSTER_ID,
-                "-c",
-                str(node.server_properties),
-                "-g",
-                *scram,
-            ]
+            cmd = broker.format_command(paths, *scram)
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

@@ -51,10 +51,16 @@ from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
-from ledger.errors import LedgerError
+from ledger.errors import BrokerError, LedgerError
 from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
 from ledger.identity import MAX_INPUT_BYTES, MAX_KEY_BYTES
-from ledger.kafka import FENCING_CODES, classify, consumer_config, producer_config
+from ledger.kafka import (
+    FENCING_CODES,
+    REFUSAL_CODES,
+    classify,
+    consumer_config,
+    producer_config,
+)
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
@@ -1125,6 +1131,17 @@ def await_settled(
             reader.close()
 
 
+def _refused(topic: str, err: KafkaError) -> BrokerError:
+    """The error of a read the broker refuses to this client's principal."""
+    return BrokerError(
+        f"reading {topic}: the broker refuses this client's principal ({err.name()}); "
+        "run as a principal that may read it (LEDGER_KAFKA_CONFIG_FILE: the auditor's for "
+        "`ledger audit`, an operator's for `ledger state`; see `ledger acl plan`)",
+        expected="READ on " + topic,
+        observed=err.name(),
+    )
+
+
 def read_partition(
     settings: LedgerSettings,
     topic: str,
@@ -1170,6 +1187,8 @@ def read_partition(
     Raises:
         LedgerError: if the end is not reached within ``timeout_s``, or Kafka
             does not answer for as long as ``retry`` waits.
+        BrokerError: the broker refuses this client's principal the read
+            (``TOPIC_AUTHORIZATION_FAILED`` ...), at once.
     """
     full = settings.topic(topic)
     if retry is None:
@@ -1225,6 +1244,8 @@ def read_partition(
                     high = end_of(TopicPartition(full, p))
                     break
                 except KafkaException as exc:
+                    if exc.args and exc.args[0].code() in REFUSAL_CODES:
+                        raise _refused(full, exc.args[0]) from exc
                     # A client that asked before the partition was known (or
                     # just after a broker restart) may keep answering "unknown
                     # partition": a fresh one asks again.
@@ -1252,7 +1273,10 @@ def read_partition(
                     expected=ends,
                 )
             for msg in client[0].consume(1000, 0.02):
-                if msg.error() is not None:
+                err = msg.error()
+                if err is not None:
+                    if err.code() in REFUSAL_CODES:
+                        raise _refused(full, err)
                     continue
                 p = msg.partition() or 0
                 if p in done:

@@ -630,7 +630,9 @@ FENCING_CODES = frozenset(
 #: that is not allowed, a topic or partition that does not exist (the
 #: callers that meet "unknown partition" just after a broker restart keep
 #: their own bounded retry with a fresh client), a broken client state.
-NEVER_RETRIED = FENCING_CODES | frozenset(
+#: Errors with which Kafka refuses the client's principal (authentication,
+#: or an ACL it lacks: DESIGN.md "Trust boundary", ``ledger acl plan``).
+REFUSAL_CODES = frozenset(
     {
         KafkaError.TOPIC_AUTHORIZATION_FAILED,
         KafkaError.GROUP_AUTHORIZATION_FAILED,
@@ -638,13 +640,22 @@ NEVER_RETRIED = FENCING_CODES | frozenset(
         KafkaError.CLUSTER_AUTHORIZATION_FAILED,
         KafkaError._AUTHENTICATION,
         KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError._FATAL,
-        KafkaError._STATE,
-        KafkaError._INCONSISTENT,
     }
+)
+
+NEVER_RETRIED = (
+    FENCING_CODES
+    | REFUSAL_CODES
+    | frozenset(
+        {
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_TOPIC,
+            KafkaError._UNKNOWN_PARTITION,
+            KafkaError._FATAL,
+            KafkaError._STATE,
+            KafkaError._INCONSISTENT,
+        }
+    )
 )
 
 #: Retriable even where librdkafka does not flag the error so: the broker is

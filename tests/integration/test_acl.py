@@ -27,6 +27,7 @@ from ledger import acl
 from ledger.cli import main
 from ledger.cli.acl import apply_plan, broker_acls, compare, to_binding
 from ledger.contracts import PAYMENT_GATEWAY
+from ledger.errors import BrokerError
 from ledger.events import Approval
 from ledger.kafka import admin_config, producer_config
 from ledger.settings import LedgerSettings
@@ -198,6 +199,20 @@ def test_the_ledger_reaches_a_verified_outcome_under_its_principals(
         secured.plan, broker_acls(secured.admin, (g.principal for g in secured.plan.grants))
     )
     assert not now.missing and not now.extra
+
+
+def test_a_principal_refused_a_read_is_told_at_once(secured: SecuredLedger) -> None:
+    # The service may describe the ledger's topics but read none: a read of a
+    # non-empty topic, and an audit, fail at once naming the refusal, instead
+    # of waiting out their timeout and blaming the broker.
+    if not read_topic(secured.admin, "approvals"):
+        _approve(secured)
+    service = secured.as_("service")
+    refused = "refuses this client.s principal .[A-Z_]*AUTHORIZATION_FAILED"
+    with pytest.raises(BrokerError, match=refused):
+        read_topic(service, "approvals")
+    with pytest.raises(BrokerError, match=refused):
+        run_audit(service, read_sinks=False)
 
 
 def test_a_service_may_not_write_what_the_stages_own(secured: SecuredLedger) -> None:

@@ -359,7 +359,7 @@ class AuthorityKernel(Stage):
         self._catch_up()
         trusted = self.trusted()
         sinks = self.sinks()
-        for rec in records:
+        for rec in self.spans.each(records):
             request = rec.event
             if not isinstance(request, AdmissionRequest):
                 log.warning("authority: refusing %s at %s", request.KIND, rec.offset)

@@ -174,3 +174,14 @@ def test_sink_requests_carry_the_current_traceparent() -> None:
     trace_id = f"{span.get_span_context().trace_id:032x}"
     assert seen[0] is not None and seen[0].split("-")[1] == trace_id
     assert seen[1] is None  # no current span, no header
+
+
+def test_without_an_sdk_the_incoming_trace_still_reaches_the_outputs() -> None:
+    """No exporter configured: the API's no-op tracer keeps the record's trace and parent."""
+    rec = _Rec("dispatches", 2, 9, "op", ((TRACEPARENT, PARENT.encode()),), None)
+    spans = RecordSpans("relay")  # the global provider: nothing installed in this process
+    for _ in spans.each([rec]):
+        headers = with_trace(None)
+        assert tracing.current_trace_id() == f"{TRACE_ID:032x}"
+    spans.end()
+    assert dict(headers or [])[TRACEPARENT].decode() == PARENT

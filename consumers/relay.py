@@ -52,7 +52,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -76,6 +76,7 @@ from ledger.contracts import (
 )
 from ledger.errors import LedgerError, LocalFileError, SinkAuthError, SinkNotReachedError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
+from ledger.tracing import trace_headers
 from sinks.client import SinkClient, postcondition_source
 from sinks.registry import RegistryFile, SinkEndpoint
 
@@ -109,6 +110,7 @@ class Parked:
         first_at: monotonic time of the first failed try (seconds).
         next_at: monotonic time of the next try (seconds).
         last: the last failure.
+        trace: the W3C trace headers of the dispatch's span (its next tries continue them).
     """
 
     dispatch: Dispatch
@@ -120,6 +122,7 @@ class Parked:
     first_at: float
     next_at: float
     last: SinkNotReachedError
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 def read_effect(
@@ -430,6 +433,7 @@ class Relay(Stage):
                 first_at=first_at,
                 next_at=now + decision.delay_ms / 1000,
                 last=exc,
+                trace=before.trace if before is not None else trace_headers(),
             )
             log.warning(
                 "relay: %s did not reach %s (%s); %s, next try in %.1f s",
@@ -500,31 +504,36 @@ class Relay(Stage):
         any_done = False
         for p in due:
             d = p.dispatch
-            outputs = self._attempt(
-                d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
-            )
+            with self.spans.continued(d.operation_id, p.trace, "relay retry Dispatch"):
+                outputs = self._attempt(
+                    d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
+                )
             if d.dispatch_id in self.parked:
                 continue
             any_done = True
             if self._marks_alone(d.sink):
                 # As for a first send: its receipt committed just after it.
-                self._commit_outputs(outputs)
+                with self.spans.of_operation(d.operation_id):
+                    self._commit_outputs(outputs)
                 self._done(p.dispatch)
             else:
                 finished.append((p, outputs))
         if not any_done or not (finished or commit_offsets):
+            self.spans.end()
             return
         self.producer.begin_transaction()
         out = self.writer()
-        for _, outputs in finished:
-            for topic, key, event in outputs:
-                out.write(topic, key, event)
+        for p, outputs in finished:
+            with self.spans.of_operation(p.dispatch.operation_id):
+                for topic, key, event in outputs:
+                    out.write(topic, key, event)
         if commit_offsets and self.consumer is not None:
             positions = self.consumer.position(self.consumer.assignment())
             offsets = [tp for tp in positions if tp.offset >= 0]
             if offsets:
                 self._send_offsets(offsets)
         self._commit()
+        self.spans.end()
         for p, _ in finished:
             self._done(p.dispatch)
 

@@ -337,6 +337,42 @@ class RecordSpans:
         finally:
             context.detach(token)
 
+    @contextmanager
+    def continued(self, operation_id: str, headers: Mapping[str, str], name: str) -> Iterator[None]:
+        """Work on an operation outside its input record, in the operation's trace.
+
+        For work a stage does later, when the record is no longer in hand (the
+        relay's next try of a dispatch it parked, the processor's resume
+        claim): a span ``name`` continues the trace of ``headers`` (what
+        :func:`trace_headers` gave while the record's span was current; ``{}``
+        starts a trace), is current inside the block and is the operation's
+        span for :meth:`of_operation` until :meth:`end`. A second block for
+        the same operation in one batch reuses it.
+
+        Args:
+            operation_id: the operation.
+            headers: its W3C trace headers (``traceparent``, ``tracestate``).
+            name: the span's name, e.g. ``relay retry Dispatch``.
+        """
+        at = (f"continued {operation_id}", -1, -1)
+        span = self._spans.get(at)
+        if span is None:
+            span = self._tracer.start_span(
+                name,
+                context=context_of(headers.items()),
+                attributes={
+                    "ledger.component": self.component,
+                    "ledger.operation_id": operation_id,
+                },
+            )
+            self._spans[at] = span
+            self._by_operation[operation_id] = span
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            yield
+        finally:
+            context.detach(token)
+
     def end(self, error: str | None = None) -> None:
         """End every open span (the batch committed, or with ``error``: it did not).
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -185,3 +186,78 @@ def test_without_an_sdk_the_incoming_trace_still_reaches_the_outputs() -> None:
         assert tracing.current_trace_id() == f"{TRACE_ID:032x}"
     spans.end()
     assert dict(headers or [])[TRACEPARENT].decode() == PARENT
+
+
+def test_work_outside_the_record_continues_the_operations_trace() -> None:
+    """A parked dispatch's next try (or a resume's claim) is a span in the operation's trace."""
+    provider, exporter = _provider()
+    spans = RecordSpans("relay", provider)
+    with spans.continued("refund:parked:v1", {TRACEPARENT: PARENT}, "relay retry Dispatch"):
+        first = with_trace(None)
+    with spans.of_operation("refund:parked:v1"):
+        second = with_trace(None)
+    with spans.continued("refund:fresh:v1", {}, "relay retry Dispatch"):
+        fresh = tracing.current_trace_id()
+    spans.end()
+    parked = next(s for s in exporter.get_finished_spans() if s.context.trace_id == TRACE_ID)
+    assert parked.name == "relay retry Dispatch" and parked.parent is not None
+    assert dict(first or [])[TRACEPARENT] == dict(second or [])[TRACEPARENT]
+    assert fresh is not None and fresh != f"{TRACE_ID:032x}"
+    assert len(exporter.get_finished_spans()) == 2
+
+
+def test_a_parked_dispatch_is_tried_again_in_its_operations_trace(tmp_path: Path) -> None:
+    """The relay parks a dispatch whose sink refused the connection with its trace headers;
+    the next try sends the same trace to the sink."""
+    from consumers.relay import Relay
+    from ledger.contracts import PAYMENT_GATEWAY
+    from ledger.events import Dispatch
+    from ledger.settings import LedgerSettings
+    from sinks.client import SinkClient
+    from sinks.registry import SinkEndpoint, save_sinks
+
+    url = "http://127.0.0.1:9"
+    sent: list[str | None] = []
+
+    def sink(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get(TRACEPARENT))
+        if len(sent) == 1:
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        return httpx.Response(
+            201, json={"status": "committed", "effect_id": "e-1", "committed_ms": 1}
+        )
+
+    settings = LedgerSettings(run_dir=tmp_path, sink_retry_backoff_s=0.0)
+    save_sinks(settings.sinks_path(), {"payments": SinkEndpoint(url=url, contract=PAYMENT_GATEWAY)})
+    provider, exporter = _provider()
+    relay = Relay(settings)
+    relay.spans = RecordSpans("relay", provider)
+    relay.clients["payments"] = SinkClient(url, transport=httpx.MockTransport(sink))
+    d = Dispatch(
+        dispatch_id="refund:p:v1#1.1",
+        operation_id="refund:p:v1",
+        kind="EXECUTE",
+        sink="payments",
+        action="refund",
+        params_json='{"account":"a","amount_minor":1}',
+        parameter_digest="0" * 64,
+        fencing_token=1,
+        state_version=2,
+        subject="customer-1",
+        purpose="fee-remediation",
+        decision_version=1,
+    )
+    rec = _Rec("dispatches", 0, 5, d.operation_id, ((TRACEPARENT, PARENT.encode()),), d)
+    for _ in relay.spans.each([rec]):
+        assert relay._attempt(d, 0, 5, fresh=True) == []
+    relay.spans.end()
+    parked = relay.parked[d.dispatch_id]
+    assert parked.trace[TRACEPARENT].split("-")[1] == f"{TRACE_ID:032x}"
+    relay.down_now.clear()  # a new pass, as _retry_due starts one
+    with relay.spans.continued(d.operation_id, parked.trace, "relay retry Dispatch"):
+        (receipt,) = relay._attempt(d, 0, 5, fresh=parked.fresh)
+    relay.spans.end()
+    assert receipt[0] == "receipts" and d.dispatch_id not in relay.parked
+    assert [p.split("-")[1] for p in sent if p] == [f"{TRACE_ID:032x}"] * 2
+    names = {s.name for s in exporter.get_finished_spans() if s.context.trace_id == TRACE_ID}
+    assert {"relay Dispatch", "relay retry Dispatch"} <= names

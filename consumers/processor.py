@@ -44,7 +44,7 @@ from ledger.events import (
 from ledger.fold import Decision, decide, journal_entry, ref_of
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
-from ledger.tracing import annotate
+from ledger.tracing import annotate, trace_headers_of
 from sinks.registry import RegistryFile
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,8 @@ class Processor(Stage):
         #: encoded form of each pending state (as written to ledger.state).
         self.pending_raw: dict[str, bytes] = {}
         self.resume_queue: list[tuple[str, int]] = []
+        #: op -> trace headers of its restored state record (its resume claim continues them).
+        self.resume_traces: dict[str, dict[str, str]] = {}
         #: Partitions this process has owned at some point of its life.
         self.ever_held: set[int] = set()
         #: operating events to write with the next transaction (refused state records).
@@ -115,12 +117,14 @@ class Processor(Stage):
 
         #: op -> (in a resumable state, version), from its latest record.
         restored: dict[str, tuple[bool, int]] = {}
+        traces: dict[str, dict[str, str]] = {}
 
-        def load(rec: Record | None, msg: object) -> None:
+        def load(rec: Record | None, msg: Message) -> None:
             if rec is not None and isinstance(rec.event, OperationState):
                 self.states[rec.key] = rec.raw
                 self.partition_of[rec.key] = rec.partition
                 restored[rec.key] = (S(rec.event.state) in RESUMABLE, rec.event.version)
+                traces[rec.key] = trace_headers_of(msg.headers())
 
         # The stage has waited for stable offsets (Stage._restore); the state
         # partitions may still wait for the same transaction's markers.
@@ -147,6 +151,7 @@ class Processor(Stage):
             for op, (resumable, version) in restored.items()
             if resumable and self.partition_of.get(op) in new
         )
+        self.resume_traces = {op: traces[op] for op, _ in self.resume_queue}
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
 
@@ -219,18 +224,22 @@ class Processor(Stage):
         out = self.writer()
         worker = f"processor-{self.instance}"
         for op, version in queue:
-            out.write(
-                "claims",
-                op,
-                Claim(
-                    claim_id=f"resume:{self.transactional_id}:{op}:v{version}",
-                    operation_id=op,
-                    worker=worker,
-                    expected_version=version,
-                ),
-            )
+            # The claim continues the operation's trace (from its restored state record).
+            with self.spans.continued(op, self.resume_traces.get(op, {}), "processor resume"):
+                out.write(
+                    "claims",
+                    op,
+                    Claim(
+                        claim_id=f"resume:{self.transactional_id}:{op}:v{version}",
+                        operation_id=op,
+                        worker=worker,
+                        expected_version=version,
+                    ),
+                )
         self._commit()
+        self.spans.end()
         self.resume_queue = []  # only once the claims are durable
+        self.resume_traces = {}
         log.info("processor: claimed %d in-flight operations for resume", len(queue))
 
     def rebuild(self) -> None:

@@ -216,18 +216,33 @@ def with_trace(
     return [*(headers or []), *((name, value.encode("ascii")) for name, value in carrier.items())]
 
 
-def context_of(headers: Iterable[tuple[str, str | bytes | None]] | None) -> Context:
+#: A record's headers as the Kafka client gives them (a list of pairs, or a mapping).
+Headers = Iterable[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None
+
+
+def trace_headers_of(headers: Headers) -> dict[str, str]:
+    """The W3C trace headers among a record's headers, as text.
+
+    Values over :data:`MAX_TRACE_HEADER_BYTES` are left out; the last header
+    of a name wins.
+    """
+    carrier: dict[str, str] = {}
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for name, value in pairs:
+        key = name.lower() if isinstance(name, str) else ""
+        if key not in TRACE_HEADERS or value is None or len(value) > MAX_TRACE_HEADER_BYTES:
+            continue
+        carrier[key] = value.decode("latin-1") if isinstance(value, bytes) else value
+    return carrier
+
+
+def context_of(headers: Headers) -> Context:
     """The trace context a record's headers carry (empty: no valid ``traceparent``).
 
     Malformed values and values over :data:`MAX_TRACE_HEADER_BYTES` are
     ignored; the last header of a name wins.
     """
-    carrier: dict[str, str] = {}
-    for name, value in headers or ():
-        key = name.lower() if isinstance(name, str) else ""
-        if key not in TRACE_HEADERS or value is None or len(value) > MAX_TRACE_HEADER_BYTES:
-            continue
-        carrier[key] = value.decode("latin-1") if isinstance(value, bytes) else value
+    carrier = trace_headers_of(headers)
     if TRACEPARENT not in carrier:
         return Context()
     return _PROPAGATOR.extract(carrier, context=Context())

@@ -142,30 +142,85 @@ def _publisher_trace(spans: list[ReceivedSpan], op: str) -> str | None:
     return None
 
 
+def _trace_of(collector: Collector, op: str) -> str:
+    trace_id = _publisher_trace(collector.snapshot(), op)
+    assert trace_id is not None, f"no publish span for {op}"
+    return trace_id
+
+
+def _stage_env(harness: Harness, collector: Collector, delays_ms: dict[str, int]) -> None:
+    """Make every stage process export its spans to ``collector`` (batch delay per stage)."""
+    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
+    for component in STAGES:
+        harness.stage_env[component] = {
+            **env,
+            "OTEL_BSP_SCHEDULE_DELAY": str(delays_ms.get(component, 100)),
+        }
+
+
+def _service_publisher(settings: LedgerSettings, collector: Collector) -> LedgerPublisher:
+    """A publisher whose spans (service ``case-service``) go to ``collector`` at once."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "case-service"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{collector.url}/v1/traces"))
+    )
+    return LedgerPublisher(settings, tracer_provider=provider)
+
+
+def _complete(collector: Collector, op: str, *, tree: bool) -> Callable[[], str | None]:
+    """A check: the operation's one trace has spans of every process, up to OUTCOME_VERIFIED
+    (and, with ``tree``, no span whose parent is missing)."""
+
+    def check() -> str | None:
+        spans = collector.snapshot()
+        trace_id = _publisher_trace(spans, op)
+        if trace_id is None:
+            return "no publish span yet"
+        in_trace = [s for s in spans if s.trace_id == trace_id]
+        services = {s.service for s in in_trace}
+        wanted = {"case-service", "ledger-processor", "ledger-authority", "ledger-relay"}
+        if not wanted <= services:
+            return f"services {sorted(services)} in trace {trace_id}"
+        if not any(
+            s.service == "ledger-processor"
+            and s.attributes.get("ledger.to_state") == "OUTCOME_VERIFIED"
+            for s in in_trace
+        ):
+            return "no processor span reaching OUTCOME_VERIFIED"
+        ids = {s.span_id for s in in_trace}
+        orphans = [s.name for s in in_trace if s.parent_id and s.parent_id not in ids]
+        if tree and orphans:
+            return f"spans whose parent has not arrived: {orphans}"
+        return None
+
+    return check
+
+
+def _received(requests: list[dict[str, Any]], method: str, path: str, trace_id: str) -> bool:
+    """Whether the sink received ``method path`` with a traceparent of ``trace_id``."""
+    return any(
+        r["method"] == method
+        and r["path"] == path
+        and (r["traceparent"] or "").split("-")[1:2] == [trace_id]
+        for r in requests
+    )
+
+
 def test_one_trace_from_intent_to_verified_outcome(
     ledger_settings: LedgerSettings, collector: Collector
 ) -> None:
     settings = ledger_settings
     harness = Harness(settings, create=False)
-    env = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url}
-    for component in STAGES:
-        # The processor's and the kernel's spans leave only when they stop (a long batch
-        # delay): their flush at SIGTERM is tested. The relay, which a fault kills, exports
-        # at once.
-        delay_ms = "100" if component == "relay" else "600000"
-        harness.stage_env[component] = {**env, "OTEL_BSP_SCHEDULE_DELAY": delay_ms}
+    # The processor's and the kernel's spans leave only when they stop (a long batch
+    # delay): their flush at SIGTERM is tested. The relay, which a fault kills, exports
+    # at once.
+    _stage_env(harness, collector, {"processor": 600_000, "authority": 600_000, "relay": 100})
     sink = harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    provider = TracerProvider(resource=Resource.create({"service.name": "case-service"}))
-    provider.add_span_processor(
-        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{collector.url}/v1/traces"))
-    )
-    pub = LedgerPublisher(settings, tracer_provider=provider)
+    pub = _service_publisher(settings, collector)
     happy, resumed = "refund:traced:v1", "refund:traced-resumed:v1"
 
     def trace_of(op: str) -> str:
-        trace_id = _publisher_trace(collector.snapshot(), op)
-        assert trace_id is not None, f"no publish span for {op}"
-        return trace_id
+        return _trace_of(collector, op)
 
     def operation_spans(op: str) -> list[ReceivedSpan]:
         return [s for s in collector.snapshot() if s.attributes.get("ledger.operation_id") == op]
@@ -202,35 +257,8 @@ def test_one_trace_from_intent_to_verified_outcome(
     finally:
         pub.close()
         harness.stop()
-    provider.shutdown()
-
-    def complete(op: str, *, tree: bool) -> Callable[[], str | None]:
-        def check() -> str | None:
-            spans = collector.snapshot()
-            trace_id = _publisher_trace(spans, op)
-            if trace_id is None:
-                return "no publish span yet"
-            in_trace = [s for s in spans if s.trace_id == trace_id]
-            services = {s.service for s in in_trace}
-            wanted = {"case-service", "ledger-processor", "ledger-authority", "ledger-relay"}
-            if not wanted <= services:
-                return f"services {sorted(services)} in trace {trace_id}"
-            if not any(
-                s.service == "ledger-processor"
-                and s.attributes.get("ledger.to_state") == "OUTCOME_VERIFIED"
-                for s in in_trace
-            ):
-                return "no processor span reaching OUTCOME_VERIFIED"
-            ids = {s.span_id for s in in_trace}
-            orphans = [s.name for s in in_trace if s.parent_id and s.parent_id not in ids]
-            if tree and orphans:
-                return f"spans whose parent has not arrived: {orphans}"
-            return None
-
-        return check
-
-    _poll(complete(happy, tree=True), 30, f"the trace of {happy}")
-    _poll(complete(resumed, tree=False), 30, f"the trace of {resumed}")
+    _poll(_complete(collector, happy, tree=True), 30, f"the trace of {happy}")
+    _poll(_complete(collector, resumed, tree=False), 30, f"the trace of {resumed}")
 
     for op in (happy, resumed):
         trace_id = trace_of(op)
@@ -254,12 +282,7 @@ def test_one_trace_from_intent_to_verified_outcome(
     # The sink received each operation's trace with the HTTP requests: the submit and the
     # postcondition of both, and the resumed relay's readback of the second.
     def received(method: str, path: str, op: str) -> bool:
-        return any(
-            r["method"] == method
-            and r["path"] == path
-            and (r["traceparent"] or "").split("-")[1:2] == [trace_of(op)]
-            for r in requests
-        )
+        return _received(requests, method, path, trace_of(op))
 
     assert received("POST", "/operations", happy)
     assert received("GET", "/accounts/acct-1", happy)
@@ -271,3 +294,51 @@ def test_one_trace_from_intent_to_verified_outcome(
         if s.service == "ledger-relay" and s.name == "GET /operations/{id}"
     ]
     assert relay_reads, "the resumed relay's readback span"
+
+
+def test_a_processor_resume_continues_the_operations_trace(
+    ledger_settings: LedgerSettings, collector: Collector
+) -> None:
+    """The processor dies with the operation in flight (dispatched, no relay yet); the
+    restarted processor's claim, the readback it asks for and the verified outcome are all
+    in the trace the service started."""
+    settings = ledger_settings
+    harness = Harness(settings, create=False)
+    _stage_env(harness, collector, {})
+    sink = harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    pub = _service_publisher(settings, collector)
+    op = "refund:traced-claimed:v1"
+    try:
+        approve(pub, "ap-1")
+        publish(pub, op, approval="ap-1")
+        harness.start("processor")
+        harness.start("authority")
+        harness.wait_quiescent(90)
+        assert current_states(settings)[op].state == S.EFFECT_PENDING
+
+        def dispatched() -> str | None:
+            spans = [s for s in collector.snapshot() if s.trace_id == _trace_of(collector, op)]
+            names = {s.name for s in spans if s.service == "ledger-processor"}
+            return None if "processor AdmissionDecision" in names else f"so far {names}"
+
+        _poll(dispatched, 30, "the processor's spans before it is killed")
+        harness.kill("processor")
+        harness.start("processor")
+        harness.start("relay")
+        harness.wait_quiescent(90)
+        assert current_states(settings)[op].state == S.OUTCOME_VERIFIED
+        with sink.client() as client:
+            requests = client.traces()
+    finally:
+        pub.close()
+        harness.stop()
+    _poll(_complete(collector, op, tree=True), 30, f"the trace of {op}")
+    trace_id = _trace_of(collector, op)
+    names = {(s.service, s.name) for s in collector.snapshot() if s.trace_id == trace_id}
+    assert {
+        ("ledger-processor", "processor resume"),
+        ("ledger-processor", "processor Claim"),
+        ("ledger-relay", "GET /operations/{id}"),
+    } <= names, sorted(names)
+    assert _received(requests, "GET", f"/operations/{op}", trace_id)
+    assert _received(requests, "POST", "/operations", trace_id)

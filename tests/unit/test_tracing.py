@@ -261,3 +261,29 @@ def test_a_parked_dispatch_is_tried_again_in_its_operations_trace(tmp_path: Path
     assert [p.split("-")[1] for p in sent if p] == [f"{TRACE_ID:032x}"] * 2
     names = {s.name for s in exporter.get_finished_spans() if s.context.trace_id == TRACE_ID}
     assert {"relay Dispatch", "relay retry Dispatch"} <= names
+
+
+def test_the_console_exporter_prints_the_spans_when_the_process_stops() -> None:
+    """OTEL_TRACES_EXPORTER=console in a fresh process: the stage's service name and the span
+    reach standard output at shutdown (the global provider is set once per process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from ledger import tracing\n"
+        "print(tracing.configure('ledger-relay', instance='2'))\n"
+        "with tracing.tracer().start_as_current_span('relay Dispatch'):\n"
+        "    print(tracing.current_trace_id())\n"
+        "tracing.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_TRACES_EXPORTER"] = "console"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    ).stdout
+    lines = out.splitlines()
+    assert lines[0] == "('console',)"
+    trace_id = lines[1]
+    assert len(trace_id) == 32 and f'"trace_id": "0x{trace_id}"' in out
+    assert '"name": "relay Dispatch"' in out and '"service.name": "ledger-relay"' in out
+    assert '"service.instance.id": "2"' in out

@@ -124,7 +124,10 @@ class Processor(Stage):
                 self.states[rec.key] = rec.raw
                 self.partition_of[rec.key] = rec.partition
                 restored[rec.key] = (S(rec.event.state) in RESUMABLE, rec.event.version)
-                traces[rec.key] = trace_headers_of(msg.headers())
+                if restored[rec.key][0]:  # kept only for what may be resumed
+                    traces[rec.key] = trace_headers_of(msg.headers())
+                else:
+                    traces.pop(rec.key, None)
 
         # The stage has waited for stable offsets (Stage._restore); the state
         # partitions may still wait for the same transaction's markers.
@@ -151,7 +154,7 @@ class Processor(Stage):
             for op, (resumable, version) in restored.items()
             if resumable and self.partition_of.get(op) in new
         )
-        self.resume_traces = {op: traces[op] for op, _ in self.resume_queue}
+        self.resume_traces = {op: traces.get(op, {}) for op, _ in self.resume_queue}
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
 

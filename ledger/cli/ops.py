@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from ledger.cli.common import current_settings
+from ledger.cli.common import current_settings, instant_text
 from ledger.settings import LedgerSettings
 
 
@@ -362,8 +362,9 @@ def approve_cmd(
     click.echo(
         f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units"
         + (f" ({bound})" if bound else "")
-        + f", policy {approval.policy_version}, expires at {approval.expires_at_ms / 1000:g} s "
-        "(ledger clock)"
+        + f", policy {approval.policy_version}, expires at "
+        + instant_text(approval.expires_at_ms, now)
+        + " on the ledger clock"
     )
 
 

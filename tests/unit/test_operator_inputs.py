@@ -369,3 +369,19 @@ def test_gameday_run_checks_every_file_first_and_runs_nothing_when_one_is_malfor
     assert result.exit_code == 2
     assert "bad.json" in result.output and "worse.yaml" in result.output
     assert "no scenario was run: 2 of 3 file(s) malformed" in result.output
+
+
+@pytest.mark.parametrize(
+    ("at_ms", "now_ms", "text"),
+    [
+        (1_796_120_000_000, 1_796_116_400_000, "2026-12-01T10:13:20Z (in 3600 s)"),
+        (3_600_000, 0, "3600 s (in 3600 s)"),
+        (1_500, 4_500, "1.5 s (3 s ago)"),
+    ],
+)
+def test_an_instant_reads_as_a_time_on_the_system_clock_and_seconds_on_a_manual_one(
+    at_ms: int, now_ms: int, text: str
+) -> None:
+    from ledger.cli.common import instant_text
+
+    assert instant_text(at_ms, now_ms) == text

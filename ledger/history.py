@@ -567,9 +567,18 @@ def _admitted(operation_id: str, believed: Sequence[HistoryRecord]) -> Answer:
 
 
 def _target(believed: Sequence[HistoryRecord]) -> Answer:
-    seen = [r for r in believed if isinstance(r.event, EffectReceipt | Readback)]
+    seen = [
+        r
+        for r in believed
+        if isinstance(r.event, Readback)
+        or (isinstance(r.event, EffectReceipt) and r.event.status != "ATTEMPTED")
+    ]
     if not seen:
-        return _answer("target", f"{NOT_RECORDED}: no receipt or readback from the sink", False)
+        return _answer(
+            "target",
+            f"{NOT_RECORDED}: no receipt (beyond 'about to send') or readback from the sink",
+            False,
+        )
     parts: list[str] = []
     for r in seen:
         e = r.event

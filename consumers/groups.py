@@ -14,6 +14,7 @@ broker alone says, without any file a dead process leaves behind:
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
     OffsetSpec,
 )
 
+from consumers.retry import is_retriable
 from consumers.stages import STAGES
 from ledger.errors import BrokerUnavailableError
 from ledger.kafka import admin_config, bootstrap_servers
@@ -128,6 +130,10 @@ def _unanswered(settings: LedgerSettings, exc: BaseException) -> BrokerUnavailab
 def stage_status(settings: LedgerSettings, partitions: int | None = None) -> list[StageStatus]:
     """Ask the broker how every stage stands (see the module docstring).
 
+    Retriable Kafka errors (a partition leader moving just after topics
+    were created or the broker restarted) are asked again for up to
+    :data:`REQUEST_TIMEOUT_S` seconds.
+
     Args:
         settings: ledger settings (prefix, bootstrap servers, client properties).
         partitions: partitions of each operation-keyed input (default
@@ -140,7 +146,18 @@ def stage_status(settings: LedgerSettings, partitions: int | None = None) -> lis
     Raises:
         BrokerUnavailableError: Kafka did not answer in time.
     """
-    count = settings.partitions if partitions is None else partitions
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    while True:
+        try:
+            return _ask(settings, settings.partitions if partitions is None else partitions)
+        except (KafkaException, TimeoutError) as exc:
+            if not is_retriable(exc) or time.monotonic() > deadline:
+                raise _unanswered(settings, exc) from exc
+            time.sleep(0.5)
+
+
+def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
+    """One round of questions for :func:`stage_status` (Kafka's errors pass through)."""
     admin = AdminClient(admin_config(settings))
     groups = {component: f"{settings.topic_prefix}.{component}" for component in STAGES}
     inputs = {
@@ -149,34 +166,31 @@ def stage_status(settings: LedgerSettings, partitions: int | None = None) -> lis
         ]
         for component, stage in STAGES.items()
     }
-    try:
-        described = {
-            group: future.result(timeout=REQUEST_TIMEOUT_S)
-            for group, future in admin.describe_consumer_groups(
-                list(groups.values()), request_timeout=REQUEST_TIMEOUT_S
-            ).items()
+    described = {
+        group: future.result(timeout=REQUEST_TIMEOUT_S)
+        for group, future in admin.describe_consumer_groups(
+            list(groups.values()), request_timeout=REQUEST_TIMEOUT_S
+        ).items()
+    }
+    committed: dict[str, dict[tuple[str, int], int | None]] = {}
+    for component, group in groups.items():
+        request = [ConsumerGroupTopicPartitions(group, inputs[component])]
+        answer = admin.list_consumer_group_offsets(request, request_timeout=REQUEST_TIMEOUT_S)[
+            group
+        ].result(timeout=REQUEST_TIMEOUT_S)
+        committed[component] = {
+            (tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None
+            for tp in answer.topic_partitions or []
         }
-        committed: dict[str, dict[tuple[str, int], int | None]] = {}
-        for component, group in groups.items():
-            request = [ConsumerGroupTopicPartitions(group, inputs[component])]
-            answer = admin.list_consumer_group_offsets(request, request_timeout=REQUEST_TIMEOUT_S)[
-                group
-            ].result(timeout=REQUEST_TIMEOUT_S)
-            committed[component] = {
-                (tp.topic, tp.partition): tp.offset if tp.offset >= 0 else None
-                for tp in answer.topic_partitions or []
-            }
-        every = {tp for tps in inputs.values() for tp in tps}
-        ends = {
-            (tp.topic, tp.partition): future.result(timeout=REQUEST_TIMEOUT_S).offset
-            for tp, future in admin.list_offsets(
-                {tp: OffsetSpec.latest() for tp in every},  # type: ignore[no-untyped-call]
-                isolation_level=IsolationLevel.READ_COMMITTED,
-                request_timeout=REQUEST_TIMEOUT_S,
-            ).items()
-        }
-    except (KafkaException, TimeoutError) as exc:
-        raise _unanswered(settings, exc) from exc
+    every = {tp for tps in inputs.values() for tp in tps}
+    ends = {
+        (tp.topic, tp.partition): future.result(timeout=REQUEST_TIMEOUT_S).offset
+        for tp, future in admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in every},  # type: ignore[no-untyped-call]
+            isolation_level=IsolationLevel.READ_COMMITTED,
+            request_timeout=REQUEST_TIMEOUT_S,
+        ).items()
+    }
     out: list[StageStatus] = []
     for component, group in groups.items():
         description = described[group]

@@ -122,6 +122,31 @@ class Parked:
     last: SinkNotReachedError
 
 
+def _say(d: Dispatch, attempt: int, what: str, detail: str) -> None:
+    """One INFO line about a request to a sink: operation, sink, attempt, fencing token."""
+    log.info(
+        "relay: %s %s %s at %s (dispatch %s, attempt %d, fencing token %d): %s",
+        what,
+        d.kind,
+        d.operation_id,
+        d.sink,
+        d.dispatch_id,
+        attempt,
+        d.fencing_token,
+        detail,
+    )
+
+
+def _say_outcome(d: Dispatch, attempt: int, event: Event) -> None:
+    """One INFO line per receipt or readback the relay records for dispatch ``d``."""
+    if isinstance(event, EffectReceipt):
+        held = " (held as UNKNOWN_OUTCOME)" if event.status in {"AMBIGUOUS", "UNREACHABLE"} else ""
+        _say(d, attempt, "outcome", f"receipt {event.status}{held}: {event.detail}")
+    elif isinstance(event, Readback):
+        held = " (held as UNKNOWN_OUTCOME)" if event.status == "UNKNOWN" else ""
+        _say(d, attempt, "outcome", f"{event.kind} readback {event.status}{held}: {event.detail}")
+
+
 def read_effect(
     client: SinkClient, contract: EffectContract, operation_id: str, token: int
 ) -> tuple[str, str, str | None]:
@@ -394,12 +419,17 @@ class Relay(Stage):
             detail = f"not tried: {d.sink} could not be reached a moment ago ({down.detail})"
             exc = _not_sent(d, detail, "SINK_UNREACHABLE", fresh, readback_on_resume)
             return self._park(d, exc, partition, offset, fresh=fresh)
+        attempt = self.parked[d.dispatch_id].failures + 1 if d.dispatch_id in self.parked else 1
+        _say(d, attempt, "sending", "fresh" if fresh else "sent before: read back first")
         try:
             outputs = self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
         except SinkNotReachedError as exc:
+            _say(d, attempt, "not sent", f"{exc.kind}: {exc.detail}")
             if exc.kind == "SINK_UNREACHABLE":
                 self.down_now[d.sink] = exc
             return self._park(d, exc, partition, offset, fresh=fresh)
+        for _, _, event in outputs:
+            _say_outcome(d, attempt, event)
         # Reached at last: no longer parked (if its outcome is then lost with
         # an aborted transaction, the dispatch is met again and read back).
         self.parked.pop(d.dispatch_id, None)

@@ -20,7 +20,7 @@ import click
 
 from ledger import kafka
 from ledger.cli import acl, history, keys, ops, stages, topics
-from ledger.cli.common import LedgerGroup, current_settings
+from ledger.cli.common import EXIT_CODES, LedgerGroup, current_settings
 from ledger.settings import ledger_home
 
 #: Entry-point group through which other packages add commands to ``ledger``.
@@ -41,8 +41,14 @@ see the values in force (secrets masked).
 """
 
 
+_EXIT_HELP = "\n\b\nExit codes (every command; README: JSON output and exit codes):\n" + "\n".join(
+    f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items()
+)
+
+
 @click.group(
-    cls=LedgerGroup, help="Event-sourced recovery ledger on Apache Kafka.\n" + _SETTINGS_HELP
+    cls=LedgerGroup,
+    help="Event-sourced recovery ledger on Apache Kafka.\n" + _SETTINGS_HELP + _EXIT_HELP,
 )
 @click.version_option(package_name="kafka-recovery-ledger")
 def main() -> None:

@@ -14,11 +14,8 @@ from pathlib import Path
 
 import click
 
-from ledger.cli.common import current_settings
+from ledger.cli.common import EXIT_UNKNOWN_OPERATION, current_settings
 from ledger.history import History, iso_time
-
-#: Exit status of ``ledger history`` when no record is about the operation.
-EXIT_UNKNOWN_OPERATION = 4
 
 
 def history_lines(history: History) -> list[str]:

@@ -12,7 +12,7 @@ import click
 
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
-from ledger.cli.common import current_settings, setup_logging
+from ledger.cli.common import EXIT_ERROR, current_settings, echo_json, setup_logging
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
@@ -163,5 +163,49 @@ def relay_cmd(instance: str | None) -> None:
     run_stage("relay", instance)
 
 
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status_cmd(as_json: bool) -> None:
+    """Show each stage's liveness, assignment, lag and last commit, as Kafka sees them.
+
+    From the broker, not from files a dead process leaves behind: the live
+    instances are the members of the component's consumer group (one that
+    stops heartbeating leaves it within 10 s), each with the input partitions
+    assigned to it; the last commit is each input partition's committed
+    offset, and the lag its last stable offset minus that. Exit status 0
+    when every stage has a live instance, 1 when one has none.
+
+    \b
+    --json: {"topic_prefix", "stages": [{"component", "group", "group_state",
+      "live", "lag", "members": [{"instance", "host", "member_id",
+      "partitions": ["intents[0]", ...]}], "partitions": [{"topic",
+      "partition", "committed", "end", "lag"}]}]}
+    """
+    from consumers.groups import stage_status
+    from ledger.topics import check_topics
+
+    settings = current_settings()
+    check_topics(settings)
+    stages = stage_status(settings)
+    if as_json:
+        echo_json({"topic_prefix": settings.topic_prefix, "stages": [s.to_dict() for s in stages]})
+    else:
+        for st in stages:
+            committed = sum(p.committed or 0 for p in st.partitions)
+            end = sum(p.end for p in st.partitions)
+            click.echo(
+                f"{st.component}: {'live' if st.live else 'DOWN (no live instance)'}, "
+                f"{len(st.members)} instance(s), group {st.group} {st.group_state}, "
+                f"lag {st.lag} (committed {committed} of {end} input offsets)"
+            )
+            for m in st.members:
+                click.echo(
+                    f"  {m.instance} at {m.host}: {len(m.partitions)} partition(s) "
+                    f"{' '.join(m.partitions)}"
+                )
+    if not all(st.live for st in stages):
+        raise click.exceptions.Exit(EXIT_ERROR)
+
+
 #: The stage commands, in the order ``ledger --help`` lists them.
-COMMANDS: tuple[click.Command, ...] = (processor_cmd, authority_cmd, relay_cmd)
+COMMANDS: tuple[click.Command, ...] = (processor_cmd, authority_cmd, relay_cmd, status_cmd)

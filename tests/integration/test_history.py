@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from consumers.history import read_history
 from consumers.reader import current_states
 from ledger.cli import main
+from ledger.cli.common import EXIT_UNKNOWN_OPERATION
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Dispatch, EffectReceipt, JournalEntry, OperationState, Readback
 from ledger.settings import LedgerSettings
@@ -127,5 +128,5 @@ def test_history_of_a_resumed_operation(ledger_settings: LedgerSettings) -> None
     text = runner.invoke(main, ["history", op], env=_env(ledger_settings))
     assert text.exit_code == 0 and "Who initiated the case?" in text.output
     missing = runner.invoke(main, ["history", "refund:nobody:v1"], env=_env(ledger_settings))
-    assert missing.exit_code == 4
+    assert missing.exit_code == EXIT_UNKNOWN_OPERATION
     assert "no operation 'refund:nobody:v1' in the ledger" in missing.output

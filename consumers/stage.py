@@ -47,6 +47,7 @@ from confluent_kafka import (
 )
 
 from consumers.hooks import NO_FAULTS, FaultHooks
+from consumers.metrics import StageMetrics
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.clock import check_stage_clock
@@ -61,6 +62,7 @@ from ledger.kafka import (
     consumer_config,
     producer_config,
 )
+from ledger.logs import bind_here
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
@@ -172,10 +174,13 @@ class Writer:
         producer: Producer,
         settings: LedgerSettings,
         sealer: Callable[[str], Sealer] | None,
+        observe: Callable[[str, Event | None], None] | None = None,
     ) -> None:
         self.producer = producer
         self.settings = settings
         self.sealer = sealer
+        #: told of every event written (the stage's metrics count them on commit).
+        self.observe = observe
         self.count = 0
 
     def write(self, topic: str, key: str, event: Event | None) -> None:
@@ -188,6 +193,8 @@ class Writer:
         """
         value = event.to_bytes() if event is not None else None
         self.write_raw(topic, key, value)
+        if self.observe is not None:
+            self.observe(topic, event)
 
     def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
         """Produce already-encoded bytes (dead letters keep the original bytes), sealed."""
@@ -348,6 +355,15 @@ class Stage:
             should_stop=lambda: self.stopping,
             on_change=lambda _: self._write_status(),
         )
+        #: Prometheus metrics and health of this stage (served when LEDGER_METRICS_PORT is set).
+        self.metrics = StageMetrics(
+            self.component,
+            instance,
+            stall_s=settings.health_stall_s,
+            ready=lambda: self._ready_reported and self.consumer is not None,
+            waiting=lambda: self.retry.waiting,
+        )
+        self.metrics.describe_stage(self.group_id, self.transactional_id)
 
     # ------------------------------------------------------------------ hooks
 
@@ -440,6 +456,7 @@ class Stage:
                     "heartbeat.interval.ms": 1000,
                     "max.poll.interval.ms": 300000,
                     "error_cb": self._on_consumer_error,
+                    **self.metrics.consumer_settings(),
                 },
             )
         )
@@ -478,6 +495,7 @@ class Stage:
                 unstable offsets included, are waited out).
         """
         assert self.consumer is not None
+        self.metrics.restoring()
         parts = {tp.partition for tp in partitions}
         if partitions:
             budget_s = self.settings.takeover_wait_s
@@ -514,6 +532,7 @@ class Stage:
                     waited,
                 )
         self.on_assign(parts)
+        self.metrics.restored()
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in partitions}
@@ -647,7 +666,7 @@ class Stage:
     def writer(self) -> Writer:
         """A writer into the open transaction that seals with this stage's keys."""
         assert self.producer is not None
-        return Writer(self.producer, self.settings, self.sealer)
+        return Writer(self.producer, self.settings, self.sealer, observe=self.metrics.written)
 
     def _process(self, msgs: list[Message]) -> None:
         assert self.producer is not None and self.consumer is not None
@@ -677,6 +696,7 @@ class Stage:
         self.retry.recovered()
         self.aborts_in_a_row = 0
         self.processed += len(msgs)
+        self.metrics.consumed(len(msgs))
         self.after_commit()
 
     def _commit_skipped(self) -> None:
@@ -790,9 +810,11 @@ class Stage:
         """
         assert self.producer is not None
         producer = self.producer
+        started = time.monotonic()
         self.retry.call(
             lambda: producer.commit_transaction(10), "commit_transaction", give_up_after_s=budget_s
         )
+        self.metrics.committed(time.monotonic() - started)
 
     def _recover(self, exc: KafkaException) -> None:
         """Recover from a failed transaction or Kafka call (see the module docstring).
@@ -805,6 +827,7 @@ class Stage:
         """
         err: KafkaError = exc.args[0]
         assert self.producer is not None
+        self.metrics.failed(classify(err), fenced=err.code() in FENCING_CODES)
         if err.code() in FENCING_CODES:
             log.warning("%s-%s: %s: %s", self.component, self.instance, FENCED_MARKER, err)
         kind = classify(err)
@@ -869,6 +892,9 @@ class Stage:
             TopicConfigError: a ledger topic is missing or unsafe.
         """
         check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
+        bind_here(stage=self.component, instance=self.instance)
+        if self.settings.metrics_port is not None:
+            self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
@@ -907,6 +933,7 @@ class Stage:
         assert self.consumer is not None and self.producer is not None
         started = time.monotonic()
         while not self.stopping:
+            self.metrics.beat()
             if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                 break
             msgs = self.consumer.consume(self.batch_size, self.settings.commit_interval_ms / 1000)
@@ -1005,6 +1032,7 @@ class Stage:
         if self._ready_reported:
             self._ready_reported = False
             self._write_status()
+        self.metrics.close()
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None

@@ -99,7 +99,7 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     "question", "answer", "recorded", "evidence"}], "records": [{"topic",
     "partition", "offset", "time_ms", "time", "key", "kind", "summary",
     "believed", "problem", "via_journal", "event"}], "counts": {"records",
-    "unbelieved"}}. Exit status 0; 4 when no record is about the operation;
+    "unbelieved"}}. Exit status 0; 5 when no record is about the operation;
     1 on any other error (broker, topics, key files).
     """
     from consumers.history import UnknownOperationError, read_history

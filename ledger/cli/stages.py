@@ -16,6 +16,7 @@ from ledger.cli.common import EXIT_ERROR, current_settings, echo_json, setup_log
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
+from ledger.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ def run_stage(
     # Before the stage is built: building it creates missing key files.
     check_stage_clock(current.clock, testbed=current.testbed)
     chosen, source = resolve_instance(instance, current.instance, socket.gethostname())
+    # From here on every line names the stage and instance (LEDGER_LOG_FORMAT=json).
+    configure_logging(current, component, chosen)
     log.info("%s instance %s (%s)", component, chosen, source)
     # Refuses an unsafe or malformed client properties file before any client
     # is built, and says which properties are in force (secrets masked).

@@ -360,7 +360,7 @@ class AuthorityKernel(Stage):
         self._catch_up()
         trusted = self.trusted()
         sinks = self.sinks()
-        for rec in bound_each(records, lambda r: r.key):
+        for rec in bound_each(self.spans.each(records), lambda r: r.key):
             request = rec.event
             if not isinstance(request, AdmissionRequest):
                 log.warning("authority: refusing %s at %s", request.KIND, rec.offset)

@@ -46,6 +46,7 @@ from ledger.fold import Decision, decide, journal_entry, ref_of
 from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
+from ledger.tracing import annotate
 from sinks.registry import RegistryFile
 
 log = logging.getLogger(__name__)
@@ -282,7 +283,7 @@ class Processor(Stage):
         for key, note in self.notes:
             out.write("operating-events", key, note)
         self.notes.clear()
-        for rec in bound_each(records, lambda r: r.key):
+        for rec in bound_each(self.spans.each(records), lambda r: r.key):
             op = getattr(rec.event, "operation_id", None)
             if op != rec.key:
                 out.write("operating-events", rec.key, _bad_key(rec, op))
@@ -294,6 +295,7 @@ class Processor(Stage):
             )
             decision = decide(state, rec.event, ref, sink_problem=sink_problem)
             self._seams(rec, decision)
+            annotate(decision_attributes(decision))
             out.write(
                 "journal",
                 op,
@@ -335,6 +337,15 @@ class Processor(Stage):
             and decision.outcome == "APPLIED"
         ):
             self.hooks.seam("after_admission_before_dispatch", rec.event.operation_id)
+
+
+def decision_attributes(decision: Decision) -> dict[str, str]:
+    """What a span says of the processor's decision on its record (``ledger.*`` attributes)."""
+    return {
+        "ledger.outcome": str(decision.outcome),
+        "ledger.from_state": str(decision.from_state or ""),
+        "ledger.to_state": str(decision.to_state or ""),
+    }
 
 
 def _bad_key(rec: Record, op: str | None) -> OperatingEvent:

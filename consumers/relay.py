@@ -354,7 +354,7 @@ class Relay(Stage):
         self._retry_due(commit_offsets=False)  # starts a new pass (down_now)
         now = self.clock.now_ms()
         fresh: list[Dispatch] = []
-        for rec in records:
+        for rec in self.spans.each(records):
             d = rec.event
             if (
                 isinstance(d, Dispatch)
@@ -371,7 +371,7 @@ class Relay(Stage):
         one_by_one = {d.dispatch_id for d in fresh if self._marks_alone(d.sink)}
         self._mark_attempted([d for d in fresh if d.dispatch_id not in one_by_one], now)
         fresh_ids = {d.dispatch_id for d in fresh}
-        for rec in bound_each(records, lambda r: r.key):
+        for rec in bound_each(self.spans.each(records), lambda r: r.key):
             d = rec.event
             if not isinstance(d, Dispatch):
                 continue
@@ -612,7 +612,8 @@ class Relay(Stage):
         self.producer.begin_transaction()
         out = self.writer()
         for d in dispatches:
-            out.write("receipts", d.operation_id, self._attempt_marker(d, now))
+            with self.spans.of_operation(d.operation_id):  # the marker continues its trace
+                out.write("receipts", d.operation_id, self._attempt_marker(d, now))
         self._commit()
         for d in dispatches:
             self.attempts[d.dispatch_id] = now
@@ -622,7 +623,7 @@ class Relay(Stage):
         for note in self.notes:
             out.write("operating-events", "local-file", note)
         self.notes.clear()
-        for rec in records:
+        for rec in self.spans.each(records):
             if not isinstance(rec.event, Dispatch):
                 out.write(
                     "operating-events",

@@ -66,6 +66,7 @@ from ledger.logs import bind_here
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
+from ledger.tracing import RecordSpans, with_trace
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,8 @@ class Record:
         key: record key (text).
         raw: the value bytes as read.
         event: the decoded event.
+        headers: the record's headers as read (the seal, the W3C trace
+            context: see :mod:`ledger.tracing`); empty when not kept.
     """
 
     topic: str
@@ -91,6 +94,7 @@ class Record:
     key: str
     raw: bytes
     event: Event
+    headers: tuple[tuple[str, str | bytes | None], ...] = ()
 
 
 #: Seconds a transaction's commit (or offsets send) may keep failing with
@@ -204,6 +208,8 @@ class Writer:
             if self.sealer is not None
             else None
         )
+        # The current span's traceparent (advisory, outside the seal: ledger.tracing).
+        headers = with_trace(headers)
         while True:
             try:
                 self.producer.produce(
@@ -348,6 +354,9 @@ class Stage:
         self._committed_positions: dict[tuple[str, int], int] = {}
         #: a client reported a retriable error since the loop last checked Kafka.
         self._kafka_suspect = False
+        #: one span per input record, current while it is handled (ledger.tracing):
+        #: ``for rec in self.spans.each(records)`` in the stages' loops.
+        self.spans = RecordSpans(self.component)
         #: rides out retriable errors and broker outages (indefinitely, until told to stop).
         self.retry = KafkaRetry(
             f"{self.component}-{instance}",
@@ -639,7 +648,10 @@ class Stage:
                 reason,
             )
             return dead_letter(self.component, topic, msg, reason)
-        return Record(topic, msg.partition() or 0, msg.offset() or 0, key, raw or b"", event)
+        headers = tuple((str(h[0]), h[1]) for h in msg.headers() or ())
+        return Record(
+            topic, msg.partition() or 0, msg.offset() or 0, key, raw or b"", event, headers
+        )
 
     def unauthenticated(self, msg: Message, topic: str, problem: str) -> bool:
         """Count and log a record whose seal is missing or wrong.
@@ -674,6 +686,7 @@ class Stage:
         if self.broker_bounced:
             log.warning("%s: the broker was unreachable; replacing the producer", self.component)
             self.producer = self._new_producer()
+        self.spans.end("the batch's transaction did not commit")  # left by a failed batch
         records: list[Record] = []
         dead: list[tuple[str, OperatingEvent]] = []
         for msg in msgs:
@@ -698,6 +711,7 @@ class Stage:
         self.processed += len(msgs)
         self.metrics.consumed(len(msgs))
         self.after_commit()
+        self.spans.end()
 
     def _commit_skipped(self) -> None:
         """Commit positions that moved without delivering records.
@@ -828,6 +842,7 @@ class Stage:
         err: KafkaError = exc.args[0]
         assert self.producer is not None
         self.metrics.failed(classify(err), fenced=err.code() in FENCING_CODES)
+        self.spans.end(f"transaction failed: {err}")
         if err.code() in FENCING_CODES:
             log.warning("%s-%s: %s: %s", self.component, self.instance, FENCED_MARKER, err)
         kind = classify(err)
@@ -1033,6 +1048,7 @@ class Stage:
             self._ready_reported = False
             self._write_status()
         self.metrics.close()
+        self.spans.end("the stage stopped before the batch committed")
         if self.consumer is not None:
             self.consumer.close()
             self.consumer = None

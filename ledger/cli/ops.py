@@ -36,8 +36,10 @@ def _ready(settings: LedgerSettings) -> None:
 
 
 def _publisher(settings: LedgerSettings) -> Any:
+    from ledger.tracing import configure
     from producers.publisher import LedgerPublisher
 
+    configure("ledger-cli")  # OTEL_* variables: the publish is the trace's first span
     return LedgerPublisher(settings, client_id="ledger-cli")
 
 

@@ -12,6 +12,7 @@ import click
 
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
+from ledger import tracing
 from ledger.cli.common import EXIT_ERROR, current_settings, echo_json, setup_logging
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
@@ -115,7 +116,12 @@ def run_stage(
     properties = ", ".join(f"{p.key}={p.value} ({p.source})" for p in describe(current))
     log.info("%s-%s: Kafka client properties: %s", component, chosen, properties)
     hooks = hooks_for(current.run_dir) if hooks_for is not None else NO_FAULTS
-    STAGES[component](current, chosen, hooks).run()
+    # Traces as the OTEL_* variables say (none when unset), flushed when the stage stops.
+    tracing.configure(f"ledger-{component}", instance=chosen)
+    try:
+        STAGES[component](current, chosen, hooks).run()
+    finally:
+        tracing.shutdown()
 
 
 _STAGE_HELP = """

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, keys, ops, stages, topics
+from ledger.cli import acl, console, keys, ops, stages, topics
 from ledger.cli.common import LedgerGroup, current_settings
 from ledger.settings import ledger_home
 
@@ -86,6 +86,7 @@ COMMANDS: tuple[click.Command, ...] = (
     *ops.COMMANDS,
     *keys.COMMANDS,
     *acl.COMMANDS,
+    *console.COMMANDS,
 )
 
 

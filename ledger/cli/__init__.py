@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, console, keys, ops, stages, topics
+from ledger.cli import acl, console, history, keys, ops, stages, topics
 from ledger.cli.common import LedgerGroup, current_settings
 from ledger.settings import ledger_home
 
@@ -84,6 +84,7 @@ COMMANDS: tuple[click.Command, ...] = (
     *stages.COMMANDS,
     topics.topics_group,
     *ops.COMMANDS,
+    *history.COMMANDS,
     *keys.COMMANDS,
     *acl.COMMANDS,
     *console.COMMANDS,

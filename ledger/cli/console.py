@@ -29,7 +29,6 @@ ledger), so the routes can be tested without a broker.
 from __future__ import annotations
 
 import hmac
-import importlib
 import ipaddress
 import json
 import os
@@ -155,22 +154,6 @@ def operation_age_s(state: OperationState, now_ms: int) -> float | None:
 # ---------------------------------------------------------------------- the ledger's data
 
 
-def _history_reader() -> Callable[[LedgerSettings, str], Any] | None:
-    """``read_history(settings, operation_id) -> History`` if this build has it.
-
-    TODO(issue 13 item 1): import ``read_history`` directly once ``ledger history``
-    is merged; until then the timeline page shows the current state only.
-    """
-    for module in ("consumers.history", "ledger.cli.history"):
-        try:
-            found = getattr(importlib.import_module(module), "read_history", None)
-        except ImportError:
-            continue
-        if callable(found):
-            return found  # type: ignore[no-any-return]
-    return None
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -217,15 +200,14 @@ class LedgerData:
         return open_items(self.settings)
 
     def history(self, operation_id: str) -> dict[str, Any] | None:
-        """The operation's history (``History.to_dict()``), or ``None`` without a reader."""
-        reader = _history_reader()
-        if reader is None:
+        """The operation's history (``History.to_dict()``, as ``ledger history --json``),
+        ``None`` when no record is about it."""
+        from consumers.history import UnknownOperationError, read_history
+
+        try:
+            return read_history(self.settings, operation_id).to_dict()
+        except UnknownOperationError:
             return None
-        found = reader(self.settings, operation_id)
-        if found is None:
-            return None
-        data = found.to_dict()
-        return data if isinstance(data, dict) else {"history": data}
 
     def operators(self) -> list[str]:
         """Names of ``LEDGER_RUN_DIR/operators/*.key`` (``ledger operator add``)."""
@@ -536,8 +518,7 @@ def create_app(
             state_rows=sorted(current.model_dump(mode="json").items()),
             age_s=operation_age_s(current, data.now_ms()),
             history=history,
-            answers=_answers(history),
-            tables=_record_tables(history),
+            timeline=_timeline(history),
             held=current.state == S.UNKNOWN_OUTCOME,
             decisions=DECISIONS,
             operators=data.operators(),
@@ -703,42 +684,10 @@ def _ledger_error(common: dict[str, Any]) -> Callable[[Request, Exception], Resp
     return handle
 
 
-def _answers(history: dict[str, Any] | None) -> list[tuple[str, Any]]:
-    """The history's answers to the five questions, as (question, answer) rows."""
-    if not history:
-        return []
-    answers = history.get("answers")
-    if isinstance(answers, dict):
-        return [(str(k), v) for k, v in answers.items()]
-    if isinstance(answers, list):
-        return [
-            (str(a.get("question", "")), a.get("answer")) if isinstance(a, dict) else ("", a)
-            for a in answers
-        ]
-    return []
-
-
-def _record_tables(history: dict[str, Any] | None) -> list[tuple[str, list[str], list[list[Any]]]]:
-    """Every list of records in the history as (name, headers, rows), in its order."""
-    if not history:
-        return []
-    tables = []
-    for name, value in history.items():
-        if name == "answers" or not isinstance(value, list) or not value:
-            continue
-        if all(isinstance(v, dict) for v in value):
-            headers: list[str] = []
-            for v in value:
-                headers += [k for k in v if k not in headers]
-            rows = [[_cell(v.get(h)) for h in headers] for v in value]
-            tables.append((name, headers, rows))
-    return tables
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True)
-    return value
+def _timeline(history: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The history's records in causal order (``HistoryEntry.to_dict()`` each)."""
+    records = history.get("records") if history else None
+    return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
 
 # ---------------------------------------------------------------------- the command

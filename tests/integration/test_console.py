@@ -232,14 +232,13 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
         Path(shot).parent.mkdir(parents=True, exist_ok=True)
         assert browser.save_screenshot(shot), f"no screenshot written to {shot}"
 
-    # Its timeline: the operation's page, in UNKNOWN_OUTCOME.
+    # Its timeline: the operation's history, in UNKNOWN_OUTCOME, the five answers on top.
     row.find_element(By.LINK_TEXT, HELD).click()
     wait.until(ec.title_contains(HELD))
     assert "UNKNOWN_OUTCOME" in browser.find_element(By.TAG_NAME, "h1").text
-    timeline = browser.find_elements(By.ID, "timeline") or browser.find_elements(
-        By.ID, "no-history"
-    )
-    assert timeline, "the operation page shows neither a timeline nor why it has none"
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#answers dt")) == 5
+    kinds = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline td:nth-child(4)")]
+    assert kinds[0] == "Intent" and "Dispatch" in kinds and "Disposition" not in kinds
     browser.back()
 
     # Dispose it with the form: committed, signed by alex, with evidence.
@@ -270,3 +269,10 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
         (HELD, "COMMITTED", OPERATOR)
     ]
     assert ledger.effects("mailer", HELD) == 1
+
+    # Its timeline now ends with the disposition.
+    browser.get(f"{console}/operations")
+    wait.until(ec.presence_of_element_located((By.LINK_TEXT, HELD))).click()
+    wait.until(ec.title_contains(HELD))
+    kinds = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline td:nth-child(4)")]
+    assert "Disposition" in kinds

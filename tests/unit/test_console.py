@@ -269,19 +269,48 @@ def test_the_timeline_shows_the_history_or_says_it_has_none(
 ) -> None:
     page = client.get("/operation", params={"id": "notify:<held>:v1"})
     assert page.status_code == 200
-    assert 'id="no-history"' in page.text
+    assert 'id="no-history"' in page.text and "reason of notify" in page.text
     assert 'action="/dispose"' in page.text  # held: the form is on its page too
     ledger.history_data = {
         "operation_id": "notify:<held>:v1",
-        "answers": {"who initiated the case": "svc for customer-1"},
-        "records": [
-            {"topic": "intents", "partition": 0, "offset": 4, "kind": "Intent"},
-            {"topic": "journal", "partition": 0, "offset": 7, "kind": "JournalEntry"},
+        "answers": [
+            {
+                "key": "initiated",
+                "question": "Who initiated the case?",
+                "recorded": True,
+                "answer": "svc for customer-1",
+                "evidence": ["intents:0:4"],
+            },
         ],
+        "records": [
+            {
+                "topic": "intents",
+                "partition": 0,
+                "offset": 4,
+                "kind": "Intent",
+                "time": None,
+                "summary": "intent",
+                "believed": True,
+                "via_journal": False,
+            },
+            {
+                "topic": "journal",
+                "partition": 0,
+                "offset": 7,
+                "kind": "JournalEntry",
+                "time": "2026-12-01T23:00:00.000+00:00",
+                "summary": "<applied>",
+                "believed": False,
+                "via_journal": False,
+            },
+        ],
+        "counts": {"records": 2, "unbelieved": 1},
     }
     page = client.get("/operation", params={"id": "notify:<held>:v1"})
     assert "svc for customer-1" in page.text
-    assert len(rows(page.text, "timeline")) == 2
+    intent, entry = rows(page.text, "timeline")
+    assert "intents:0:4" in intent
+    assert 'class="unbelieved"' in entry and "&lt;applied&gt;" in entry
     assert client.get("/operation", params={"id": "nope"}).status_code == 404
 
 

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, history, keys, ops, stages, topics
+from ledger.cli import acl, console, history, keys, ops, stages, topics
 from ledger.cli.common import EXIT_CODES, LedgerGroup, current_settings
 from ledger.settings import ledger_home
 
@@ -93,6 +93,7 @@ COMMANDS: tuple[click.Command, ...] = (
     *history.COMMANDS,
     *keys.COMMANDS,
     *acl.COMMANDS,
+    *console.COMMANDS,
 )
 
 

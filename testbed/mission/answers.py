@@ -20,6 +20,7 @@ the mission's start (``t0_unix``) on that same clock.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -58,6 +59,10 @@ EVENT_KINDS: tuple[str, ...] = (
     "broker restart",
     "broker fault",
 )
+
+
+#: A stage process's arguments as a fault hook logs them (``relay --instance 1``).
+_STAGE_ARGS = re.compile(r"(\w+) --instance (\S+)")
 
 
 def _since_start(at: float | None, t0_unix: float) -> float | None:
@@ -168,7 +173,8 @@ def fault_marks(
     Args:
         fired: fault-hook firings (``testbed.faults.fired``: ``at`` Unix
             seconds, ``seam``, ``operation_id``, ``process``, ``action``
-            ``kill`` or ``pause``).
+            ``kill`` or ``pause``); a stage's process (``relay --instance 1``)
+            is named as the mission names it (``relay-1``).
         events: faults the mission injected itself: ``{"kind": "chaos kill" |
             "zombie pause" | "broker restart", "at": Unix seconds, "end": Unix
             seconds or None (pauses, restarts), "target": str}``.
@@ -187,12 +193,14 @@ def fault_marks(
         if not isinstance(at, int | float):
             continue
         pause = f.get("action") == "pause"
+        process = str(f.get("process") or "")
+        named = _STAGE_ARGS.fullmatch(process)
         marks.append(
             {
                 "t_s": _since_start(float(at), t0_unix),
                 "end_s": None,
                 "kind": "seam pause" if pause else "seam kill",
-                "target": str(f.get("process") or ""),
+                "target": f"{named[1]}-{named[2]}" if named else process,
                 "detail": f"{f.get('seam', '?')} on {f.get('operation_id', '?')}",
             }
         )

@@ -254,6 +254,7 @@ class Mission:
         follower = TableFollower(self.settings, "state", self._apply_state)
         follower.follow(set(range(self.settings.partitions)))
         self._follower = follower
+        self._sample()  # the timeline starts before the first case
 
     def request_stop(self) -> None:
         """Ask the mission to stop at its next step (safe from a signal handler)."""

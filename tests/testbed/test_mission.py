@@ -139,10 +139,27 @@ def test_losing_resumers_are_fenced_and_unknowns_are_held(missions: Any) -> None
     assert latency["count"] > 0 and 0 <= latency["p50"] <= latency["p99"] <= latency["max"]
 
 
+def test_the_page_names_held_operations_and_marks_faults_on_the_timeline(missions: Any) -> None:
+    from testbed.mission.html import mission_html
+
+    ledger, _control, _root = missions
+    page = mission_html(ledger)
+    for held in ledger["held_operations"]:
+        assert f"<code>{held['operation_id']}</code>" in page
+    for kind in {m["kind"] for m in ledger["timeline_events"]}:
+        n = sum(1 for m in ledger["timeline_events"] if m["kind"] == kind)
+        assert f"{kind} ({n})" in page  # the timeline's legend
+    assert "<code>payments</code>" in page and "<code>mailer</code>" in page
+    assert f"p90 {ledger['readback_latency_ms']['p90']:.0f} ms" in page
+
+
 def test_checkpoint_only_control_shows_its_duplicates(missions: Any) -> None:
     ledger, control, root = missions
     dup = _measure(control, "duplicate effects")
     assert dup["count"] > 0
+    # the duplicates are at a sink, not a refund and its notification added up
+    per_sink = control["effects_by_sink"]
+    assert sum(e["duplicates"] for e in per_sink.values()) == dup["count"]
     # the auditor sees them too
     details = control["audit"]["before_compaction"]["details"]
     assert any(d.startswith("single-effect") for d in details)

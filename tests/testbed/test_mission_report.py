@@ -76,7 +76,7 @@ def _facts(**changes: Any) -> MissionFacts:
                 "at": T0 + 12.5,
                 "seam": "after_sink_commit_before_receipt",
                 "operation_id": held,
-                "process": "stage relay 0",
+                "process": "relay --instance 0",
                 "action": "kill",
             }
         ],
@@ -175,7 +175,7 @@ def test_every_fault_is_marked_on_the_timeline_in_seconds_since_the_start() -> N
     marks = build(_facts())["timeline_events"]
     assert [(m["t_s"], m["end_s"], m["kind"], m["target"]) for m in marks] == [
         (5.0, None, "chaos kill", "processor-0"),
-        (12.5, None, "seam kill", "stage relay 0"),
+        (12.5, None, "seam kill", "relay-0"),
         (20.0, 33.0, "zombie pause", "relay-1"),
         (40.0, 48.5, "broker restart", "broker"),
         (60.0, 71.0, "broker fault", "node 2"),  # the skipped partition never started

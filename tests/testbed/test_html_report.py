@@ -107,9 +107,11 @@ def mission_report(mode: str = "ledger", seed: int = 7) -> dict[str, Any]:
         "readback_latency_ms": {
             "count": 180,
             "p50": 850.0,
+            "p90": 3300.0,
             "p99": 6100.0,
             "max": 7400.0,
             "samples": [round(rng.lognormvariate(6.8, 0.6), 1) for _ in range(180)],
+            "buckets": [{"up_to_ms": 1000, "count": 100}, {"up_to_ms": None, "count": 80}],
         },
         "faults": {
             "kills_by_seam": {
@@ -130,11 +132,68 @@ def mission_report(mode: str = "ledger", seed: int = 7) -> dict[str, Any]:
             "restarts": 230,
         },
         "timeline": timeline,
-        "effects_per_case": (
-            {"0": 420, "1": 20, "2": 3348, "3": 212}
-            if checkpoint
-            else {"0": 420, "1": 28, "2": 3540, "3": 12}
-        ),
+        "effects_by_sink": {
+            "payments": {
+                "consequence": "irreversible",
+                "operations": 3600,
+                "effects": 3553 + duplicates,
+                "cases": 3553,
+                "duplicates": duplicates,
+                "extra_effects": duplicates,
+                "by_effects": {"0": 47, "1": 3553 - duplicates, "2": duplicates},
+            },
+            "mailer": {
+                "consequence": "reversible-external",
+                "operations": 3512,
+                "effects": 3540,
+                "cases": 3540,
+                "duplicates": 0,
+                "extra_effects": 0,
+                "by_effects": {"0": 12, "1": 3540},
+            },
+        },
+        "held_operations": [
+            {
+                "operation_id": f"notify:{n:05d}:v1",
+                "case": n,
+                "state": "UNKNOWN_OUTCOME",
+                "sink": "mailer",
+                "reason": "outcome unknown: mailer: timeout",
+                "since_s": 100.0 + n,
+                "age_s": 312.3 - n,
+            }
+            for n in range(12)
+        ],
+        "timeline_events": [
+            {
+                "t_s": 12.0,
+                "end_s": None,
+                "kind": "seam kill",
+                "target": "stage relay 0",
+                "detail": "after_dispatch_before_send on refund:00003:v1",
+            },
+            {
+                "t_s": 80.0,
+                "end_s": None,
+                "kind": "chaos kill",
+                "target": "processor-1",
+                "detail": "",
+            },
+            {
+                "t_s": 150.0,
+                "end_s": 163.0,
+                "kind": "zombie pause",
+                "target": "relay-1",
+                "detail": "",
+            },
+            {
+                "t_s": 250.0,
+                "end_s": 258.0,
+                "kind": "broker restart",
+                "target": "broker",
+                "detail": "",
+            },
+        ],  # fmt: skip
         "audit": {
             "before_compaction": {
                 "violations": 0,
@@ -213,6 +272,10 @@ def test_mission_page_shows_the_reports_numbers() -> None:
     for seam in ("before_admission", "commit_then_drop_response", "zombie pauses"):
         assert seam in page
     assert "refunded and notified" in page and "3500" in page
+    # held operations named, latency as a distribution with its marks, faults on the timeline
+    assert "<code>notify:00011:v1</code>" in page and "outcome unknown: mailer: timeout" in page
+    assert "p90 3300 ms" in page and "share of resumes at or below" in page
+    assert "zombie pause (1)" in page and "after_dispatch_before_send on refund:00003:v1" in page
 
 
 def test_mission_page_escapes_report_text() -> None:
@@ -223,10 +286,13 @@ def test_mission_page_escapes_report_text() -> None:
         "details": [f"single-effect refund:{HOSTILE}:v1: the sink holds 2 effects"],
     }
     report["measures"][0]["note"] = HOSTILE
-    report["effects_per_case"][HOSTILE] = 1
+    report["effects_by_sink"][HOSTILE] = {"effects": 1, "by_effects": {"1": 1}}
+    report["held_operations"][0]["reason"] = HOSTILE
+    report["timeline_events"][0]["detail"] = HOSTILE
     page = mission_html(report)
     assert "<script" not in page
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    # outcome, measure note, audit detail, sink, held reason, fault detail: each escaped
+    assert page.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;") >= 6
     assert "1 VIOLATION" in page
 
 
@@ -268,7 +334,8 @@ def test_compare_shows_one_column_per_mode() -> None:
     assert '<th class="num">ledger</th>' in page
     assert '<th class="num">checkpoint-only</th>' in page
     assert "0 / 7093" in page and "212 / 7093" in page
-    assert page.count("<svg") == 3  # grouped effects bars + one timeline per report
+    assert page.count("<svg") == 2  # one timeline per report (with its faults)
+    assert "cases with a duplicate" in page
     assert "PASSED" in page and "FAILED" in page
 
 

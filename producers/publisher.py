@@ -51,8 +51,8 @@ from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import OPTIONAL_SIGNED_FIELDS
 from ledger.states import RecoveryState
-from producers.waiting import wait_for_state
 from ledger.tracing import tracer, with_trace
+from producers.waiting import wait_for_state
 
 
 def require_name(what: str, value: str | None, *, operation_id: str | None = None) -> None:

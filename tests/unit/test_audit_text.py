@@ -35,8 +35,8 @@ def test_open_items_and_offsets_are_listed() -> None:
     lines = audit_lines(_report(True))
     assert "2 open item(s) (age on the wall clock since the latest state record):" in lines
     assert (
-        "  refund:7:v1\tUNKNOWN_OUTCOME\tpayments\tage 61 s\ttimed out\t(ledger history refund:7:v1)"
-        in lines
+        "  refund:7:v1\tUNKNOWN_OUTCOME\tpayments\tage 61 s\ttimed out\t"
+        "(ledger history refund:7:v1)" in lines
     )
     assert any(line.startswith("  refund:8:v1\tABANDONED\tpayments\tage ? s") for line in lines)
     assert "  journal: 0:9 1:0" in lines and "  state: 0:4 1:0" in lines

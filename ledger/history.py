@@ -533,7 +533,8 @@ def _admitted(operation_id: str, believed: Sequence[HistoryRecord]) -> Answer:
         uses = [
             u
             for u in _of(believed, ApprovalUse)
-            if u.event.approval_id == d.approval_id  # type: ignore[union-attr]
+            if isinstance(u.event, ApprovalUse)
+            and (u.event.approval_id, u.event.operation_id) == (d.approval_id, operation_id)
         ]
         dispatches = [x for x in _of(believed, Dispatch) if x.event.kind == "EXECUTE"]  # type: ignore[union-attr]
         text = (

@@ -1,8 +1,9 @@
 """HTML pages of reports: one self-contained page, plots as inline SVG (matplotlib).
 
 ``ledger audit --html FILE`` renders the auditor's report with
-:func:`audit_html`; the testbed's mission pages (:mod:`testbed.mission.html`)
-share the page, table and plot helpers below. Needs matplotlib (the
+:func:`audit_html`: the template ``audit.html.j2`` (:func:`ledger.cli.pages.audit_page`,
+which needs no matplotlib) plus a bar plot; the testbed's mission pages
+(:mod:`testbed.mission.html`) share the page, table and plot helpers below. Needs matplotlib (the
 ``[testbed]`` extra); the CLI imports this module only when asked for HTML.
 """
 

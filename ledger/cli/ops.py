@@ -832,7 +832,13 @@ def audit_lines(report: Any) -> list[str]:
     metavar="FILE",
     help="Also write the report as a self-contained HTML page (inline plots) to FILE.",
 )
-def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
+@click.option(
+    "--histories",
+    is_flag=True,
+    help="With --html: also write the history of every open item to history/*.html next to "
+    "FILE, and link each open item to it (one read of the ledger per item).",
+)
+def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: bool) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
     Exits 0 when there is no violation, 1 otherwise; each violation names the
@@ -847,10 +853,13 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
     and the 'ledger history OP' command that shows it); open items do not
     change the exit status. With --html FILE the report is also written as
     one self-contained HTML page and 'wrote FILE' is said on stderr when
-    --json keeps stdout for the JSON.
+    --json keeps stdout for the JSON; --histories also writes the history of
+    every open item next to it (history/*.html) and links each item to it.
     """
     from consumers.auditor import run_audit
 
+    if histories and html_path is None:
+        raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()
     _ready(settings)
     report = run_audit(settings, read_sinks=not no_sinks)
@@ -862,9 +871,17 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
     if html_path is not None:
         from ledger.cli.html import audit_html
 
-        page = audit_html({**report.to_dict(), "ledger": settings.topic_prefix})
+        data = {**report.to_dict(), "ledger": settings.topic_prefix}
         try:
-            html_path.write_text(page, encoding="utf-8")
+            if histories:
+                from ledger.cli.history import write_histories
+
+                links = write_histories(
+                    settings, [i.operation_id for i in report.open_items], html_path.parent
+                )
+                for item in data["open_items"]:
+                    item["history_href"] = links.get(item["operation_id"])
+            html_path.write_text(audit_html(data), encoding="utf-8")
         except OSError as exc:
             raise click.ClickException(
                 f"cannot write the HTML report to {html_path}: {exc.strerror or exc}; "

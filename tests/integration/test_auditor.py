@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -170,7 +171,9 @@ def test_audit_is_clean_then_catches_corruption(ledger_settings: LedgerSettings)
         harness.stop()
 
 
-def test_audit_lists_open_items_with_their_history(ledger_settings: LedgerSettings) -> None:
+def test_audit_lists_open_items_with_their_history(
+    ledger_settings: LedgerSettings, tmp_path: Path
+) -> None:
     """An operation published without an approval waits for reauthorisation: the audit
     (text and JSON) names it, its age and the command that shows its history."""
     settings = ledger_settings
@@ -215,3 +218,13 @@ def test_audit_lists_open_items_with_their_history(ledger_settings: LedgerSettin
     assert item["age_s"] >= 0 and item["history"] == f"ledger history {op}"
     assert data["coverage"]["sink_readback"] is False and data["coverage"]["sink_facts"] is None
     assert data["ran_at"] and set(data["offsets"]["state"]) == {"0", "1", "2"}
+    page = tmp_path / "audit.html"
+    wrote = runner.invoke(
+        main, ["audit", "--no-sinks", "--html", str(page), "--histories"], env=env
+    )
+    assert wrote.exit_code == 0, wrote.output
+    [history] = list((tmp_path / "history").glob("*.html"))
+    assert f'<a href="history/{history.name}"><code>ledger history {op}</code></a>' in (
+        page.read_text()
+    )
+    assert f"<h1>History of <code>{op}</code></h1>" in history.read_text()

@@ -478,6 +478,12 @@ def test_audit_page_lists_every_open_item_with_its_history() -> None:
     assert "10 UNKNOWN_OUTCOME, 2 ABANDONED, 1 NEEDS_REAUTHORISATION" in page
     for i in items:
         assert f"<code>ledger history {i.operation_id}</code>" in page
+    linked = {**items[0].to_dict(), "history_href": "history/refund_0_v1-1234abcd.html"}
+    page = audit_html({**audit_report(violations=0), "open_items": [linked]})
+    assert (
+        '<a href="history/refund_0_v1-1234abcd.html"><code>ledger history refund:0:v1</code></a>'
+        in page
+    )
     none = audit_html({**audit_report(violations=0), "open_items": []})
     assert "none: no held unknown outcome" in none and "OPEN" not in none
 

@@ -789,9 +789,26 @@ def compare_text(reports: Sequence[Mapping[str, Any]]) -> str:
             ms = next((m for m in r["measures"] if m["name"] == name), None)
             values.append(_rate(ms["count"], ms["of"]) if ms else "-")
         row(name, values)
+    sinks = list(dict.fromkeys(s for r in reports for s in r.get("effects_by_sink") or {}))
+    for sink in sinks:
+        cells = []
+        for r in reports:
+            e = (r.get("effects_by_sink") or {}).get(sink)
+            cells.append(f"{e['effects']} / {e['duplicates']}" if e else "-")
+        row(f"{sink}: effects / cases with a duplicate", cells)
     row(
-        "readback after resume p50 / p99 (ms)",
-        [f"{r['readback_latency_ms']['p50']} / {r['readback_latency_ms']['p99']}" for r in reports],
+        "held operations",
+        [str(len(r["held_operations"])) if "held_operations" in r else "-" for r in reports],
+    )
+    row(
+        "readback after resume p50 / p90 / p99 (ms)",
+        [
+            " / ".join(
+                "-" if (v := r["readback_latency_ms"].get(q)) is None else f"{v:.0f}"
+                for q in ("p50", "p90", "p99")
+            )
+            for r in reports
+        ],
     )
     row(
         "audit violations (before / after compaction)",

@@ -22,7 +22,7 @@ from testbed.mission.answers import (
 )
 from testbed.mission.html import compare_html, mission_html
 from testbed.mission.plan import Case, MissionOptions
-from testbed.mission.report import JournalRow, MissionFacts, build, render_text
+from testbed.mission.report import JournalRow, MissionFacts, build, compare_text, render_text
 from tests.helpers import admission, intent, receipt
 
 T0 = 1_800_000_000.0  # the mission's start (Unix seconds)
@@ -163,6 +163,9 @@ def test_effects_are_counted_per_sink_so_a_refund_and_its_notice_are_not_a_dupli
     assert twice["effects_by_sink"]["payments"]["extra_effects"] == 1
     assert twice["effects_by_sink"]["mailer"]["effects"] == 0
     assert "payments" in render_text(twice) and "duplicates" in render_text(twice)
+    side_by_side = compare_text([build(_facts()), twice])
+    assert re.search(r"payments: effects / cases with a duplicate\s+1 / 0\s+2 / 1", side_by_side)
+    assert re.search(r"held operations\s+1\s+1", side_by_side)
 
 
 def test_effects_by_sink_counts_cases_without_an_effect() -> None:

@@ -136,7 +136,7 @@ def test_history_of_a_resumed_operation(ledger_settings: LedgerSettings) -> None
     assert "by processor-0" in history.answer("resume").answer
     assert history.answer("outcome").answer.startswith("OUTCOME_VERIFIED")
 
-    # The command: --json in the documented shape; an unknown operation exits 4.
+    # The command: --json in the documented shape; an unknown operation exits 5.
     runner = CliRunner()
     result = runner.invoke(main, ["history", op, "--json"], env=_env(ledger_settings))
     assert result.exit_code == 0, result.output

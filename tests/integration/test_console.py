@@ -12,8 +12,9 @@ queue; the ledger then holds the operator's signed disposition.
 
 Without chromium and chromedriver the test is skipped, unless
 ``LEDGER_REQUIRE_BROWSER=1`` (``.ci/run`` sets it): then it fails.
-``LEDGER_CONSOLE_SCREENSHOT=FILE`` also saves the queue page as a PNG
-(``make console-screenshot`` writes docs/console.png).
+``LEDGER_CONSOLE_SCREENSHOT=FILE.png`` also saves the queue page there and the
+held operation's timeline as ``FILE-timeline.png`` (``make console-screenshot``
+writes docs/console.png and docs/console-timeline.png).
 """
 
 from __future__ import annotations
@@ -238,7 +239,10 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
     assert "UNKNOWN_OUTCOME" in browser.find_element(By.TAG_NAME, "h1").text
     assert len(browser.find_elements(By.CSS_SELECTOR, "#answers dt")) == 5
     kinds = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline td:nth-child(4)")]
-    assert kinds[0] == "Intent" and "Dispatch" in kinds and "Disposition" not in kinds
+    assert {"Approval", "Intent", "Dispatch"} <= set(kinds) and "Disposition" not in kinds
+    if shot:
+        timeline_shot = Path(shot).with_name(f"{Path(shot).stem}-timeline.png")
+        assert browser.save_screenshot(str(timeline_shot)), f"no screenshot written to {shot}"
     browser.back()
 
     # Dispose it with the form: committed, signed by alex, with evidence.

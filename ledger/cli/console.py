@@ -263,7 +263,7 @@ class LedgerData:
         """Status files, consumer-group members and metrics endpoints, in that order."""
         rows = self._status_files()
         rows += self._groups()
-        rows += self._endpoints(rows)
+        rows += self._endpoints()
         return rows
 
     def _status_files(self) -> list[StageHealth]:
@@ -322,7 +322,7 @@ class LedgerData:
             )
         return rows
 
-    def _endpoints(self, status_rows: Sequence[StageHealth]) -> list[StageHealth]:
+    def _endpoints(self) -> list[StageHealth]:
         import httpx
 
         endpoints = dict(self.metrics)

@@ -280,3 +280,23 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
     wait.until(ec.title_contains(HELD))
     kinds = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline td:nth-child(4)")]
     assert "Disposition" in kinds
+
+    # The audit, run from its page: clean, nothing held any more.
+    browser.find_element(By.ID, "nav-audit").click()
+    wait.until(ec.presence_of_element_located((By.ID, "run-audit"))).click()
+    result = wait.until(ec.presence_of_element_located((By.ID, "audit-result"))).text
+    assert result.startswith("CLEAN") and "3 operation(s)" in result
+    assert not browser.find_elements(By.CSS_SELECTOR, "#open-items td")
+
+    # Stage health: each stage's consumer group has its member; no metrics endpoint here.
+    browser.find_element(By.ID, "nav-stages").click()
+    wait.until(ec.presence_of_element_located((By.ID, "stages")))
+    assert browser.find_elements(By.ID, "no-metrics")
+    groups = {
+        cells[0].text: cells[4].text
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#stages tbody tr")
+        if (cells := tr.find_elements(By.TAG_NAME, "td"))[1].text == "consumer group"
+    }
+    prefix = settings.topic_prefix
+    assert set(groups) == {f"{prefix}.{c}" for c in ("processor", "authority", "relay")}
+    assert all("1 member(s)" in detail for detail in groups.values()), groups

@@ -342,3 +342,37 @@ def test_the_ledgers_data_reads_operators_and_status_files(tmp_path: Any) -> Non
     relay, broken = sorted(data._status_files(), key=lambda r: r.name, reverse=True)
     assert (relay.name, relay.ok, relay.ready) == ("relay-0", False, False)
     assert broken.ok is None and "unreadable" in broken.detail
+
+
+def test_stage_health_probes_the_metrics_endpoints_a_status_file_names(tmp_path: Any) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Probe(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/healthz" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Probe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "status").mkdir()
+        port = server.server_address[1]
+        (tmp_path / "status" / "relay-0.json").write_text(
+            f'{{"pid": 1, "ready": true, "metrics_port": {port}}}'
+        )
+        data = LedgerData(
+            LedgerSettings(run_dir=tmp_path, topic_prefix="t"),
+            metrics={"processor-0": "http://127.0.0.1:1"},  # nothing listens there
+        )
+        processor, relay = data._endpoints()
+        assert (relay.name, relay.ok, relay.ready) == ("relay-0", True, False)
+        assert "/healthz 200, /readyz 503" in relay.detail
+        assert (processor.ok, processor.ready) == (None, None)
+        assert "unreachable" in processor.detail
+    finally:
+        server.shutdown()
+        server.server_close()

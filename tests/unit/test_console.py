@@ -76,6 +76,7 @@ class FakeLedger:
         self.audits: list[bool] = []
         self.history_data: dict[str, Any] | None = None
         self.fail_dispose: LedgerError | None = None
+        self.audit_report: dict[str, Any] | None = None
 
     def now_ms(self) -> int:
         return 100_000
@@ -103,6 +104,8 @@ class FakeLedger:
 
     def audit(self, read_sinks: bool) -> dict[str, Any]:
         self.audits.append(read_sinks)
+        if self.audit_report is not None:
+            return self.audit_report
         return {
             "operations": 3,
             "journal_entries": 9,
@@ -376,3 +379,18 @@ def test_stage_health_probes_the_metrics_endpoints_a_status_file_names(tmp_path:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_audit_violations_link_to_their_operations(client: TestClient, ledger: FakeLedger) -> None:
+    ledger.audit_report = {
+        "operations": 3,
+        "violations": [
+            {"invariant": "one_effect", "operation_id": "refund:1:v1", "evidence": "2 effects"},
+            {"invariant": "sealed", "operation_id": None, "evidence": "<forged>"},
+        ],
+    }
+    page = client.post("/audit", data={"token": TOKEN, "read_sinks": "on"}, headers=SAME_ORIGIN)
+    assert ledger.audits == [True]
+    assert "VIOLATIONS" in page.text and "&lt;forged&gt;" in page.text
+    linked, unlinked = rows(page.text, "violations")
+    assert 'href="/operation?id=refund%3A1%3Av1"' in linked and "href" not in unlinked

@@ -1153,6 +1153,7 @@ def read_partition(
     keyring: Keyring | None = None,
     on_refused: Callable[[Message, str], None] | None = None,
     retry: KafkaRetry | None = None,
+    ends_out: dict[int, int] | None = None,
 ) -> int:
     """Read partitions of a ledger topic from the beginning to their end.
 
@@ -1180,6 +1181,8 @@ def read_partition(
         retry: how retriable errors are ridden out (a stage passes its own,
             which waits indefinitely; default: for ``takeover_wait_s`` at a
             time).
+        ends_out: when given, filled with partition -> the end offset read
+            to (0 for an empty partition), e.g. for a report of what was read.
 
     Returns:
         The number of records read.
@@ -1255,6 +1258,8 @@ def read_partition(
                         ) from exc
                     time.sleep(0.2)
                     renew()
+            if ends_out is not None:
+                ends_out[p] = high
             if high > 0:
                 ends[p] = high
         if not ends:

@@ -533,7 +533,8 @@ def _admitted(operation_id: str, believed: Sequence[HistoryRecord]) -> Answer:
         uses = [
             u
             for u in _of(believed, ApprovalUse)
-            if u.event.approval_id == d.approval_id  # type: ignore[union-attr]
+            if isinstance(u.event, ApprovalUse)
+            and (u.event.approval_id, u.event.operation_id) == (d.approval_id, operation_id)
         ]
         dispatches = [x for x in _of(believed, Dispatch) if x.event.kind == "EXECUTE"]  # type: ignore[union-attr]
         text = (
@@ -567,9 +568,18 @@ def _admitted(operation_id: str, believed: Sequence[HistoryRecord]) -> Answer:
 
 
 def _target(believed: Sequence[HistoryRecord]) -> Answer:
-    seen = [r for r in believed if isinstance(r.event, EffectReceipt | Readback)]
+    seen = [
+        r
+        for r in believed
+        if isinstance(r.event, Readback)
+        or (isinstance(r.event, EffectReceipt) and r.event.status != "ATTEMPTED")
+    ]
     if not seen:
-        return _answer("target", f"{NOT_RECORDED}: no receipt or readback from the sink", False)
+        return _answer(
+            "target",
+            f"{NOT_RECORDED}: no receipt (beyond 'about to send') or readback from the sink",
+            False,
+        )
     parts: list[str] = []
     for r in seen:
         e = r.event

@@ -8,14 +8,18 @@ The operator console renders the same template with :func:`history_page`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
 
 from ledger.cli.common import current_settings
 from ledger.history import History, iso_time
+from ledger.settings import LedgerSettings
 
 #: Exit status of ``ledger history`` when no record is about the operation.
 EXIT_UNKNOWN_OPERATION = 4
@@ -71,6 +75,53 @@ def history_page(history: History, ledger: str) -> str:
         ledger=ledger,
         history=history.to_dict(),
     )
+
+
+def history_file_name(operation_id: str) -> str:
+    """A file name for an operation's history page, safe in a path and a relative URL.
+
+    Args:
+        operation_id: the operation.
+
+    Returns:
+        ``<id with every character outside [A-Za-z0-9._-] as _>-<8 hex digits
+        of its SHA-256>.html`` (the digest keeps distinct IDs apart).
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", operation_id)[:80]
+    return f"{safe}-{hashlib.sha256(operation_id.encode()).hexdigest()[:8]}.html"
+
+
+def write_histories(
+    settings: LedgerSettings, operation_ids: Iterable[str], folder: Path
+) -> dict[str, str]:
+    """Write one history page per operation into ``folder/history/``.
+
+    Args:
+        settings: the ledger's settings.
+        operation_ids: the operations.
+        folder: where the page that links to them is written.
+
+    Returns:
+        operation -> the page's path relative to ``folder`` (``history/<name>``),
+        for each operation with a history.
+
+    Raises:
+        LedgerError: a topic could not be read.
+        OSError: a page could not be written.
+    """
+    from consumers.history import UnknownOperationError, read_history
+
+    (folder / "history").mkdir(parents=True, exist_ok=True)
+    links: dict[str, str] = {}
+    for op in operation_ids:
+        try:
+            history = read_history(settings, op)
+        except UnknownOperationError:
+            continue
+        name = f"history/{history_file_name(op)}"
+        (folder / name).write_text(history_page(history, settings.topic_prefix), encoding="utf-8")
+        links[op] = name
+    return links
 
 
 @click.command("history")

@@ -285,7 +285,9 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
     browser.find_element(By.ID, "nav-audit").click()
     wait.until(ec.presence_of_element_located((By.ID, "run-audit"))).click()
     result = wait.until(ec.presence_of_element_located((By.ID, "audit-result"))).text
-    assert result.startswith("CLEAN") and "3 operation(s)" in result
+    assert result.startswith("CLEAN") and "sink readback" in result
+    assert "3 operation(s)" in browser.find_element(By.ID, "audit-facts").text
+    assert browser.find_elements(By.ID, "offsets")  # the topic offsets it covered
     assert not browser.find_elements(By.CSS_SELECTOR, "#open-items td")
 
     # Stage health: each stage's consumer group has its member; no metrics endpoint here.

@@ -6,12 +6,14 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from confluent_kafka import Producer
 
 from consumers.history import read_history
 from consumers.reader import current_states
 from ledger.cli import main
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Dispatch, EffectReceipt, JournalEntry, OperationState, Readback
+from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
@@ -54,10 +56,34 @@ def test_history_of_a_resumed_operation(ledger_settings: LedgerSettings) -> None
         harness.stop()
     final = current_states(ledger_settings)[op]
     assert final.state == S.OUTCOME_VERIFIED
+    # An outsider's receipt (no seal) and bytes that do not decode: listed, not believed.
+    forged = EffectReceipt(
+        operation_id=op,
+        dispatch_id=f"{op}#9.9",
+        status="COMMITTED",
+        sink="payments",
+        attempt_id="forged",
+        fencing_token=9,
+        effect_id="payments-forged",
+        observed_at_ms=0,
+        first_attempt_at_ms=0,
+        detail="forged",
+        observer="outsider",
+    )
+    raw = Producer(client_config(ledger_settings, partitioner="murmur2_random"))
+    raw.produce(ledger_settings.topic("receipts"), key=op.encode(), value=forged.to_bytes())
+    raw.produce(ledger_settings.topic("claims"), key=op.encode(), value=b"\x00garbage")
+    assert raw.flush(10) == 0
 
     history = read_history(ledger_settings, op)
-    entries = history.entries
-    assert history.unbelieved == 0
+    unbelieved = [e for e in history.entries if not e.record.believed]
+    assert sorted((e.record.topic, e.kind) for e in unbelieved) == [
+        ("claims", "UNREADABLE"),
+        ("receipts", "EffectReceipt"),
+    ]
+    assert all(e.summary.startswith("NOT BELIEVED (") for e in unbelieved)
+    assert "payments-forged" not in history.answer("target").answer
+    entries = tuple(e for e in history.entries if e.record.believed)
     assert all(e.record.key in (op, "ap-1") for e in entries)
     topics = {e.record.topic for e in entries}
     assert {
@@ -122,7 +148,10 @@ def test_history_of_a_resumed_operation(ledger_settings: LedgerSettings) -> None
         "resume",
         "outcome",
     ]
-    assert [(r["topic"], r["partition"], r["offset"]) for r in data["records"]] == positions
+    assert [(r["topic"], r["partition"], r["offset"]) for r in data["records"]] == [
+        e.record.position for e in history.entries
+    ]
+    assert data["counts"]["unbelieved"] == 2
     assert data["final_state"]["state"] == "OUTCOME_VERIFIED"
     text = runner.invoke(main, ["history", op], env=_env(ledger_settings))
     assert text.exit_code == 0 and "Who initiated the case?" in text.output

@@ -326,6 +326,7 @@ def test_the_audit_runs_on_demand_and_lists_open_items(
     reply = client.post("/audit", data={"token": TOKEN}, headers=SAME_ORIGIN)
     assert reply.status_code == 200 and ledger.audits == [False]
     assert "CLEAN" in reply.text and "one_effect_per_operation" in reply.text
+    assert "3 operation(s)" in reply.text and 'id="offsets"' not in reply.text
 
 
 def test_stages_say_when_no_metrics_endpoint_is_configured(client: TestClient) -> None:

@@ -224,3 +224,11 @@ def test_history_page_shows_answers_and_records_escaped() -> None:
     lines = history_lines(history)
     assert lines[0].startswith(f"history of {OP}: {len(history.entries)} records, 1 not believed")
     assert "Who initiated the case?" in lines
+
+
+def test_history_file_names_are_safe_and_distinct() -> None:
+    from ledger.cli.history import history_file_name
+
+    a, b = history_file_name("refund:1/2:v1"), history_file_name("refund:1_2:v1")
+    assert a != b and a.startswith("refund_1_2_v1-") and a.endswith(".html")
+    assert "/" not in a and ":" not in a

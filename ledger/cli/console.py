@@ -36,17 +36,10 @@ import secrets
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import click
-from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Route
 
 from ledger.cli.common import current_settings
 from ledger.cli.render import render
@@ -54,6 +47,11 @@ from ledger.errors import LedgerError
 from ledger.events import OperationState
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
+
+if TYPE_CHECKING:  # Starlette is imported when the console runs, not by every command
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 __all__ = [
     "DECISIONS",
@@ -263,7 +261,7 @@ class LedgerData:
         """Status files, consumer-group members and metrics endpoints, in that order."""
         rows = self._status_files()
         rows += self._groups()
-        rows += self._endpoints(rows)
+        rows += self._endpoints()
         return rows
 
     def _status_files(self) -> list[StageHealth]:
@@ -322,7 +320,7 @@ class LedgerData:
             )
         return rows
 
-    def _endpoints(self, status_rows: Sequence[StageHealth]) -> list[StageHealth]:
+    def _endpoints(self) -> list[StageHealth]:
         import httpx
 
         endpoints = dict(self.metrics)
@@ -365,7 +363,9 @@ class LedgerData:
 # ---------------------------------------------------------------------- the web application
 
 
-def _page(template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+def _page(template: str, status_code: int = 200, **context: Any) -> Response:
+    from starlette.responses import HTMLResponse
+
     return HTMLResponse(render(template, **context), status_code=status_code)
 
 
@@ -418,6 +418,13 @@ def create_app(
     Returns:
         A Starlette application; see the module docstring for its routes.
     """
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.responses import RedirectResponse
+    from starlette.routing import Route
+
     form_token = token or secrets.token_urlsafe(32)
     last_audit: list[AuditRun] = []
     common: dict[str, Any] = {"ledger": title, "token": form_token}

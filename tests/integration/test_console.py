@@ -12,8 +12,9 @@ queue; the ledger then holds the operator's signed disposition.
 
 Without chromium and chromedriver the test is skipped, unless
 ``LEDGER_REQUIRE_BROWSER=1`` (``.ci/run`` sets it): then it fails.
-``LEDGER_CONSOLE_SCREENSHOT=FILE`` also saves the queue page as a PNG
-(``make console-screenshot`` writes docs/console.png).
+``LEDGER_CONSOLE_SCREENSHOT=FILE.png`` also saves the queue page there and the
+held operation's timeline as ``FILE-timeline.png`` (``make console-screenshot``
+writes docs/console.png and docs/console-timeline.png).
 """
 
 from __future__ import annotations
@@ -240,6 +241,9 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
     kinds = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline td:nth-child(4)")]
     # The approval it rests on may come first (granted before the intent).
     assert kinds.index("Intent") < kinds.index("Dispatch") and "Disposition" not in kinds
+    if shot:
+        timeline_shot = Path(shot).with_name(f"{Path(shot).stem}-timeline.png")
+        assert browser.save_screenshot(str(timeline_shot)), f"no screenshot written to {shot}"
     browser.back()
 
     # Dispose it with the form: committed, signed by alex, with evidence.
@@ -277,3 +281,25 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
     wait.until(ec.title_contains(HELD))
     kinds = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#timeline td:nth-child(4)")]
     assert "Disposition" in kinds
+
+    # The audit, run from its page: clean, nothing held any more.
+    browser.find_element(By.ID, "nav-audit").click()
+    wait.until(ec.presence_of_element_located((By.ID, "run-audit"))).click()
+    result = wait.until(ec.presence_of_element_located((By.ID, "audit-result"))).text
+    assert result.startswith("CLEAN") and "sink readback" in result
+    assert "3 operation(s)" in browser.find_element(By.ID, "audit-facts").text
+    assert browser.find_elements(By.ID, "offsets")  # the topic offsets it covered
+    assert not browser.find_elements(By.CSS_SELECTOR, "#open-items td")
+
+    # Stage health: each stage's consumer group has its member; no metrics endpoint here.
+    browser.find_element(By.ID, "nav-stages").click()
+    wait.until(ec.presence_of_element_located((By.ID, "stages")))
+    assert browser.find_elements(By.ID, "no-metrics")
+    groups = {
+        cells[0].text: cells[4].text
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#stages tbody tr")
+        if (cells := tr.find_elements(By.TAG_NAME, "td"))[1].text == "consumer group"
+    }
+    prefix = settings.topic_prefix
+    assert set(groups) == {f"{prefix}.{c}" for c in ("processor", "authority", "relay")}
+    assert all("1 member(s)" in detail for detail in groups.values()), groups

@@ -76,6 +76,7 @@ class FakeLedger:
         self.audits: list[bool] = []
         self.history_data: dict[str, Any] | None = None
         self.fail_dispose: LedgerError | None = None
+        self.audit_report: dict[str, Any] | None = None
 
     def now_ms(self) -> int:
         return 100_000
@@ -103,6 +104,8 @@ class FakeLedger:
 
     def audit(self, read_sinks: bool) -> dict[str, Any]:
         self.audits.append(read_sinks)
+        if self.audit_report is not None:
+            return self.audit_report
         return {
             "operations": 3,
             "journal_entries": 9,
@@ -323,6 +326,7 @@ def test_the_audit_runs_on_demand_and_lists_open_items(
     reply = client.post("/audit", data={"token": TOKEN}, headers=SAME_ORIGIN)
     assert reply.status_code == 200 and ledger.audits == [False]
     assert "CLEAN" in reply.text and "one_effect_per_operation" in reply.text
+    assert "3 operation(s)" in reply.text and 'id="offsets"' not in reply.text
 
 
 def test_stages_say_when_no_metrics_endpoint_is_configured(client: TestClient) -> None:
@@ -342,3 +346,52 @@ def test_the_ledgers_data_reads_operators_and_status_files(tmp_path: Any) -> Non
     relay, broken = sorted(data._status_files(), key=lambda r: r.name, reverse=True)
     assert (relay.name, relay.ok, relay.ready) == ("relay-0", False, False)
     assert broken.ok is None and "unreadable" in broken.detail
+
+
+def test_stage_health_probes_the_metrics_endpoints_a_status_file_names(tmp_path: Any) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Probe(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/healthz" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Probe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "status").mkdir()
+        port = server.server_address[1]
+        (tmp_path / "status" / "relay-0.json").write_text(
+            f'{{"pid": 1, "ready": true, "metrics_port": {port}}}'
+        )
+        data = LedgerData(
+            LedgerSettings(run_dir=tmp_path, topic_prefix="t"),
+            metrics={"processor-0": "http://127.0.0.1:1"},  # nothing listens there
+        )
+        processor, relay = data._endpoints()
+        assert (relay.name, relay.ok, relay.ready) == ("relay-0", True, False)
+        assert "/healthz 200, /readyz 503" in relay.detail
+        assert (processor.ok, processor.ready) == (None, None)
+        assert "unreachable" in processor.detail
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_audit_violations_link_to_their_operations(client: TestClient, ledger: FakeLedger) -> None:
+    ledger.audit_report = {
+        "operations": 3,
+        "violations": [
+            {"invariant": "one_effect", "operation_id": "refund:1:v1", "evidence": "2 effects"},
+            {"invariant": "sealed", "operation_id": None, "evidence": "<forged>"},
+        ],
+    }
+    page = client.post("/audit", data={"token": TOKEN, "read_sinks": "on"}, headers=SAME_ORIGIN)
+    assert ledger.audits == [True]
+    assert "VIOLATIONS" in page.text and "&lt;forged&gt;" in page.text
+    linked, unlinked = rows(page.text, "violations")
+    assert 'href="/operation?id=refund%3A1%3Av1"' in linked and "href" not in unlinked

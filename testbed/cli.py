@@ -373,12 +373,20 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
     from testbed.gameday import run_files
     from testbed.scenario import ScenarioError, load
 
-    for path in files:
+    malformed = 0
+    for path in files:  # every file is checked before anything runs
         try:
             load(path)
         except ScenarioError as exc:
+            malformed += 1
             click.echo(f"error: {exc.message}", err=True)
-            sys.exit(2)
+    if malformed:
+        click.echo(
+            f"error: no scenario was run: {malformed} of {len(files)} file(s) malformed "
+            "(fix them or leave them out)",
+            err=True,
+        )
+        sys.exit(2)
 
     def say(text: str) -> None:
         if not as_json:

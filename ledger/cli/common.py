@@ -141,6 +141,30 @@ class LedgerGroup(click.Group):
             raise LedgerCommandError(exc) from exc
 
 
+#: Ledger-clock instants at or after this (2001-09-09 in Unix milliseconds) are
+#: wall-clock times; a manual clock (game days, demos) counts from 0.
+_EPOCH_LIKE_MS = 1_000_000_000_000
+
+
+def instant_text(at_ms: int, now_ms: int) -> str:
+    """A ledger-clock instant for people: ``2026-12-01T23:10:00Z (in 3600 s)``
+    on the system clock, ``3600 s (in 3600 s)`` on a manual clock.
+
+    Args:
+        at_ms: the instant, milliseconds on the ledger clock.
+        now_ms: now on the same clock, milliseconds.
+    """
+    from datetime import UTC, datetime
+
+    delta_s = (at_ms - now_ms) / 1000
+    relative = f"in {delta_s:.0f} s" if delta_s >= 0 else f"{-delta_s:.0f} s ago"
+    if at_ms >= _EPOCH_LIKE_MS:
+        when = datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    else:
+        when = f"{at_ms / 1000:.3f}".rstrip("0").rstrip(".") + " s"
+    return f"{when} ({relative})"
+
+
 def current_settings() -> LedgerSettings:
     """The settings of this command: from the click context if set there, else the environment.
 

@@ -23,6 +23,7 @@ from ledger.cli.common import (
     current_settings,
     echo_json,
     fail,
+    instant_text,
 )
 from ledger.settings import LedgerSettings
 
@@ -438,8 +439,9 @@ def approve_cmd(
     click.echo(
         f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units"
         + (f" ({bound})" if bound else "")
-        + f", policy {approval.policy_version}, expires at {approval.expires_at_ms / 1000:g} s "
-        "(ledger clock)"
+        + f", policy {approval.policy_version}, expires at "
+        + instant_text(approval.expires_at_ms, now)
+        + " on the ledger clock"
     )
 
 

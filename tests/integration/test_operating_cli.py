@@ -141,6 +141,14 @@ def test_until_exits_by_where_the_operation_rests_and_the_relay_says_each_reques
     assert "receipt COMMITTED" in log and "fencing token " in log
     assert "relay: outcome VERIFY refund:until-ok:v1 at payments" in log
 
+    # Every stage is live, and the processor has committed past inputs.
+    status = _ledger("status", "--json")
+    assert status.exit_code == EXIT_OK, status.output
+    stages = {st["component"]: st for st in json.loads(status.output)["stages"]}
+    assert all(st["live"] for st in stages.values())
+    assert isinstance(stages["processor"]["last_commit_ms"], int)
+    assert any(p["committed"] for p in stages["relay"]["partitions"])
+
     # A sink that refuses connections: one INFO line per request not sent.
     harness.sinks["payments"].stop()
     approve(pub, "ap-down")

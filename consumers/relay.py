@@ -58,6 +58,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaException, TopicPartition
 
 from consumers.localfiles import LastGood, LastGoodClock
+from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import clock_for
@@ -76,6 +77,7 @@ from ledger.contracts import (
 )
 from ledger.errors import LedgerError, LocalFileError, SinkAuthError, SinkNotReachedError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
+from ledger.logs import bound_each
 from sinks.client import SinkClient, postcondition_source
 from sinks.registry import RegistryFile, SinkEndpoint
 
@@ -352,7 +354,7 @@ class Relay(Stage):
         self._retry_due(commit_offsets=False)  # starts a new pass (down_now)
         now = self.clock.now_ms()
         fresh: list[Dispatch] = []
-        for rec in records:
+        for rec in self.spans.each(records):
             d = rec.event
             if (
                 isinstance(d, Dispatch)
@@ -369,7 +371,7 @@ class Relay(Stage):
         one_by_one = {d.dispatch_id for d in fresh if self._marks_alone(d.sink)}
         self._mark_attempted([d for d in fresh if d.dispatch_id not in one_by_one], now)
         fresh_ids = {d.dispatch_id for d in fresh}
-        for rec in records:
+        for rec in bound_each(self.spans.each(records), lambda r: r.key):
             d = rec.event
             if not isinstance(d, Dispatch):
                 continue
@@ -421,14 +423,18 @@ class Relay(Stage):
             return self._park(d, exc, partition, offset, fresh=fresh)
         attempt = self.parked[d.dispatch_id].failures + 1 if d.dispatch_id in self.parked else 1
         _say(d, attempt, "sending", "fresh" if fresh else "sent before: read back first")
+        started = time.monotonic()
         try:
             outputs = self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
         except SinkNotReachedError as exc:
+            self.metrics.dispatched(d.sink, d.kind, "NOT_REACHED", time.monotonic() - started)
             _say(d, attempt, "not sent", f"{exc.kind}: {exc.detail}")
             if exc.kind == "SINK_UNREACHABLE":
                 self.down_now[d.sink] = exc
             outputs = self._park(d, exc, partition, offset, fresh=fresh)
         else:
+            outcome = dispatch_outcome(event for _, _, event in outputs)
+            self.metrics.dispatched(d.sink, d.kind, outcome, time.monotonic() - started)
             # Reached at last: no longer parked (if its outcome is then lost with
             # an aborted transaction, the dispatch is met again and read back).
             self.parked.pop(d.dispatch_id, None)
@@ -529,7 +535,7 @@ class Relay(Stage):
             return
         finished: list[tuple[Parked, list[Output]]] = []
         any_done = False
-        for p in due:
+        for p in bound_each(due, lambda p: p.dispatch.operation_id):
             d = p.dispatch
             outputs = self._attempt(
                 d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
@@ -607,7 +613,8 @@ class Relay(Stage):
         self.producer.begin_transaction()
         out = self.writer()
         for d in dispatches:
-            out.write("receipts", d.operation_id, self._attempt_marker(d, now))
+            with self.spans.of_operation(d.operation_id):  # the marker continues its trace
+                out.write("receipts", d.operation_id, self._attempt_marker(d, now))
         self._commit()
         for d in dispatches:
             self.attempts[d.dispatch_id] = now
@@ -617,7 +624,7 @@ class Relay(Stage):
         for note in self.notes:
             out.write("operating-events", "local-file", note)
         self.notes.clear()
-        for rec in records:
+        for rec in self.spans.each(records):
             if not isinstance(rec.event, Dispatch):
                 out.write(
                     "operating-events",

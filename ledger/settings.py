@@ -110,6 +110,22 @@ class LedgerSettings(BaseSettings):
             (``LEDGER_KAFKA_CONFIG_FILE``; see :mod:`ledger.kafka` for the
             order in which it, ``LEDGER_KAFKA_<PROPERTY>`` variables and the
             ledger's own properties are merged). ``None``: no file.
+        metrics_port: the port of a stage's HTTP endpoint for Prometheus
+            (``LEDGER_METRICS_PORT``): ``/metrics``, ``/healthz`` and
+            ``/readyz`` (see :mod:`consumers.metrics`). ``None`` (the
+            default): no endpoint. It is per process: several stages on one
+            host each need their own (set it in each process's environment,
+            e.g. 9464, 9465, 9466); ``0`` takes any free port and logs it.
+        metrics_host: the address that endpoint listens on
+            (``LEDGER_METRICS_HOST``, default ``0.0.0.0``: every interface, as
+            a scraper in another container or pod needs; ``127.0.0.1`` keeps
+            it on the host).
+        health_stall_s: ``/healthz`` answers 503 once the stage's loop has not
+            gone round for this many seconds (default 120), unless it is
+            waiting for Kafka or restoring state, which it says instead.
+        log_format: ``text`` (the default: ``time level logger: message``)
+            or ``json`` (one JSON object a line with operation ID, stage,
+            instance and trace ID; ``LEDGER_LOG_FORMAT``, see :mod:`ledger.logs`).
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -145,6 +161,10 @@ class LedgerSettings(BaseSettings):
     require_authenticated_records: bool = True
     kafka_debug: str = ""
     kafka_config_file: Path | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    health_stall_s: float = Field(default=120.0, gt=0)
+    log_format: Literal["text", "json"] = "text"
 
     @model_validator(mode="after")
     def _local_broker_by_default(self) -> LedgerSettings:

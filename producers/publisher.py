@@ -9,6 +9,11 @@ idempotent producer with the ``murmur2_random`` partitioner (so Java and
 Python producers agree on co-partitioning), and flushed before the call
 returns. :meth:`LedgerPublisher.wait_for` waits for an operation to reach a
 state (``OUTCOME_VERIFIED`` ...) and raises when it rests in another.
+
+Each publish is a span (``publish <kind>``, a child of the caller's current
+span if any) whose W3C ``traceparent`` goes in the record's headers, next to
+its seal and outside it: the stages continue that trace (:mod:`ledger.tracing`;
+the header is advisory context and decides nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
+from opentelemetry.trace import SpanKind, TracerProvider
 
 from ledger.authn import seal_headers
 from ledger.credentials import Credentials, load_keyring
@@ -46,6 +52,7 @@ from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import OPTIONAL_SIGNED_FIELDS
 from ledger.states import RecoveryState
+from ledger.tracing import tracer, with_trace
 from producers.waiting import wait_for_state
 
 
@@ -175,6 +182,9 @@ class LedgerPublisher:
         send_timeout_s: how long one publish waits for the broker's
             acknowledgement before it raises (seconds); a caller that must
             ride out a cluster restart waits longer.
+        tracer_provider: where the publish spans go (default: the global
+            OpenTelemetry tracer provider, a no-op unless the application
+            installed one, e.g. with :func:`ledger.tracing.configure`).
 
     Example:
         >>> pub = LedgerPublisher(LedgerSettings())
@@ -193,8 +203,10 @@ class LedgerPublisher:
         *,
         credentials: Credentials | None = None,
         send_timeout_s: float = 30.0,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.settings = settings
+        self._tracer = tracer(tracer_provider)
         self.send_timeout_s = send_timeout_s
         #: the keys records are sealed with (:class:`ledger.credentials.Credentials`):
         #: intents are not sealed; a policy change, disposition or approval is
@@ -208,6 +220,27 @@ class LedgerPublisher:
         )
 
     def _send(self, topic: str, key: str, event: Event, timeout_s: float | None = None) -> Message:
+        attributes: dict[str, str] = {
+            "messaging.system": "kafka",
+            "messaging.operation.type": "publish",
+            "messaging.destination.name": topic,
+            "messaging.kafka.message.key": key,
+        }
+        operation_id = getattr(event, "operation_id", None)
+        if operation_id:
+            attributes["ledger.operation_id"] = operation_id
+        with self._tracer.start_as_current_span(
+            f"publish {event.KIND}", kind=SpanKind.PRODUCER, attributes=attributes
+        ) as span:
+            msg = self._send_traced(topic, key, event, timeout_s)
+            span.set_attribute("messaging.destination.partition.id", str(msg.partition() or 0))
+            span.set_attribute("messaging.kafka.offset", msg.offset() or 0)
+            return msg
+
+    def _send_traced(
+        self, topic: str, key: str, event: Event, timeout_s: float | None = None
+    ) -> Message:
+        """Produce one record (its seal and the current span's traceparent in its headers)."""
         value = event.to_bytes()  # validates against the schema first
         if len(value) > MAX_INPUT_BYTES:
             raise InputBoundsError(
@@ -223,7 +256,7 @@ class LedgerPublisher:
             self.settings.topic(topic),
             key=raw_key,
             value=value,
-            headers=seal_headers(sealer, topic, raw_key, value),
+            headers=with_trace(seal_headers(sealer, topic, raw_key, value)),
             on_delivery=lambda err, msg: delivered.append((err, msg)),
         )
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s

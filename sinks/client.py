@@ -33,10 +33,15 @@ from typing import Any, Literal, Self
 from urllib.parse import quote
 
 import httpx
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ledger.contracts import PostconditionQuery
 from ledger.errors import SinkAuthError, SinkError, SinkUnavailableError
 from ledger.errors import SinkProtocolError as SinkProtocolError  # re-exported: its old home
+from ledger.tracing import trace_headers, tracer
+
+#: Spans of sink requests (the global tracer provider's, see :mod:`ledger.tracing`).
+_TRACER = tracer()
 
 SubmitStatus = Literal[
     "committed", "rejected", "stale_token", "key_reused", "unavailable", "ambiguous"
@@ -240,15 +245,38 @@ class SinkClient:
     ) -> httpx.Response | _NoAnswer:
         """Send one request; translate every httpx transport failure once.
 
+        The request is sent in a client span (a child of the current span:
+        the relay's span of the dispatch) and carries its W3C
+        ``traceparent`` header (:mod:`ledger.tracing`), so the sink's own
+        traces can continue the operation's.
+
         Raises:
             SinkAuthError: if the sink answers 401 or 403 (its token is not ours).
         """
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
-        except httpx.TransportError as exc:
-            return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}", cause=exc)
+        parts = path.strip("/").split("/", 1)
+        route = f"/{parts[0]}" + ("/{id}" if len(parts) > 1 else "")
+        attributes: dict[str, str] = {
+            "http.request.method": method,
+            "url.full": f"{self.base_url}{path}",
+            "http.route": route,
+        }
+        if operation_id is not None:
+            attributes["ledger.operation_id"] = operation_id
+        with _TRACER.start_as_current_span(
+            f"{method} {route}", kind=SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            kwargs["headers"] = {**kwargs.get("headers", {}), **trace_headers()}
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                span.set_status(Status(StatusCode.ERROR, f"not sent: {type(exc).__name__}"))
+                return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
+            except httpx.TransportError as exc:
+                span.set_status(Status(StatusCode.ERROR, f"no answer: {type(exc).__name__}"))
+                return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}", cause=exc)
+            span.set_attribute("http.response.status_code", response.status_code)
+            if response.status_code >= 500:
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {response.status_code}"))
         if response.status_code in (401, 403):
             raise SinkAuthError(
                 method,

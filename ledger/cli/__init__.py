@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, keys, ops, stages, topics
+from ledger.cli import acl, console, history, keys, ops, stages, topics
 from ledger.cli.common import (
     EXIT_CODES,
     LedgerGroup,
@@ -114,8 +114,10 @@ COMMANDS: tuple[click.Command, ...] = (
     *stages.COMMANDS,
     topics.topics_group,
     *ops.COMMANDS,
+    *history.COMMANDS,
     *keys.COMMANDS,
     *acl.COMMANDS,
+    *console.COMMANDS,
 )
 
 

@@ -25,6 +25,7 @@ import click
 from pydantic import ValidationError
 
 from ledger.errors import BrokerUnavailableError, LedgerError, TopicConfigError
+from ledger.logs import configure_logging
 from ledger.settings import LedgerSettings
 
 #: Success.
@@ -217,10 +218,24 @@ def bootstrap_in_force(environ: Mapping[str, str] | None = None) -> str:
     return f"127.0.0.1:{LedgerSettings.model_fields['kafka_port'].default} (default port)"
 
 
-def setup_logging(verbose: bool) -> None:
-    """Log to standard error: INFO and up when ``verbose``, else WARNING and up."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def setup_logging(verbose: bool, stage: str | None = None, instance: str | None = None) -> None:
+    """Log to standard error: INFO and up when ``verbose``, else WARNING and up.
+
+    The format is ``LEDGER_LOG_FORMAT`` (``text``, the default, or ``json``;
+    see :func:`ledger.logs.configure_logging`); an unknown value falls back
+    to text with a warning, so that the command still says what it does.
+
+    Args:
+        verbose: INFO and up (else WARNING and up).
+        stage: the stage this process runs, named on every JSON line.
+        instance: its instance name.
+    """
+    fmt = os.environ.get("LEDGER_LOG_FORMAT", "text").strip().lower() or "text"
+    level = logging.INFO if verbose else logging.WARNING
+    if fmt not in ("text", "json"):
+        configure_logging("text", stage, instance, level=level, stream=sys.stderr)
+        logging.getLogger(__name__).warning(
+            "LEDGER_LOG_FORMAT=%r is neither text nor json; logging text", fmt
+        )
+        return
+    configure_logging("json" if fmt == "json" else "text", stage, instance, level=level)

@@ -36,8 +36,10 @@ def _ready(settings: LedgerSettings) -> None:
 
 
 def _publisher(settings: LedgerSettings) -> Any:
+    from ledger.tracing import configure
     from producers.publisher import LedgerPublisher
 
+    configure("ledger-cli")  # OTEL_* variables: the publish is the trace's first span
     return LedgerPublisher(settings, client_id="ledger-cli")
 
 
@@ -769,6 +771,61 @@ def reconcile_dispose(
 # ---------------------------------------------------------------------- audit
 
 
+def audit_lines(report: Any) -> list[str]:
+    """An audit report as text: verdict with its coverage, when it ran, facts split
+    by coverage, violations, open items with their history commands, refused
+    records and the offsets read.
+
+    Args:
+        report: a :class:`ledger.audit.AuditReport`.
+
+    Returns:
+        Lines without newlines.
+    """
+    from ledger.history import iso_time
+
+    data = report.to_dict()
+    cov = data["coverage"]
+    lines = [
+        f"{report.verdict}: {len(report.violations)} violation(s) in {cov['facts']} facts checked",
+        f"ran at {iso_time(report.started_at_ms) or '—'} (wall clock, UTC)"
+        + (f", took {report.took_s:.1f} s" if report.took_s is not None else ""),
+        f"{report.operations} operations, {report.journal_entries} journal entries replayed",
+        f"facts checked: {cov['ledger_facts']} in the ledger's records, "
+        + (
+            f"{cov['sink_facts']} against sink readback"
+            if cov["sink_readback"]
+            else "none against sink readback (--no-sinks: sinks not read back)"
+        ),
+    ]
+    for v in report.violations:
+        lines.append(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
+    items = report.open_items
+    lines.append(
+        f"{len(items)} open item(s)"
+        + (" (age on the wall clock since the latest state record):" if items else "")
+    )
+    for i in items:
+        age = f"{i.age_s:.0f}" if i.age_s is not None else "?"
+        lines.append(
+            f"  {i.operation_id}\t{i.state}\t{i.sink}\tage {age} s\t{i.reason}\t"
+            f"({i.history_command})"
+        )
+    unauthentic = report.unauthenticated_records
+    lines.append(
+        f"{len(unauthentic)} unauthenticated record(s), refused by every reader"
+        + (":" if unauthentic else "")
+    )
+    for r in unauthentic[:50]:
+        lines.append(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
+    if len(unauthentic) > 50:
+        lines.append(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
+    lines.append("offsets covered (topic: partition:end offset, read from the beginning):")
+    for topic, parts in data["offsets"].items():
+        lines.append(f"  {topic}: " + " ".join(f"{p}:{end}" for p, end in parts.items()))
+    return lines
+
+
 @click.command("audit")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-sinks", is_flag=True, help="Do not ask sinks how many effects they hold.")
@@ -780,45 +837,56 @@ def reconcile_dispose(
     metavar="FILE",
     help="Also write the report as a self-contained HTML page (inline plots) to FILE.",
 )
-def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
+@click.option(
+    "--histories",
+    is_flag=True,
+    help="With --html: also write the history of every open item to history/*.html next to "
+    "FILE, and link each open item to it (one read of the ledger per item).",
+)
+def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: bool) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
     Exits 0 when there is no violation, 1 otherwise; each violation names the
     operation and the evidence. Every record's seal is checked too: records
     no trusted writer produced are listed (they were refused; an admission
-    or effect resting on one is a violation). With --html FILE the report is also written as
-    one self-contained HTML page (verdict, invariants checked, violations) and
-    'wrote FILE' is said on stderr when --json keeps stdout for the JSON.
+    or effect resting on one is a violation). The verdict says what it
+    covers: 'ledger and sink readback', or 'ledger only, sink readback off'
+    with --no-sinks, and the facts checked are split the same way. The
+    report says when it ran (wall clock, UTC), the end offset it read to on
+    every topic partition, and lists every open item (held unknown outcomes,
+    reauthorisation pending, abandoned: operation, state, sink, age, reason,
+    and the 'ledger history OP' command that shows it); open items do not
+    change the exit status. With --html FILE the report is also written as
+    one self-contained HTML page and 'wrote FILE' is said on stderr when
+    --json keeps stdout for the JSON; --histories also writes the history of
+    every open item next to it (history/*.html) and links each item to it.
     """
     from consumers.auditor import run_audit
 
+    if histories and html_path is None:
+        raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()
     _ready(settings)
     report = run_audit(settings, read_sinks=not no_sinks)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(
-            f"{report.operations} operations, {report.journal_entries} journal entries replayed; "
-            f"{len(report.violations)} violation(s)"
-        )
-        for v in report.violations:
-            click.echo(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
-        unauthentic = report.unauthenticated_records
-        click.echo(
-            f"{len(unauthentic)} unauthenticated record(s), refused by every reader"
-            + (":" if unauthentic else "")
-        )
-        for r in unauthentic[:50]:
-            click.echo(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
-        if len(unauthentic) > 50:
-            click.echo(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
+        for line in audit_lines(report):
+            click.echo(line)
     if html_path is not None:
         from ledger.cli.html import audit_html
 
-        page = audit_html({**report.to_dict(), "ledger": settings.topic_prefix})
+        data = {**report.to_dict(), "ledger": settings.topic_prefix}
         try:
-            html_path.write_text(page, encoding="utf-8")
+            if histories:
+                from ledger.cli.history import write_histories
+
+                links = write_histories(
+                    settings, [i.operation_id for i in report.open_items], html_path.parent
+                )
+                for item in data["open_items"]:
+                    item["history_href"] = links.get(item["operation_id"])
+            html_path.write_text(audit_html(data), encoding="utf-8")
         except OSError as exc:
             raise click.ClickException(
                 f"cannot write the HTML report to {html_path}: {exc.strerror or exc}; "

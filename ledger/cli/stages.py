@@ -13,6 +13,7 @@ import click
 
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
+from ledger import tracing
 from ledger.cli.common import (
     EXIT_ERROR,
     current_settings,
@@ -23,6 +24,7 @@ from ledger.cli.common import (
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
+from ledger.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +115,20 @@ def run_stage(
     # Before the stage is built: building it creates missing key files.
     check_stage_clock(current.clock, testbed=current.testbed)
     chosen, source = resolve_instance(instance, current.instance, socket.gethostname())
+    # From here on every line names the stage and instance (LEDGER_LOG_FORMAT=json).
+    configure_logging(current, component, chosen)
     log.info("%s instance %s (%s)", component, chosen, source)
     # Refuses an unsafe or malformed client properties file before any client
     # is built, and says which properties are in force (secrets masked).
     properties = ", ".join(f"{p.key}={p.value} ({p.source})" for p in describe(current))
     log.info("%s-%s: Kafka client properties: %s", component, chosen, properties)
     hooks = hooks_for(current.run_dir) if hooks_for is not None else NO_FAULTS
-    STAGES[component](current, chosen, hooks).run()
+    # Traces as the OTEL_* variables say (none when unset), flushed when the stage stops.
+    tracing.configure(f"ledger-{component}", instance=chosen)
+    try:
+        STAGES[component](current, chosen, hooks).run()
+    finally:
+        tracing.shutdown()
 
 
 _STAGE_HELP = """

@@ -61,6 +61,18 @@ class ReferenceSinkClient(SinkClient):
         counts = self._admin("GET", "/admin/effects").get("effects", {})
         return {str(op): int(n) for op, n in counts.items()}
 
+    def traces(self) -> list[dict[str, str | None]]:
+        """The ``traceparent`` of the sink's latest requests, oldest first (admin).
+
+        Returns:
+            ``[{"method", "path", "traceparent"}]`` (``traceparent`` ``None``
+            when a request carried none).
+
+        Raises:
+            SinkUnavailableError: if the sink gives no answer (retryable).
+        """
+        return list(self._admin("GET", "/admin/traces").get("requests", []))
+
     def stats(self) -> dict[str, int]:
         """Return the sink's counters, e.g. ``stale_rejections`` (admin).
 

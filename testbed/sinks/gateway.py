@@ -17,6 +17,9 @@ Routes (JSON in and out):
                                            gateway with ``--fault-injection`` (else 404).
 ``GET /admin/effects``                     ``{"effects": {operation_id: n}, "total": n}``.
 ``GET /admin/stats``                       the counters (``stale_rejections`` ...).
+``GET /admin/traces``                      ``{"requests": [{"method", "path", "traceparent"}]}``:
+                                           the W3C ``traceparent`` each of the last
+                                           :data:`TRACES_KEPT` sink requests carried (or null).
 ``GET /health``                            liveness, sink name, pid and contract (the only
                                            route that needs no token).
 =========================================  =====================================================
@@ -79,6 +82,7 @@ import os
 import secrets
 import socket
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -128,6 +132,9 @@ MAX_TOKEN_STEP: Final = 1000
 
 #: Largest fencing token (SQLite's signed 64-bit integer).
 MAX_TOKEN: Final = 2**63 - 1
+
+#: How many requests' ``traceparent`` headers ``/admin/traces`` keeps (the latest).
+TRACES_KEPT: Final = 1000
 
 
 class OperationParams(BaseModel):
@@ -612,6 +619,8 @@ def create_app(
         )
     store = SinkStore(db_path, name)
     service = SinkService(name, contract, store, clock)
+    #: the trace context of the latest sink requests (advisory: it decides nothing).
+    seen: deque[dict[str, str | None]] = deque(maxlen=TRACES_KEPT)
 
     async def respond(reply: Reply) -> JSONResponse:
         if reply.hang:
@@ -665,6 +674,9 @@ def create_app(
             counters = tx.counters()
         return JSONResponse(counters)
 
+    async def traces(request: Request) -> JSONResponse:
+        return JSONResponse({"requests": list(seen)})
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(
             {"status": "ok", "name": name, "pid": os.getpid(), "contract": contract.model_dump()}
@@ -677,7 +689,18 @@ def create_app(
 
     def guarded(handler: Handler) -> Handler:
         async def checked(request: Request) -> JSONResponse:
-            return authorised(request, token) or await handler(request)
+            refused = authorised(request, token)
+            if refused is not None:
+                return refused
+            if not request.url.path.startswith("/admin/"):
+                seen.append(
+                    {
+                        "method": request.method,
+                        "path": request.url.path,
+                        "traceparent": request.headers.get("traceparent"),
+                    }
+                )
+            return await handler(request)
 
         return checked
 
@@ -687,6 +710,7 @@ def create_app(
         Route("/accounts/{account:path}", guarded(account), methods=["GET"]),
         Route("/admin/effects", guarded(effects), methods=["GET"]),
         Route("/admin/stats", guarded(stats), methods=["GET"]),
+        Route("/admin/traces", guarded(traces), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
     if fault_injection:

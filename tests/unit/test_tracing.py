@@ -1,0 +1,176 @@
+"""ledger.tracing: the exporter from the OTEL_* variables, W3C headers on records, one span per
+record continuing the record's trace, and trace headers that leave the seal intact."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from ledger import tracing
+from ledger.authn import AUTH_HEADER, Keyring, MacKey
+from ledger.tracing import (
+    MAX_TRACE_HEADER_BYTES,
+    TRACEPARENT,
+    RecordSpans,
+    context_of,
+    exporters_from_env,
+    with_trace,
+)
+from tests import helpers
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACE_ID = int("0af7651916cd43dd8448eb211c80319c", 16)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, ()),
+        ({"OTEL_TRACES_EXPORTER": "none"}, ()),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, ("otlp",)),
+        ({"OTEL_TRACES_EXPORTER": "console, OTLP"}, ("console", "otlp")),
+        ({"OTEL_TRACES_EXPORTER": "otlp,none"}, ()),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, ()),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ("otlp",)),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, ("otlp",)),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, ()),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "false"}, ("otlp",)),
+    ],
+)
+def test_exporters_follow_the_standard_variables(
+    environ: dict[str, str], expected: tuple[str, ...]
+) -> None:
+    assert exporters_from_env(environ) == expected
+
+
+def test_configure_installs_nothing_when_tracing_is_off() -> None:
+    assert tracing.configure("ledger-test", environ={"OTEL_TRACES_EXPORTER": "none"}) == ()
+    assert tracing._provider is None
+    tracing.flush()
+    tracing.shutdown()  # nothing to stop: no error
+
+
+def _provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def test_headers_round_trip_and_bad_ones_start_no_trace() -> None:
+    provider, _ = _provider()
+    with tracing.tracer(provider).start_as_current_span("publish"):
+        headers = with_trace([(AUTH_HEADER, b"seal")])
+        trace_id = tracing.current_trace_id()
+    assert headers is not None and headers[0] == (AUTH_HEADER, b"seal")
+    names = [name for name, _ in headers]
+    assert TRACEPARENT in names
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span(context_of(headers)).get_span_context()
+    assert format(ctx.trace_id, "032x") == trace_id and ctx.is_remote
+    # No current span: nothing is added.
+    assert with_trace(None) is None and with_trace([(AUTH_HEADER, b"x")]) == [(AUTH_HEADER, b"x")]
+    for bad in (b"garbage", b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01", b"x" * 10_000):
+        invalid = trace.get_current_span(context_of([(TRACEPARENT, bad)])).get_span_context()
+        assert not invalid.is_valid
+    too_long = "a=" + "b" * MAX_TRACE_HEADER_BYTES
+    kept = context_of([(TRACEPARENT, PARENT.encode()), ("tracestate", too_long.encode())])
+    span_ctx = trace.get_current_span(kept).get_span_context()
+    assert span_ctx.trace_id == TRACE_ID and len(span_ctx.trace_state) == 0
+
+
+@dataclass(frozen=True)
+class _Rec:
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    headers: tuple[tuple[str, Any], ...]
+    event: Any
+
+
+def test_record_spans_continue_each_records_trace_and_outputs_carry_it() -> None:
+    provider, exporter = _provider()
+    intent = helpers.intent("refund:traced:v1")
+    records = [
+        _Rec("intents", 0, 7, intent.operation_id, ((TRACEPARENT, PARENT.encode()),), intent),
+        _Rec("intents", 1, 3, "refund:untraced:v1", (), helpers.intent("refund:untraced:v1")),
+    ]
+    spans = RecordSpans("processor", provider)
+    written: list[list[tuple[str, Any]] | None] = []
+    for _rec in spans.each(records):
+        written.append(with_trace([(AUTH_HEADER, b"seal")]))
+    # The relay meets the records again in a second loop: the same spans.
+    for _ in spans.each(records):
+        pass
+    with spans.of_operation("refund:traced:v1"):
+        marker = with_trace(None)
+    assert exporter.get_finished_spans() == ()  # open until the batch ends
+    spans.end()
+    finished = exporter.get_finished_spans()
+    assert len(finished) == 2
+    traced, untraced = sorted(finished, key=lambda s: s.attributes["messaging.kafka.offset"])[::-1]
+    assert traced.context.trace_id == TRACE_ID
+    assert traced.parent is not None and traced.parent.span_id == int("b7ad6b7169203331", 16)
+    assert traced.name == "processor Intent" and traced.kind is SpanKind.CONSUMER
+    assert traced.attributes["ledger.operation_id"] == "refund:traced:v1"
+    assert untraced.parent is None and untraced.context.trace_id != TRACE_ID
+    # Each output carries its own record's span as parent, not the other's.
+    first = dict(written[0] or [])[TRACEPARENT].decode()
+    second = dict(written[1] or [])[TRACEPARENT].decode()
+    assert first == f"00-{TRACE_ID:032x}-{traced.context.span_id:016x}-01"
+    assert second.split("-")[1] == f"{untraced.context.trace_id:032x}"
+    assert dict(marker or [])[TRACEPARENT].decode() == first
+
+
+def test_a_batch_that_does_not_commit_ends_its_spans_in_error() -> None:
+    provider, exporter = _provider()
+    spans = RecordSpans("relay", provider)
+    rec = _Rec("dispatches", 0, 1, "op", (), helpers.intent("refund:x:v1"))
+    for _ in spans.each([rec]):
+        pass
+    spans.end("aborted")
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code is StatusCode.ERROR and span.status.description == "aborted"
+
+
+def test_trace_headers_leave_the_seal_valid_and_are_not_covered_by_it() -> None:
+    """The traceparent is advisory: adding or changing it does not touch authentication."""
+    key = MacKey(os.urandom(32))
+    keyring = Keyring()
+    keyring.add_mac(key)
+    value = helpers.receipt("refund:sealed:v1", "refund:sealed:v1#1.1").to_bytes()
+    seal = key.seal("receipts", b"refund:sealed:v1", value)
+    for parent in (PARENT, PARENT.replace("b7ad", "ffff")):
+        headers = [(AUTH_HEADER, seal), (TRACEPARENT, parent.encode())]
+        assert keyring.check("receipts", b"refund:sealed:v1", value, headers) is None
+    # The seal still covers the value: a changed value under the same headers is refused.
+    assert keyring.check("receipts", b"refund:sealed:v1", value + b"x", headers) is not None
+
+
+def test_sink_requests_carry_the_current_traceparent() -> None:
+    from sinks.client import SinkClient
+
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get(TRACEPARENT))
+        return httpx.Response(404, json={"status": "absent"})
+
+    provider, exporter = _provider()
+    client = SinkClient("http://sink", transport=httpx.MockTransport(answer))
+    with tracing.tracer(provider).start_as_current_span("relay Dispatch") as span:
+        client.readback("refund:rb:v1", 2)
+    client.readback("refund:rb:v1", 2)
+    trace_id = f"{span.get_span_context().trace_id:032x}"
+    assert seen[0] is not None and seen[0].split("-")[1] == trace_id
+    assert seen[1] is None  # no current span, no header

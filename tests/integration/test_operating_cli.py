@@ -22,6 +22,7 @@ from ledger.cli.common import (
     EXIT_ENDED_ELSEWHERE,
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_TIMEOUT,
     EXIT_TOPICS_MISSING,
     EXIT_UNKNOWN_OPERATION,
 )
@@ -230,3 +231,14 @@ def test_a_fresh_prefix_says_topics_not_created_in_one_line(
         lines = result.output.strip().splitlines()
         assert len(lines) == 1, (command, result.output)
         assert lines[0].startswith("Error: topics not created: run `ledger topics create`")
+
+
+def test_until_times_out_with_exit_3_when_no_stage_decides(
+    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _env(monkeypatch, ledger_settings)
+    result = _publish(
+        "refund:until-nobody:v1", "--wait-s", "0", "--until", "OUTCOME_VERIFIED", "--timeout", "3"
+    )
+    assert result.exit_code == EXIT_TIMEOUT, result.output
+    assert "reached none of OUTCOME_VERIFIED in 3 s (it is not in the ledger yet)" in result.output

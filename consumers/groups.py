@@ -8,7 +8,8 @@ broker alone says, without any file a dead process leaves behind:
 * liveness: the group's members (a member that stops heartbeating leaves
   after ``session.timeout.ms``, 10 s);
 * assignment: the input partitions each member holds;
-* last commit: the committed offset of every input partition;
+* last commit: the committed offset of every input partition, and the
+  time of the last input record committed past (its Kafka timestamp);
 * lag: each partition's last stable offset minus its committed offset.
 """
 
@@ -19,8 +20,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
+    KafkaError,
     KafkaException,
     TopicPartition,
 )
@@ -32,7 +36,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
 from consumers.retry import is_retriable
 from consumers.stages import STAGES
 from ledger.errors import BrokerUnavailableError
-from ledger.kafka import admin_config, bootstrap_servers
+from ledger.kafka import admin_config, bootstrap_servers, consumer_config
 from ledger.settings import LedgerSettings
 
 #: Seconds one admin request may take.
@@ -69,6 +73,9 @@ class PartitionProgress:
         end: the last stable offset (``read_committed`` end).
         lag: records not yet committed past: ``end - committed`` (or
             ``end`` when never committed), never negative.
+        last_input_ms: Kafka timestamp (Unix milliseconds) of the last input
+            record committed past, ``None`` when there is none (or it was not
+            found among the few records before the committed offset).
     """
 
     topic: str
@@ -76,6 +83,7 @@ class PartitionProgress:
     committed: int | None
     end: int
     lag: int
+    last_input_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,9 +116,20 @@ class StageStatus:
         """Records behind, summed over the stage's input partitions."""
         return sum(p.lag for p in self.partitions)
 
+    @property
+    def last_commit_ms(self) -> int | None:
+        """Latest :attr:`PartitionProgress.last_input_ms` over the inputs (Unix ms)."""
+        found = [p.last_input_ms for p in self.partitions if p.last_input_ms is not None]
+        return max(found) if found else None
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the fields, plus ``live`` and ``lag``."""
-        return {**asdict(self), "live": self.live, "lag": self.lag}
+        """JSON-ready: the fields, plus ``live``, ``lag`` and ``last_commit_ms``."""
+        return {
+            **asdict(self),
+            "live": self.live,
+            "lag": self.lag,
+            "last_commit_ms": self.last_commit_ms,
+        }
 
 
 def _short(settings: LedgerSettings, topic: str) -> str:
@@ -191,6 +210,10 @@ def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
             request_timeout=REQUEST_TIMEOUT_S,
         ).items()
     }
+    last_input = _last_inputs(
+        settings,
+        {at: offset for offsets in committed.values() for at, offset in offsets.items()},
+    )
     out: list[StageStatus] = []
     for component, group in groups.items():
         description = described[group]
@@ -224,6 +247,7 @@ def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
                     committed=at,
                     end=end,
                     lag=max(0, end - (at or 0)),
+                    last_input_ms=last_input.get((tp.topic, tp.partition)),
                 )
             )
         state = description.state
@@ -237,3 +261,65 @@ def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
             )
         )
     return out
+
+
+#: Records before a committed offset searched for the last input (transaction
+#: markers take offsets too).
+_LOOK_BACK = 6
+
+#: Seconds :func:`_last_inputs` may read.
+_LOOK_S = 5.0
+
+
+def _last_inputs(
+    settings: LedgerSettings, committed: dict[tuple[str, int], int | None]
+) -> dict[tuple[str, int], int]:
+    """Kafka timestamp (ms) of the last record below each committed offset.
+
+    Reads at most :data:`_LOOK_BACK` records before each offset, for at most
+    :data:`_LOOK_S` seconds in all; a partition whose record is not found
+    (aborted transactions only, or time up) is left out.
+
+    Args:
+        settings: ledger settings.
+        committed: (full topic, partition) -> committed offset (``None``: never).
+    """
+    wanted = {tp: at for tp, at in committed.items() if at}
+    if not wanted:
+        return {}
+    consumer = Consumer(
+        consumer_config(
+            settings,
+            f"{settings.topic_prefix}.status",
+            extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
+        )
+    )
+    found: dict[tuple[str, int], int] = {}
+    done: set[tuple[str, int]] = set()
+    try:
+        consumer.assign(
+            [TopicPartition(t, p, max(0, at - _LOOK_BACK)) for (t, p), at in wanted.items()]
+        )
+        deadline = time.monotonic() + _LOOK_S
+        while len(done) < len(wanted) and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            where = (msg.topic() or "", msg.partition() or 0)
+            if where in done or where not in wanted:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    done.add(where)
+                continue
+            offset = msg.offset() or 0
+            if offset >= wanted[where]:
+                done.add(where)
+                continue
+            kind, stamp = msg.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE:
+                found[where] = stamp
+    finally:
+        consumer.close()
+    return found

@@ -431,14 +431,15 @@ class Relay(Stage):
             _say(d, attempt, "not sent", f"{exc.kind}: {exc.detail}")
             if exc.kind == "SINK_UNREACHABLE":
                 self.down_now[d.sink] = exc
-            return self._park(d, exc, partition, offset, fresh=fresh)
-        outcome = dispatch_outcome(event for _, _, event in outputs)
-        self.metrics.dispatched(d.sink, d.kind, outcome, time.monotonic() - started)
-        for _, _, event in outputs:
+            outputs = self._park(d, exc, partition, offset, fresh=fresh)
+        else:
+            outcome = dispatch_outcome(event for _, _, event in outputs)
+            self.metrics.dispatched(d.sink, d.kind, outcome, time.monotonic() - started)
+            # Reached at last: no longer parked (if its outcome is then lost with
+            # an aborted transaction, the dispatch is met again and read back).
+            self.parked.pop(d.dispatch_id, None)
+        for _, _, event in outputs:  # none while parked; once the budget is spent, the hold
             _say_outcome(d, attempt, event)
-        # Reached at last: no longer parked (if its outcome is then lost with
-        # an aborted transaction, the dispatch is met again and read back).
-        self.parked.pop(d.dispatch_id, None)
         return outputs
 
     def _park(

@@ -1039,14 +1039,7 @@ class Stage:
         self.stopping = True
 
     def close(self) -> None:
-        """Leave the group and release the producer (clean shutdown only).
-
-        The status file then says ``"ready": false`` (``ledger status`` asks
-        the broker instead: a killed process never gets here).
-        """
-        if self._ready_reported:
-            self._ready_reported = False
-            self._write_status()
+        """Leave the group and release the producer (clean shutdown only)."""
         self.metrics.close()
         self.spans.end("the stage stopped before the batch committed")
         if self.consumer is not None:

@@ -7,7 +7,8 @@ events. ``LedgerPublisher`` is the same class under its former name. Every recor
 validated against its Avro schema before it is sent, produced by an
 idempotent producer with the ``murmur2_random`` partitioner (so Java and
 Python producers agree on co-partitioning), and flushed before the call
-returns.
+returns. :meth:`LedgerPublisher.wait_for` waits for an operation to reach a
+state (``OUTCOME_VERIFIED`` ...) and raises when it rests in another.
 
 Each publish is a span (``publish <kind>``, a child of the caller's current
 span if any) whose W3C ``traceparent`` goes in the record's headers, next to

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import click
@@ -191,6 +192,30 @@ def current_settings() -> LedgerSettings:
         raise click.ClickException(
             f"invalid setting {problems}; fix the environment variable (see 'ledger --help')"
         ) from None
+
+
+def bootstrap_in_force(environ: Mapping[str, str] | None = None) -> str:
+    """The broker clients go to as the environment says, and why: for help texts.
+
+    Read without building the settings, so that ``--help`` works whatever
+    the environment holds. ``bootstrap.servers`` in LEDGER_KAFKA_CONFIG_FILE
+    still wins over it (``ledger config`` says which is in force).
+
+    Args:
+        environ: the environment (default ``os.environ``).
+
+    Returns:
+        e.g. ``127.0.0.1:39292 (LEDGER_KAFKA_PORT)`` or
+        ``127.0.0.1:19092 (default port)``.
+    """
+    env = os.environ if environ is None else environ
+    for variable in ("LEDGER_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"):
+        if env.get(variable):
+            return f"{env[variable]} ({variable})"
+    port = env.get("LEDGER_KAFKA_PORT")
+    if port:
+        return f"127.0.0.1:{port} (LEDGER_KAFKA_PORT)"
+    return f"127.0.0.1:{LedgerSettings.model_fields['kafka_port'].default} (default port)"
 
 
 def setup_logging(verbose: bool, stage: str | None = None, instance: str | None = None) -> None:

@@ -616,7 +616,8 @@ SYSTEM_CLOCK_NOTE = (
 
 
 @clock_group.command("show")
-def clock_show() -> None:
+@click.option("--json", "as_json", is_flag=True, help='Print {"clock", "now_ms"} as JSON.')
+def clock_show(as_json: bool) -> None:
     """Print the ledger time in seconds (the system clock's is said to be one)."""
     from ledger.clock import clock_for
 
@@ -625,7 +626,11 @@ def clock_show() -> None:
         clock = clock_for(s.clock, s.run_dir)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    now_s = clock.now_ms() / 1000
+    now_ms = clock.now_ms()
+    if as_json:
+        echo_json({"clock": s.clock, "now_ms": now_ms})
+        return
+    now_s = now_ms / 1000
     if s.clock == "system":
         click.echo(f"{now_s:.3f} ({SYSTEM_CLOCK_NOTE})")
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +14,13 @@ import click
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
 from ledger import tracing
-from ledger.cli.common import EXIT_ERROR, current_settings, echo_json, setup_logging
+from ledger.cli.common import (
+    EXIT_ERROR,
+    current_settings,
+    echo_json,
+    instant_text,
+    setup_logging,
+)
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
@@ -181,14 +188,15 @@ def status_cmd(as_json: bool) -> None:
     instances are the members of the component's consumer group (one that
     stops heartbeating leaves it within 10 s), each with the input partitions
     assigned to it; the last commit is each input partition's committed
-    offset, and the lag its last stable offset minus that. Exit status 0
+    offset (and the Kafka timestamp of the last input record committed past),
+    and the lag its last stable offset minus that. Exit status 0
     when every stage has a live instance, 1 when one has none.
 
     \b
     --json: {"topic_prefix", "stages": [{"component", "group", "group_state",
-      "live", "lag", "members": [{"instance", "host", "member_id",
-      "partitions": ["intents[0]", ...]}], "partitions": [{"topic",
-      "partition", "committed", "end", "lag"}]}]}
+      "live", "lag", "last_commit_ms", "members": [{"instance", "host",
+      "member_id", "partitions": ["intents[0]", ...]}], "partitions":
+      [{"topic", "partition", "committed", "end", "lag", "last_input_ms"}]}]}
     """
     from consumers.groups import stage_status
     from ledger.topics import check_topics
@@ -199,13 +207,16 @@ def status_cmd(as_json: bool) -> None:
     if as_json:
         echo_json({"topic_prefix": settings.topic_prefix, "stages": [s.to_dict() for s in stages]})
     else:
+        now_ms = int(time.time() * 1000)
         for st in stages:
             committed = sum(p.committed or 0 for p in st.partitions)
             end = sum(p.end for p in st.partitions)
+            last = st.last_commit_ms
             click.echo(
                 f"{st.component}: {'live' if st.live else 'DOWN (no live instance)'}, "
                 f"{len(st.members)} instance(s), group {st.group} {st.group_state}, "
-                f"lag {st.lag} (committed {committed} of {end} input offsets)"
+                f"lag {st.lag} (committed {committed} of {end} input offsets; last input "
+                f"committed past: {instant_text(last, now_ms) if last is not None else 'none'})"
             )
             for m in st.members:
                 click.echo(

@@ -22,6 +22,7 @@ from ledger.cli.common import (
     EXIT_ENDED_ELSEWHERE,
     EXIT_ERROR,
     EXIT_OK,
+    EXIT_TIMEOUT,
     EXIT_TOPICS_MISSING,
     EXIT_UNKNOWN_OPERATION,
 )
@@ -141,6 +142,14 @@ def test_until_exits_by_where_the_operation_rests_and_the_relay_says_each_reques
     assert "receipt COMMITTED" in log and "fencing token " in log
     assert "relay: outcome VERIFY refund:until-ok:v1 at payments" in log
 
+    # Every stage is live, and the processor has committed past inputs.
+    status = _ledger("status", "--json")
+    assert status.exit_code == EXIT_OK, status.output
+    stages = {st["component"]: st for st in json.loads(status.output)["stages"]}
+    assert all(st["live"] for st in stages.values())
+    assert isinstance(stages["processor"]["last_commit_ms"], int)
+    assert any(p["committed"] for p in stages["relay"]["partitions"])
+
     # A sink that refuses connections: one INFO line per request not sent.
     harness.sinks["payments"].stop()
     approve(pub, "ap-down")
@@ -222,3 +231,14 @@ def test_a_fresh_prefix_says_topics_not_created_in_one_line(
         lines = result.output.strip().splitlines()
         assert len(lines) == 1, (command, result.output)
         assert lines[0].startswith("Error: topics not created: run `ledger topics create`")
+
+
+def test_until_times_out_with_exit_3_when_no_stage_decides(
+    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _env(monkeypatch, ledger_settings)
+    result = _publish(
+        "refund:until-nobody:v1", "--wait-s", "0", "--until", "OUTCOME_VERIFIED", "--timeout", "3"
+    )
+    assert result.exit_code == EXIT_TIMEOUT, result.output
+    assert "reached none of OUTCOME_VERIFIED in 3 s (it is not in the ledger yet)" in result.output

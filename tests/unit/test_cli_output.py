@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -11,6 +14,7 @@ from ledger.cli.common import (
     EXIT_CODES,
     EXIT_ERROR,
     EXIT_TOPICS_MISSING,
+    bootstrap_in_force,
     exit_code_for,
 )
 from ledger.clock import age_s
@@ -128,3 +132,38 @@ def test_until_refuses_an_unknown_state_as_bad_input() -> None:
     )
     assert result.exit_code == 2
     assert "not a recovery state: FINISHED" in result.output
+
+
+def test_config_prints_resolved_paths_and_where_each_value_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("LEDGER_SINKS_FILE", "LEDGER_KEYS_DIR", "LEDGER_TRUSTED_KEYS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LEDGER_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", "cfg")
+    result = CliRunner().invoke(main, ["config"])
+    assert result.exit_code == 0, result.output
+    assert "=None" not in result.output
+    assert f"LEDGER_SINKS_FILE={tmp_path / 'sinks.json'}  # default: LEDGER_RUN_DIR" in (
+        result.output
+    )
+    assert f"LEDGER_KEYS_DIR={tmp_path / 'keys'}  # default" in result.output
+    assert "LEDGER_TOPIC_PREFIX=cfg  # LEDGER_TOPIC_PREFIX" in result.output
+    document = json.loads(CliRunner().invoke(main, ["config", "--json"]).output)
+    by_name = {row["variable"]: row for row in document["settings"]}
+    assert by_name["LEDGER_RUN_DIR"] == {
+        "variable": "LEDGER_RUN_DIR",
+        "value": str(tmp_path),
+        "source": "LEDGER_RUN_DIR",
+    }
+    assert by_name["LEDGER_TRUSTED_KEYS_FILE"]["value"] == str(tmp_path / "trusted_keys.json")
+
+
+def test_help_names_the_broker_in_force() -> None:
+    assert bootstrap_in_force({"LEDGER_KAFKA_PORT": "39292"}) == (
+        "127.0.0.1:39292 (LEDGER_KAFKA_PORT)"
+    )
+    assert bootstrap_in_force({}) == "127.0.0.1:19092 (default port)"
+    assert bootstrap_in_force(
+        {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "LEDGER_KAFKA_PORT": "39292"}
+    ) == ("k:9092 (KAFKA_BOOTSTRAP_SERVERS)")

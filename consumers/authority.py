@@ -360,7 +360,10 @@ class AuthorityKernel(Stage):
         self._catch_up()
         trusted = self.trusted()
         sinks = self.sinks()
-        for rec in bound_each(self.spans.each(records), lambda r: r.key):
+        # Requests are keyed by approval ID: the operation is the request's own.
+        for rec in bound_each(
+            self.spans.each(records), lambda r: getattr(r.event, "operation_id", None)
+        ):
             request = rec.event
             if not isinstance(request, AdmissionRequest):
                 log.warning("authority: refusing %s at %s", request.KIND, rec.offset)

@@ -119,14 +119,23 @@ def dispatch_outcome(events: Iterable[object]) -> str:
 def consumer_lag(stats_json: str) -> dict[tuple[str, int], int]:
     """Consumer lag per partition from librdkafka's statistics JSON.
 
+    The lag is the partition's last stable offset (``ls_offset``: what a
+    ``read_committed`` consumer can reach; ``hi_offset`` if that is unknown)
+    minus the consumer's position: the offset after the last record handed
+    to the stage (``app_offset``), else its committed offset, else the
+    partition's first offset (a group that never committed starts there).
+    librdkafka's own ``consumer_lag`` is not used: it counts from the
+    committed offset the consumer last fetched, and a stage commits through
+    its transactions, which the consumer does not see.
+
     Args:
-        stats_json: what librdkafka hands ``stats_cb`` (its ``topics`` ->
-            ``partitions`` -> ``consumer_lag``).
+        stats_json: what librdkafka hands ``stats_cb`` (``topics`` ->
+            ``partitions`` -> offsets).
 
     Returns:
-        ``(topic, partition) -> lag`` (records) for every partition whose lag
-        is known; librdkafka's internal partition ``-1`` and lags of ``-1``
-        (unknown) are left out.
+        ``(topic, partition) -> lag`` (records, never negative) for every
+        partition whose offsets are known; librdkafka's internal partition
+        ``-1`` and partitions this consumer does not fetch are left out.
 
     Raises:
         ValueError: the text is not JSON (``json.JSONDecodeError``).
@@ -139,11 +148,30 @@ def consumer_lag(stats_json: str) -> dict[tuple[str, int], int]:
         for pid, part in (partitions or {}).items():
             try:
                 partition = int(pid)
-                value = int(part.get("consumer_lag", -1))
+                offsets = {
+                    k: int(part.get(k, -1))
+                    for k in (
+                        "ls_offset",
+                        "hi_offset",
+                        "app_offset",
+                        "committed_offset",
+                        "lo_offset",
+                    )
+                }
+                fetching = part.get("fetch_state", "active") not in ("none", "stopped")
             except (TypeError, ValueError, AttributeError):
                 continue
-            if partition >= 0 and value >= 0:
-                lag[(str(topic), partition)] = value
+            end = offsets["ls_offset"] if offsets["ls_offset"] >= 0 else offsets["hi_offset"]
+            position = next(
+                (
+                    offsets[k]
+                    for k in ("app_offset", "committed_offset", "lo_offset")
+                    if offsets[k] >= 0
+                ),
+                -1,
+            )
+            if partition >= 0 and fetching and end >= 0 and position >= 0:
+                lag[(str(topic), partition)] = max(0, end - position)
     return lag
 
 
@@ -174,7 +202,7 @@ class _Live(Collector):
     def _families(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(
             "ledger_consumer_lag",
-            "Records not yet consumed per input partition (librdkafka consumer_lag)",
+            "Records not yet consumed per input partition (last stable offset - position)",
             labels=["stage", "topic", "partition"],
         )
         yield GaugeMetricFamily(

@@ -153,20 +153,33 @@ def test_dispatch_outcomes_come_from_the_receipt_or_readback() -> None:
 
 
 def test_consumer_lag_is_read_per_partition_from_librdkafka_statistics() -> None:
+    def part(**offsets: object) -> dict[str, object]:
+        return {"fetch_state": "active", **offsets}
+
     stats = {
         "topics": {
             "ledger.dispatches": {
                 "partitions": {
-                    "0": {"consumer_lag": 4},
-                    "1": {"consumer_lag": -1},  # unknown
-                    "-1": {"consumer_lag": 9},  # librdkafka's internal partition
+                    # read up to 6 of 10 stable records (the high watermark is further)
+                    "0": part(ls_offset=10, hi_offset=12, app_offset=6, committed_offset=2),
+                    # nothing read yet: counted from the committed offset
+                    "1": part(ls_offset=5, app_offset=-1001, committed_offset=3),
+                    # a group that never committed starts at the first offset
+                    "2": part(ls_offset=4, app_offset=-1001, committed_offset=-1001, lo_offset=0),
+                    # offsets not known yet
+                    "3": part(ls_offset=-1001, hi_offset=-1001, app_offset=-1001),
+                    # librdkafka's internal partition, and one not fetched
+                    "-1": part(ls_offset=9, app_offset=0),
+                    "4": {"fetch_state": "none", "ls_offset": 9, "app_offset": 0},
                 }
             },
-            "ledger.intents": {"partitions": {"2": {"consumer_lag": 0}}},
+            "ledger.intents": {"partitions": {"2": part(ls_offset=7, app_offset=7)}},
         }
     }
     assert consumer_lag(json.dumps(stats)) == {
         ("ledger.dispatches", 0): 4,
+        ("ledger.dispatches", 1): 2,
+        ("ledger.dispatches", 2): 4,
         ("ledger.intents", 2): 0,
     }
     m = StageMetrics("relay", "0")
@@ -174,6 +187,7 @@ def test_consumer_lag_is_read_per_partition_from_librdkafka_statistics() -> None
     m.on_stats("not json")  # kept, not raised
     assert _value(m, "ledger_consumer_lag", topic="ledger.dispatches", partition="0") == 4
     assert consumer_lag("{}") == {}
+    assert consumer_lag('{"topics": {"t": {"partitions": {"0": "odd"}}}}') == {}
 
 
 @pytest.fixture

@@ -1018,7 +1018,7 @@ class Stage:
         self._write_status()
 
     def _write_status(self) -> None:
-        """Write :meth:`status_path`: ``{"pid", "ready", "waiting"}``.
+        """Write :meth:`status_path`: ``{"pid", "ready", "waiting", "metrics_port"}``.
 
         ``ready`` says the process has its partitions and nothing left from
         start-up; ``waiting`` is ``None``, or what it waits for while Kafka
@@ -1028,7 +1028,14 @@ class Stage:
         path = self.status_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        status = {"pid": os.getpid(), "ready": self._ready_reported, "waiting": self.retry.waiting}
+        status = {
+            "pid": os.getpid(),
+            "ready": self._ready_reported,
+            "waiting": self.retry.waiting,
+            # where this process serves /metrics, /healthz, /readyz (None: not
+            # serving); `ledger console` probes it on this host
+            "metrics_port": self.metrics.port,
+        }
         tmp.write_text(json.dumps(status))
         os.replace(tmp, path)
 

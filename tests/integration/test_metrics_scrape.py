@@ -102,6 +102,9 @@ def test_live_stages_serve_health_readiness_and_counters_that_move_with_the_work
         assert _total(samples, "ledger_stage_ready", stage=stage) == 1
         # Assigned and restored: the restore was timed.
         assert _total(samples, "ledger_restore_seconds_count", stage=stage) >= 1
+        # The status file names the port (what `ledger console` probes on this host).
+        status = json.loads((harness.run_dir / "status" / f"{stage}-0.json").read_text())
+        assert status["metrics_port"] == port
     assert _get(ports["relay"], "/nothing")[0] == 404
 
     before = {stage: _scrape(port) for stage, port in ports.items()}

@@ -15,6 +15,8 @@
 #                  bench/REPORT.md (RUNS=, BENCH_ARGS= to change it)
 #   make kafka     fetch the broker jars into .cache/kafka/libs (Maven, once)
 #   make wheel-check   only the wheel check
+#   make console-screenshot  docs/console.png (+ -timeline.png) from the console's
+#                  browser test (needs chromium and chromedriver)
 #
 # Needs python3 (3.11+), Java 17+ and Maven for the local broker; or Docker
 # (`docker compose up -d`, then KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092).
@@ -24,7 +26,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := test
-.PHONY: venv venv-run kafka demo mission mission-chaos mission-compare bench check test wheel-check lint fmt broker-start broker-stop broker-status clean distclean
+.PHONY: venv venv-run kafka demo mission mission-chaos mission-compare bench check test wheel-check console-screenshot lint fmt broker-start broker-stop broker-status clean distclean
 
 # Two stamps in one virtualenv: the runtime with its testbed (what the demo
 # and missions need), and the developer tools on top (what the tests need).
@@ -132,6 +134,11 @@ wheel-check: venv kafka
 	cd $(WHEEL_DIR)/home && LEDGER_HOME=$(WHEEL_DIR)/home LEDGER_KAFKA_HOME=$(CURDIR)/.cache/kafka \
 	  $(WHEEL_DIR)/venv/bin/ledger demo --json > demo.json
 	@echo "wheel check: passed (report in $(WHEEL_DIR)/home/demo.json)"
+
+# The README's console screenshots, taken by the browser test on its real ledger.
+console-screenshot: venv kafka
+	LEDGER_REQUIRE_BROWSER=1 LEDGER_CONSOLE_SCREENSHOT=$(CURDIR)/docs/console.png \
+	  $(BIN)/pytest -q tests/integration/test_console.py
 
 fmt: venv
 	$(BIN)/ruff check --fix .

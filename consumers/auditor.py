@@ -13,14 +13,15 @@ produced, is reported with its position; the audit goes on.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from consumers.stage import key_text, read_partition
-from ledger.audit import AuditReport, Provenance, audit
+from ledger.audit import AuditReport, Provenance, audit, open_items
 from ledger.authn import Keyring
 from ledger.credentials import load_keyring
 from ledger.events import (
@@ -63,6 +64,9 @@ class TopicScan:
         unauthenticated: position -> reason.
         undecodable: position -> reason.
         count: records read.
+        ends: partition -> end offset read to.
+        written_ms: key -> Kafka timestamp (wall clock, ms) of its latest
+            authentic record (``LATEST`` topics).
     """
 
     topic: str
@@ -71,6 +75,8 @@ class TopicScan:
     unauthenticated: dict[tuple[str, int, int], str] = field(default_factory=dict)
     undecodable: dict[tuple[str, int, int], str] = field(default_factory=dict)
     count: int = 0
+    ends: dict[int, int] = field(default_factory=dict)
+    written_ms: dict[str, int] = field(default_factory=dict)
 
 
 def scan_topic(
@@ -111,8 +117,11 @@ def scan_topic(
             else:
                 latest_msgs[text] = msg
 
-    read_partition(settings, topic, None, handle, timeout_s, decode=False)
+    read_partition(settings, topic, None, handle, timeout_s, decode=False, ends_out=scan.ends)
     for text, msg in latest_msgs.items():
+        kind, ts = msg.timestamp()
+        if kind != TIMESTAMP_NOT_AVAILABLE:
+            scan.written_ms[text] = int(ts)
         try:
             scan.latest[text] = decode_event(msg.value())
         except Exception as exc:
@@ -131,12 +140,18 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     Returns:
         The report (``violations`` empty when every invariant holds;
         ``unauthenticated_records`` lists every record no trusted writer
-        produced).
+        produced); it says when it started (wall clock) and how long it took,
+        the end offset it read to on every partition, whether sinks were
+        read back, and the open items (ages on the wall clock: from the
+        Kafka timestamp of each operation's latest state record to the
+        audit's start).
 
     Raises:
         LedgerError: a topic could not be read to its end.
         LocalFileError: a key file is unreadable.
     """
+    started_ms = int(time.time() * 1000)
+    started = time.monotonic()
     keyring = load_keyring(settings)
     topics = [t.name for t in TOPICS if t.audited and t.auth]
     # Topics are read at once (each reader waits on the broker in librdkafka,
@@ -154,7 +169,7 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     receipts = latest("recovery-receipts", RecoveryReceipt)
     provenance = _provenance(settings, scans)
     sink_effects = _sink_effects(settings, states) if read_sinks else None
-    return audit(
+    report = audit(
         journal,
         states,  # type: ignore[arg-type]
         dispatches,  # type: ignore[arg-type]
@@ -162,6 +177,15 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
         sink_effects,
         provenance=provenance,
     )
+    report.started_at_ms = started_ms
+    report.took_s = time.monotonic() - started
+    report.offsets = {t: dict(scan.ends) for t, scan in scans.items()}
+    report.open_items = open_items(
+        states,  # type: ignore[arg-type]
+        scans["state"].written_ms,
+        started_ms,
+    )
+    return report
 
 
 def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Provenance:

@@ -42,6 +42,7 @@ from ledger.events import (
     OperatingEvent,
     PolicyChange,
 )
+from ledger.logs import bound_each
 from ledger.signing import load_trusted
 from sinks.registry import SinkEndpoint, load_sinks
 
@@ -359,7 +360,10 @@ class AuthorityKernel(Stage):
         self._catch_up()
         trusted = self.trusted()
         sinks = self.sinks()
-        for rec in self.spans.each(records):
+        # Requests are keyed by approval ID: the operation is the request's own.
+        for rec in bound_each(
+            self.spans.each(records), lambda r: getattr(r.event, "operation_id", None)
+        ):
             request = rec.event
             if not isinstance(request, AdmissionRequest):
                 log.warning("authority: refusing %s at %s", request.KIND, rec.offset)

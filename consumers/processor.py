@@ -24,6 +24,7 @@ import logging
 
 from confluent_kafka import Message
 
+from consumers.metrics import refusal_kind
 from consumers.stage import (
     Record,
     Stage,
@@ -42,6 +43,7 @@ from ledger.events import (
     decode_event,
 )
 from ledger.fold import Decision, decide, journal_entry, ref_of
+from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
 from ledger.tracing import annotate, trace_headers_of
@@ -90,6 +92,11 @@ class Processor(Stage):
         #: The sink registry, checked for every intent (re-read when it changes).
         self.registry = RegistryFile(self.settings.sinks_path())
         self._unchecked_logged = False
+        #: operations in UNKNOWN_OUTCOME on the assigned partitions (committed states).
+        self.unknown_open: set[str] = set()
+        self.metrics.unknown_outcomes.labels(self.component).set_function(
+            lambda: len(self.unknown_open)
+        )
 
     def sink_problem(self, sink: str) -> str | None:
         """Why an intent's sink cannot be used, or ``None`` (registered, or no registry).
@@ -124,6 +131,7 @@ class Processor(Stage):
                 self.states[rec.key] = rec.raw
                 self.partition_of[rec.key] = rec.partition
                 restored[rec.key] = (S(rec.event.state) in RESUMABLE, rec.event.version)
+                self._track_unknown(rec.key, rec.event.state)
                 if restored[rec.key][0]:  # kept only for what may be resumed
                     traces[rec.key] = trace_headers_of(msg.headers())
                 else:
@@ -184,6 +192,7 @@ class Processor(Stage):
         for op in [op for op, p in self.partition_of.items() if p in partitions]:
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
+            self.unknown_open.discard(op)
         self.pending.clear()
         self.pending_raw.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
@@ -254,8 +263,16 @@ class Processor(Stage):
         """Make the committed batch's states current (resting ones as bytes)."""
         for op, st in self.pending.items():
             self.states[op] = st if S(st.state) in IN_FLIGHT else self.pending_raw[op]
+            self._track_unknown(op, st.state)
         self.pending.clear()
         self.pending_raw.clear()
+
+    def _track_unknown(self, operation_id: str, state: str) -> None:
+        """Keep :attr:`unknown_open` (the ``ledger_unknown_outcomes_open`` gauge) current."""
+        if state == S.UNKNOWN_OUTCOME:
+            self.unknown_open.add(operation_id)
+        else:
+            self.unknown_open.discard(operation_id)
 
     def current(self, operation_id: str) -> OperationState | None:
         """State including the open transaction's decisions (``None``: unknown operation).
@@ -278,7 +295,7 @@ class Processor(Stage):
         for key, note in self.notes:
             out.write("operating-events", key, note)
         self.notes.clear()
-        for rec in self.spans.each(records):
+        for rec in bound_each(self.spans.each(records), lambda r: r.key):
             op = getattr(rec.event, "operation_id", None)
             if op != rec.key:
                 out.write("operating-events", rec.key, _bad_key(rec, op))
@@ -317,6 +334,7 @@ class Processor(Stage):
                 )
             elif decision.outcome == "REFUSED":
                 log.warning("%s: refused %s: %s", op, rec.event.KIND, decision.reason)
+                self.metrics.refused(refusal_kind(o.event for o in decision.outputs))
             for output in decision.outputs:
                 event = output.event
                 if isinstance(event, OperatingEvent) and event.original_bytes is None:

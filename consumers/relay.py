@@ -58,6 +58,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaException, TopicPartition
 
 from consumers.localfiles import LastGood, LastGoodClock
+from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
 from ledger.clock import clock_for
@@ -76,6 +77,7 @@ from ledger.contracts import (
 )
 from ledger.errors import LedgerError, LocalFileError, SinkAuthError, SinkNotReachedError
 from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
+from ledger.logs import bound_each
 from ledger.tracing import trace_headers
 from sinks.client import SinkClient, postcondition_source
 from sinks.registry import RegistryFile, SinkEndpoint
@@ -123,6 +125,31 @@ class Parked:
     next_at: float
     last: SinkNotReachedError
     trace: dict[str, str] = field(default_factory=dict)
+
+
+def _say(d: Dispatch, attempt: int, what: str, detail: str) -> None:
+    """One INFO line about a request to a sink: operation, sink, attempt, fencing token."""
+    log.info(
+        "relay: %s %s %s at %s (dispatch %s, attempt %d, fencing token %d): %s",
+        what,
+        d.kind,
+        d.operation_id,
+        d.sink,
+        d.dispatch_id,
+        attempt,
+        d.fencing_token,
+        detail,
+    )
+
+
+def _say_outcome(d: Dispatch, attempt: int, event: Event) -> None:
+    """One INFO line per receipt or readback the relay records for dispatch ``d``."""
+    if isinstance(event, EffectReceipt):
+        held = " (held as UNKNOWN_OUTCOME)" if event.status in {"AMBIGUOUS", "UNREACHABLE"} else ""
+        _say(d, attempt, "outcome", f"receipt {event.status}{held}: {event.detail}")
+    elif isinstance(event, Readback):
+        held = " (held as UNKNOWN_OUTCOME)" if event.status == "UNKNOWN" else ""
+        _say(d, attempt, "outcome", f"{event.kind} readback {event.status}{held}: {event.detail}")
 
 
 def read_effect(
@@ -347,7 +374,7 @@ class Relay(Stage):
         one_by_one = {d.dispatch_id for d in fresh if self._marks_alone(d.sink)}
         self._mark_attempted([d for d in fresh if d.dispatch_id not in one_by_one], now)
         fresh_ids = {d.dispatch_id for d in fresh}
-        for rec in self.spans.each(records):
+        for rec in bound_each(self.spans.each(records), lambda r: r.key):
             d = rec.event
             if not isinstance(d, Dispatch):
                 continue
@@ -397,15 +424,25 @@ class Relay(Stage):
             detail = f"not tried: {d.sink} could not be reached a moment ago ({down.detail})"
             exc = _not_sent(d, detail, "SINK_UNREACHABLE", fresh, readback_on_resume)
             return self._park(d, exc, partition, offset, fresh=fresh)
+        attempt = self.parked[d.dispatch_id].failures + 1 if d.dispatch_id in self.parked else 1
+        _say(d, attempt, "sending", "fresh" if fresh else "sent before: read back first")
+        started = time.monotonic()
         try:
             outputs = self._perform_safely(d, fresh=fresh, readback_on_resume=readback_on_resume)
         except SinkNotReachedError as exc:
+            self.metrics.dispatched(d.sink, d.kind, "NOT_REACHED", time.monotonic() - started)
+            _say(d, attempt, "not sent", f"{exc.kind}: {exc.detail}")
             if exc.kind == "SINK_UNREACHABLE":
                 self.down_now[d.sink] = exc
-            return self._park(d, exc, partition, offset, fresh=fresh)
-        # Reached at last: no longer parked (if its outcome is then lost with
-        # an aborted transaction, the dispatch is met again and read back).
-        self.parked.pop(d.dispatch_id, None)
+            outputs = self._park(d, exc, partition, offset, fresh=fresh)
+        else:
+            outcome = dispatch_outcome(event for _, _, event in outputs)
+            self.metrics.dispatched(d.sink, d.kind, outcome, time.monotonic() - started)
+            # Reached at last: no longer parked (if its outcome is then lost with
+            # an aborted transaction, the dispatch is met again and read back).
+            self.parked.pop(d.dispatch_id, None)
+        for _, _, event in outputs:  # none while parked; once the budget is spent, the hold
+            _say_outcome(d, attempt, event)
         return outputs
 
     def _park(
@@ -502,7 +539,7 @@ class Relay(Stage):
             return
         finished: list[tuple[Parked, list[Output]]] = []
         any_done = False
-        for p in due:
+        for p in bound_each(due, lambda p: p.dispatch.operation_id):
             d = p.dispatch
             with self.spans.continued(d.operation_id, p.trace, "relay retry Dispatch"):
                 outputs = self._attempt(

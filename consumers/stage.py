@@ -47,6 +47,7 @@ from confluent_kafka import (
 )
 
 from consumers.hooks import NO_FAULTS, FaultHooks
+from consumers.metrics import StageMetrics
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.clock import check_stage_clock
@@ -61,6 +62,7 @@ from ledger.kafka import (
     consumer_config,
     producer_config,
 )
+from ledger.logs import bind_here
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
 from ledger.topology import is_reserved_key
@@ -176,10 +178,13 @@ class Writer:
         producer: Producer,
         settings: LedgerSettings,
         sealer: Callable[[str], Sealer] | None,
+        observe: Callable[[str, Event | None], None] | None = None,
     ) -> None:
         self.producer = producer
         self.settings = settings
         self.sealer = sealer
+        #: told of every event written (the stage's metrics count them on commit).
+        self.observe = observe
         self.count = 0
 
     def write(self, topic: str, key: str, event: Event | None) -> None:
@@ -192,6 +197,8 @@ class Writer:
         """
         value = event.to_bytes() if event is not None else None
         self.write_raw(topic, key, value)
+        if self.observe is not None:
+            self.observe(topic, event)
 
     def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
         """Produce already-encoded bytes (dead letters keep the original bytes), sealed."""
@@ -357,6 +364,15 @@ class Stage:
             should_stop=lambda: self.stopping,
             on_change=lambda _: self._write_status(),
         )
+        #: Prometheus metrics and health of this stage (served when LEDGER_METRICS_PORT is set).
+        self.metrics = StageMetrics(
+            self.component,
+            instance,
+            stall_s=settings.health_stall_s,
+            ready=lambda: self._ready_reported and self.consumer is not None,
+            waiting=lambda: self.retry.waiting,
+        )
+        self.metrics.describe_stage(self.group_id, self.transactional_id)
 
     # ------------------------------------------------------------------ hooks
 
@@ -449,6 +465,7 @@ class Stage:
                     "heartbeat.interval.ms": 1000,
                     "max.poll.interval.ms": 300000,
                     "error_cb": self._on_consumer_error,
+                    **self.metrics.consumer_settings(),
                 },
             )
         )
@@ -487,6 +504,7 @@ class Stage:
                 unstable offsets included, are waited out).
         """
         assert self.consumer is not None
+        self.metrics.restoring()
         parts = {tp.partition for tp in partitions}
         if partitions:
             budget_s = self.settings.takeover_wait_s
@@ -523,6 +541,7 @@ class Stage:
                     waited,
                 )
         self.on_assign(parts)
+        self.metrics.restored()
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in partitions}
@@ -659,7 +678,7 @@ class Stage:
     def writer(self) -> Writer:
         """A writer into the open transaction that seals with this stage's keys."""
         assert self.producer is not None
-        return Writer(self.producer, self.settings, self.sealer)
+        return Writer(self.producer, self.settings, self.sealer, observe=self.metrics.written)
 
     def _process(self, msgs: list[Message]) -> None:
         assert self.producer is not None and self.consumer is not None
@@ -690,6 +709,7 @@ class Stage:
         self.retry.recovered()
         self.aborts_in_a_row = 0
         self.processed += len(msgs)
+        self.metrics.consumed(len(msgs))
         self.after_commit()
         self.spans.end()
 
@@ -804,9 +824,11 @@ class Stage:
         """
         assert self.producer is not None
         producer = self.producer
+        started = time.monotonic()
         self.retry.call(
             lambda: producer.commit_transaction(10), "commit_transaction", give_up_after_s=budget_s
         )
+        self.metrics.committed(time.monotonic() - started)
 
     def _recover(self, exc: KafkaException) -> None:
         """Recover from a failed transaction or Kafka call (see the module docstring).
@@ -819,6 +841,7 @@ class Stage:
         """
         err: KafkaError = exc.args[0]
         assert self.producer is not None
+        self.metrics.failed(classify(err), fenced=err.code() in FENCING_CODES)
         self.spans.end(f"transaction failed: {err}")
         if err.code() in FENCING_CODES:
             log.warning("%s-%s: %s: %s", self.component, self.instance, FENCED_MARKER, err)
@@ -884,6 +907,9 @@ class Stage:
             TopicConfigError: a ledger topic is missing or unsafe.
         """
         check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
+        bind_here(stage=self.component, instance=self.instance)
+        if self.settings.metrics_port is not None:
+            self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._stop)
             signal.signal(signal.SIGINT, self._stop)
@@ -922,6 +948,7 @@ class Stage:
         assert self.consumer is not None and self.producer is not None
         started = time.monotonic()
         while not self.stopping:
+            self.metrics.beat()
             if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                 break
             msgs = self.consumer.consume(self.batch_size, self.settings.commit_interval_ms / 1000)
@@ -991,7 +1018,7 @@ class Stage:
         self._write_status()
 
     def _write_status(self) -> None:
-        """Write :meth:`status_path`: ``{"pid", "ready", "waiting"}``.
+        """Write :meth:`status_path`: ``{"pid", "ready", "waiting", "metrics_port"}``.
 
         ``ready`` says the process has its partitions and nothing left from
         start-up; ``waiting`` is ``None``, or what it waits for while Kafka
@@ -1001,7 +1028,14 @@ class Stage:
         path = self.status_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        status = {"pid": os.getpid(), "ready": self._ready_reported, "waiting": self.retry.waiting}
+        status = {
+            "pid": os.getpid(),
+            "ready": self._ready_reported,
+            "waiting": self.retry.waiting,
+            # where this process serves /metrics, /healthz, /readyz (None: not
+            # serving); `ledger console` probes it on this host
+            "metrics_port": self.metrics.port,
+        }
         tmp.write_text(json.dumps(status))
         os.replace(tmp, path)
 
@@ -1013,6 +1047,7 @@ class Stage:
 
     def close(self) -> None:
         """Leave the group and release the producer (clean shutdown only)."""
+        self.metrics.close()
         self.spans.end("the stage stopped before the batch committed")
         if self.consumer is not None:
             self.consumer.close()
@@ -1169,6 +1204,7 @@ def read_partition(
     keyring: Keyring | None = None,
     on_refused: Callable[[Message, str], None] | None = None,
     retry: KafkaRetry | None = None,
+    ends_out: dict[int, int] | None = None,
 ) -> int:
     """Read partitions of a ledger topic from the beginning to their end.
 
@@ -1196,6 +1232,8 @@ def read_partition(
         retry: how retriable errors are ridden out (a stage passes its own,
             which waits indefinitely; default: for ``takeover_wait_s`` at a
             time).
+        ends_out: when given, filled with partition -> the end offset read
+            to (0 for an empty partition), e.g. for a report of what was read.
 
     Returns:
         The number of records read.
@@ -1271,6 +1309,8 @@ def read_partition(
                         ) from exc
                     time.sleep(0.2)
                     renew()
+            if ends_out is not None:
+                ends_out[p] = high
             if high > 0:
                 ends[p] = high
         if not ends:

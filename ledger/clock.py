@@ -151,3 +151,22 @@ def check_stage_clock(kind: str, *, testbed: bool) -> None:
         expected="system or manual",
         observed=kind,
     )
+
+
+def age_s(now_ms: int, then_ms: int | None) -> float | None:
+    """How long ago ``then_ms`` was at ``now_ms``, in seconds, never negative.
+
+    Both must be read on the same ledger clock (:func:`clock_for`); a
+    ``then_ms`` ahead of ``now_ms`` (written on another clock, or a manual
+    clock moved back by a new run folder) counts as 0, not as a negative age.
+
+    Args:
+        now_ms: the ledger time now, in milliseconds.
+        then_ms: the ledger time of the event, in milliseconds, or ``None``.
+
+    Returns:
+        Seconds (``>= 0``), or ``None`` when ``then_ms`` is ``None``.
+    """
+    if then_ms is None:
+        return None
+    return max(0, now_ms - then_ms) / 1000

@@ -391,3 +391,31 @@ class SinkStartError(SinkError):
     Raised when it was never started, is already running, exits during
     start-up or does not answer ``/health`` in time.
     """
+
+
+class WaitError(LedgerError):
+    """An operation did not reach the state a caller waits for (``wait_for``).
+
+    Args:
+        message: the operation, the states waited for, what it reached, the remedy.
+        operation_id: the operation.
+        expected: the states waited for (names, sorted).
+        observed: the state it was last seen in (``None``: not seen at all).
+    """
+
+
+class OperationEndedElsewhereError(WaitError):
+    """The operation came to rest in a state the caller did not wait for.
+
+    Resting states (:data:`ledger.states.RESTING`): OUTCOME_VERIFIED,
+    ABANDONED, NEEDS_REAUTHORISATION, UNKNOWN_OUTCOME. ``observed`` names it.
+    """
+
+
+class WaitTimeoutError(WaitError):
+    """The operation reached none of the states waited for in time.
+
+    Retryable: waiting again can succeed (is the processor running?).
+    """
+
+    retryable: ClassVar[bool] = True

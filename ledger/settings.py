@@ -8,6 +8,7 @@ honoured as well, because test harnesses and Docker users set it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -109,6 +110,22 @@ class LedgerSettings(BaseSettings):
             (``LEDGER_KAFKA_CONFIG_FILE``; see :mod:`ledger.kafka` for the
             order in which it, ``LEDGER_KAFKA_<PROPERTY>`` variables and the
             ledger's own properties are merged). ``None``: no file.
+        metrics_port: the port of a stage's HTTP endpoint for Prometheus
+            (``LEDGER_METRICS_PORT``): ``/metrics``, ``/healthz`` and
+            ``/readyz`` (see :mod:`consumers.metrics`). ``None`` (the
+            default): no endpoint. It is per process: several stages on one
+            host each need their own (set it in each process's environment,
+            e.g. 9464, 9465, 9466); ``0`` takes any free port and logs it.
+        metrics_host: the address that endpoint listens on
+            (``LEDGER_METRICS_HOST``, default ``0.0.0.0``: every interface, as
+            a scraper in another container or pod needs; ``127.0.0.1`` keeps
+            it on the host).
+        health_stall_s: ``/healthz`` answers 503 once the stage's loop has not
+            gone round for this many seconds (default 120), unless it is
+            waiting for Kafka or restoring state, which it says instead.
+        log_format: ``text`` (the default: ``time level logger: message``)
+            or ``json`` (one JSON object a line with operation ID, stage,
+            instance and trace ID; ``LEDGER_LOG_FORMAT``, see :mod:`ledger.logs`).
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -144,6 +161,10 @@ class LedgerSettings(BaseSettings):
     require_authenticated_records: bool = True
     kafka_debug: str = ""
     kafka_config_file: Path | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"
+    health_stall_s: float = Field(default=120.0, gt=0)
+    log_format: Literal["text", "json"] = "text"
 
     @model_validator(mode="after")
     def _local_broker_by_default(self) -> LedgerSettings:
@@ -163,3 +184,62 @@ class LedgerSettings(BaseSettings):
     def topic(self, name: str) -> str:
         """Full topic name for a short name, e.g. ``intents`` -> ``ledger.intents``."""
         return f"{self.topic_prefix}.{name}"
+
+
+#: What a setting left unset (``None``) stands for, when no path can say it.
+_UNSET_MEANS: dict[str, str] = {
+    "replication_factor": "from the cluster: 3 with three or more brokers, else 1",
+    "min_insync_replicas": "2 when the replication factor is 3 or more, else 1",
+    "instance": "per stage: --instance, else the host name's trailing ordinal, else 0",
+    "kafka_config_file": "none: no client properties file",
+}
+
+
+def resolved(
+    settings: LedgerSettings, environ: Mapping[str, str] | None = None
+) -> list[tuple[str, object, str]]:
+    """Every setting with the value in force and where it came from (``ledger config``).
+
+    Paths left unset are shown as the path in force (``sinks_file`` as
+    ``run_dir/sinks.json`` ...); other unset values as what they stand for.
+
+    Args:
+        settings: the settings in force.
+        environ: the environment they were read from (default ``os.environ``).
+
+    Returns:
+        ``(variable, value, source)`` per setting, in declaration order:
+        ``variable`` like ``LEDGER_SINKS_FILE``; ``source`` the variable that
+        set it, or ``default`` (with how the default is derived).
+    """
+    env = os.environ if environ is None else environ
+    derived_paths: dict[str, tuple[Path, str]] = {
+        "sinks_file": (settings.sinks_path(), "default: LEDGER_RUN_DIR/sinks.json"),
+        "trusted_keys_file": (
+            settings.trusted_keys_path(),
+            "default: LEDGER_RUN_DIR/trusted_keys.json",
+        ),
+        "keys_dir": (
+            settings.keys_dir or settings.run_dir / "keys",
+            "default: LEDGER_RUN_DIR/keys",
+        ),
+    }
+    out: list[tuple[str, object, str]] = []
+    for name, value in settings.model_dump().items():
+        variable = f"LEDGER_{name.upper()}"
+        source = variable if variable in env else "default"
+        shown: object = value
+        if name == "bootstrap_servers" and variable not in env:
+            source = (
+                "KAFKA_BOOTSTRAP_SERVERS"
+                if env.get("KAFKA_BOOTSTRAP_SERVERS")
+                else "default: 127.0.0.1:LEDGER_KAFKA_PORT"
+            )
+        elif name in ("run_dir", "kafka_home") and variable not in env:
+            source = "default: under LEDGER_HOME (else the current directory)"
+        elif value is None and name in derived_paths:
+            shown, source = derived_paths[name]
+        elif value is None and name in _UNSET_MEANS:
+            shown, source = None, f"default: {_UNSET_MEANS[name]}"
+        out.append((variable, shown, source))
+    return out

@@ -97,6 +97,15 @@ IN_FLIGHT: frozenset[S] = frozenset(
 #: States a resume treats as complete for workflow purposes.
 COMPLETE: frozenset[S] = frozenset({S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED})
 
+#: States no transition leaves, the operation is over: OUTCOME_VERIFIED and ABANDONED.
+TERMINAL: frozenset[S] = frozenset(S) - {from_state for from_state, _ in TRANSITIONS}
+
+#: States an operation stays in until something outside the stages acts: the
+#: terminal ones, and those that wait for a person (a new approval for
+#: NEEDS_REAUTHORISATION, a readback or a disposition for UNKNOWN_OUTCOME).
+#: A caller waiting for another state (``wait_for``) stops at one of these.
+RESTING: frozenset[S] = TERMINAL | {S.NEEDS_REAUTHORISATION, S.UNKNOWN_OUTCOME}
+
 
 def evidence_for(from_state: S, to_state: S) -> str:
     """The evidence a transition requires.

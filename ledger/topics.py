@@ -519,7 +519,7 @@ def check_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -
     bootstrap = bootstrap_servers(settings)
     wanted = replication_for(settings, len(cluster.brokers))
     present = [spec for spec in specs if settings.topic(spec.name) in metadata]
-    if not present and len(specs) > 1:
+    if not present:
         first = settings.topic(specs[0].name)
         raise TopicConfigError(
             "topics not created: run `ledger topics create` (no ledger topic with prefix "

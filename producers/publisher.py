@@ -7,7 +7,8 @@ events. ``LedgerPublisher`` is the same class under its former name. Every recor
 validated against its Avro schema before it is sent, produced by an
 idempotent producer with the ``murmur2_random`` partitioner (so Java and
 Python producers agree on co-partitioning), and flushed before the call
-returns.
+returns. :meth:`LedgerPublisher.wait_for` waits for an operation to reach a
+state (``OUTCOME_VERIFIED`` ...) and raises when it rests in another.
 
 Each publish is a span (``publish <kind>``, a child of the caller's current
 span if any) whose W3C ``traceparent`` goes in the record's headers, next to
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from opentelemetry.trace import SpanKind, TracerProvider
 
 from ledger.authn import seal_headers
-from ledger.credentials import Credentials
+from ledger.credentials import Credentials, load_keyring
 from ledger.errors import InputBoundsError, LedgerError
 from ledger.events import (
     Approval,
@@ -36,6 +37,7 @@ from ledger.events import (
     Event,
     Intent,
     OperatingEvent,
+    OperationState,
     PolicyChange,
     Readback,
 )
@@ -49,7 +51,9 @@ from ledger.identity import (
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import OPTIONAL_SIGNED_FIELDS
+from ledger.states import RecoveryState
 from ledger.tracing import tracer, with_trace
+from producers.waiting import wait_for_state
 
 
 def require_name(what: str, value: str | None, *, operation_id: str | None = None) -> None:
@@ -408,6 +412,52 @@ class LedgerPublisher:
     def publish_operating_event(self, event: OperatingEvent) -> None:
         """Publish an operating event (e.g. a worker's refused stale dispatch)."""
         self._send("operating-events", event.operation_id or "", event)
+
+    def wait_for(
+        self,
+        operation_id: str,
+        states: Iterable[RecoveryState | str],
+        timeout_s: float = 60.0,
+    ) -> OperationState:
+        """Wait until the ledger holds ``operation_id`` in one of ``states``.
+
+        Reads the processor's ``state`` topic (only records sealed by a
+        stage) and decides on the latest state once it has read to the end:
+        one of ``states`` returns, a resting state that is not one of them
+        (:data:`ledger.states.RESTING`: OUTCOME_VERIFIED, ABANDONED,
+        NEEDS_REAUTHORISATION, UNKNOWN_OUTCOME) raises at once, any other
+        state is waited through. The latest state is what counts: an
+        operation published again after NEEDS_REAUTHORISATION is still seen
+        there until the processor has decided on the new intent, so wait for
+        that decision first (``ledger intent publish`` does).
+
+        Args:
+            operation_id: the operation, e.g. ``refund:1842:v3``.
+            states: the states to wait for, e.g. ``{"OUTCOME_VERIFIED"}``.
+            timeout_s: how long to wait, in seconds.
+
+        Returns:
+            The operation's :class:`~ledger.events.OperationState` (its
+            ``state`` one of ``states``; ``reason`` says why it moved there).
+
+        Raises:
+            LedgerError: ``states`` is empty or names no recovery state.
+            OperationEndedElsewhereError: it rests in another state
+                (``observed`` names it).
+            WaitTimeoutError: none of ``states`` within ``timeout_s``
+                (retryable; ``observed`` is the state last seen, or ``None``).
+            LocalFileError: a key file is unreadable.
+        """
+        try:
+            wanted = frozenset(RecoveryState(s) for s in states)
+        except ValueError as exc:
+            raise LedgerError(f"wait_for: {exc}", operation_id=operation_id) from exc
+        if not wanted:
+            raise LedgerError("wait_for: name at least one state", operation_id=operation_id)
+        keyring = (
+            load_keyring(self.settings) if self.settings.require_authenticated_records else None
+        )
+        return wait_for_state(self.settings, operation_id, wanted, timeout_s, keyring)
 
     def close(self) -> None:
         """Flush outstanding records."""

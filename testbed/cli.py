@@ -8,6 +8,7 @@ On an install without the ``[testbed]`` extra, the commands that need it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from ledger.cli.common import current_settings
+from ledger.cli.common import EXIT_TIMEOUT, bootstrap_in_force, current_settings, echo_json
 from ledger.settings import LedgerSettings
 from testbed import broker, cluster
 from testbed.broker import running_broker
@@ -39,6 +40,7 @@ to the current directory):
 Environment:
   LEDGER_KAFKA_HOME   broker folder (above)
   LEDGER_KAFKA_PORT   client port on 127.0.0.1 (default 19092; controller +1)
+                      in force: {bootstrap}
   LEDGER_BROKERS      nodes of `start` without --brokers (default 1)
   LEDGER_BROKER_SECURITY  plaintext | sasl_plaintext | sasl_ssl (default plaintext)
 
@@ -48,9 +50,10 @@ security/ (CA, keystores, users.json) and clients/<user>.properties.
 
 \b
 Clients use LEDGER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS (default
-127.0.0.1:$LEDGER_KAFKA_PORT, 19092). A Kafka already answering on that port is
-reused, whoever started it. With Docker instead: `docker compose up -d` and
-KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092.
+127.0.0.1:$LEDGER_KAFKA_PORT; in force: {bootstrap}).
+A Kafka already answering on that port is reused, whoever started it.
+With Docker instead: `docker compose up -d` and
+KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092 (the port docker-compose.yml publishes).
 """
 
 
@@ -66,7 +69,7 @@ def _echo_status(st: broker.BrokerStatus) -> None:
 # --------------------------------------------------------------------------- broker
 
 
-@click.group("broker", help=_BROKER_HELP)
+@click.group("broker", help=_BROKER_HELP.format(bootstrap=bootstrap_in_force()))
 def broker_group() -> None:
     """Run the local Kafka broker (see the group help)."""
 
@@ -213,24 +216,38 @@ def broker_restart(wait_s: float | None) -> None:
 
 
 @broker_group.command("status")
-def broker_status() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def broker_status(as_json: bool) -> None:
     """Say whether the broker (or each cluster node) runs: PID, ports, log paths.
 
     Exit status: 0 when the broker answers on LEDGER_KAFKA_PORT (a cluster:
     every node alive and registered), 3 when not.
+
+    \b
+    --json, one broker: {"kind": "broker", "running", "pid", "owned", "started",
+      "bootstrap", "kafka_home", "log_file", "stdout_file", "data_dir", "message"}
+    --json, a cluster: {"kind": "cluster", "running", "bootstrap", "security",
+      "controller", "nodes": [{"node_id", "pid", "alive", "registered", ...}],
+      "kafka_home", "client_files", "started", "message"}
     """
     settings = current_settings()
     running = _cluster_or_none(settings)
     if running is not None:
         cst = running.status()
-        _echo_cluster(cst)
+        if as_json:
+            echo_json({"kind": "cluster", **dataclasses.asdict(cst)})
+        else:
+            _echo_cluster(cst)
         if not cst.running:
-            raise click.exceptions.Exit(3)
+            raise click.exceptions.Exit(EXIT_TIMEOUT)
         return
     st = broker.status(settings)
-    _echo_status(st)
+    if as_json:
+        echo_json({"kind": "broker", **dataclasses.asdict(st)})
+    else:
+        _echo_status(st)
     if not st.running:
-        raise click.exceptions.Exit(3)
+        raise click.exceptions.Exit(EXIT_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- topics
@@ -356,12 +373,20 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
     from testbed.gameday import run_files
     from testbed.scenario import ScenarioError, load
 
-    for path in files:
+    malformed = 0
+    for path in files:  # every file is checked before anything runs
         try:
             load(path)
         except ScenarioError as exc:
+            malformed += 1
             click.echo(f"error: {exc.message}", err=True)
-            sys.exit(2)
+    if malformed:
+        click.echo(
+            f"error: no scenario was run: {malformed} of {len(files)} file(s) malformed "
+            "(fix them or leave them out)",
+            err=True,
+        )
+        sys.exit(2)
 
     def say(text: str) -> None:
         if not as_json:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from typing import Any
 
 import click
 
+from ledger.cli.common import setup_logging
 from testbed.extras import require_testbed_extra
 
 Options = Callable[..., Any]
@@ -420,11 +420,7 @@ def _say(as_json: bool) -> Callable[[str], None]:
 
 
 def _log(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(verbose)
 
 
 if __name__ == "__main__":

@@ -42,20 +42,23 @@ from collections.abc import Iterable, Mapping
 
 from ledger.audit.facts import AuditInput, Provenance, gather
 from ledger.audit.invariants import INVARIANTS, Invariant, invariant
-from ledger.audit.report import AuditReport, Findings, Violation
+from ledger.audit.report import OPEN_STATES, AuditReport, Findings, OpenItem, Violation, open_items
 from ledger.events import Dispatch, JournalEntry, OperationState, RecoveryReceipt
 
 __all__ = [
     "INVARIANTS",
+    "OPEN_STATES",
     "AuditInput",
     "AuditReport",
     "Findings",
+    "OpenItem",
     "Invariant",
     "Provenance",
     "Violation",
     "audit",
     "gather",
     "invariant",
+    "open_items",
 ]
 
 
@@ -88,6 +91,8 @@ def audit(
     """
     facts = gather(journal, states, dispatches, recovery_receipts, sink_effects, provenance)
     report = AuditReport(operations=len(facts.operation_ids), journal_entries=len(facts.journal))
+    report.sink_readback = sink_effects is not None
+    report.sink_facts = len(sink_effects or {})
     if provenance is not None:
         report.authenticity_checked = True
         report.unauthenticated_records = [

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
+
+from ledger.events import OperationState
+
+#: States an operator must look at: held unknown outcomes, operations waiting
+#: for a new approval, and operations given up.
+OPEN_STATES: tuple[str, ...] = ("UNKNOWN_OUTCOME", "NEEDS_REAUTHORISATION", "ABANDONED")
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,72 @@ class Findings:
         self.violations.append(Violation(self.invariant, operation_id, evidence))
 
 
+@dataclass(frozen=True)
+class OpenItem:
+    """An operation an operator must look at (see :data:`OPEN_STATES`).
+
+    Attributes:
+        operation_id: the operation.
+        state: ``UNKNOWN_OUTCOME``, ``NEEDS_REAUTHORISATION`` or ``ABANDONED``.
+        sink: its sink.
+        reason: the reason of its latest transition.
+        since_ms: when its latest state record was written (Kafka timestamp,
+            wall clock, milliseconds since the epoch), ``None`` if unknown.
+        age_s: seconds from ``since_ms`` to the audit's start on the same
+            clock, never negative; ``None`` if unknown.
+    """
+
+    operation_id: str
+    state: str
+    sink: str
+    reason: str
+    since_ms: int | None
+    age_s: float | None
+
+    @property
+    def history_command(self) -> str:
+        """The command that shows its history."""
+        return f"ledger history {self.operation_id}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"operation_id", "state", "sink", "reason", "since_ms", "age_s", "history"}``."""
+        return {
+            "operation_id": self.operation_id,
+            "state": self.state,
+            "sink": self.sink,
+            "reason": self.reason,
+            "since_ms": self.since_ms,
+            "age_s": self.age_s,
+            "history": self.history_command,
+        }
+
+
+def open_items(
+    states: Mapping[str, OperationState], since_ms: Mapping[str, int], now_ms: int
+) -> list[OpenItem]:
+    """The operations in an open state, oldest first.
+
+    Args:
+        states: latest state per operation.
+        since_ms: operation -> when its latest state record was written
+            (milliseconds, the same clock as ``now_ms``); missing: unknown.
+        now_ms: the audit's start on that clock.
+
+    Returns:
+        One item per operation in :data:`OPEN_STATES`, ordered by state (as
+        listed there), then oldest first, then by operation ID.
+    """
+    items: list[OpenItem] = []
+    for op, st in states.items():
+        if st.state not in OPEN_STATES:
+            continue
+        since = since_ms.get(op)
+        age = max(0.0, (now_ms - since) / 1000) if since is not None else None
+        items.append(OpenItem(op, str(st.state), st.sink, st.reason, since, age))
+    items.sort(key=lambda i: (OPEN_STATES.index(i.state), -(i.age_s or 0.0), i.operation_id))
+    return items
+
+
 @dataclass
 class AuditReport:
     """The auditor's result.
@@ -78,6 +152,16 @@ class AuditReport:
             them), ``{"topic", "partition", "offset", "reason"}``; an
             undecodable record nobody refused is a violation (``readable``).
         authenticity_checked: whether seals were checked at all.
+        sink_readback: whether sinks were asked how many effects they hold
+            (``ledger audit --no-sinks`` does not ask).
+        sink_facts: facts checked against sink readback (part of ``checked``;
+            0 when ``sink_readback`` is off).
+        started_at_ms: when the audit started (wall clock, milliseconds since
+            the epoch; ``None`` when the caller did not say).
+        took_s: how long it took (seconds).
+        offsets: topic -> partition -> the end offset read to (every record
+            before it, from the beginning, was read).
+        open_items: operations an operator must look at (:class:`OpenItem`).
     """
 
     operations: int = 0
@@ -87,6 +171,32 @@ class AuditReport:
     unauthenticated_records: list[dict[str, Any]] = field(default_factory=list)
     undecodable_records: list[dict[str, Any]] = field(default_factory=list)
     authenticity_checked: bool = False
+    sink_readback: bool = False
+    sink_facts: int = 0
+    started_at_ms: int | None = None
+    took_s: float | None = None
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)
+    open_items: list[OpenItem] = field(default_factory=list)
+
+    @property
+    def facts(self) -> int:
+        """Facts checked in all."""
+        return sum(self.checked.values())
+
+    @property
+    def coverage(self) -> str:
+        """What was checked, in words: ``ledger and sink readback`` or ``ledger only
+        (sink readback off)``."""
+        return (
+            "ledger and sink readback" if self.sink_readback else "ledger only, sink readback off"
+        )
+
+    @property
+    def verdict(self) -> str:
+        """``CLEAN`` or ``N VIOLATION(S)``, and the coverage it holds for."""
+        n = len(self.violations)
+        head = "CLEAN" if not n else f"{n} VIOLATION{'S' if n != 1 else ''}"
+        return f"{head} ({self.coverage})"
 
     def add(self, invariant: str, operation_id: str | None, evidence: str) -> None:
         """Record a violation.
@@ -113,14 +223,39 @@ class AuditReport:
         """The report as plain JSON-serialisable data.
 
         Returns:
-            ``{"operations": int, "journal_entries": int, "checked": {invariant:
-            facts checked}, "violations": [{"invariant": str, "operation_id":
-            str | None, "evidence": str}], "unauthenticated_records": [...],
-            "authenticity_checked": bool}``, violations in the order found.
+            ``{"operations": int, "journal_entries": int, "verdict": str,
+            "ran_at": ISO 8601 UTC | None, "ran_at_ms": int | None, "took_s":
+            float | None, "coverage": {"sink_readback": bool, "facts": int,
+            "ledger_facts": int, "sink_facts": int | None}, "offsets": {topic:
+            {partition (str): end offset}}, "open_items": [OpenItem.to_dict()],
+            "checked": {invariant: facts checked}, "violations": [{"invariant":
+            str, "operation_id": str | None, "evidence": str}],
+            "unauthenticated_records": [...], "undecodable_records": [...],
+            "authenticity_checked": bool}``, violations in the order found;
+            ``sink_facts`` is ``None`` when sink readback was off.
         """
         return {
             "operations": self.operations,
             "journal_entries": self.journal_entries,
+            "verdict": self.verdict,
+            "ran_at": datetime.fromtimestamp(self.started_at_ms / 1000, UTC).isoformat(
+                timespec="seconds"
+            )
+            if self.started_at_ms is not None
+            else None,
+            "ran_at_ms": self.started_at_ms,
+            "took_s": self.took_s,
+            "coverage": {
+                "sink_readback": self.sink_readback,
+                "facts": self.facts,
+                "ledger_facts": self.facts - self.sink_facts,
+                "sink_facts": self.sink_facts if self.sink_readback else None,
+            },
+            "offsets": {
+                t: {str(p): end for p, end in sorted(parts.items())}
+                for t, parts in sorted(self.offsets.items())
+            },
+            "open_items": [i.to_dict() for i in self.open_items],
             "authenticity_checked": self.authenticity_checked,
             "unauthenticated_records": list(self.unauthenticated_records),
             "undecodable_records": list(self.undecodable_records),

@@ -19,16 +19,23 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, keys, ops, stages, topics
-from ledger.cli.common import LedgerGroup, current_settings
-from ledger.settings import ledger_home
+from ledger.cli import acl, console, history, keys, ops, stages, topics
+from ledger.cli.common import (
+    EXIT_CODES,
+    LedgerGroup,
+    bootstrap_in_force,
+    current_settings,
+    echo_json,
+)
+from ledger.settings import ledger_home, resolved
 
 #: Entry-point group through which other packages add commands to ``ledger``.
 PLUGIN_GROUP = "ledger.cli"
 
-_SETTINGS_HELP = """
+_SETTINGS_HELP = f"""
 Settings come from the environment (prefix LEDGER_): LEDGER_BOOTSTRAP_SERVERS
-(or KAFKA_BOOTSTRAP_SERVERS; default 127.0.0.1:LEDGER_KAFKA_PORT, 19092), LEDGER_TOPIC_PREFIX
+(or KAFKA_BOOTSTRAP_SERVERS; default 127.0.0.1:LEDGER_KAFKA_PORT; in force:
+{bootstrap_in_force()}), LEDGER_TOPIC_PREFIX
 (default 'ledger'), LEDGER_PARTITIONS (3), LEDGER_HOME (run folder .ledger/ and
 broker home .cache/kafka/ live under it; default the current directory),
 LEDGER_CLOCK ('system', the default, or the 'manual' ledger clock, which a stage
@@ -41,8 +48,14 @@ see the values in force (secrets masked).
 """
 
 
+_EXIT_HELP = "\n\b\nExit codes (every command; README: JSON output and exit codes):\n" + "\n".join(
+    f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items()
+)
+
+
 @click.group(
-    cls=LedgerGroup, help="Event-sourced recovery ledger on Apache Kafka.\n" + _SETTINGS_HELP
+    cls=LedgerGroup,
+    help="Event-sourced recovery ledger on Apache Kafka.\n" + _SETTINGS_HELP + _EXIT_HELP,
 )
 @click.version_option(package_name="kafka-recovery-ledger")
 def main() -> None:
@@ -50,28 +63,45 @@ def main() -> None:
 
 
 @click.command("config")
-def config_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the values in force as JSON.")
+def config_cmd(as_json: bool) -> None:
     """Print the settings and the Kafka client properties in force (secrets masked).
 
-    Settings come from LEDGER_* environment variables; client properties from
-    the ledger's defaults, then the file LEDGER_KAFKA_CONFIG_FILE, then
+    Settings come from LEDGER_* environment variables; each line says where
+    its value came from (the variable, or the default and how it is derived:
+    paths left unset are shown as the path in force). Client properties come
+    from the ledger's defaults, then the file LEDGER_KAFKA_CONFIG_FILE, then
     LEDGER_KAFKA_<PROPERTY> variables, then each role's own properties.
     Values of secret keys (passwords, secrets, tokens, private keys) are
     printed as ********.
+
+    \b
+    --json: {"ledger_home", "settings": [{"variable", "value", "source"}],
+      "kafka": [{"key", "value", "source"}], "role_properties": {role: {key: value}}}
     """
     settings = current_settings()
+    rows = resolved(settings)
+    properties = kafka.describe(settings)
+    if as_json:
+        echo_json(
+            {
+                "ledger_home": str(ledger_home()),
+                "settings": [
+                    {"variable": v, "value": value, "source": source} for v, value, source in rows
+                ],
+                "kafka": [{"key": p.key, "value": p.value, "source": p.source} for p in properties],
+                "role_properties": kafka.ROLE_PROPERTIES,
+            }
+        )
+        return
     click.echo(f"LEDGER_HOME={ledger_home()}")
-    for key, value in settings.model_dump().items():
-        click.echo(f"LEDGER_{key.upper()}={value}")
-    click.echo(f"# sink registry in force: {settings.sinks_path()}")
-    click.echo(f"# trusted reviewer and operator keys in force: {settings.trusted_keys_path()}")
-    keys = settings.keys_dir or settings.run_dir / "keys"
-    click.echo(f"# deployment and authority keys in: {keys}")
+    for variable, value, source in rows:
+        click.echo(f"{variable}={'' if value is None else value}  # {source}")
     click.echo(
         "# Kafka client properties of every client (ledger defaults < "
         "LEDGER_KAFKA_CONFIG_FILE < LEDGER_KAFKA_<PROPERTY>; secrets masked):"
     )
-    for prop in kafka.describe(settings):
+    for prop in properties:
         click.echo(f"{prop.key}={prop.value}  # {prop.source}")
     for role, props in kafka.ROLE_PROPERTIES.items():
         fixed = " ".join(f"{k}={v}" for k, v in props.items())
@@ -84,8 +114,10 @@ COMMANDS: tuple[click.Command, ...] = (
     *stages.COMMANDS,
     topics.topics_group,
     *ops.COMMANDS,
+    *history.COMMANDS,
     *keys.COMMANDS,
     *acl.COMMANDS,
+    *console.COMMANDS,
 )
 
 

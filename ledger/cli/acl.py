@@ -8,6 +8,7 @@ cluster): run it with that principal's ``LEDGER_KAFKA_CONFIG_FILE``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -29,7 +30,7 @@ from confluent_kafka.admin._acl import (
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
 from ledger import acl
-from ledger.cli.common import current_settings
+from ledger.cli.common import EXIT_ERROR, current_settings, echo_json
 from ledger.errors import BrokerError, BrokerUnavailableError
 from ledger.kafka import admin_config, classify
 from ledger.settings import LedgerSettings
@@ -440,15 +441,32 @@ def acl_apply(
 
 @acl_group.command("check")
 @_plan_options
-def acl_check(mapping: tuple[str, ...], principal_format: str, idempotent_write: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def acl_check(
+    mapping: tuple[str, ...], principal_format: str, idempotent_write: bool, as_json: bool
+) -> None:
     """Compare the cluster's ACLs of the matrix's principals with the matrix.
 
     Exit status 1 when an entry is missing or a principal holds one the
-    matrix does not grant (including any DENY).
+    matrix does not grant (including any DENY). With --json: {"planned",
+    "present", "missing": [{"principal", "resource_type", "name", "pattern",
+    "operation", "host"}], "not_in_plan": [binding as text]}.
     """
     settings = current_settings()
     the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
     result = compare(the_plan, broker_acls(settings, (g.principal for g in the_plan.grants)))
+    if as_json:
+        echo_json(
+            {
+                "planned": len(the_plan.acls()),
+                "present": len(result.present),
+                "missing": [dataclasses.asdict(entry) for entry in result.missing],
+                "not_in_plan": [str(binding) for binding in result.extra],
+            }
+        )
+        if result.missing or result.extra:
+            raise SystemExit(EXIT_ERROR)
+        return
     for entry in result.missing:
         click.echo(
             f"missing: {entry.principal} {entry.operation} {entry.resource_type} "

@@ -7,26 +7,115 @@
   raised by any command becomes ``Error: <message>`` on standard error and
   exit status 1 (the message names the remedy), never a traceback.
 * :func:`setup_logging` -- log lines to standard error.
+* The exit codes every command uses (:data:`EXIT_CODES`, one table: the
+  README's "JSON output and exit codes" repeats it) and :func:`echo_json`,
+  how every ``--json`` prints.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
-from ledger.errors import LedgerError
+from ledger.errors import BrokerUnavailableError, LedgerError, TopicConfigError
+from ledger.logs import configure_logging
 from ledger.settings import LedgerSettings
 
-#: Exit status of a command whose work failed with a LedgerError.
+#: Success.
+EXIT_OK = 0
+#: The work failed with a LedgerError, the processor refused the input, or
+#: the audit found a violation.
 EXIT_ERROR = 1
+#: Bad input: an unknown option, a value of the wrong form (click's usage error).
+EXIT_USAGE = 2
+#: What was waited for did not happen in time: no decision within --wait-s,
+#: no state of --until within --timeout, a broker that does not run
+#: (``ledger broker status``).
+EXIT_TIMEOUT = 3
+#: ``--until``: the operation came to rest in a state not asked for
+#: (NEEDS_REAUTHORISATION, ABANDONED, UNKNOWN_OUTCOME ...).
+EXIT_ENDED_ELSEWHERE = 4
+#: The operation named is not in the ledger.
+EXIT_UNKNOWN_OPERATION = 5
+#: Kafka does not answer (retryable: try again once it runs).
+EXIT_BROKER_UNREACHABLE = 6
+#: The ledger's topics do not exist under this prefix: run ``ledger topics create``.
+EXIT_TOPICS_MISSING = 7
+
+#: Every exit code and its meaning, in one table (``ledger --help`` and the README say it).
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok",
+    EXIT_ERROR: "error, refused input or audit violation",
+    EXIT_USAGE: "bad input (usage)",
+    EXIT_TIMEOUT: "not in time (no decision, --until timed out, broker not running)",
+    EXIT_ENDED_ELSEWHERE: "the operation ended in another state than --until asked",
+    EXIT_UNKNOWN_OPERATION: "unknown operation",
+    EXIT_BROKER_UNREACHABLE: "broker unreachable",
+    EXIT_TOPICS_MISSING: "topics not created (run `ledger topics create`)",
+}
+
+
+def exit_code_for(error: LedgerError) -> int:
+    """The exit code a command ends with when ``error`` stops it.
+
+    Args:
+        error: the ledger error raised by the command.
+
+    Returns:
+        :data:`EXIT_BROKER_UNREACHABLE` for a broker that does not answer,
+        :data:`EXIT_TOPICS_MISSING` for topics not created, else :data:`EXIT_ERROR`.
+    """
+    if isinstance(error, BrokerUnavailableError):
+        return EXIT_BROKER_UNREACHABLE
+    if isinstance(error, TopicConfigError) and error.config == "existence":
+        return EXIT_TOPICS_MISSING
+    return EXIT_ERROR
+
+
+def echo_json(document: Any) -> None:
+    """Print ``document`` as indented JSON on standard output (what every ``--json`` does).
+
+    Values JSON does not know (paths, enums) are printed as their text.
+    """
+    click.echo(json.dumps(document, indent=2, default=str))
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Say ``Error: message`` on standard error and exit with ``code``.
+
+    Args:
+        message: one line naming the problem and the remedy.
+        code: one of the ``EXIT_*`` codes.
+    """
+    raise LedgerExit(message, code)
+
+
+class LedgerExit(click.ClickException):
+    """A one-line error with its own exit code (see :data:`EXIT_CODES`).
+
+    Args:
+        message: the line said after ``Error:``.
+        code: the exit code.
+    """
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        # click declares exit_code on the class; each instance carries its own here.
+        setattr(self, "exit_code", code)  # noqa: B010
 
 
 class LedgerCommandError(click.ClickException):
-    """A :class:`LedgerError` said as a CLI error (``Error: ...``, exit status 1).
+    """A :class:`LedgerError` said as a CLI error (``Error: ...``).
+
+    The exit code is :func:`exit_code_for`'s: 1, or the documented code of a
+    broker that does not answer or of topics not created.
 
     Args:
         error: the ledger error; its message is shown, with ``(retryable)``
@@ -39,6 +128,7 @@ class LedgerCommandError(click.ClickException):
         suffix = " (retryable: try again once the cause is gone)" if error.retryable else ""
         super().__init__(error.message + suffix)
         self.error = error
+        setattr(self, "exit_code", exit_code_for(error))  # noqa: B010
 
 
 class LedgerGroup(click.Group):
@@ -50,6 +140,30 @@ class LedgerGroup(click.Group):
             return super().invoke(ctx)
         except LedgerError as exc:
             raise LedgerCommandError(exc) from exc
+
+
+#: Ledger-clock instants at or after this (2001-09-09 in Unix milliseconds) are
+#: wall-clock times; a manual clock (game days, demos) counts from 0.
+_EPOCH_LIKE_MS = 1_000_000_000_000
+
+
+def instant_text(at_ms: int, now_ms: int) -> str:
+    """A ledger-clock instant for people: ``2026-12-01T23:10:00Z (in 3600 s)``
+    on the system clock, ``3600 s (in 3600 s)`` on a manual clock.
+
+    Args:
+        at_ms: the instant, milliseconds on the ledger clock.
+        now_ms: now on the same clock, milliseconds.
+    """
+    from datetime import UTC, datetime
+
+    delta_s = (at_ms - now_ms) / 1000
+    relative = f"in {delta_s:.0f} s" if delta_s >= 0 else f"{-delta_s:.0f} s ago"
+    if at_ms >= _EPOCH_LIKE_MS:
+        when = datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    else:
+        when = f"{at_ms / 1000:.3f}".rstrip("0").rstrip(".") + " s"
+    return f"{when} ({relative})"
 
 
 def current_settings() -> LedgerSettings:
@@ -80,10 +194,48 @@ def current_settings() -> LedgerSettings:
         ) from None
 
 
-def setup_logging(verbose: bool) -> None:
-    """Log to standard error: INFO and up when ``verbose``, else WARNING and up."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def bootstrap_in_force(environ: Mapping[str, str] | None = None) -> str:
+    """The broker clients go to as the environment says, and why: for help texts.
+
+    Read without building the settings, so that ``--help`` works whatever
+    the environment holds. ``bootstrap.servers`` in LEDGER_KAFKA_CONFIG_FILE
+    still wins over it (``ledger config`` says which is in force).
+
+    Args:
+        environ: the environment (default ``os.environ``).
+
+    Returns:
+        e.g. ``127.0.0.1:39292 (LEDGER_KAFKA_PORT)`` or
+        ``127.0.0.1:19092 (default port)``.
+    """
+    env = os.environ if environ is None else environ
+    for variable in ("LEDGER_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"):
+        if env.get(variable):
+            return f"{env[variable]} ({variable})"
+    port = env.get("LEDGER_KAFKA_PORT")
+    if port:
+        return f"127.0.0.1:{port} (LEDGER_KAFKA_PORT)"
+    return f"127.0.0.1:{LedgerSettings.model_fields['kafka_port'].default} (default port)"
+
+
+def setup_logging(verbose: bool, stage: str | None = None, instance: str | None = None) -> None:
+    """Log to standard error: INFO and up when ``verbose``, else WARNING and up.
+
+    The format is ``LEDGER_LOG_FORMAT`` (``text``, the default, or ``json``;
+    see :func:`ledger.logs.configure_logging`); an unknown value falls back
+    to text with a warning, so that the command still says what it does.
+
+    Args:
+        verbose: INFO and up (else WARNING and up).
+        stage: the stage this process runs, named on every JSON line.
+        instance: its instance name.
+    """
+    fmt = os.environ.get("LEDGER_LOG_FORMAT", "text").strip().lower() or "text"
+    level = logging.INFO if verbose else logging.WARNING
+    if fmt not in ("text", "json"):
+        configure_logging("text", stage, instance, level=level, stream=sys.stderr)
+        logging.getLogger(__name__).warning(
+            "LEDGER_LOG_FORMAT=%r is neither text nor json; logging text", fmt
+        )
+        return
+    configure_logging("json" if fmt == "json" else "text", stage, instance, level=level)

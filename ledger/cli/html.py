@@ -1,8 +1,9 @@
 """HTML pages of reports: one self-contained page, plots as inline SVG (matplotlib).
 
 ``ledger audit --html FILE`` renders the auditor's report with
-:func:`audit_html`; the testbed's mission pages (:mod:`testbed.mission.html`)
-share the page, table and plot helpers below. Needs matplotlib (the
+:func:`audit_html`: the template ``audit.html.j2`` (:func:`ledger.cli.pages.audit_page`,
+which needs no matplotlib) plus a bar plot; the testbed's mission pages
+(:mod:`testbed.mission.html`) share the page, table and plot helpers below. Needs matplotlib (the
 ``[testbed]`` extra); the CLI imports this module only when asked for HTML.
 """
 
@@ -56,92 +57,34 @@ code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; fo
 
 
 def audit_html(audit: Mapping[str, Any]) -> str:
-    """Render an audit report as a self-contained HTML page.
+    """Render an audit report as a self-contained HTML page, with a bar plot.
 
     Args:
-        audit: ``{"operations": int, "journal_entries": int,
-            "checked": {invariant: facts checked}, "violations": [{"invariant":
-            str, "operation_id": str | None, "evidence": str}], "ledger": topic
-            prefix, "compacted": bool (optional)}`` — what
-            :meth:`ledger.audit.AuditReport.to_dict` returns, plus the ledger.
-            Every key is optional.
+        audit: what :meth:`ledger.audit.AuditReport.to_dict` returns, plus
+            ``"ledger"`` (topic prefix) and ``"compacted"`` (bool), both
+            optional; every key is optional.
 
     Returns:
-        The page: the verdict (clean, or N violations), a table of invariants
-        with the facts checked and the violations of each, a bar plot of the
-        violations per invariant (facts checked when clean) and the violation
-        list (invariant, operation, evidence).
+        The page of :func:`ledger.cli.pages.audit_page` (verdict with its
+        coverage, when it ran, facts split by coverage, invariants,
+        violations, open items with their history commands, offsets read)
+        with a bar plot of the violations per invariant (facts checked when
+        clean).
     """
+    from ledger.cli.pages import audit_page
+
     checked = _map(audit.get("checked"))
     violations = [_map(v) for v in _list(audit.get("violations"))]
     per_invariant: dict[str, int] = {str(k): 0 for k in checked}
     for v in violations:
         name = str(v.get("invariant", "?"))
         per_invariant[name] = per_invariant.get(name, 0) + 1
-    facts = sum(_int(x) for x in checked.values())
-    ledger = audit.get("ledger")
-    compacted = audit.get("compacted")
-
-    title = f"Audit of {ledger}" if ledger else "Ledger audit"
-    if violations:
-        n = len(violations)
-        verdict = (
-            f'<span class="badge fail">{n} VIOLATION{"S" if n != 1 else ""}</span> '
-            f"{n} violation{'s' if n != 1 else ''} of the ledger's invariants"
-        )
-    else:
-        verdict = (
-            f'<span class="badge pass">CLEAN</span> clean: no violations in {facts} facts checked'
-        )
-    params = [
-        ("ledger (topic prefix)", _fmt(ledger)),
-        ("operations", _fmt(audit.get("operations"))),
-        ("journal entries replayed", _fmt(audit.get("journal_entries"))),
-        ("facts checked", str(facts)),
-        (
-            "unauthenticated records (refused)",
-            str(len(_list(audit.get("unauthenticated_records"))))
-            if audit.get("authenticity_checked")
-            else "seals not checked",
-        ),
-    ]
-    if compacted is not None:
-        params.append(("compaction", "after compaction" if compacted else "before compaction"))
-    rows = [
-        [_e(name), _fmt(checked.get(name, 0)), str(count)] for name, count in per_invariant.items()
-    ]
-    rows.append(["total", str(facts), str(len(violations))])
-    body = [
-        f"<h1>{_e(title)}</h1>",
-        f"<p>{verdict}</p>",
-        _kv_table(params),
-        "<h2>Invariants</h2>",
-        _table(["invariant", "facts checked", "violations"], rows, num={1, 2}, total_last=True),
-    ]
+    plot = None
     if per_invariant:
         plotted = per_invariant if violations else {k: _int(checked.get(k)) for k in per_invariant}
         what = "violations" if violations else "facts checked"
-        body.append(_plot_or_empty(_barh_svg(plotted, what, "audit-invariants"), ""))
-    body.append("<h2>Violations</h2>")
-    if violations:
-        body.append(
-            _table(
-                ["#", "invariant", "operation", "evidence"],
-                [
-                    [
-                        str(n),
-                        _e(str(v.get("invariant", "?"))),
-                        _code(v.get("operation_id")) if v.get("operation_id") else "—",
-                        _e(str(v.get("evidence", ""))),
-                    ]
-                    for n, v in enumerate(violations, 1)
-                ],
-                num={0},
-            )
-        )
-    else:
-        body.append('<p class="muted">none: the ledger is clean.</p>')
-    return _page(title, body)
+        plot = _barh_svg(plotted, what, "audit-invariants")
+    return audit_page(audit, plot)
 
 
 def figure_svg(fig: Figure, name: str) -> str:

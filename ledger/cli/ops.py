@@ -15,7 +15,16 @@ from typing import Any
 
 import click
 
-from ledger.cli.common import current_settings
+from ledger.cli.common import (
+    EXIT_ENDED_ELSEWHERE,
+    EXIT_ERROR,
+    EXIT_TIMEOUT,
+    EXIT_UNKNOWN_OPERATION,
+    current_settings,
+    echo_json,
+    fail,
+    instant_text,
+)
 from ledger.settings import LedgerSettings
 
 
@@ -37,7 +46,11 @@ def _publisher(settings: LedgerSettings) -> Any:
 def _report_decision(
     settings: LedgerSettings, position: tuple[str, int, int], wait_s: float
 ) -> None:
-    """Print the processor's journaled decision on an input; exit 1 if it refused it."""
+    """Print the processor's journaled decision on an input.
+
+    Exits :data:`~ledger.cli.common.EXIT_ERROR` when it refused the input,
+    :data:`~ledger.cli.common.EXIT_TIMEOUT` when no decision came in time.
+    """
     from consumers.reader import wait_for_decision
 
     topic, partition, offset = position
@@ -47,7 +60,7 @@ def _report_decision(
             f"no decision within {wait_s:g} s: is the processor running ('ledger processor')?",
             err=True,
         )
-        sys.exit(3)
+        sys.exit(EXIT_TIMEOUT)
     moved = (
         f"{entry.from_state or '(new)'} -> {entry.to_state}"
         if entry.from_state != entry.to_state
@@ -55,7 +68,40 @@ def _report_decision(
     )
     click.echo(f"{entry.outcome}: {entry.operation_id} {moved} ({entry.reason})")
     if entry.outcome == "REFUSED":
-        sys.exit(1)
+        sys.exit(EXIT_ERROR)
+
+
+def _states_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> frozenset[str] | None:
+    """``--until STATE[,STATE]``: the recovery states named (case-insensitive)."""
+    from producers.waiting import parse_states
+
+    if value is None:
+        return None
+    try:
+        return frozenset(str(s) for s in parse_states(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _wait_until(pub: Any, operation_id: str, until: frozenset[str], timeout_s: float) -> None:
+    """Wait for ``--until``; print the state reached, or exit with the documented code.
+
+    Prints ``STATE: OPERATION (reason)``. Exits
+    :data:`~ledger.cli.common.EXIT_ENDED_ELSEWHERE` when the operation rests
+    in another state, :data:`~ledger.cli.common.EXIT_TIMEOUT` when none of
+    the states came within ``timeout_s`` seconds.
+    """
+    from ledger.errors import OperationEndedElsewhereError, WaitTimeoutError
+
+    try:
+        st = pub.wait_for(operation_id, until, timeout_s)
+    except OperationEndedElsewhereError as exc:
+        fail(exc.message, EXIT_ENDED_ELSEWHERE)
+    except WaitTimeoutError as exc:
+        fail(exc.message, EXIT_TIMEOUT)
+    click.echo(f"{st.state}: {operation_id} ({st.reason})")
 
 
 def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -121,6 +167,23 @@ def intent_group() -> None:
 )
 @click.option("--approval-id", default=None, help="Approval to admit the operation with.")
 @_WAIT
+@click.option(
+    "--until",
+    default=None,
+    metavar="STATE[,STATE]",
+    callback=_states_option,
+    help="After the decision, wait until the operation is in one of these recovery states "
+    "(e.g. OUTCOME_VERIFIED) and print it; exit 4 if it rests in another one "
+    "(NEEDS_REAUTHORISATION, ABANDONED, UNKNOWN_OUTCOME ...), 3 if --timeout passes first.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="With --until: how long to wait for one of its states, in seconds.",
+)
 def intent_publish(
     operation_id: str,
     sink: str,
@@ -132,12 +195,24 @@ def intent_publish(
     decision_version: int,
     approval_id: str | None,
     wait_s: float,
+    until: frozenset[str] | None,
+    timeout_s: float,
 ) -> None:
     """Publish one intent and print the processor's decision on it.
 
     Prints the operation ID and its parameter digest, then waits for the
     processor: 'APPLIED' with the new state, or 'REFUSED' with the reason
-    (for example parameter drift) and exit status 1.
+    (for example parameter drift) and exit status 1. With --until, then
+    waits for the operation to reach one of those states and prints
+    'STATE: OPERATION (reason)'; exit status 4 when it rests in another
+    state, 3 when --timeout passes first (see 'ledger --help' for every code).
+
+    \b
+    Example:
+      ledger intent publish --operation-id refund:1842:v3 --sink payments \\
+        --action refund --params '{"account":"a","amount_minor":5000}' \\
+        --actor svc --subject customer-1842 --purpose remediation \\
+        --decision-version 3 --approval-id review-1842 --until OUTCOME_VERIFIED
     """
     from sinks.registry import load_sinks
 
@@ -170,11 +245,13 @@ def intent_publish(
             approval_id=approval_id,
         )
         position = pub.last_position
+        click.echo(json.dumps(result.__dict__))
+        if wait_s > 0 and position is not None:
+            _report_decision(settings, position, wait_s)
+        if until is not None:
+            _wait_until(pub, operation_id, until, timeout_s)
     finally:
         pub.close()
-    click.echo(json.dumps(result.__dict__))
-    if wait_s > 0 and position is not None:
-        _report_decision(settings, position, wait_s)
 
 
 # ---------------------------------------------------------------------- authority
@@ -364,8 +441,9 @@ def approve_cmd(
     click.echo(
         f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units"
         + (f" ({bound})" if bound else "")
-        + f", policy {approval.policy_version}, expires at {approval.expires_at_ms / 1000:g} s "
-        "(ledger clock)"
+        + f", policy {approval.policy_version}, expires at "
+        + instant_text(approval.expires_at_ms, now)
+        + " on the ledger clock"
     )
 
 
@@ -433,11 +511,16 @@ def policy_set(version: int, by: str) -> None:
 
 @click.command("state")
 @click.argument("operation_id", required=False)
-def state_cmd(operation_id: str | None) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print every operation as JSON (one is always JSON)."
+)
+def state_cmd(operation_id: str | None, as_json: bool) -> None:
     """Show the recovery state of one operation (JSON), or a table of all.
 
     Columns: operation ID, recovery state, state version (what a claim must
-    name), fencing epoch, and the reason of the latest transition.
+    name), fencing epoch, and the reason of the latest transition. With
+    --json: {"topic_prefix", "operations": [state, ...]}, each state as
+    OPERATION alone prints it. An operation not in the ledger exits 5.
     """
     from consumers.reader import current_states
 
@@ -447,8 +530,16 @@ def state_cmd(operation_id: str | None) -> None:
     if operation_id is not None:
         st = states.get(operation_id)
         if st is None:
-            raise click.ClickException(f"no operation {operation_id!r} in the ledger")
-        click.echo(json.dumps(st.model_dump(mode="json"), indent=2))
+            fail(f"no operation {operation_id!r} in the ledger", EXIT_UNKNOWN_OPERATION)
+        echo_json(st.model_dump(mode="json"))
+        return
+    if as_json:
+        echo_json(
+            {
+                "topic_prefix": settings.topic_prefix,
+                "operations": [st.model_dump(mode="json") for _, st in sorted(states.items())],
+            }
+        )
         return
     if not states:
         click.echo(f"no operations in the ledger (topic prefix {settings.topic_prefix!r})")
@@ -484,7 +575,7 @@ def claim_cmd(operation_id: str, worker: str, expected_version: str, wait_s: flo
     if expected_version == "current":
         st = current_states(settings).get(operation_id)
         if st is None:
-            raise click.ClickException(f"no operation {operation_id!r} in the ledger")
+            fail(f"no operation {operation_id!r} in the ledger", EXIT_UNKNOWN_OPERATION)
         version = st.version
     else:
         try:
@@ -525,7 +616,8 @@ SYSTEM_CLOCK_NOTE = (
 
 
 @clock_group.command("show")
-def clock_show() -> None:
+@click.option("--json", "as_json", is_flag=True, help='Print {"clock", "now_ms"} as JSON.')
+def clock_show(as_json: bool) -> None:
     """Print the ledger time in seconds (the system clock's is said to be one)."""
     from ledger.clock import clock_for
 
@@ -534,7 +626,11 @@ def clock_show() -> None:
         clock = clock_for(s.clock, s.run_dir)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    now_s = clock.now_ms() / 1000
+    now_ms = clock.now_ms()
+    if as_json:
+        echo_json({"clock": s.clock, "now_ms": now_ms})
+        return
+    now_s = now_ms / 1000
     if s.clock == "system":
         click.echo(f"{now_s:.3f} ({SYSTEM_CLOCK_NOTE})")
     else:
@@ -568,24 +664,48 @@ def reconcile_group() -> None:
 
 
 @reconcile_group.command("list")
-def reconcile_list() -> None:
-    """Show the operations held in UNKNOWN_OUTCOME: age, sink, last observation."""
+@click.option("--json", "as_json", is_flag=True, help="Print the open items as JSON.")
+def reconcile_list(as_json: bool) -> None:
+    """Show the operations held in UNKNOWN_OUTCOME: age, sink, last observation.
+
+    Ages are on the ledger clock (LEDGER_CLOCK), the clock the stages record
+    observations with, and never negative. With --json: {"clock", "now_ms",
+    "items": [{"operation_id", "sink", "action", "version", "age_s",
+    "observed_at_ms", "observation_status", "observation_source", "reason"}]}.
+    """
     from consumers.reconciler import open_items
-    from ledger.clock import clock_for
+    from ledger.clock import age_s, clock_for
 
     settings = current_settings()
     _ready(settings)
     now = clock_for(settings.clock, settings.run_dir).now_ms()
     items = open_items(settings)
-    if not items:
+    rows = [
+        {
+            "operation_id": st.operation_id,
+            "sink": st.sink,
+            "action": st.action,
+            "version": st.version,
+            "age_s": age_s(now, st.observed_at_ms),
+            "observed_at_ms": st.observed_at_ms,
+            "observation_status": st.observation_status,
+            "observation_source": st.observation_source,
+            "reason": st.reason,
+        }
+        for st in items
+    ]
+    if as_json:
+        echo_json({"clock": settings.clock, "now_ms": now, "items": rows})
+        return
+    if not rows:
         click.echo("no unknown outcomes open")
         return
     click.echo("OPERATION\tSINK\tAGE_S\tLAST OBSERVATION")
-    for st in items:
-        age = (now - st.observed_at_ms) / 1000 if st.observed_at_ms is not None else float("nan")
+    for row in rows:
+        age = "-" if row["age_s"] is None else f"{row['age_s']:g}"
         click.echo(
-            f"{st.operation_id}\t{st.sink}\t{age:g}\t"
-            f"{st.observation_status} via {st.observation_source}"
+            f"{row['operation_id']}\t{row['sink']}\t{age}\t"
+            f"{row['observation_status']} via {row['observation_source']}"
         )
 
 
@@ -651,6 +771,61 @@ def reconcile_dispose(
 # ---------------------------------------------------------------------- audit
 
 
+def audit_lines(report: Any) -> list[str]:
+    """An audit report as text: verdict with its coverage, when it ran, facts split
+    by coverage, violations, open items with their history commands, refused
+    records and the offsets read.
+
+    Args:
+        report: a :class:`ledger.audit.AuditReport`.
+
+    Returns:
+        Lines without newlines.
+    """
+    from ledger.history import iso_time
+
+    data = report.to_dict()
+    cov = data["coverage"]
+    lines = [
+        f"{report.verdict}: {len(report.violations)} violation(s) in {cov['facts']} facts checked",
+        f"ran at {iso_time(report.started_at_ms) or '—'} (wall clock, UTC)"
+        + (f", took {report.took_s:.1f} s" if report.took_s is not None else ""),
+        f"{report.operations} operations, {report.journal_entries} journal entries replayed",
+        f"facts checked: {cov['ledger_facts']} in the ledger's records, "
+        + (
+            f"{cov['sink_facts']} against sink readback"
+            if cov["sink_readback"]
+            else "none against sink readback (--no-sinks: sinks not read back)"
+        ),
+    ]
+    for v in report.violations:
+        lines.append(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
+    items = report.open_items
+    lines.append(
+        f"{len(items)} open item(s)"
+        + (" (age on the wall clock since the latest state record):" if items else "")
+    )
+    for i in items:
+        age = f"{i.age_s:.0f}" if i.age_s is not None else "?"
+        lines.append(
+            f"  {i.operation_id}\t{i.state}\t{i.sink}\tage {age} s\t{i.reason}\t"
+            f"({i.history_command})"
+        )
+    unauthentic = report.unauthenticated_records
+    lines.append(
+        f"{len(unauthentic)} unauthenticated record(s), refused by every reader"
+        + (":" if unauthentic else "")
+    )
+    for r in unauthentic[:50]:
+        lines.append(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
+    if len(unauthentic) > 50:
+        lines.append(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
+    lines.append("offsets covered (topic: partition:end offset, read from the beginning):")
+    for topic, parts in data["offsets"].items():
+        lines.append(f"  {topic}: " + " ".join(f"{p}:{end}" for p, end in parts.items()))
+    return lines
+
+
 @click.command("audit")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-sinks", is_flag=True, help="Do not ask sinks how many effects they hold.")
@@ -662,45 +837,56 @@ def reconcile_dispose(
     metavar="FILE",
     help="Also write the report as a self-contained HTML page (inline plots) to FILE.",
 )
-def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None) -> None:
+@click.option(
+    "--histories",
+    is_flag=True,
+    help="With --html: also write the history of every open item to history/*.html next to "
+    "FILE, and link each open item to it (one read of the ledger per item).",
+)
+def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: bool) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
     Exits 0 when there is no violation, 1 otherwise; each violation names the
     operation and the evidence. Every record's seal is checked too: records
     no trusted writer produced are listed (they were refused; an admission
-    or effect resting on one is a violation). With --html FILE the report is also written as
-    one self-contained HTML page (verdict, invariants checked, violations) and
-    'wrote FILE' is said on stderr when --json keeps stdout for the JSON.
+    or effect resting on one is a violation). The verdict says what it
+    covers: 'ledger and sink readback', or 'ledger only, sink readback off'
+    with --no-sinks, and the facts checked are split the same way. The
+    report says when it ran (wall clock, UTC), the end offset it read to on
+    every topic partition, and lists every open item (held unknown outcomes,
+    reauthorisation pending, abandoned: operation, state, sink, age, reason,
+    and the 'ledger history OP' command that shows it); open items do not
+    change the exit status. With --html FILE the report is also written as
+    one self-contained HTML page and 'wrote FILE' is said on stderr when
+    --json keeps stdout for the JSON; --histories also writes the history of
+    every open item next to it (history/*.html) and links each item to it.
     """
     from consumers.auditor import run_audit
 
+    if histories and html_path is None:
+        raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()
     _ready(settings)
     report = run_audit(settings, read_sinks=not no_sinks)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
-        click.echo(
-            f"{report.operations} operations, {report.journal_entries} journal entries replayed; "
-            f"{len(report.violations)} violation(s)"
-        )
-        for v in report.violations:
-            click.echo(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
-        unauthentic = report.unauthenticated_records
-        click.echo(
-            f"{len(unauthentic)} unauthenticated record(s), refused by every reader"
-            + (":" if unauthentic else "")
-        )
-        for r in unauthentic[:50]:
-            click.echo(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
-        if len(unauthentic) > 50:
-            click.echo(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
+        for line in audit_lines(report):
+            click.echo(line)
     if html_path is not None:
         from ledger.cli.html import audit_html
 
-        page = audit_html({**report.to_dict(), "ledger": settings.topic_prefix})
+        data = {**report.to_dict(), "ledger": settings.topic_prefix}
         try:
-            html_path.write_text(page, encoding="utf-8")
+            if histories:
+                from ledger.cli.history import write_histories
+
+                links = write_histories(
+                    settings, [i.operation_id for i in report.open_items], html_path.parent
+                )
+                for item in data["open_items"]:
+                    item["history_href"] = links.get(item["operation_id"])
+            html_path.write_text(audit_html(data), encoding="utf-8")
         except OSError as exc:
             raise click.ClickException(
                 f"cannot write the HTML report to {html_path}: {exc.strerror or exc}; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,10 +14,17 @@ import click
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.stages import STAGES
 from ledger import tracing
-from ledger.cli.common import current_settings, setup_logging
+from ledger.cli.common import (
+    EXIT_ERROR,
+    current_settings,
+    echo_json,
+    instant_text,
+    setup_logging,
+)
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
+from ledger.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +115,8 @@ def run_stage(
     # Before the stage is built: building it creates missing key files.
     check_stage_clock(current.clock, testbed=current.testbed)
     chosen, source = resolve_instance(instance, current.instance, socket.gethostname())
+    # From here on every line names the stage and instance (LEDGER_LOG_FORMAT=json).
+    configure_logging(current, component, chosen)
     log.info("%s instance %s (%s)", component, chosen, source)
     # Refuses an unsafe or malformed client properties file before any client
     # is built, and says which properties are in force (secrets masked).
@@ -169,5 +179,53 @@ def relay_cmd(instance: str | None) -> None:
     run_stage("relay", instance)
 
 
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status_cmd(as_json: bool) -> None:
+    """Show each stage's liveness, assignment, lag and last commit, as Kafka sees them.
+
+    From the broker, not from files a dead process leaves behind: the live
+    instances are the members of the component's consumer group (one that
+    stops heartbeating leaves it within 10 s), each with the input partitions
+    assigned to it; the last commit is each input partition's committed
+    offset (and the Kafka timestamp of the last input record committed past),
+    and the lag its last stable offset minus that. Exit status 0
+    when every stage has a live instance, 1 when one has none.
+
+    \b
+    --json: {"topic_prefix", "stages": [{"component", "group", "group_state",
+      "live", "lag", "last_commit_ms", "members": [{"instance", "host",
+      "member_id", "partitions": ["intents[0]", ...]}], "partitions":
+      [{"topic", "partition", "committed", "end", "lag", "last_input_ms"}]}]}
+    """
+    from consumers.groups import stage_status
+    from ledger.topics import check_topics
+
+    settings = current_settings()
+    check_topics(settings)
+    stages = stage_status(settings)
+    if as_json:
+        echo_json({"topic_prefix": settings.topic_prefix, "stages": [s.to_dict() for s in stages]})
+    else:
+        now_ms = int(time.time() * 1000)
+        for st in stages:
+            committed = sum(p.committed or 0 for p in st.partitions)
+            end = sum(p.end for p in st.partitions)
+            last = st.last_commit_ms
+            click.echo(
+                f"{st.component}: {'live' if st.live else 'DOWN (no live instance)'}, "
+                f"{len(st.members)} instance(s), group {st.group} {st.group_state}, "
+                f"lag {st.lag} (committed {committed} of {end} input offsets; last input "
+                f"committed past: {instant_text(last, now_ms) if last is not None else 'none'})"
+            )
+            for m in st.members:
+                click.echo(
+                    f"  {m.instance} at {m.host}: {len(m.partitions)} partition(s) "
+                    f"{' '.join(m.partitions)}"
+                )
+    if not all(st.live for st in stages):
+        raise click.exceptions.Exit(EXIT_ERROR)
+
+
 #: The stage commands, in the order ``ledger --help`` lists them.
-COMMANDS: tuple[click.Command, ...] = (processor_cmd, authority_cmd, relay_cmd)
+COMMANDS: tuple[click.Command, ...] = (processor_cmd, authority_cmd, relay_cmd, status_cmd)

@@ -8,14 +8,14 @@ import click
 import yaml
 
 from ledger import topics
-from ledger.cli.common import current_settings
+from ledger.cli.common import bootstrap_in_force, current_settings, echo_json
 from ledger.errors import SettingsError
 from ledger.topology import TOPICS
 
-_TOPICS_HELP = """Create, check, list, compact and export the ledger's topics.
+_TOPICS_HELP = f"""Create, check, list, compact and export the ledger's topics.
 
 \b
-Topics are named {LEDGER_TOPIC_PREFIX}.{name} (default prefix `ledger`), one
+Topics are named {{LEDGER_TOPIC_PREFIX}}.{{name}} (default prefix `ledger`), one
 per entry of ledger.topology.TOPICS. Operation-keyed topics have
 LEDGER_PARTITIONS partitions (default 3) and are co-partitioned; control
 topics have one. Compacted topics keep the latest record per key; audited
@@ -26,7 +26,8 @@ off.
 
 \b
 Environment:
-  LEDGER_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS   broker (127.0.0.1:$LEDGER_KAFKA_PORT, 19092)
+  LEDGER_BOOTSTRAP_SERVERS / KAFKA_BOOTSTRAP_SERVERS   broker (default
+                        127.0.0.1:$LEDGER_KAFKA_PORT; in force: {bootstrap_in_force()})
   LEDGER_TOPIC_PREFIX   topic name prefix (default ledger)
   LEDGER_PARTITIONS     partitions of operation-keyed topics (default 3)
   LEDGER_REPLICATION_FACTOR    replicas per partition (default: from the cluster)
@@ -85,18 +86,48 @@ def topics_check(names: tuple[str, ...]) -> None:
 
 
 @topics_group.command("list")
-def topics_list() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the topics as JSON.")
+def topics_list(as_json: bool) -> None:
     """List the ledger topics: partitions, cleanup policy, retention, replication.
 
     Topics that do not exist yet are shown as `missing`. `rf` is the
     replication factor (of the least replicated partition), `isr` the
     topic's min.insync.replicas, `unclean` its unclean.leader.election.enable.
+
+    \b
+    --json: {"topic_prefix", "topics": [{"name", "short_name", "exists",
+      "partitions", "cleanup_policy", "retention_ms", "replication_factor",
+      "min_insync_replicas", "unclean_leader_election", "audited"}]}
+      (null for what a missing topic does not have)
     """
+    settings = current_settings()
+    if as_json:
+        echo_json(
+            {
+                "topic_prefix": settings.topic_prefix,
+                "topics": [
+                    {
+                        "name": info.name,
+                        "short_name": info.spec.name,
+                        "exists": info.partitions is not None,
+                        "partitions": info.partitions,
+                        "cleanup_policy": info.cleanup_policy,
+                        "retention_ms": info.retention_ms,
+                        "replication_factor": info.replication_factor,
+                        "min_insync_replicas": info.min_insync_replicas,
+                        "unclean_leader_election": info.unclean_leader_election,
+                        "audited": info.spec.audited,
+                    }
+                    for info in topics.describe_ledger_topics(settings)
+                ],
+            }
+        )
+        return
     click.echo(
         f"{'topic':<40} {'parts':>5}  {'cleanup.policy':<15} {'retention.ms':>13}  "
         f"{'rf':>2} {'isr':>3} {'unclean':<7}  audited"
     )
-    for info in topics.describe_ledger_topics(current_settings()):
+    for info in topics.describe_ledger_topics(settings):
         if info.partitions is None:
             click.echo(
                 f"{info.name:<40} {'-':>5}  {'missing':<15} {'-':>13}  {'-':>2} {'-':>3} "

@@ -253,6 +253,12 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
             return _noop(state, f"rejection ignored while {state.state}")
         return _move(state, S.ABANDONED, ref, f"{r.sink} rejected the request: {r.detail}")
     if r.status == "UNAVAILABLE":
+        if state.state != S.EFFECT_PENDING:
+            # "Unavailable" says this request was not performed; it says
+            # nothing of an earlier attempt whose outcome is unknown (a sink
+            # may shed load before it looks up the idempotency key). Only a
+            # readback or a person's disposition releases UNKNOWN_OUTCOME.
+            return _noop(state, f"unavailable answer noted while {state.state}: not evidence")
         return _absent_retry(
             state,
             ref,

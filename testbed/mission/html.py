@@ -1,17 +1,18 @@
-"""Self-contained HTML pages for mission and audit reports.
+"""Self-contained HTML pages for mission reports, from Jinja2 templates.
 
-Each page is one HTML document: inline CSS, plots drawn by matplotlib and
-embedded as inline ``<svg>`` elements. It loads nothing from elsewhere (no
-CDN, no fonts, no images) and needs no JavaScript, so it can be attached to a
-ticket or opened from disk years later.
-
-Plots are drawn on :class:`matplotlib.figure.Figure` objects with the Agg
-canvas and never through ``pyplot``: nothing is registered globally, no GUI
-backend is touched, and a figure is released when its SVG has been written.
+The pages are ``testbed/templates/mission.html.j2`` and
+``mission_compare.html.j2``, extending the ledger's ``base.html.j2`` (rendered
+with :func:`ledger.cli.render.render`, ``packages=("testbed",)``). This module
+turns a report into the templates' tables and plots; the templates lay them
+out. Each page is one HTML document: inline CSS, plots drawn by matplotlib and
+embedded as inline ``<svg>`` elements (:func:`ledger.cli.html.figure_svg`). It
+loads nothing from elsewhere and needs no JavaScript.
 
 Every text taken from a report (operation IDs, evidence, outcome names, ...)
-is HTML-escaped. Pages render when optional keys are missing; the mission
-report schema is described in :func:`mission_html`.
+is escaped by the templates' autoescaping; cells built here as markup are
+:class:`markupsafe.Markup` with their parts escaped. Pages render when
+optional keys are missing (older reports); the mission report schema is
+described in :func:`mission_html`.
 """
 
 from __future__ import annotations
@@ -20,28 +21,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ledger.cli.html import (
-    _e,
-    _fmt,
-    _int,
-    _is_number,
-    _kv_table,
-    _list,
-    _map,
-    _mpl_text,
-    _new_figure,
-    _page,
-    _plot_or_empty,
-    _style,
-    _table,
-    figure_svg,
-)
+from markupsafe import Markup
+
+from ledger.cli.html import _mpl_text, _new_figure, _style, figure_svg
+from ledger.cli.render import fmt, render
 from ledger.states import RecoveryState
 
 __all__ = ["compare_html", "mission_html"]
 
 _STATE_ORDER = [s.value for s in RecoveryState]
-
 
 _STATE_COLOURS = {
     "NOT_ADMITTED": "#a6a6a6",
@@ -54,22 +42,25 @@ _STATE_COLOURS = {
     "ABANDONED": "#d62728",
 }
 
-
 _FALLBACK_COLOURS = ["#8c564b", "#e377c2", "#bcbd22", "#17becf", "#7f7f7f", "#1f77b4"]
-
 
 _SERIES_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2"]
 
+#: Colour and line style of each kind of fault on the timeline.
+_EVENT_STYLE: dict[str, tuple[str, str]] = {
+    "seam kill": ("#d62728", "-"),
+    "seam pause": ("#e377c2", "-"),
+    "chaos kill": ("#000000", "--"),
+    "zombie pause": ("#9467bd", ":"),
+    "broker restart": ("#ff7f0e", "-."),
+    "broker fault": ("#8c564b", "-."),
+}
 
+#: Timelines longer than this are thinned evenly (first and last points kept)
+#: so that the SVG stays small whatever the mission length.
 _TIMELINE_MAX_POINTS = 600
 
-
-"""Timelines longer than this are thinned evenly (first and last points kept)
-so that the SVG stays small whatever the mission length."""
-
-
 _HIST_MAX_BINS = 60
-
 
 _MISSION_LABELS = {
     "mode": "mode",
@@ -83,7 +74,6 @@ _MISSION_LABELS = {
     "peak_rss_mb": "peak RSS (MB)",
     "ledger": "ledger (topic prefix)",
 }
-
 
 _FAULT_LABELS = {
     "kills_by_seam": "process kills by seam",
@@ -105,19 +95,38 @@ _FAULT_LABELS = {
     "nudges": "claims on operations that stopped moving",
 }
 
-
 _AUDIT_PHASES = {
     "before_compaction": "before compaction",
     "after_compaction": "after compaction",
 }
 
+_SINK_COLUMNS = (
+    ("operations", "operations"),
+    ("effects", "effects"),
+    ("cases", "cases with an effect"),
+    ("duplicates", "cases with a duplicate"),
+    ("extra_effects", "effects beyond the first"),
+)
+
+
+def _table(
+    headers: Sequence[Any] | None,
+    rows: Sequence[Sequence[Any]],
+    num: Iterable[int] = (),
+    total_last: bool = False,
+) -> dict[str, Any]:
+    """A table for the templates' ``table`` macro (cells: text, or Markup)."""
+    return {"headers": headers, "rows": rows, "num": sorted(num), "total_last": total_last}
+
 
 def mission_html(report: Mapping[str, Any]) -> str:
     """Render one mission report as a self-contained HTML page.
 
-    The report is the mission's JSON-serialisable dict. ``mission`` and
-    ``checks`` are required; every other key is optional and its section says
-    so when it is missing. Shapes used::
+    The report is the mission's JSON-serialisable dict
+    (:func:`testbed.mission.report.build`). ``mission`` and ``checks`` are
+    required; every other key is optional and its section says so when it is
+    missing. Times are seconds since the mission's start, on one clock.
+    Shapes used::
 
         mission: {cases, seed, crash_rate, sink_fault_rate, mode, instances,
                   started_at, wall_s (s), peak_rss_mb (MB), ledger}
@@ -127,13 +136,17 @@ def mission_html(report: Mapping[str, Any]) -> str:
                      by_class: {class: {state: int}}}
         measures: [{name, count, of, denominator (text), note (optional),
                     by_class: {class: [count, denominator]}}]
-        readback_latency_ms: {count, p50, p99, max, samples: [float]} (ms)
+        held_operations: [{operation_id, case, state, sink, reason,
+                           since_s, age_s (s)}]
+        effects_by_sink: {sink: {consequence, operations, effects, cases,
+                          duplicates, extra_effects, by_effects: {"<n>": cases}}}
+        readback_latency_ms: {count, p50, p90, p99, max, samples: [float],
+                              buckets: [{up_to_ms, count}]} (ms)
         faults: {kills_by_seam: {seam: int}, sink_faults_by_mode: {mode: int},
                  chaos_kills, zombie_pauses, broker_restarts, restarts}
-        timeline: [{t_s: float (s since start), states: {state: int}}]
-        failovers: [{kind, target, start_s, end_s, duration_s (s since start),
-                     note, error}] (broker chaos only)
-        effects_per_case: {"<effects>": cases}
+        timeline: [{t_s: float, states: {state: int}}]
+        timeline_events: [{t_s, end_s (or null), kind, target, detail}]
+        failovers: [{kind, target, start_s, end_s, duration_s, note, error}]
         audit: {before_compaction | after_compaction:
                 {violations: int, details: [str], checked: {invariant: int}}}
 
@@ -142,35 +155,38 @@ def mission_html(report: Mapping[str, Any]) -> str:
 
     Returns:
         The page, a complete HTML document (``<!DOCTYPE html>`` first) with up
-        to three inline SVG plots: operations by state over time, the
-        readback-latency histogram (ms) and the effects per case.
+        to three inline SVG plots: operations by state over time with every
+        fault marked, the readback-latency distribution (histogram and CDF
+        with p50/p90/p99) and the effects per case at each sink.
 
     Raises:
         KeyError: when ``mission`` or ``checks`` is missing.
     """
     mission = _map(report["mission"])
     checks = _map(report["checks"])
-    title = f"Mission {mission.get('ledger') or mission.get('seed', '')}".strip()
-    body = [
-        _mission_header(mission, checks),
-        _cases_section(_map(report.get("cases"))),
-        _operations_section(_map(report.get("operations"))),
-        _measures_section(_list(report.get("measures"))),
-        _faults_section(_map(report.get("faults"))),
-        _latency_section(_map(report.get("readback_latency_ms"))),
-        _failover_section(_list(report.get("failovers"))),
-        _mission_audit_section(_map(report.get("audit"))),
-        "<h2>Operations by state over time</h2>",
-        _plot_or_empty(
-            _timeline_svg(_list(report.get("timeline")), "timeline"), "no timeline recorded"
-        ),
-        "<h2>Effects per case</h2>",
-        _plot_or_empty(
-            _effects_svg({"": _map(report.get("effects_per_case"))}, "effects"),
-            "no effects per case recorded",
-        ),
-    ]
-    return _page(title, body)
+    events = [_map(e) for e in _list(report.get("timeline_events"))]
+    kinds = _ordered([str(e.get("kind", "?")) for e in events], list(_EVENT_STYLE))
+    context = {
+        "title": f"Mission {mission.get('ledger') or mission.get('seed', '')}".strip(),
+        "name": str(mission.get("ledger") or "mission"),
+        "passed": bool(checks.get("passed")),
+        "failures": [str(f) for f in _list(checks.get("failures"))],
+        "params": _mission_params(mission),
+        "cases": _cases_table(_map(report.get("cases"))),
+        "operations": _operations_table(_map(report.get("operations"))),
+        "measures": _measures_table(_list(report.get("measures"))),
+        "held": _held_table(report.get("held_operations")),
+        "effects": _effects_table(_map(report.get("effects_by_sink"))),
+        "effects_svg": _effects_svg(_map(report.get("effects_by_sink")), "effects"),
+        "faults": _faults_tables(_map(report.get("faults"))),
+        "latency": _latency(_map(report.get("readback_latency_ms"))),
+        "failovers": _failover_table(_list(report.get("failovers"))),
+        "events": _events_table(events),
+        "event_kinds": [(k, sum(1 for e in events if e.get("kind") == k)) for k in kinds],
+        "timeline_svg": _timeline_svg(_list(report.get("timeline")), events, "timeline"),
+        "audits": _audits(_map(report.get("audit"))),
+    }
+    return render("mission.html.j2", packages=("testbed",), **context)
 
 
 def compare_html(reports: Sequence[Mapping[str, Any]]) -> str:
@@ -179,14 +195,13 @@ def compare_html(reports: Sequence[Mapping[str, Any]]) -> str:
     Typically a ledger run and a checkpoint-only run of the same mission.
     Columns are labelled by ``mission.mode`` (with a ``#n`` suffix when two
     reports share a mode). Rows: verdict and parameters, the measures
-    (count / denominator, rate in %, per consequence class), cases by outcome,
-    operations by final state, readback latency (ms), fault totals and audit
-    violations. Plots: the effects per case of every report as one grouped bar
-    chart, then each report's operations-by-state timeline.
+    (count / denominator, rate in %, per consequence class), effects by sink,
+    held operations, cases by outcome, operations by final state, readback
+    latency (ms), fault totals and audit violations. Plots: each report's
+    operations-by-state timeline with its faults marked.
 
     Args:
-        reports: mission reports, in the shape described in
-            :func:`mission_html`.
+        reports: mission reports, in the shape described in :func:`mission_html`.
 
     Returns:
         The page, a complete self-contained HTML document.
@@ -200,232 +215,273 @@ def compare_html(reports: Sequence[Mapping[str, Any]]) -> str:
     missions = [_map(r["mission"]) for r in reports]
     checks = [_map(r["checks"]) for r in reports]
     labels = _column_labels(missions)
-    body = [
-        f"<h1>Mission comparison: {_e(' vs '.join(labels))}</h1>",
-        _compare_missions(labels, missions, checks),
-        _compare_measures(labels, reports),
-        _compare_counts(
+    title = f"Mission comparison: {' vs '.join(labels)}"
+    sections = [
+        ("Missions", _compare_missions(labels, missions, checks), "no missions"),
+        ("Measures", _compare_measures(labels, reports), "no measures recorded"),
+        ("Effects by sink", _compare_sinks(labels, reports), "no effects by sink recorded"),
+        (
             "Cases by outcome",
-            "outcome",
-            labels,
-            [_map(_map(r.get("cases")).get("by_outcome")) for r in reports],
-            totals=[_map(r.get("cases")).get("total") for r in reports],
-        ),
-        _compare_counts(
-            "Operations by final state",
-            "state",
-            labels,
-            [_map(_map(r.get("operations")).get("by_state")) for r in reports],
-            totals=[_map(r.get("operations")).get("total") for r in reports],
-            order=_STATE_ORDER,
-            state_names=True,
-        ),
-        _compare_latency(labels, reports),
-        _compare_faults(labels, reports),
-        _compare_audit(labels, reports),
-        "<h2>Effects per case</h2>",
-        _plot_or_empty(
-            _effects_svg(
-                {
-                    label: _map(r.get("effects_per_case"))
-                    for label, r in zip(labels, reports, strict=True)
-                },
-                "effects",
+            _compare_counts(
+                labels,
+                "outcome",
+                [_map(_map(r.get("cases")).get("by_outcome")) for r in reports],
+                [_map(r.get("cases")).get("total") for r in reports],
             ),
-            "no effects per case recorded",
+            "no outcome counts recorded",
         ),
-        "<h2>Operations by state over time</h2>",
+        (
+            "Operations by final state",
+            _compare_counts(
+                labels,
+                "state",
+                [_map(_map(r.get("operations")).get("by_state")) for r in reports],
+                [_map(r.get("operations")).get("total") for r in reports],
+                order=_STATE_ORDER,
+                state_names=True,
+            ),
+            "no state counts recorded",
+        ),
+        ("Readback latency", _compare_latency(labels, reports), ""),
+        ("Faults injected", _compare_faults(labels, reports), "no faults recorded"),
+        ("Audit violations", _compare_audit(labels, reports), "no audit recorded"),
     ]
-    for n, (label, r) in enumerate(zip(labels, reports, strict=True)):
-        body.append(f"<h3>{_e(label)}</h3>")
-        body.append(
-            _plot_or_empty(
-                _timeline_svg(_list(r.get("timeline")), f"timeline-{n}"), "no timeline recorded"
-            )
+    timelines = [
+        (
+            label,
+            _timeline_svg(
+                _list(r.get("timeline")),
+                [_map(e) for e in _list(r.get("timeline_events"))],
+                f"timeline-{n}",
+            ),
         )
-    return _page(f"Mission comparison: {' vs '.join(labels)}", body)
+        for n, (label, r) in enumerate(zip(labels, reports, strict=True))
+    ]
+    return render(
+        "mission_compare.html.j2",
+        packages=("testbed",),
+        title=title,
+        sections=sections,
+        timelines=timelines,
+    )
 
 
-def _mission_header(mission: Mapping[str, Any], checks: Mapping[str, Any]) -> str:
-    passed = bool(checks.get("passed"))
-    failures = [str(f) for f in _list(checks.get("failures"))]
-    badge = '<span class="badge pass">PASSED</span>' if passed else _fail_badge()
-    name = mission.get("ledger") or "mission"
-    parts = [f"<h1>Mission report: {_e(str(name))} {badge}</h1>"]
-    if failures:
-        parts.append('<ul class="failures">')
-        parts.extend(f"<li>{_e(f)}</li>" for f in failures)
-        parts.append("</ul>")
-    elif not passed:
-        parts.append('<p class="muted">the checks failed without naming a failure</p>')
-    parts.append("<h2>Parameters</h2>")
-    parts.append(_kv_table(_mission_params(mission)))
-    return "\n".join(parts)
+# ---------------------------------------------------------------------- one mission
 
 
 def _mission_params(mission: Mapping[str, Any]) -> list[tuple[str, str]]:
-    rows = [(label, _fmt(mission[key])) for key, label in _MISSION_LABELS.items() if key in mission]
-    rows += [(str(k), _fmt(v)) for k, v in mission.items() if k not in _MISSION_LABELS]
+    rows = [(label, fmt(mission[key])) for key, label in _MISSION_LABELS.items() if key in mission]
+    rows += [(str(k), fmt(v)) for k, v in mission.items() if k not in _MISSION_LABELS]
     return rows
 
 
-def _cases_section(cases: Mapping[str, Any]) -> str:
+def _cases_table(cases: Mapping[str, Any]) -> dict[str, Any] | None:
     by_outcome = _map(cases.get("by_outcome"))
-    head = "<h2>Cases by outcome</h2>"
     if not by_outcome:
-        return head + '<p class="empty">no case outcomes recorded</p>'
+        return None
     total = cases.get("total", sum(_int(v) for v in by_outcome.values()))
-    rows = [[_e(str(k)), _fmt(v), _rate(v, total)] for k, v in by_outcome.items()]
-    rows.append(["total", _fmt(total), _rate(total, total)])
-    return head + _table(["outcome", "cases", "share"], rows, num={1, 2}, total_last=True)
+    rows = [[str(k), fmt(v), _rate(v, total)] for k, v in by_outcome.items()]
+    rows.append(["total", fmt(total), _rate(total, total)])
+    return _table(["outcome", "cases", "share"], rows, num={1, 2}, total_last=True)
 
 
-def _operations_section(ops: Mapping[str, Any]) -> str:
+def _operations_table(ops: Mapping[str, Any]) -> dict[str, Any] | None:
     by_state = _map(ops.get("by_state"))
     by_class = {str(k): _map(v) for k, v in _map(ops.get("by_class")).items()}
-    head = "<h2>Operations by final state</h2>"
     states = _ordered(list(by_state) + [s for per in by_class.values() for s in per], _STATE_ORDER)
     if not states:
-        return head + '<p class="empty">no operations recorded</p>'
+        return None
     classes = list(by_class)
-    rows = [
-        [_state_cell(s), _fmt(by_state.get(s, 0))] + [_fmt(by_class[c].get(s, 0)) for c in classes]
+    rows: list[list[Any]] = [
+        [_state_cell(s), fmt(by_state.get(s, 0))] + [fmt(by_class[c].get(s, 0)) for c in classes]
         for s in states
     ]
     rows.append(
-        ["total", _fmt(ops.get("total", sum(_int(v) for v in by_state.values())))]
+        ["total", fmt(ops.get("total", sum(_int(v) for v in by_state.values())))]
         + [str(sum(_int(v) for v in by_class[c].values())) for c in classes]
     )
-    headers = ["state", "all classes"] + classes
-    return head + _table(headers, rows, num=set(range(1, len(headers))), total_last=True)
+    headers = ["state", "all classes", *classes]
+    return _table(headers, rows, num=range(1, len(headers)), total_last=True)
 
 
-def _measures_section(measures: list[Any]) -> str:
-    head = "<h2>Measures</h2>"
+def _measures_table(measures: list[Any]) -> dict[str, Any] | None:
     items = [_map(m) for m in measures]
     if not items:
-        return head + '<p class="empty">no measures recorded</p>'
+        return None
     classes = _ordered([str(c) for m in items for c in _map(m.get("by_class"))], [])
     rows = []
     for m in items:
         split = _map(m.get("by_class"))
         rows.append(
             [
-                _e(str(m.get("name", "?"))),
-                _fmt(m.get("count")),
-                _fmt(m.get("of")),
-                _e(str(m.get("denominator", ""))),
+                str(m.get("name", "?")),
+                fmt(m.get("count")),
+                fmt(m.get("of")),
+                str(m.get("denominator", "")),
                 _rate(m.get("count"), m.get("of")),
             ]
             + [_pair_cell(split.get(c)) for c in classes]
-            + [_e(str(m.get("note", "")))]
+            + [str(m.get("note", ""))]
         )
     headers = ["measure", "count", "of", "denominator", "rate"]
     headers += [f"{c}: count / of (rate)" for c in classes] + ["note"]
-    return head + _table(headers, rows, num={1, 2, 4} | set(range(5, 5 + len(classes))))
+    return _table(headers, rows, num={1, 2, 4} | set(range(5, 5 + len(classes))))
 
 
-def _faults_section(faults: Mapping[str, Any]) -> str:
-    head = "<h2>Faults injected</h2>"
+def _held_table(held: Any) -> dict[str, Any] | None:
+    """``None`` when the report does not say (an older report); else a table, maybe empty."""
+    if held is None:
+        return None
+    rows = [
+        [
+            Markup("<code>{}</code>").format(h.get("operation_id", "?")),
+            fmt(h.get("case")),
+            _state_cell(str(h.get("state", "?"))),
+            str(h.get("sink", "")),
+            str(h.get("reason") or "—"),
+            fmt(h.get("since_s")),
+            fmt(h.get("age_s")),
+        ]
+        for h in (_map(x) for x in _list(held))
+    ]
+    return _table(
+        ["operation", "case", "state", "sink", "reason", "held since (s)", "age (s)"],
+        rows,
+        num={1, 5, 6},
+    )
+
+
+def _effects_table(per_sink: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not per_sink:
+        return None
+    rows: list[list[Any]] = []
+    totals = dict.fromkeys((k for k, _ in _SINK_COLUMNS), 0)
+    for sink, e in per_sink.items():
+        e = _map(e)
+        rows.append(
+            [Markup("<code>{}</code>").format(sink), str(e.get("consequence", ""))]
+            + [fmt(e.get(k)) for k, _ in _SINK_COLUMNS]
+        )
+        for k, _ in _SINK_COLUMNS:
+            totals[k] += _int(e.get(k))
+    rows.append(["all sinks", ""] + [str(totals[k]) for k, _ in _SINK_COLUMNS])
+    headers = ["sink", "consequence class"] + [label for _, label in _SINK_COLUMNS]
+    return _table(headers, rows, num=range(2, len(headers)), total_last=True)
+
+
+def _faults_tables(faults: Mapping[str, Any]) -> dict[str, Any] | None:
     if not faults:
-        return head + '<p class="empty">no faults recorded</p>'
+        return None
     tables = []
     scalars = []
     for key in _ordered(list(faults), list(_FAULT_LABELS)):
         value = faults[key]
         label = _FAULT_LABELS.get(key, key)
         if isinstance(value, Mapping):
-            rows = [[_e(str(k)), _fmt(v)] for k, v in value.items()]
+            rows = [[str(k), fmt(v)] for k, v in value.items()]
             rows.append(["total", str(sum(_int(v) for v in value.values()))])
-            tables.append(
-                f"<div><h3>{_e(label)}</h3>"
-                + _table([key.rsplit("_by_", 1)[-1], "count"], rows, num={1}, total_last=True)
-                + "</div>"
-            )
+            head = [key.rsplit("_by_", 1)[-1], "count"]
+            tables.append((label, _table(head, rows, num={1}, total_last=True)))
         else:
-            scalars.append((label, _fmt(value)))
-    out = head + '<div class="grid">' + "".join(tables)
-    if scalars:
-        out += "<div><h3>other faults</h3>" + _kv_table(scalars, num=True) + "</div>"
-    return out + "</div>"
+            scalars.append((label, fmt(value)))
+    return {"tables": tables, "scalars": scalars}
 
 
-def _latency_section(latency: Mapping[str, Any]) -> str:
-    head = "<h2>Readback latency</h2>"
+def _latency(latency: Mapping[str, Any]) -> dict[str, Any] | None:
     if not latency:
-        return head + '<p class="empty">no readback latency recorded</p>'
-    rows = [
-        ("readbacks", _fmt(latency.get("count"))),
-        ("p50 (ms)", _fmt(latency.get("p50"))),
-        ("p99 (ms)", _fmt(latency.get("p99"))),
-        ("max (ms)", _fmt(latency.get("max"))),
+        return None
+    rows = [("readbacks", fmt(latency.get("count")))]
+    rows += [
+        (f"{q} (ms)", fmt(latency.get(q))) for q in ("p50", "p90", "p99", "max") if q in latency
     ]
+    if latency.get("unattributed"):
+        rows.append(("resumes with no attributable start", fmt(latency.get("unattributed"))))
     for key, label in (("during_failover", "during failovers"), ("outside_failover", "outside")):
         part = _map(latency.get(key))
         if part:
-            rows.append(
-                (f"{label}: p50 / p99 (ms) over n", f"{_fmt(part.get('p50'))} / "
-                 f"{_fmt(part.get('p99'))} over {_fmt(part.get('count'))}")
-            )  # fmt: skip
-    marks = {name: float(latency[name]) for name in ("p50", "p99") if _is_number(latency.get(name))}
-    svg = _histogram_svg(
-        [float(x) for x in _list(latency.get("samples")) if _is_number(x)],
-        marks,
-        "readback-latency",
-    )
-    return head + _kv_table(rows, num=True) + _plot_or_empty(svg, "no latency samples recorded")
+            p50, p99, over = (fmt(part.get(k)) for k in ("p50", "p99", "count"))
+            rows.append((f"{label}: p50 / p99 (ms) over n", f"{p50} / {p99} over {over}"))
+    buckets = [_map(b) for b in _list(latency.get("buckets"))]
+    count = _int(latency.get("count"))
+    bucket_rows = []
+    below = 0
+    for b in buckets:
+        n = _int(b.get("count"))
+        below += n
+        bound = b.get("up_to_ms")
+        bucket_rows.append(
+            [f"≤ {fmt(bound)}" if bound is not None else "longer", str(n), _rate(below, count)]
+        )
+    marks = {q: float(latency[q]) for q in ("p50", "p90", "p99") if _is_number(latency.get(q))}
+    samples = [float(x) for x in _list(latency.get("samples")) if _is_number(x)]
+    return {
+        "rows": rows,
+        "buckets": _table(["readback within (ms)", "resumes", "cumulative"], bucket_rows, {1, 2})
+        if bucket_rows
+        else None,
+        "svg": _latency_svg(samples, marks, "readback-latency"),
+    }
 
 
-def _failover_section(failovers: list[Any]) -> str:
+def _failover_table(failovers: list[Any]) -> dict[str, Any] | None:
     if not failovers:
-        return ""
+        return None
     rows = []
-    for w in failovers:
-        w = _map(w)
+    for w in (_map(x) for x in failovers):
         rows.append(
             [
-                _e(str(w.get("kind", ""))),
-                _e(str(w.get("target", ""))),
-                _fmt(w.get("start_s")),
-                _fmt(w.get("end_s")),
-                _fmt(w.get("duration_s")),
-                _e(str(w.get("error") or w.get("note") or "")),
+                str(w.get("kind", "")),
+                str(w.get("target", "")),
+                fmt(w.get("start_s")),
+                fmt(w.get("end_s")),
+                fmt(w.get("duration_s")),
+                str(w.get("error") or w.get("note") or ""),
             ]
         )
-    return "<h2>Broker faults</h2>" + _table(
+    return _table(
         ["fault", "target", "start (s)", "end (s)", "duration (s)", "note"], rows, num={2, 3, 4}
     )
 
 
-def _mission_audit_section(audit: Mapping[str, Any]) -> str:
-    head = "<h2>Audit</h2>"
-    if not audit:
-        return head + '<p class="empty">no audit recorded</p>'
-    parts = [head, '<div class="grid">']
+def _events_table(events: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    if not events:
+        return None
+    rows = [
+        [
+            fmt(e.get("t_s")),
+            fmt(e.get("end_s")) if e.get("end_s") is not None else "",
+            _kind_cell(str(e.get("kind", "?"))),
+            str(e.get("target", "")),
+            str(e.get("detail", "")),
+        ]
+        for e in events
+    ]
+    return _table(["at (s)", "until (s)", "fault", "target", "detail"], rows, num={0, 1})
+
+
+def _audits(audit: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
     for key in _ordered(list(audit), list(_AUDIT_PHASES)):
         phase = _map(audit[key])
-        label = _AUDIT_PHASES.get(key, key)
-        count = _int(phase.get("violations"))
-        details = [str(d) for d in _list(phase.get("details"))]
-        verdict = (
-            '<span class="badge pass">CLEAN</span>'
-            if count == 0
-            else f'<span class="badge fail">{count} VIOLATION{"S" if count != 1 else ""}</span>'
-        )
         checked = _map(phase.get("checked"))
-        parts.append(f"<div><h3>{_e(label)} {verdict}</h3>")
-        if checked:
-            rows = [[_e(str(k)), _fmt(v)] for k, v in checked.items()]
-            parts.append(_table(["invariant", "facts checked"], rows, num={1}))
-        if details:
-            parts.append('<ul class="violations">' if count else "<ul>")
-            parts.extend(f"<li>{_e(d)}</li>" for d in details)
-            parts.append("</ul>")
-        elif count:
-            parts.append('<p class="muted">no violation details recorded</p>')
-        parts.append("</div>")
-    parts.append("</div>")
-    return "\n".join(parts)
+        out.append(
+            {
+                "label": _AUDIT_PHASES.get(key, key),
+                "count": _int(phase.get("violations")),
+                "checked": _table(
+                    ["invariant", "facts checked"],
+                    [[str(k), fmt(v)] for k, v in checked.items()],
+                    num={1},
+                )
+                if checked
+                else None,
+                "details": [str(d) for d in _list(phase.get("details"))],
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------------- comparison
 
 
 def _column_labels(missions: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -435,98 +491,105 @@ def _column_labels(missions: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _compare_missions(
     labels: list[str], missions: list[Mapping[str, Any]], checks: list[Mapping[str, Any]]
-) -> str:
+) -> dict[str, Any]:
     verdicts = []
     for c in checks:
+        cell = _badge(bool(c.get("passed")))
         failures = [str(f) for f in _list(c.get("failures"))]
-        cell = '<span class="badge pass">PASSED</span>' if c.get("passed") else _fail_badge()
         if failures:
-            cell += '<ul class="failures">' + "".join(f"<li>{_e(f)}</li>" for f in failures)
-            cell += "</ul>"
+            items = Markup("").join(Markup("<li>{}</li>").format(f) for f in failures)
+            cell += Markup('<ul class="failures">{}</ul>').format(items)
         verdicts.append(cell)
     keys = _ordered([k for m in missions for k in m], list(_MISSION_LABELS))
-    rows = [["checks", *verdicts]]
+    rows: list[list[Any]] = [["checks", *verdicts]]
     rows += [
-        [_e(_MISSION_LABELS.get(k, k))] + [_fmt(m.get(k)) for m in missions]
-        for k in keys
-        if k != "mode"
+        [_MISSION_LABELS.get(k, k)] + [fmt(m.get(k)) for m in missions] for k in keys if k != "mode"
     ]
-    return "<h2>Missions</h2>" + _table(["", *labels], rows)
+    return _table(["", *labels], rows)
 
 
-def _compare_measures(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> str:
-    head = "<h2>Measures</h2>"
+def _compare_measures(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> Any:
     per_report = [
         {str(_map(m).get("name", "?")): _map(m) for m in _list(r.get("measures"))} for r in reports
     ]
     names = _ordered([n for ms in per_report for n in ms], [])
     if not names:
-        return head + '<p class="empty">no measures recorded</p>'
+        return None
     rows = []
     for name in names:
         found = [ms[name] for ms in per_report if name in ms]
         denominator = next((str(m["denominator"]) for m in found if m.get("denominator")), "")
-        first = _e(name) + (f'<div class="sub">of {_e(denominator)}</div>' if denominator else "")
-        cells = [first]
+        first = Markup("{}").format(name)
+        if denominator:
+            first += Markup('<div class="sub">of {}</div>').format(denominator)
+        cells: list[Any] = [first]
         for ms in per_report:
             m = ms.get(name)
             if m is None:
                 cells.append("—")
                 continue
             count, of = m.get("count"), m.get("of")
-            cell = f"{_fmt(count)} / {_fmt(of)} ({_rate(count, of)})"
+            cell = Markup("{} / {} ({})").format(fmt(count), fmt(of), _rate(count, of))
             for cls, pair in _map(m.get("by_class")).items():
-                cell += f'<div class="sub">{_e(str(cls))}: {_pair_cell(pair)}</div>'
+                cell += Markup('<div class="sub">{}: {}</div>').format(cls, _pair_cell(pair))
             cells.append(cell)
         rows.append(cells)
-    headers = ["measure (count / of, rate)", *labels]
-    return head + _table(headers, rows, num=set(range(1, len(headers))))
+    return _table(["measure (count / of, rate)", *labels], rows, num=range(1, len(labels) + 1))
+
+
+def _compare_sinks(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> Any:
+    per = [_map(r.get("effects_by_sink")) for r in reports]
+    sinks = _ordered([str(s) for p in per for s in p], [])
+    if not sinks:
+        return None
+    rows = []
+    for sink in sinks:
+        for key, label in _SINK_COLUMNS:
+            values = [fmt(_map(p.get(sink)).get(key)) if sink in p else "—" for p in per]
+            rows.append([Markup("<code>{}</code> {}").format(sink, label), *values])
+    return _table(["", *labels], rows, num=range(1, len(labels) + 1))
 
 
 def _compare_counts(
-    title: str,
-    what: str,
     labels: list[str],
+    what: str,
     counts: list[Mapping[str, Any]],
     totals: list[Any],
     order: Sequence[str] = (),
     state_names: bool = False,
-) -> str:
+) -> Any:
     keys = _ordered([str(k) for c in counts for k in c], order)
-    head = f"<h2>{_e(title)}</h2>"
     if not keys:
-        return head + f'<p class="empty">no {_e(what)} counts recorded</p>'
-    rows = [
-        [_state_cell(k) if state_names else _e(k)] + [_fmt(c.get(k, 0)) for c in counts]
-        for k in keys
+        return None
+    rows: list[list[Any]] = [
+        [_state_cell(k) if state_names else k] + [fmt(c.get(k, 0)) for c in counts] for k in keys
     ]
     rows.append(
         ["total"]
         + [
-            _fmt(t) if t is not None else str(sum(_int(v) for v in c.values()))
+            fmt(t) if t is not None else str(sum(_int(v) for v in c.values()))
             for c, t in zip(counts, totals, strict=True)
         ]
     )
-    return head + _table([what, *labels], rows, num=set(range(1, len(labels) + 1)), total_last=True)
+    return _table([what, *labels], rows, num=range(1, len(labels) + 1), total_last=True)
 
 
-def _compare_latency(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> str:
+def _compare_latency(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> Any:
     lat = [_map(r.get("readback_latency_ms")) for r in reports]
     rows = [
-        [label] + [_fmt(x.get(key)) for x in lat]
+        [label] + [fmt(x.get(key)) for x in lat]
         for key, label in (
             ("count", "readbacks"),
             ("p50", "p50 (ms)"),
+            ("p90", "p90 (ms)"),
             ("p99", "p99 (ms)"),
             ("max", "max (ms)"),
         )
     ]
-    return "<h2>Readback latency</h2>" + _table(
-        ["", *labels], rows, num=set(range(1, len(labels) + 1))
-    )
+    return _table(["", *labels], rows, num=range(1, len(labels) + 1))
 
 
-def _compare_faults(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> str:
+def _compare_faults(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> Any:
     faults = [_map(r.get("faults")) for r in reports]
     keys = _ordered([k for f in faults for k in f], list(_FAULT_LABELS))
     rows = []
@@ -538,32 +601,43 @@ def _compare_faults(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> 
             if isinstance(value, Mapping):
                 cells.append(str(sum(_int(v) for v in value.values())))
             else:
-                cells.append(_fmt(value))
-        rows.append([_e(label) + (" (total)" if "_by_" in key else ""), *cells])
+                cells.append(fmt(value))
+        rows.append([label + (" (total)" if "_by_" in key else ""), *cells])
+    held = [r.get("held_operations") for r in reports]
+    if any(h is not None for h in held):
+        rows.append(
+            ["held operations", *(fmt(len(_list(h))) if h is not None else "—" for h in held)]
+        )
     if not rows:
-        return '<h2>Faults injected</h2><p class="empty">no faults recorded</p>'
-    return "<h2>Faults injected</h2>" + _table(
-        ["", *labels], rows, num=set(range(1, len(labels) + 1))
-    )
+        return None
+    return _table(["", *labels], rows, num=range(1, len(labels) + 1))
 
 
-def _compare_audit(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> str:
+def _compare_audit(labels: list[str], reports: Sequence[Mapping[str, Any]]) -> Any:
     audits = [_map(r.get("audit")) for r in reports]
     keys = _ordered([k for a in audits for k in a], list(_AUDIT_PHASES))
     if not keys:
-        return '<h2>Audit violations</h2><p class="empty">no audit recorded</p>'
+        return None
     rows = [
-        [_e(_AUDIT_PHASES.get(k, k))]
-        + [_fmt(_map(a.get(k)).get("violations")) if k in a else "—" for a in audits]
+        [_AUDIT_PHASES.get(k, k)]
+        + [fmt(_map(a.get(k)).get("violations")) if k in a else "—" for a in audits]
         for k in keys
     ]
-    return "<h2>Audit violations</h2>" + _table(
-        ["", *labels], rows, num=set(range(1, len(labels) + 1))
-    )
+    return _table(["", *labels], rows, num=range(1, len(labels) + 1))
 
 
-def _timeline_svg(timeline: list[Any], name: str) -> str | None:
-    """Stacked area of operations per state; x in seconds since the start."""
+# ---------------------------------------------------------------------- plots
+
+
+def _timeline_svg(
+    timeline: list[Any], events: Sequence[Mapping[str, Any]], name: str
+) -> str | None:
+    """Stacked area of operations per state, every fault marked; x in seconds since the start.
+
+    Instants (kills) are vertical lines, spans (zombie pauses, broker
+    restarts and faults) shaded bands with a line at their start; one legend
+    entry per state and per kind of fault.
+    """
     points = []
     for p in timeline:
         point = _map(p)
@@ -578,79 +652,105 @@ def _timeline_svg(timeline: list[Any], name: str) -> str | None:
         return None
     xs = [t for t, _ in points]
     ys = [[float(_int(st.get(s, 0))) for _, st in points] for s in states]
+    marks = [e for e in events if _is_number(e.get("t_s"))]
     with _style():
-        fig = _new_figure()
+        fig = _new_figure(height_in=3.6)
         ax = fig.add_subplot()
         ax.stackplot(
             xs, ys, labels=[_mpl_text(s) for s in states], colors=_state_colours(states), lw=0
         )
-        ax.set_xlabel("seconds since start")
+        kinds = _ordered([str(e.get("kind", "?")) for e in marks], list(_EVENT_STYLE))
+        for n, kind in enumerate(kinds):
+            colour, dash = _EVENT_STYLE.get(kind, (_FALLBACK_COLOURS[n % 6], "-"))
+            style: Any = dash  # one of matplotlib's line-style names
+            mine = [e for e in marks if str(e.get("kind", "?")) == kind]
+            starts = [float(e["t_s"]) for e in mine]
+            ax.vlines(
+                starts,
+                0,
+                1,
+                transform=ax.get_xaxis_transform(),
+                colors=colour,
+                linestyles=style,
+                linewidth=0.9,
+                alpha=0.8,
+                label=_mpl_text(f"{kind} ({len(mine)})"),
+            )
+            for e in mine:
+                if _is_number(e.get("end_s")) and float(e["end_s"]) > float(e["t_s"]):
+                    ax.axvspan(float(e["t_s"]), float(e["end_s"]), color=colour, alpha=0.12, lw=0)
+        right = max([xs[-1], *(float(e["t_s"]) for e in marks)])
+        ax.set_xlabel("seconds since the mission's start")
         ax.set_ylabel("operations")
-        ax.set_xlim(xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1)
+        ax.set_xlim(min(xs[0], 0.0), right if right > xs[0] else xs[0] + 1)
         ax.margins(y=0)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8)
         return figure_svg(fig, name)
 
 
-def _histogram_svg(samples_ms: list[float], marks: Mapping[str, float], name: str) -> str | None:
-    """Histogram of latencies in ms, with vertical lines at the given marks."""
-    finite = [x for x in samples_ms if math.isfinite(x)]
+def _latency_svg(samples_ms: list[float], marks: Mapping[str, float], name: str) -> str | None:
+    """Histogram and cumulative distribution of latencies (ms), p50/p90/p99 marked on both."""
+    finite = sorted(x for x in samples_ms if math.isfinite(x))
     if not finite:
         return None
     bins = max(5, min(_HIST_MAX_BINS, round(math.sqrt(len(finite)) * 2)))
+    colours = dict(zip(("p50", "p90", "p99"), ("#238b45", "#ff7f0e", "#d62728"), strict=True))
     with _style():
-        fig = _new_figure(height_in=2.8)
-        ax = fig.add_subplot()
-        ax.hist(finite, bins=bins, color="#4292c6", edgecolor="white", linewidth=0.5)
-        coloured = list(zip(marks.items(), ("#238b45", "#d62728"), strict=False))
-        for (_, value), colour in coloured:
-            ax.axvline(value, color=colour, linestyle="--", linewidth=1.2)
-        low, high = ax.get_xlim()
-        for (label, value), colour in coloured:
-            right_half = value > (low + high) / 2  # label on the side with room
-            ax.annotate(
-                f"{_mpl_text(label)} {value:.0f} ms",
-                xy=(value, 1),
-                xycoords=("data", "axes fraction"),
-                xytext=(-3 if right_half else 3, -12),
-                textcoords="offset points",
-                ha="right" if right_half else "left",
-                color=colour,
-                fontsize=8,
-            )
-        ax.set_xlabel("readback latency (ms)")
-        ax.set_ylabel("readbacks")
+        fig = _new_figure(height_in=3.0)
+        hist, cdf = fig.subplots(1, 2)
+        hist.hist(finite, bins=bins, color="#4292c6", edgecolor="white", linewidth=0.5)
+        hist.set_xlabel("readback latency (ms)")
+        hist.set_ylabel("resumes")
+        ys = [(i + 1) / len(finite) for i in range(len(finite))]
+        cdf.step(finite, ys, where="post", color="#4292c6", linewidth=1.2)
+        cdf.set_xlabel("readback latency (ms)")
+        cdf.set_ylabel("share of resumes at or below")
+        cdf.set_ylim(0, 1.02)
+        for label, value in marks.items():
+            colour = colours.get(label, "#7f7f7f")
+            for ax in (hist, cdf):
+                ax.axvline(
+                    value,
+                    color=colour,
+                    linestyle="--",
+                    linewidth=1.1,
+                    label=_mpl_text(f"{label} {value:.0f} ms") if ax is cdf else None,
+                )
+        if marks:
+            cdf.legend(loc="lower right", frameon=False, fontsize=8)
         return figure_svg(fig, name)
 
 
-def _effects_svg(series: Mapping[str, Mapping[str, Any]], name: str) -> str | None:
-    """Bars of cases per number of effects; one bar group per key, one colour per series."""
-    present = {label: counts for label, counts in series.items() if counts}
-    if not present:
+def _effects_svg(per_sink: Mapping[str, Any], name: str) -> str | None:
+    """Cases per number of effects at each sink: one bar group per count, one colour per sink."""
+    series = {str(s): _map(_map(e).get("by_effects")) for s, e in per_sink.items()}
+    series = {s: c for s, c in series.items() if c}
+    if not series:
         return None
-    keys = sorted({str(k) for c in present.values() for k in c}, key=_effects_key)
-    width = 0.8 / len(present)
+    keys = sorted({str(k) for c in series.values() for k in c}, key=_effects_key)
+    width = 0.8 / len(series)
     with _style():
-        fig = _new_figure(width_in=max(5.0, min(11.0, 2.0 + 0.6 * len(keys) * len(present))))
+        fig = _new_figure(width_in=max(5.0, min(11.0, 2.0 + 0.6 * len(keys) * len(series))))
         ax = fig.add_subplot()
         ax.grid(axis="x", visible=False)
-        for n, (label, counts) in enumerate(present.items()):
-            offsets = [i + (n - (len(present) - 1) / 2) * width for i in range(len(keys))]
-            values = [_int(counts.get(k, 0)) for k in keys]
+        for n, (sink, counts) in enumerate(series.items()):
+            offsets = [i + (n - (len(series) - 1) / 2) * width for i in range(len(keys))]
             bars = ax.bar(
                 offsets,
-                values,
+                [_int(counts.get(k, 0)) for k in keys],
                 width=width,
-                label=_mpl_text(label) if label else None,
+                label=_mpl_text(sink),
                 color=_SERIES_COLOURS[n % len(_SERIES_COLOURS)],
             )
             ax.bar_label(bars, fontsize=7, padding=1)
         ax.set_xticks(range(len(keys)), [_mpl_text(k) for k in keys])
-        ax.set_xlabel("effects per case (counted by the sinks)")
+        ax.set_xlabel("effects of a case at one sink (counted by the sink; 2 or more: duplicate)")
         ax.set_ylabel("cases")
-        if len(present) > 1 or next(iter(present)):
-            ax.legend(frameon=False)
+        ax.legend(frameon=False)
         return figure_svg(fig, name)
+
+
+# ---------------------------------------------------------------------- helpers
 
 
 def _state_colours(states: Sequence[str]) -> list[str]:
@@ -675,30 +775,40 @@ def _effects_key(key: str) -> tuple[int, float, str]:
         return (1, 0.0, key)
 
 
-def _fail_badge() -> str:
-    return '<span class="badge fail">FAILED</span>'
-
-
-def _state_cell(state: str) -> str:
-    colour = _STATE_COLOURS.get(state, "#ccc")
-    return (
-        f'<span style="display:inline-block;width:.8em;height:.8em;background:{colour};'
-        f'margin-right:.4em;border-radius:2px"></span><code>{_e(state)}</code>'
+def _badge(ok: bool) -> Markup:
+    return Markup('<span class="badge {}">{}</span>').format(
+        "pass" if ok else "fail", "PASSED" if ok else "FAILED"
     )
 
 
-def _pair_cell(pair: Any) -> str:
+def _state_cell(state: str) -> Markup:
+    colour = _STATE_COLOURS.get(state, "#ccc")
+    return Markup(
+        '<span style="display:inline-block;width:.8em;height:.8em;background:{};'
+        'margin-right:.4em;border-radius:2px"></span><code>{}</code>'
+    ).format(colour, state)
+
+
+def _kind_cell(kind: str) -> Markup:
+    colour = _EVENT_STYLE.get(kind, ("#7f7f7f", "-"))[0]
+    return Markup(
+        '<span style="display:inline-block;width:.8em;height:.25em;background:{};'
+        'margin-right:.4em;vertical-align:middle"></span>{}'
+    ).format(colour, kind)
+
+
+def _pair_cell(pair: Any) -> Any:
     """``[count, denominator]`` as ``count / of (rate)``; anything else as text."""
     if isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2:
-        return f"{_fmt(pair[0])} / {_fmt(pair[1])} ({_rate(pair[0], pair[1])})"
-    return "—" if pair is None else _fmt(pair)
+        return Markup("{} / {} ({})").format(fmt(pair[0]), fmt(pair[1]), _rate(pair[0], pair[1]))
+    return "—" if pair is None else fmt(pair)
 
 
-def _rate(count: Any, of: Any) -> str:
+def _rate(count: Any, of: Any) -> Markup:
     """``count / of`` as a percentage, or ``—`` when undefined."""
     if not (_is_number(count) and _is_number(of)) or float(of) == 0:
-        return "—"
-    return f"{100.0 * float(count) / float(of):.3g}&nbsp;%"
+        return Markup("—")
+    return Markup("{}&nbsp;%").format(f"{100.0 * float(count) / float(of):.3g}")
 
 
 def _ordered(keys: Iterable[str], order: Sequence[str]) -> list[str]:
@@ -706,3 +816,23 @@ def _ordered(keys: Iterable[str], order: Sequence[str]) -> list[str]:
     seen = list(dict.fromkeys(keys))
     known = [k for k in order if k in seen]
     return known + [k for k in seen if k not in order]
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _is_number(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def _int(value: Any) -> int:
+    return int(value) if _is_number(value) else 0

@@ -33,7 +33,16 @@ from ledger.events import (
 )
 from ledger.fold import replay_decisions
 from ledger.states import RecoveryState as S
+from testbed.mission.answers import (
+    effects_by_sink,
+    fault_marks,
+    held_operations,
+    latency_distribution,
+    percentile,
+)
 from testbed.mission.plan import MISSION_SINKS, PURE_CLASS, SEAM_STAGE, Case, MissionOptions
+
+__all__ = ["JournalRow", "MissionFacts", "build", "compare_text", "percentile", "render_text"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class MissionFacts:
         stale_dispatches: ``{"operation_id", "token", "refused"}`` per stale dispatch sent.
         reauth_reasons: reason -> reauthorisations.
         reconciled: the reconciler's results.
-        timeline: ``{"t_s", "states"}`` samples.
+        timeline: ``{"t_s", "states"}`` samples (``t_s``: seconds since ``t0_unix``).
         audit_before: the audit before forced compaction.
         audit_after: the audit after it.
         policy_changed_at: cases started when the policy version changed.
@@ -114,6 +123,13 @@ class MissionFacts:
             ``kind``, ``target``, ``start`` and ``end`` (Unix seconds; ``end``
             ``None`` when the cluster never became whole again), ``note``,
             ``error``.
+        t0_unix: the mission's start (Unix seconds); every time on the
+            report is in seconds since it.
+        as_of_unix: when the final states were read (Unix seconds; the
+            ages of held operations are taken at it).
+        fault_events: faults the mission injected itself (chaos kills,
+            zombie pauses, broker restarts): ``{"kind", "at", "end", "target"}``
+            (Unix seconds; see :func:`testbed.mission.answers.fault_marks`).
     """
 
     options: MissionOptions
@@ -149,15 +165,9 @@ class MissionFacts:
     kafka_fenced: Mapping[str, int]
     process_starts: Sequence[tuple[float, str]] = ()
     failovers: Sequence[Mapping[str, Any]] = ()
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (``q`` in 0..100); ``None`` for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+    t0_unix: float = 0.0
+    as_of_unix: float = 0.0
+    fault_events: Sequence[Mapping[str, Any]] = ()
 
 
 def _measure(
@@ -312,6 +322,7 @@ def _latency_summary(values: Sequence[float]) -> dict[str, Any]:
     return {
         "count": len(values),
         "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
         "p99": percentile(values, 99),
         "max": max(values) if values else None,
     }
@@ -322,8 +333,11 @@ def build(f: MissionFacts) -> dict[str, Any]:
 
     Returns:
         A JSON-ready dict with ``mission``, ``cases``, ``operations``,
-        ``measures``, ``readback_latency_ms``, ``faults``, ``timeline``,
-        ``effects_per_case``, ``audit`` and ``checks``.
+        ``measures``, ``held_operations``, ``effects_by_sink``,
+        ``readback_latency_ms`` (with ``p90`` and ``buckets``), ``faults``,
+        ``timeline``, ``timeline_events``, ``audit`` and ``checks``; times in
+        seconds since the mission's start, all on one clock. The shapes of
+        the new parts are those of :mod:`testbed.mission.answers`.
     """
     opts = f.options
     sink_of: dict[str, str] = {}
@@ -536,9 +550,21 @@ def build(f: MissionFacts) -> dict[str, Any]:
     faults_fired = sum(int(s.get("faults_fired", 0)) for s in f.sink_stats.values())
     unreached = Counter(str(a.get("seam")) for a in f.armed)
 
-    # effects per case
-    per_case = Counter(str(effects(c.refund_op) + effects(c.notify_op)) for c in f.cases if True)
-    # (cases never published have no state and so no effects: they count as 0)
+    # effects per sink (a case has one operation per sink: two effects at one sink are a duplicate)
+    sink_ops: dict[str, list[str]] = {sink: [] for sink in MISSION_SINKS}
+    for op in ops:
+        sink_ops[sink_of[op]].append(op)
+    per_sink = effects_by_sink(
+        sink_ops, {s: c.consequence for s, c in MISSION_SINKS.items()}, f.effects
+    )
+
+    # held operations and fault marks, on one clock (Unix seconds, shown since the start)
+    stamps = [r.at_s for r in f.journal]
+    t0 = f.t0_unix or (min(stamps) if stamps else 0.0)
+    as_of = f.as_of_unix or (max(stamps) if stamps else t0)
+    case_of = {op: c.number for c in f.cases for op in (c.refund_op, c.notify_op)}
+    held = held_operations({op: f.states[op] for op in ops}, f.journal, case_of, as_of, t0)
+    marks = fault_marks(f.fired, f.fault_events, f.failovers, t0)
 
     # checks
     failures: list[str] = []
@@ -597,11 +623,10 @@ def build(f: MissionFacts) -> dict[str, Any]:
             "by_class": {k: dict(v) for k, v in by_class.items()},
         },
         "measures": measures,
+        "held_operations": held,
+        "effects_by_sink": per_sink,
         "readback_latency_ms": {
-            "count": len(latencies),
-            "p50": percentile(latencies, 50),
-            "p99": percentile(latencies, 99),
-            "max": max(latencies) if latencies else None,
+            **latency_distribution(latencies),
             "unattributed": unattributed,
             "samples": latencies,
             "during_failover": _latency_summary(during),
@@ -630,7 +655,7 @@ def build(f: MissionFacts) -> dict[str, Any]:
             "nudges": len(f.nudge_claims),
         },
         "timeline": list(f.timeline),
-        "effects_per_case": dict(sorted(per_case.items(), key=lambda kv: int(kv[0]))),
+        "timeline_events": marks,
         "reconciled": Counter(str(r.get("observed")) for r in f.reconciled),
         "audit": {
             "before_compaction": _audit(f.audit_before),
@@ -665,12 +690,40 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append(
             f"  {'':<48} of {ms['denominator']}" + (f"; {ms['note']}" if ms["note"] else "")
         )
+    per_sink = report.get("effects_by_sink") or {}
+    if per_sink:
+        lines += ["", "effects by sink (counted by the sinks; one operation per case per sink):"]
+        lines.append(
+            f"  {'sink':<12} {'class':<22} {'operations':>10} {'effects':>8} {'cases':>6} "
+            f"{'duplicates':>10}"
+        )
+        for sink, e in per_sink.items():
+            lines.append(
+                f"  {sink:<12} {e['consequence']:<22} {e['operations']:>10} {e['effects']:>8} "
+                f"{e['cases']:>6} {e['duplicates']:>10}"
+            )
+    held = report.get("held_operations")
+    if held is not None:
+        lines += ["", f"held operations: {len(held)}"]
+        for h in held:
+            age = "-" if h["age_s"] is None else f"{h['age_s']} s"
+            lines.append(
+                f"  {h['operation_id']:<22} {h['state']:<22} {h['sink']:<9} held {age:>9}  "
+                f"{h['reason'] or '-'}"
+            )
     lat = report["readback_latency_ms"]
     lines += [
         "",
-        f"time to authoritative readback after a resume: p50 {lat['p50']} ms, p99 {lat['p99']} ms,"
-        f" max {lat['max']} ms over {lat['count']} resumes",
+        f"time to authoritative readback after a resume: p50 {lat['p50']} ms, "
+        f"p90 {lat.get('p90')} ms, p99 {lat['p99']} ms, max {lat['max']} ms over "
+        f"{lat['count']} resumes",
     ]
+    buckets = lat.get("buckets") or []
+    if lat["count"] and buckets:
+        width = max(b["count"] for b in buckets) or 1
+        for b in buckets:
+            bound = f"<= {b['up_to_ms']:g} ms" if b["up_to_ms"] is not None else "longer"
+            lines.append(f"  {bound:>12} {b['count']:>6} {'#' * round(30 * b['count'] / width)}")
     if report.get("failovers"):
         d, o = lat["during_failover"], lat["outside_failover"]
         lines += [
@@ -700,6 +753,15 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"  resumer races {fl['resumer_races']}, stale dispatches {fl['stale_dispatches']}, "
         f"zombie transactions fenced by Kafka {fl['zombie_transactions_fenced_by_kafka']}",
     ]
+    events = report.get("timeline_events")
+    if events:
+        lines += ["", "faults on the timeline (seconds since the start):"]
+        shown = 60
+        for ev in events[:shown]:
+            span = f"{ev['t_s']}" + (f" -> {ev['end_s']}" if ev.get("end_s") is not None else "")
+            lines.append(f"  {span:>16}  {ev['kind']:<15} {ev['target']:<24} {ev['detail']}")
+        if len(events) > shown:
+            lines.append(f"  ... and {len(events) - shown} more (JSON timeline_events, HTML page)")
     for label, key in (("before", "before_compaction"), ("after", "after_compaction")):
         audit = report["audit"][key]
         lines.append(f"audit {label} compaction: {audit['violations']} violation(s)")
@@ -727,9 +789,26 @@ def compare_text(reports: Sequence[Mapping[str, Any]]) -> str:
             ms = next((m for m in r["measures"] if m["name"] == name), None)
             values.append(_rate(ms["count"], ms["of"]) if ms else "-")
         row(name, values)
+    sinks = list(dict.fromkeys(s for r in reports for s in r.get("effects_by_sink") or {}))
+    for sink in sinks:
+        cells = []
+        for r in reports:
+            e = (r.get("effects_by_sink") or {}).get(sink)
+            cells.append(f"{e['effects']} / {e['duplicates']}" if e else "-")
+        row(f"{sink}: effects / cases with a duplicate", cells)
     row(
-        "readback after resume p50 / p99 (ms)",
-        [f"{r['readback_latency_ms']['p50']} / {r['readback_latency_ms']['p99']}" for r in reports],
+        "held operations",
+        [str(len(r["held_operations"])) if "held_operations" in r else "-" for r in reports],
+    )
+    row(
+        "readback after resume p50 / p90 / p99 (ms)",
+        [
+            " / ".join(
+                "-" if (v := r["readback_latency_ms"].get(q)) is None else f"{v:.0f}"
+                for q in ("p50", "p90", "p99")
+            )
+            for r in reports
+        ],
     )
     row(
         "audit violations (before / after compaction)",

@@ -230,6 +230,10 @@ class Mission:
         self.stage_errors: Counter[str] = Counter()
         #: (Unix time, stage process name) of every stage (re)start.
         self.process_starts: list[tuple[float, str]] = []
+        #: Faults the mission injects itself, for the report's timeline:
+        #: ``{"kind", "at", "end", "target"}`` (Unix seconds).
+        self.fault_events: list[dict[str, Any]] = []
+        self._paused_event: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ set-up
 
@@ -250,6 +254,7 @@ class Mission:
         follower = TableFollower(self.settings, "state", self._apply_state)
         follower.follow(set(range(self.settings.partitions)))
         self._follower = follower
+        self._sample()  # the timeline starts before the first case
 
     def request_stop(self) -> None:
         """Ask the mission to stop at its next step (safe from a signal handler)."""
@@ -484,7 +489,11 @@ class Mission:
                 self.say(f"broker restart {self.broker_restart_note}")
             else:
                 self.say(f"restarting the broker after {n} cases ...")
+                event = {"kind": "broker restart", "at": time.time(), "end": None}
+                event["target"] = f"local broker :{self.settings.kafka_port}"
+                self.fault_events.append(event)
                 broker.restart(self.settings)
+                event["end"] = time.time()
                 self.broker_restarts = 1
         every = self.options.chaos_every
         if every and n and n % every == 0 and n // every > self._chaos_done:
@@ -499,12 +508,24 @@ class Mission:
             return
         # With several instances every other chaos event makes a zombie.
         if self.options.instances > 1 and self._chaos_done % 2 == 0:
+            at = time.time()
             if self.harness.pause(component, instance):
                 self.zombie_pauses[component] += 1
                 self.paused_until[name] = time.monotonic() + SESSION_TIMEOUT_S + 3
+                event = {"kind": "zombie pause", "at": at, "end": None, "target": name}
+                self.fault_events.append(event)
+                self._paused_event[name] = event
         else:
+            self.fault_events.append({"kind": "chaos kill", "at": time.time(), "target": name})
             self.harness.kill(component, instance)
             self.chaos_kills[component] += 1
+
+    def _wake(self, name: str) -> None:
+        """Resume a paused stage process (a zombie now) and close its pause on the timeline."""
+        self.harness.resume(*name.rsplit("-", 1))
+        event = self._paused_event.pop(name, None)
+        if event is not None:
+            event["end"] = time.time()
 
     def _supervise(self) -> None:
         """Restart crashed stages and wake paused ones when their time has come."""
@@ -512,7 +533,7 @@ class Mission:
         for name, until in list(self.paused_until.items()):
             if now >= until:
                 del self.paused_until[name]
-                self.harness.resume(*name.rsplit("-", 1))
+                self._wake(name)
         for name in self.harness.crashed():
             if name in self.pending_restarts:
                 continue
@@ -536,7 +557,8 @@ class Mission:
             return
         self._next_sample = now + 1.0
         counts = Counter(str(st.state) for st in self.states.values())
-        self.timeline.append({"t_s": round(now - self.t0, 1), "states": dict(counts)})
+        # Unix clock, like the faults, the journal's timestamps and the broker windows.
+        self.timeline.append({"t_s": round(time.time() - self.t0_unix, 1), "states": dict(counts)})
         self._fired = len(faults.fired(self.settings.run_dir))  # once a second, not every step
         self.peak_rss_kb = max(self.peak_rss_kb, self._rss_kb())
 
@@ -679,7 +701,7 @@ class Mission:
         """Every crashed stage restarted, every zombie woken, every stage caught up."""
         self._check_stop()
         for name in list(self.paused_until):
-            self.harness.resume(*name.rsplit("-", 1))
+            self._wake(name)
         self.paused_until.clear()
         for name, _ in list(self.pending_restarts.items()):
             self._start_stage(name)
@@ -791,6 +813,8 @@ class Mission:
             effects[sink] = client.effects()
             gateway_stats[sink] = client.stats()
         self.peak_rss_kb = max(self.peak_rss_kb, self._rss_kb())
+        as_of = time.time()
+        states = current_states(self.settings)
         facts = MissionFacts(
             options=self.options,
             ledger=self.settings.topic_prefix,
@@ -801,7 +825,7 @@ class Mission:
             cases=self.cases,
             outcomes={r.case.number: r.outcome or f"unfinished ({r.phase})" for r in self.runs},
             eligibility_evaluations=self.eligibility_evaluations,
-            states=current_states(self.settings),
+            states=states,
             effects=effects,
             sink_stats=gateway_stats,
             journal=self._journal(),
@@ -825,5 +849,8 @@ class Mission:
             kafka_fenced=self._kafka_fenced(),
             process_starts=self.process_starts,
             failovers=self.chaos.report(self.t0_unix) if self.chaos is not None else (),
+            t0_unix=self.t0_unix,
+            as_of_unix=as_of,
+            fault_events=self.fault_events,
         )
         return build(facts)

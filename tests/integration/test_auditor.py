@@ -4,10 +4,16 @@ missing recovery receipt)."""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from consumers.auditor import run_audit
+from ledger.cli import main
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Dispatch, EffectReceipt, JournalEntry
 from ledger.kafka import client_config
@@ -48,10 +54,22 @@ def test_audit_is_clean_then_catches_corruption(ledger_settings: LedgerSettings)
         harness.restart()
         harness.wait_quiescent(90)
 
+        before_ms = int(time.time() * 1000)
         clean = run_audit(settings)
         assert clean.violations == [], clean.violations
         assert clean.operations == 2 and clean.checked["state"] == 2
         assert clean.checked["recovery-receipt"] == 2 and clean.checked["consume-once"] == 2
+        # What it covered: when, which offsets, with or without sink readback.
+        assert clean.started_at_ms is not None and clean.started_at_ms >= before_ms
+        assert set(clean.offsets["journal"]) == {0, 1, 2}
+        assert sum(clean.offsets["journal"].values()) >= clean.journal_entries
+        assert clean.sink_readback and clean.sink_facts == 2
+        assert clean.verdict == "CLEAN (ledger and sink readback)"
+        ledger_only = run_audit(settings, read_sinks=False)
+        assert not ledger_only.sink_readback and ledger_only.sink_facts == 0
+        assert ledger_only.facts == clean.facts - clean.sink_facts
+        assert ledger_only.verdict == "CLEAN (ledger only, sink readback off)"
+        assert clean.open_items == []
 
         force_compaction(settings)
         after = run_audit(settings)
@@ -151,3 +169,62 @@ def test_audit_is_clean_then_catches_corruption(ledger_settings: LedgerSettings)
     finally:
         pub.close()
         harness.stop()
+
+
+def test_audit_lists_open_items_with_their_history(
+    ledger_settings: LedgerSettings, tmp_path: Path
+) -> None:
+    """An operation published without an approval waits for reauthorisation: the audit
+    (text and JSON) names it, its age and the command that shows its history."""
+    settings = ledger_settings
+    harness = Harness(settings, create=False)
+    pub = LedgerPublisher(settings)
+    op = "refund:unapproved:v1"
+    try:
+        pub.publish(
+            operation_id=op,
+            sink="payments",
+            action="refund",
+            params={"account": "acct-1", "amount_minor": 100, "currency": "GBP"},
+            actor="svc",
+            subject="customer-1",
+            purpose="fee-remediation",
+            decision_version=1,
+            approval_id=None,
+        )
+        harness.start("processor")
+        harness.wait_quiescent(90)
+    finally:
+        pub.close()
+        harness.stop()
+    env = {
+        "LEDGER_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "LEDGER_TOPIC_PREFIX": settings.topic_prefix,
+        "LEDGER_RUN_DIR": str(settings.run_dir),
+        "LEDGER_PARTITIONS": str(settings.partitions),
+    }
+    runner = CliRunner()
+    text = runner.invoke(main, ["audit", "--no-sinks"], env=env)
+    assert text.exit_code == 0, text.output
+    assert text.output.startswith("CLEAN (ledger only, sink readback off): 0 violation(s) in ")
+    assert "none against sink readback (--no-sinks" in text.output
+    assert "1 open item(s)" in text.output
+    [line] = [ln for ln in text.output.splitlines() if ln.startswith(f"  {op}\t")]
+    assert "NEEDS_REAUTHORISATION" in line and f"(ledger history {op})" in line
+    assert "  journal: 0:" in text.output
+    data = json.loads(runner.invoke(main, ["audit", "--json", "--no-sinks"], env=env).output)
+    [item] = data["open_items"]
+    assert item["operation_id"] == op and item["state"] == "NEEDS_REAUTHORISATION"
+    assert item["age_s"] >= 0 and item["history"] == f"ledger history {op}"
+    assert data["coverage"]["sink_readback"] is False and data["coverage"]["sink_facts"] is None
+    assert data["ran_at"] and set(data["offsets"]["state"]) == {"0", "1", "2"}
+    page = tmp_path / "audit.html"
+    wrote = runner.invoke(
+        main, ["audit", "--no-sinks", "--html", str(page), "--histories"], env=env
+    )
+    assert wrote.exit_code == 0, wrote.output
+    [history] = list((tmp_path / "history").glob("*.html"))
+    assert f'<a href="history/{history.name}"><code>ledger history {op}</code></a>' in (
+        page.read_text()
+    )
+    assert f"<h1>History of <code>{op}</code></h1>" in history.read_text()

@@ -123,6 +123,11 @@ def test_every_broker_fault_hit_and_healed_on_the_timeline(chaos_report: dict[st
     assert starts == sorted(starts)  # in turn, one at a time
     ends = [w["end"] for w in windows if w["end"]]
     assert all(e <= s for e, s in zip(ends, starts[1:], strict=False))
+    # each fault that hit is marked on the timeline, on the same clock as its window
+    marks = [m for m in chaos_report["timeline_events"] if m["kind"] == "broker fault"]
+    assert [(m["t_s"], m["end_s"]) for m in marks] == [
+        (w["start_s"], w["end_s"]) for w in windows if w["start"]
+    ]
     latency = chaos_report["readback_latency_ms"]
     during = latency["during_failover"]
     assert during["count"] > 0 and 0 <= during["p50"] <= during["p99"]

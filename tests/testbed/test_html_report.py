@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from ledger.audit import AuditReport
+from ledger.audit import AuditReport, OpenItem, open_items
 from ledger.cli.html import audit_html
+from ledger.events import OperationState
 from testbed.mission.html import compare_html, mission_html
 
 HOSTILE = '<script>alert("x")</script>'
@@ -106,9 +107,11 @@ def mission_report(mode: str = "ledger", seed: int = 7) -> dict[str, Any]:
         "readback_latency_ms": {
             "count": 180,
             "p50": 850.0,
+            "p90": 3300.0,
             "p99": 6100.0,
             "max": 7400.0,
             "samples": [round(rng.lognormvariate(6.8, 0.6), 1) for _ in range(180)],
+            "buckets": [{"up_to_ms": 1000, "count": 100}, {"up_to_ms": None, "count": 80}],
         },
         "faults": {
             "kills_by_seam": {
@@ -129,11 +132,68 @@ def mission_report(mode: str = "ledger", seed: int = 7) -> dict[str, Any]:
             "restarts": 230,
         },
         "timeline": timeline,
-        "effects_per_case": (
-            {"0": 420, "1": 20, "2": 3348, "3": 212}
-            if checkpoint
-            else {"0": 420, "1": 28, "2": 3540, "3": 12}
-        ),
+        "effects_by_sink": {
+            "payments": {
+                "consequence": "irreversible",
+                "operations": 3600,
+                "effects": 3553 + duplicates,
+                "cases": 3553,
+                "duplicates": duplicates,
+                "extra_effects": duplicates,
+                "by_effects": {"0": 47, "1": 3553 - duplicates, "2": duplicates},
+            },
+            "mailer": {
+                "consequence": "reversible-external",
+                "operations": 3512,
+                "effects": 3540,
+                "cases": 3540,
+                "duplicates": 0,
+                "extra_effects": 0,
+                "by_effects": {"0": 12, "1": 3540},
+            },
+        },
+        "held_operations": [
+            {
+                "operation_id": f"notify:{n:05d}:v1",
+                "case": n,
+                "state": "UNKNOWN_OUTCOME",
+                "sink": "mailer",
+                "reason": "outcome unknown: mailer: timeout",
+                "since_s": 100.0 + n,
+                "age_s": 312.3 - n,
+            }
+            for n in range(12)
+        ],
+        "timeline_events": [
+            {
+                "t_s": 12.0,
+                "end_s": None,
+                "kind": "seam kill",
+                "target": "stage relay 0",
+                "detail": "after_dispatch_before_send on refund:00003:v1",
+            },
+            {
+                "t_s": 80.0,
+                "end_s": None,
+                "kind": "chaos kill",
+                "target": "processor-1",
+                "detail": "",
+            },
+            {
+                "t_s": 150.0,
+                "end_s": 163.0,
+                "kind": "zombie pause",
+                "target": "relay-1",
+                "detail": "",
+            },
+            {
+                "t_s": 250.0,
+                "end_s": 258.0,
+                "kind": "broker restart",
+                "target": "broker",
+                "detail": "",
+            },
+        ],  # fmt: skip
         "audit": {
             "before_compaction": {
                 "violations": 0,
@@ -212,6 +272,10 @@ def test_mission_page_shows_the_reports_numbers() -> None:
     for seam in ("before_admission", "commit_then_drop_response", "zombie pauses"):
         assert seam in page
     assert "refunded and notified" in page and "3500" in page
+    # held operations named, latency as a distribution with its marks, faults on the timeline
+    assert "<code>notify:00011:v1</code>" in page and "outcome unknown: mailer: timeout" in page
+    assert "p90 3300 ms" in page and "share of resumes at or below" in page
+    assert "zombie pause (1)" in page and "after_dispatch_before_send on refund:00003:v1" in page
 
 
 def test_mission_page_escapes_report_text() -> None:
@@ -222,10 +286,13 @@ def test_mission_page_escapes_report_text() -> None:
         "details": [f"single-effect refund:{HOSTILE}:v1: the sink holds 2 effects"],
     }
     report["measures"][0]["note"] = HOSTILE
-    report["effects_per_case"][HOSTILE] = 1
+    report["effects_by_sink"][HOSTILE] = {"effects": 1, "by_effects": {"1": 1}}
+    report["held_operations"][0]["reason"] = HOSTILE
+    report["timeline_events"][0]["detail"] = HOSTILE
     page = mission_html(report)
     assert "<script" not in page
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page
+    # outcome, measure note, audit detail, sink, held reason, fault detail: each escaped
+    assert page.count("&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;") >= 6
     assert "1 VIOLATION" in page
 
 
@@ -267,7 +334,8 @@ def test_compare_shows_one_column_per_mode() -> None:
     assert '<th class="num">ledger</th>' in page
     assert '<th class="num">checkpoint-only</th>' in page
     assert "0 / 7093" in page and "212 / 7093" in page
-    assert page.count("<svg") == 3  # grouped effects bars + one timeline per report
+    assert page.count("<svg") == 2  # one timeline per report (with its faults)
+    assert "cases with a duplicate" in page
     assert "PASSED" in page and "FAILED" in page
 
 
@@ -325,10 +393,33 @@ def test_audit_report_to_dict() -> None:
     report.unauthenticated_records.append(
         {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
     )
+    report.started_at_ms = 1_796_000_000_000
+    report.took_s = 2.5
+    report.offsets = {"journal": {0: 7, 1: 0}}
+    report.open_items = [
+        OpenItem("refund:2:v1", "UNKNOWN_OUTCOME", "payments", "outcome unknown", 1000, 12.0)
+    ]
     data = report.to_dict()
     assert data == {
         "operations": 3,
         "journal_entries": 11,
+        "verdict": "2 VIOLATIONS (ledger only, sink readback off)",
+        "ran_at": "2026-11-30T00:53:20+00:00",
+        "ran_at_ms": 1_796_000_000_000,
+        "took_s": 2.5,
+        "coverage": {"sink_readback": False, "facts": 5, "ledger_facts": 5, "sink_facts": None},
+        "offsets": {"journal": {"0": 7, "1": 0}},
+        "open_items": [
+            {
+                "operation_id": "refund:2:v1",
+                "state": "UNKNOWN_OUTCOME",
+                "sink": "payments",
+                "reason": "outcome unknown",
+                "since_ms": 1000,
+                "age_s": 12.0,
+                "history": "ledger history refund:2:v1",
+            }
+        ],
         "authenticity_checked": True,
         "unauthenticated_records": [
             {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
@@ -352,3 +443,84 @@ def test_audit_report_to_dict() -> None:
     page = audit_html(data)
     assert "invariant" in page
     assert "unauthenticated records (refused)" in page
+    assert "2026-11-30T00:53:20+00:00, took 2.5 s" in page
+    assert "<code>ledger history refund:2:v1</code>" in page
+    assert "LEDGER ONLY, SINK READBACK OFF" in page and "1 OPEN" in page
+
+
+def test_audit_page_says_which_coverage_the_verdict_holds_for() -> None:
+    """The same ledger audited with and without sink readback: two verdicts, two figures."""
+    with_sinks = {
+        **audit_report(violations=0),
+        "coverage": {"sink_readback": True, "facts": 397, "ledger_facts": 261, "sink_facts": 136},
+    }
+    without = {
+        **audit_report(violations=0),
+        "coverage": {"sink_readback": False, "facts": 261, "ledger_facts": 261, "sink_facts": None},
+    }
+    on, off = audit_html(with_sinks), audit_html(without)
+    assert "(ledger and sink readback)" in on and "sink readback off" not in on
+    assert "(ledger only, sink readback off)" in off and "(ledger and sink readback)" not in off
+    assert "<td>… against sink readback</td><td>136</td>" in on
+    assert "<td>… against sink readback</td><td>not read (ledger audit --no-sinks)</td>" in off
+
+
+def test_audit_page_lists_every_open_item_with_its_history() -> None:
+    items = [
+        OpenItem(f"refund:{n}:v1", state, "payments", f"reason {n}", 0, float(n))
+        for n, state in enumerate(
+            ["UNKNOWN_OUTCOME"] * 10 + ["ABANDONED"] * 2 + ["NEEDS_REAUTHORISATION"]
+        )
+    ]
+    page = audit_html({**audit_report(violations=0), "open_items": [i.to_dict() for i in items]})
+    assert_self_contained(page)
+    assert "13 OPEN" in page
+    assert "10 UNKNOWN_OUTCOME, 2 ABANDONED, 1 NEEDS_REAUTHORISATION" in page
+    for i in items:
+        assert f"<code>ledger history {i.operation_id}</code>" in page
+    linked = {**items[0].to_dict(), "history_href": "history/refund_0_v1-1234abcd.html"}
+    page = audit_html({**audit_report(violations=0), "open_items": [linked]})
+    assert (
+        '<a href="history/refund_0_v1-1234abcd.html"><code>ledger history refund:0:v1</code></a>'
+        in page
+    )
+    none = audit_html({**audit_report(violations=0), "open_items": []})
+    assert "none: no held unknown outcome" in none and "OPEN" not in none
+
+
+def test_open_items_are_the_held_reauthorisation_pending_and_abandoned() -> None:
+    from tests.helpers import intent
+
+    base = OperationState(
+        operation_id="x",
+        state="OUTCOME_VERIFIED",
+        version=3,
+        epoch=1,
+        parameter_digest=intent().parameter_digest,
+        sink="payments",
+        action="refund",
+        params_json="{}",
+        actor="svc",
+        subject="customer-1",
+        purpose="p",
+        decision_version=1,
+        amount_minor=0,
+    )
+    states = {
+        op: base.model_copy(update={"operation_id": op, "state": st, "reason": f"why {op}"})
+        for op, st in [
+            ("a", "OUTCOME_VERIFIED"),
+            ("b", "UNKNOWN_OUTCOME"),
+            ("c", "ABANDONED"),
+            ("d", "NEEDS_REAUTHORISATION"),
+            ("e", "UNKNOWN_OUTCOME"),
+        ]
+    }
+    items = open_items(states, {"b": 9_000, "e": 5_000, "c": 20_000}, now_ms=10_000)
+    assert [(i.operation_id, i.state, i.age_s) for i in items] == [
+        ("e", "UNKNOWN_OUTCOME", 5.0),
+        ("b", "UNKNOWN_OUTCOME", 1.0),
+        ("d", "NEEDS_REAUTHORISATION", None),
+        ("c", "ABANDONED", 0.0),  # written after the audit started: never a negative age
+    ]
+    assert items[0].reason == "why e" and items[0].history_command == "ledger history e"

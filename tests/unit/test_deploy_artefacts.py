@@ -425,8 +425,14 @@ def test_kubernetes_stages_are_statefulsets_whose_ordinal_is_the_instance() -> N
             assert resolve_instance(None, None, f"{name}-{ordinal}")[0] == str(ordinal)
         assert doc["spec"]["replicas"] <= int(_container_env(container)["LEDGER_PARTITIONS"])
         assert container["resources"]["requests"] and container["resources"]["limits"]
-        # A stage serves nothing a probe could ask.
-        assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container)
+        # The probes ask the stage's own endpoints, on the port it serves them on.
+        env = _container_env(container)
+        (port,) = container["ports"]
+        assert port["containerPort"] == int(env["LEDGER_METRICS_PORT"]), name
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
+        annotations = doc["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/port"] == env["LEDGER_METRICS_PORT"], name
 
 
 def test_kubernetes_client_config_and_keys_come_from_secrets() -> None:

@@ -26,6 +26,7 @@ from ledger.errors import (
     InputBoundsError,
     LedgerError,
     LocalFileError,
+    OperationEndedElsewhereError,
     ParameterDriftError,
     ScenarioError,
     SchemaError,
@@ -40,6 +41,8 @@ from ledger.errors import (
     SinkUnavailableError,
     TopicConfigError,
     UnknownSchemaError,
+    WaitError,
+    WaitTimeoutError,
 )
 from sinks.client import SinkClient
 from testbed.sinks.admin import ReferenceSinkClient
@@ -68,6 +71,9 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SinkNotReachedError: True,  # the request never left: sending it again is safe
     SinkStoreError: False,  # another sink's database, a newer schema
     SinkStartError: False,  # the message quotes the sink's log: read it first
+    WaitError: False,
+    OperationEndedElsewhereError: False,  # it rests there until a person acts
+    WaitTimeoutError: True,  # waiting again can see the state come
 }
 
 

@@ -242,3 +242,18 @@ def test_only_unavailable_answers_count_towards_giving_up() -> None:
         state = d.state
     assert state.state == S.ABANDONED and state.unavailable == MAX_UNAVAILABLE
     assert "unavailable 5 times" in state.reason
+
+
+def test_an_unavailable_answer_does_not_release_an_unknown_outcome() -> None:
+    """A 503 on a resumed request is not a readback: the held operation stays held
+    (found by the fold property test: AMBIGUOUS, then UNAVAILABLE on resume)."""
+    state = admitted()
+    held = decide(state, helpers.receipt(OP, current_dispatch_id(state), "AMBIGUOUS"), "r:0:1")
+    assert held.state is not None and held.state.state == S.UNKNOWN_OUTCOME
+    unavailable = helpers.receipt(OP, current_dispatch_id(held.state), "UNAVAILABLE", True)
+    d = decide(held.state, unavailable, "r:0:2")
+    assert d.outcome == "NOOP" and not any(o.topic == "dispatches" for o in d.outputs)
+    # An ABSENT readback still releases it (the same admitted operation again).
+    b = helpers.readback(OP, current_dispatch_id(held.state), "ABSENT", on_resume=True)
+    again = decide(held.state, b, "b:0:3")
+    assert again.state is not None and again.state.state == S.EFFECT_PENDING

@@ -355,3 +355,33 @@ def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher
         assert "policy versions count from 1" in event.reason  # type: ignore[attr-defined]
     finally:
         kernel.close()
+
+
+def test_gameday_run_checks_every_file_first_and_runs_nothing_when_one_is_malformed(
+    tmp_path: Path,
+) -> None:
+    good = sorted((Path(__file__).parents[1] / "testbed" / "scenarios").iterdir())[0]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    worse = tmp_path / "worse.yaml"
+    worse.write_text("name: [unclosed")
+    result = CliRunner().invoke(main, ["gameday", "run", str(good), str(bad), str(worse)])
+    assert result.exit_code == 2
+    assert "bad.json" in result.output and "worse.yaml" in result.output
+    assert "no scenario was run: 2 of 3 file(s) malformed" in result.output
+
+
+@pytest.mark.parametrize(
+    ("at_ms", "now_ms", "text"),
+    [
+        (1_796_120_000_000, 1_796_116_400_000, "2026-12-01T10:13:20Z (in 3600 s)"),
+        (3_600_000, 0, "3600 s (in 3600 s)"),
+        (1_500, 4_500, "1.5 s (3 s ago)"),
+    ],
+)
+def test_an_instant_reads_as_a_time_on_the_system_clock_and_seconds_on_a_manual_one(
+    at_ms: int, now_ms: int, text: str
+) -> None:
+    from ledger.cli.common import instant_text
+
+    assert instant_text(at_ms, now_ms) == text

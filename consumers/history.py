@@ -1,0 +1,186 @@
+"""Reading one operation's history from the ledger's topics.
+
+:func:`read_history` reads, for one operation ID, the partition that holds
+it on every operation-keyed topic (they are co-partitioned: the key decides
+the partition with the ``murmur2`` hash, :func:`partition_for`), then the
+approval-keyed topics (``approvals``, ``approval-uses``,
+``admission-requests``) for the approvals the operation names, checks every
+record's seal (:mod:`ledger.authn`) and hands them to the pure
+:func:`ledger.history.build_history`. ``ledger history`` and the operator
+console both call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+
+from consumers.stage import key_text, read_partition
+from ledger.authn import Keyring
+from ledger.credentials import load_keyring
+from ledger.errors import LedgerError
+from ledger.events import (
+    AdmissionDecision,
+    AdmissionRequest,
+    Dispatch,
+    Event,
+    Intent,
+    OperationState,
+    decode_event,
+)
+from ledger.history import History, HistoryRecord, build_history
+from ledger.settings import LedgerSettings
+from ledger.topics import partitions_for
+from ledger.topology import TOPIC_BY_NAME, TOPICS, is_reserved_key
+
+__all__ = ["UnknownOperationError", "partition_for", "read_history"]
+
+#: Topics keyed by approval ID (read for the approvals the operation names).
+APPROVAL_TOPICS = ("approvals", "approval-uses", "admission-requests")
+
+#: Topics keyed by operation ID, read for the operation's partition.
+OPERATION_TOPICS = tuple(
+    t.name for t in TOPICS if t.key == "operation ID" and not t.single_partition
+)
+
+
+class UnknownOperationError(LedgerError):
+    """No record on any ledger topic is about this operation."""
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's 32-bit murmur2 hash of ``data`` (the Java client's ``Utils.murmur2``), signed."""
+    m = 0x5BD1E995
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    full = length - length % 4
+    for i in range(0, full, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rest = length % 4
+    if rest == 3:
+        h ^= data[full + 2] << 16
+    if rest >= 2:
+        h ^= data[full + 1] << 8
+    if rest >= 1:
+        h ^= data[full]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: str | bytes, partitions: int) -> int:
+    """The partition a keyed record lands on under ``murmur2_random`` (the ledger's partitioner).
+
+    Args:
+        key: the record key.
+        partitions: the topic's partition count (1 or more).
+
+    Returns:
+        ``(murmur2(key) & 0x7fffffff) % partitions``, as the Java client computes it.
+    """
+    raw = key.encode() if isinstance(key, str) else key
+    return (murmur2(raw) & 0x7FFFFFFF) % partitions
+
+
+def read_history(settings: LedgerSettings, operation_id: str, timeout_s: float = 60.0) -> History:
+    """Every record about one operation, in causal order, with the five answers.
+
+    Args:
+        settings: the ledger's settings.
+        operation_id: the operation.
+        timeout_s: how long each topic's read may take (seconds).
+
+    Returns:
+        The history (:class:`ledger.history.History`); records that fail
+        authentication or do not decode are in it, marked not believed.
+
+    Raises:
+        UnknownOperationError: no record on any topic is about the operation.
+        LedgerError: a topic could not be read to its end in time.
+        LocalFileError: a key file is unreadable.
+    """
+    keyring = load_keyring(settings)
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="history-read") as pool:
+        futures = [
+            pool.submit(_read_keys, settings, keyring, t, {operation_id}, timeout_s)
+            for t in OPERATION_TOPICS
+        ]
+        records = [r for f in futures for r in f.result()]
+        if not records:
+            raise UnknownOperationError(
+                f"no operation {operation_id!r} in the ledger (topic prefix "
+                f"{settings.topic_prefix!r}); list operations with `ledger state`",
+                operation_id=operation_id,
+            )
+        approvals = _approvals_named(records)
+        if approvals:
+            futures = [
+                pool.submit(_read_keys, settings, keyring, t, approvals, timeout_s)
+                for t in APPROVAL_TOPICS
+            ]
+            for f in futures:
+                records.extend(
+                    r
+                    for r in f.result()
+                    if not isinstance(r.event, AdmissionRequest)
+                    or r.event.operation_id == operation_id
+                )
+    return build_history(operation_id, records)
+
+
+def _approvals_named(records: Iterable[HistoryRecord]) -> set[str]:
+    """Approval IDs the operation's intents, states, decisions and dispatches name."""
+    named: set[str] = set()
+    for r in records:
+        e = r.event
+        if isinstance(e, Intent | AdmissionDecision | Dispatch) and e.approval_id:
+            named.add(e.approval_id)
+        if isinstance(e, OperationState):
+            named.update(a for a in (e.approval_id, e.admitted_approval_id) if a)
+    return named
+
+
+def _read_keys(
+    settings: LedgerSettings, keyring: Keyring, topic: str, keys: set[str], timeout_s: float
+) -> list[HistoryRecord]:
+    """The records of ``topic`` whose key is one of ``keys``, seals checked."""
+    spec = TOPIC_BY_NAME[topic]
+    count = partitions_for(settings, spec)
+    partitions = {partition_for(k, count) for k in keys}
+    found: list[HistoryRecord] = []
+
+    def keep(_: object, msg: Message) -> None:
+        raw_key = msg.key() or b""
+        if is_reserved_key(raw_key):
+            return
+        key = key_text(msg)
+        value = msg.value()
+        if key not in keys or value is None:  # another key, or a tombstone
+            return
+        kind, ts = msg.timestamp()
+        when = None if kind == TIMESTAMP_NOT_AVAILABLE else int(ts)
+        event: Event | None = None
+        problem: str | None = None
+        try:
+            event = decode_event(value)
+        except Exception as exc:  # listed as such, never fatal
+            problem = f"does not decode: {type(exc).__name__}: {exc}"
+        if problem is None:
+            refused = keyring.check(topic, raw_key, value, msg.headers(), event)
+            if refused is not None:
+                problem = f"not authentic: {refused}"
+        found.append(
+            HistoryRecord(topic, msg.partition() or 0, msg.offset() or 0, when, key, event, problem)
+        )
+
+    read_partition(settings, topic, partitions, keep, timeout_s, decode=False)
+    return found

@@ -1,0 +1,169 @@
+"""The pure parts of item 2 of issue 13: exit codes, --until's states, ages, resting states."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ledger.cli import main
+from ledger.cli.common import (
+    EXIT_BROKER_UNREACHABLE,
+    EXIT_CODES,
+    EXIT_ERROR,
+    EXIT_TOPICS_MISSING,
+    bootstrap_in_force,
+    exit_code_for,
+)
+from ledger.clock import age_s
+from ledger.errors import (
+    BrokerUnavailableError,
+    LedgerError,
+    OperationEndedElsewhereError,
+    TopicConfigError,
+)
+from ledger.events import OperationState
+from ledger.states import RESTING, TERMINAL, TRANSITIONS, RecoveryState
+from producers.waiting import parse_states, verdict
+
+S = RecoveryState
+
+
+def _state(state: RecoveryState) -> OperationState:
+    return OperationState(
+        operation_id="refund:1:v1",
+        state=state,
+        version=3,
+        epoch=1,
+        parameter_digest="0" * 64,
+        sink="payments",
+        action="refund",
+        params_json="{}",
+        actor="svc",
+        subject="customer-1",
+        purpose="remediation",
+        decision_version=1,
+        amount_minor=100,
+        reason="because",
+    )
+
+
+def test_exit_codes_are_distinct_and_each_error_kind_has_its_own() -> None:
+    assert len(EXIT_CODES) == len(set(EXIT_CODES)) == 8
+    assert exit_code_for(BrokerUnavailableError("down")) == EXIT_BROKER_UNREACHABLE
+    missing = TopicConfigError("topics not created", config="existence")
+    assert exit_code_for(missing) == EXIT_TOPICS_MISSING
+    assert exit_code_for(TopicConfigError("bad policy", config="cleanup.policy")) == EXIT_ERROR
+    assert exit_code_for(LedgerError("other")) == EXIT_ERROR
+
+
+def test_help_lists_every_exit_code() -> None:
+    out = CliRunner().invoke(main, ["--help"]).output
+    for code, meaning in EXIT_CODES.items():
+        assert f"  {code}  {meaning}\n" in out
+
+
+def test_terminal_states_are_those_no_transition_leaves() -> None:
+    assert TERMINAL == {S.OUTCOME_VERIFIED, S.ABANDONED}
+    assert all(f not in TERMINAL for f, _ in TRANSITIONS)
+    assert RESTING == TERMINAL | {S.NEEDS_REAUTHORISATION, S.UNKNOWN_OUTCOME}
+
+
+def test_parse_states_reads_names_case_insensitively_and_refuses_others() -> None:
+    assert parse_states("outcome_verified, EFFECT_COMMITTED") == {
+        S.OUTCOME_VERIFIED,
+        S.EFFECT_COMMITTED,
+    }
+    with pytest.raises(ValueError, match="not a recovery state: DONE"):
+        parse_states("OUTCOME_VERIFIED,done")
+    with pytest.raises(ValueError, match="at least one"):
+        parse_states(" , ")
+
+
+def test_verdict_returns_a_wanted_state_waits_through_others_and_fails_on_resting() -> None:
+    wanted = frozenset({S.OUTCOME_VERIFIED})
+    assert verdict(None, wanted) is None
+    assert verdict(_state(S.EFFECT_PENDING), wanted) is None
+    reached = _state(S.OUTCOME_VERIFIED)
+    assert verdict(reached, wanted) is reached
+    for resting in (S.NEEDS_REAUTHORISATION, S.ABANDONED, S.UNKNOWN_OUTCOME):
+        with pytest.raises(OperationEndedElsewhereError) as caught:
+            verdict(_state(resting), wanted)
+        assert caught.value.observed == resting
+        assert caught.value.operation_id == "refund:1:v1"
+    # A resting state that is asked for is reached, not "elsewhere".
+    held = _state(S.UNKNOWN_OUTCOME)
+    assert verdict(held, frozenset({S.UNKNOWN_OUTCOME, S.OUTCOME_VERIFIED})) is held
+
+
+def test_ages_are_never_negative() -> None:
+    assert age_s(10_000, 4_000) == 6.0
+    assert age_s(4_000, 10_000) == 0.0
+    assert age_s(4_000, None) is None
+
+
+def test_until_refuses_an_unknown_state_as_bad_input() -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "intent",
+            "publish",
+            "--operation-id",
+            "refund:1:v1",
+            "--sink",
+            "payments",
+            "--action",
+            "refund",
+            "--params",
+            "{}",
+            "--actor",
+            "a",
+            "--subject",
+            "s",
+            "--purpose",
+            "p",
+            "--decision-version",
+            "1",
+            "--until",
+            "FINISHED",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "not a recovery state: FINISHED" in result.output
+
+
+def test_config_prints_resolved_paths_and_where_each_value_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("LEDGER_SINKS_FILE", "LEDGER_KEYS_DIR", "LEDGER_TRUSTED_KEYS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LEDGER_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", "cfg")
+    result = CliRunner().invoke(main, ["config"])
+    assert result.exit_code == 0, result.output
+    assert "=None" not in result.output
+    assert f"LEDGER_SINKS_FILE={tmp_path / 'sinks.json'}  # default: LEDGER_RUN_DIR" in (
+        result.output
+    )
+    assert f"LEDGER_KEYS_DIR={tmp_path / 'keys'}  # default" in result.output
+    assert "LEDGER_TOPIC_PREFIX=cfg  # LEDGER_TOPIC_PREFIX" in result.output
+    document = json.loads(CliRunner().invoke(main, ["config", "--json"]).output)
+    by_name = {row["variable"]: row for row in document["settings"]}
+    assert by_name["LEDGER_RUN_DIR"] == {
+        "variable": "LEDGER_RUN_DIR",
+        "value": str(tmp_path),
+        "source": "LEDGER_RUN_DIR",
+    }
+    assert by_name["LEDGER_TRUSTED_KEYS_FILE"]["value"] == str(tmp_path / "trusted_keys.json")
+
+
+def test_help_names_the_broker_in_force() -> None:
+    assert bootstrap_in_force({"LEDGER_KAFKA_PORT": "39292"}) == (
+        "127.0.0.1:39292 (LEDGER_KAFKA_PORT)"
+    )
+    assert bootstrap_in_force({}) == "127.0.0.1:19092 (default port)"
+    assert bootstrap_in_force(
+        {"KAFKA_BOOTSTRAP_SERVERS": "k:9092", "LEDGER_KAFKA_PORT": "39292"}
+    ) == ("k:9092 (KAFKA_BOOTSTRAP_SERVERS)")

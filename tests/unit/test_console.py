@@ -1,0 +1,397 @@
+"""The operator console's routes without a broker: an in-memory ledger behind
+:class:`ledger.cli.console.ConsoleData`, driven by Starlette's TestClient.
+
+What a real ledger does with a disposition is the browser test's
+(tests/integration/test_console.py); here: what the pages show, how the forms
+are validated, and that a form without the token or from another origin is
+refused before anything is published.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any
+
+import pytest
+from starlette.exceptions import StarletteDeprecationWarning
+
+from ledger.cli.console import (
+    LedgerData,
+    StageHealth,
+    allowed_hosts,
+    create_app,
+    operation_age_s,
+)
+from ledger.errors import LedgerError
+from ledger.events import OperationState
+from ledger.settings import LedgerSettings
+from ledger.states import RecoveryState as S
+
+with warnings.catch_warnings():  # starlette would rather have httpx2; httpx is what we ship
+    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    from starlette.testclient import TestClient
+
+TOKEN = "console-test-token"
+BASE = "http://127.0.0.1:8088"
+SAME_ORIGIN = {"Origin": BASE}
+
+
+def op_state(op: str, state: S, sink: str = "payments", observed_s: float | None = None) -> Any:
+    return OperationState(
+        operation_id=op,
+        state=state,
+        version=3,
+        epoch=1,
+        parameter_digest="v2:" + "0" * 64,
+        sink=sink,
+        action="refund",
+        params_json="{}",
+        actor="svc",
+        subject="customer-1",
+        purpose="fee-remediation",
+        decision_version=1,
+        amount_minor=5000,
+        admitted_at_ms=1_000,
+        observed_at_ms=None if observed_s is None else int(observed_s * 1000),
+        reason=f"reason of {op}",
+        observation_status="TIMEOUT" if state == S.UNKNOWN_OUTCOME else None,
+        observation_source="relay" if state == S.UNKNOWN_OUTCOME else None,
+    )
+
+
+class FakeLedger:
+    """Three operations, one held; dispositions recorded, not published."""
+
+    def __init__(self) -> None:
+        self.states = {
+            st.operation_id: st
+            for st in (
+                op_state("refund:1:v1", S.OUTCOME_VERIFIED, observed_s=50),
+                op_state("refund:2:v1", S.NEEDS_REAUTHORISATION),
+                op_state("notify:<held>:v1", S.UNKNOWN_OUTCOME, sink="mailer", observed_s=10),
+            )
+        }
+        self.disposed: list[tuple[str, str, str, str]] = []
+        self.audits: list[bool] = []
+        self.history_data: dict[str, Any] | None = None
+        self.fail_dispose: LedgerError | None = None
+        self.audit_report: dict[str, Any] | None = None
+
+    def now_ms(self) -> int:
+        return 100_000
+
+    def operations(self) -> list[OperationState]:
+        return sorted(self.states.values(), key=lambda st: st.operation_id)
+
+    def queue(self) -> list[OperationState]:
+        return [st for st in self.operations() if st.state == S.UNKNOWN_OUTCOME]
+
+    def history(self, operation_id: str) -> dict[str, Any] | None:
+        return self.history_data
+
+    def operators(self) -> list[str]:
+        return ["alex"]
+
+    def dispose(self, operation_id: str, decision: str, by: str, evidence: str) -> str:
+        if self.fail_dispose is not None:
+            raise self.fail_dispose
+        self.disposed.append((operation_id, decision, by, evidence))
+        self.states[operation_id] = self.states[operation_id].model_copy(
+            update={"state": S.EFFECT_COMMITTED}
+        )
+        return f"APPLIED: {operation_id} UNKNOWN_OUTCOME -> EFFECT_COMMITTED"
+
+    def audit(self, read_sinks: bool) -> dict[str, Any]:
+        self.audits.append(read_sinks)
+        if self.audit_report is not None:
+            return self.audit_report
+        return {
+            "operations": 3,
+            "journal_entries": 9,
+            "checked": {"one_effect_per_operation": 3},
+            "violations": [],
+            "unauthenticated_records": [],
+        }
+
+    def stages(self) -> list[StageHealth]:
+        return [StageHealth("ledger.processor", "consumer group", True, True, "STABLE: 1 member")]
+
+
+@pytest.fixture
+def ledger() -> FakeLedger:
+    return FakeLedger()
+
+
+@pytest.fixture
+def client(ledger: FakeLedger) -> TestClient:
+    return TestClient(create_app(ledger, title="t1", token=TOKEN), base_url=BASE)
+
+
+def dispose_form(**overrides: str) -> dict[str, str]:
+    form = {
+        "token": TOKEN,
+        "operation_id": "notify:<held>:v1",
+        "decision": "committed",
+        "by": "alex",
+        "evidence": "provider log shows delivery",
+    }
+    form.update(overrides)
+    return {k: v for k, v in form.items() if v is not None}
+
+
+def rows(html: str, table_id: str) -> list[str]:
+    match = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S)
+    assert match is not None, f"no table {table_id!r}"
+    return re.findall(r"<tr[ >].*?</tr>", match.group(1), re.S)[1:]
+
+
+def test_operations_lists_every_operation_escaped(client: TestClient) -> None:
+    page = client.get("/operations")
+    assert page.status_code == 200
+    assert len(rows(page.text, "operations")) == 3
+    assert "notify:&lt;held&gt;:v1" in page.text and "<held>" not in page.text
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"q": "refund:"}, ["refund:1:v1", "refund:2:v1"]),
+        ({"state": "UNKNOWN_OUTCOME"}, ["notify:&lt;held&gt;:v1"]),
+        ({"sink": "payments", "q": "2"}, ["refund:2:v1"]),
+        # ages at 100 s: refund:1 observed at 50 s, the held one at 10 s, refund:2 admitted at 1 s
+        ({"min_age_s": "60"}, ["notify:&lt;held&gt;:v1", "refund:2:v1"]),
+        ({"min_age_s": "95"}, ["refund:2:v1"]),
+    ],
+)
+def test_operations_search_and_filters(
+    client: TestClient, query: dict[str, str], expected: list[str]
+) -> None:
+    page = client.get("/operations", params=query)
+    assert page.status_code == 200
+    listed = [re.search(r">([^<]+)</a>", row).group(1) for row in rows(page.text, "operations")]  # type: ignore[union-attr]
+    assert listed == expected
+
+
+@pytest.mark.parametrize("bad", [{"min_age_s": "-1"}, {"min_age_s": "soon"}, {"state": "LOST"}])
+def test_a_bad_filter_is_said_not_crashed(client: TestClient, bad: dict[str, str]) -> None:
+    page = client.get("/operations", params=bad)
+    assert page.status_code == 400
+    assert 'id="error"' in page.text
+
+
+def test_age_is_never_negative_and_unknown_without_evidence() -> None:
+    held = op_state("a", S.UNKNOWN_OUTCOME, observed_s=10)
+    assert operation_age_s(held, 4_000) == 0.0
+    assert operation_age_s(held, 12_500) == 2.5
+    assert operation_age_s(held.model_copy(update={"admitted_at_ms": None}), 0) == 0.0
+    new = op_state("b", S.NOT_ADMITTED).model_copy(update={"admitted_at_ms": None})
+    assert operation_age_s(new, 1_000) is None
+
+
+def test_the_queue_offers_a_form_with_the_token_per_held_operation(client: TestClient) -> None:
+    page = client.get("/queue")
+    (row,) = rows(page.text, "queue")
+    assert "notify:&lt;held&gt;:v1" in row
+    assert f'name="token" value="{TOKEN}"' in row
+    assert '<option value="alex">alex</option>' in row
+
+
+def test_a_valid_disposition_is_published_and_leaves_the_queue(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    reply = client.post(
+        "/dispose", data=dispose_form(), headers=SAME_ORIGIN, follow_redirects=False
+    )
+    assert reply.status_code == 303
+    assert ledger.disposed == [
+        ("notify:<held>:v1", "committed", "alex", "provider log shows delivery")
+    ]
+    queue = client.get(reply.headers["location"])
+    assert 'id="queue-empty"' in queue.text
+    assert "UNKNOWN_OUTCOME -&gt; EFFECT_COMMITTED" in queue.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        ({"decision": "maybe"}, "choose a decision"),
+        ({"by": "mallory"}, "has no operator key on this host"),
+        ({"by": ""}, "choose the operator"),
+        ({"evidence": "   "}, "evidence"),
+        ({"evidence": "x" * 2001}, "longer than 2000"),
+        ({"operation_id": "refund:1:v1"}, "is not held"),
+    ],
+)
+def test_an_invalid_disposition_is_refused_with_the_reason(
+    client: TestClient, ledger: FakeLedger, overrides: dict[str, str], said: str
+) -> None:
+    reply = client.post("/dispose", data=dispose_form(**overrides), headers=SAME_ORIGIN)
+    assert reply.status_code == 400
+    assert said in reply.text
+    assert ledger.disposed == []
+
+
+@pytest.mark.parametrize(
+    ("form", "headers"),
+    [
+        (dispose_form(token="forged"), SAME_ORIGIN),
+        ({k: v for k, v in dispose_form().items() if k != "token"}, SAME_ORIGIN),
+        (dispose_form(), {"Origin": "http://evil.example"}),
+        (dispose_form(), {"Origin": "null"}),
+        (dispose_form(), {"Referer": "http://127.0.0.1:9999/queue"}),
+    ],
+)
+def test_a_cross_site_or_tokenless_post_is_refused(
+    client: TestClient, ledger: FakeLedger, form: dict[str, str], headers: dict[str, str]
+) -> None:
+    reply = client.post("/dispose", data=form, headers=headers)
+    assert reply.status_code == 403
+    assert "refused" in reply.text
+    assert ledger.disposed == []
+    assert client.post("/audit", data={"token": "forged"}).status_code == 403
+    assert ledger.audits == []
+
+
+def test_a_foreign_host_header_is_refused(ledger: FakeLedger) -> None:
+    rebound = TestClient(create_app(ledger, token=TOKEN), base_url="http://attacker.example")
+    assert rebound.get("/queue").status_code == 400
+    assert allowed_hosts("127.0.0.1") == ["127.0.0.1", "localhost", "::1", "[::1]"]
+    assert allowed_hosts("0.0.0.0") == ["*"]
+
+
+def test_a_disposition_the_ledger_refuses_is_said(client: TestClient, ledger: FakeLedger) -> None:
+    ledger.fail_dispose = LedgerError("'alex' has no signing key here")
+    reply = client.post("/dispose", data=dispose_form(), headers=SAME_ORIGIN)
+    assert reply.status_code == 503
+    assert "not disposed: &#39;alex&#39; has no signing key here" in reply.text
+
+
+def test_the_timeline_shows_the_history_or_says_it_has_none(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    page = client.get("/operation", params={"id": "notify:<held>:v1"})
+    assert page.status_code == 200
+    assert 'id="no-history"' in page.text and "reason of notify" in page.text
+    assert 'action="/dispose"' in page.text  # held: the form is on its page too
+    ledger.history_data = {
+        "operation_id": "notify:<held>:v1",
+        "answers": [
+            {
+                "key": "initiated",
+                "question": "Who initiated the case?",
+                "recorded": True,
+                "answer": "svc for customer-1",
+                "evidence": ["intents:0:4"],
+            },
+        ],
+        "records": [
+            {
+                "topic": "intents",
+                "partition": 0,
+                "offset": 4,
+                "kind": "Intent",
+                "time": None,
+                "summary": "intent",
+                "believed": True,
+                "via_journal": False,
+            },
+            {
+                "topic": "journal",
+                "partition": 0,
+                "offset": 7,
+                "kind": "JournalEntry",
+                "time": "2026-12-01T23:00:00.000+00:00",
+                "summary": "<applied>",
+                "believed": False,
+                "via_journal": False,
+            },
+        ],
+        "counts": {"records": 2, "unbelieved": 1},
+    }
+    page = client.get("/operation", params={"id": "notify:<held>:v1"})
+    assert "svc for customer-1" in page.text
+    intent, entry = rows(page.text, "timeline")
+    assert "intents:0:4" in intent
+    assert 'class="unbelieved"' in entry and "&lt;applied&gt;" in entry
+    assert client.get("/operation", params={"id": "nope"}).status_code == 404
+
+
+def test_the_audit_runs_on_demand_and_lists_open_items(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    before = client.get("/audit")
+    assert 'id="no-audit"' in before.text
+    assert len(rows(before.text, "open-items")) == 2  # held + reauthorisation pending
+    reply = client.post("/audit", data={"token": TOKEN}, headers=SAME_ORIGIN)
+    assert reply.status_code == 200 and ledger.audits == [False]
+    assert "CLEAN" in reply.text and "one_effect_per_operation" in reply.text
+    assert "3 operation(s)" in reply.text and 'id="offsets"' not in reply.text
+
+
+def test_stages_say_when_no_metrics_endpoint_is_configured(client: TestClient) -> None:
+    page = client.get("/stages")
+    assert 'id="no-metrics"' in page.text and "ledger.processor" in page.text
+
+
+def test_the_ledgers_data_reads_operators_and_status_files(tmp_path: Any) -> None:
+    settings = LedgerSettings(run_dir=tmp_path, topic_prefix="t")
+    (tmp_path / "operators").mkdir()
+    (tmp_path / "operators" / "alex.key").write_text("{}")
+    (tmp_path / "status").mkdir()
+    (tmp_path / "status" / "relay-0.json").write_text('{"pid": 999999999, "ready": true}')
+    (tmp_path / "status" / "broken.json").write_text("{")
+    data = LedgerData(settings)
+    assert data.operators() == ["alex"]
+    relay, broken = sorted(data._status_files(), key=lambda r: r.name, reverse=True)
+    assert (relay.name, relay.ok, relay.ready) == ("relay-0", False, False)
+    assert broken.ok is None and "unreadable" in broken.detail
+
+
+def test_stage_health_probes_the_metrics_endpoints_a_status_file_names(tmp_path: Any) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Probe(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/healthz" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Probe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "status").mkdir()
+        port = server.server_address[1]
+        (tmp_path / "status" / "relay-0.json").write_text(
+            f'{{"pid": 1, "ready": true, "metrics_port": {port}}}'
+        )
+        data = LedgerData(
+            LedgerSettings(run_dir=tmp_path, topic_prefix="t"),
+            metrics={"processor-0": "http://127.0.0.1:1"},  # nothing listens there
+        )
+        processor, relay = data._endpoints()
+        assert (relay.name, relay.ok, relay.ready) == ("relay-0", True, False)
+        assert "/healthz 200, /readyz 503" in relay.detail
+        assert (processor.ok, processor.ready) == (None, None)
+        assert "unreachable" in processor.detail
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_audit_violations_link_to_their_operations(client: TestClient, ledger: FakeLedger) -> None:
+    ledger.audit_report = {
+        "operations": 3,
+        "violations": [
+            {"invariant": "one_effect", "operation_id": "refund:1:v1", "evidence": "2 effects"},
+            {"invariant": "sealed", "operation_id": None, "evidence": "<forged>"},
+        ],
+    }
+    page = client.post("/audit", data={"token": TOKEN, "read_sinks": "on"}, headers=SAME_ORIGIN)
+    assert ledger.audits == [True]
+    assert "VIOLATIONS" in page.text and "&lt;forged&gt;" in page.text
+    linked, unlinked = rows(page.text, "violations")
+    assert 'href="/operation?id=refund%3A1%3Av1"' in linked and "href" not in unlinked

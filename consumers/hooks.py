@@ -19,6 +19,7 @@ Seam = Literal[
     "before_admission",
     "after_admission_before_dispatch",
     "after_dispatch_before_send",
+    "after_reserve_before_confirm",
     "after_sink_commit_before_receipt",
     "after_receipt_before_commit",
     "after_commit_before_verification",

@@ -61,6 +61,7 @@ from consumers.localfiles import LastGood, LastGoodClock
 from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import TableFollower
+from ledger.authority import admission_withdrawn, merge_approval
 from ledger.clock import clock_for
 from ledger.contracts import (
     EffectContract,
@@ -76,10 +77,18 @@ from ledger.contracts import (
     sends_idempotency_key,
 )
 from ledger.errors import LedgerError, LocalFileError, SinkAuthError, SinkNotReachedError
-from ledger.events import Dispatch, EffectReceipt, Event, OperatingEvent, Readback
+from ledger.events import (
+    Approval,
+    Dispatch,
+    EffectReceipt,
+    Event,
+    OperatingEvent,
+    PolicyChange,
+    Readback,
+)
 from ledger.logs import bound_each
 from ledger.tracing import trace_headers
-from sinks.client import SinkClient, postcondition_source
+from sinks.client import HoldResult, SinkClient, postcondition_source
 from sinks.registry import RegistryFile, SinkEndpoint
 
 #: One output of the relay: ``(short topic, key, event)``.
@@ -264,6 +273,18 @@ class Relay(Stage):
             self._apply_receipt,
             keyring=self.keyring,
             retry=self.retry,
+        )
+        #: Approvals (revocations merged) and the policy version in force, read
+        #: (authenticated) only to check that a reservation's admission still
+        #: stands before it is confirmed; followed from the first reservation on.
+        self.approvals: dict[str, Approval] = {}
+        self.policy_version = self.settings.policy_version
+        self._authority_followed = False
+        self._approvals = TableFollower(
+            self.settings, "approvals", self._apply_approval, keyring=self.keyring, retry=self.retry
+        )
+        self._policy = TableFollower(
+            self.settings, "policy", self._apply_policy, keyring=self.keyring, retry=self.retry
         )
 
     # ------------------------------------------------------------------ state
@@ -784,6 +805,10 @@ class Relay(Stage):
         if self.mode == "checkpoint-only":
             return [self._submit(d, client, contract, now, now, fresh_identity=True)]
         first = self.attempts.get(d.dispatch_id, now)
+        if contract.reservation:
+            return self._reservation(
+                d, client, contract, first, now, fresh=fresh and readback_on_resume is None
+            )
         if readback_on_resume is not None:
             # Its readback could not be sent before: ask again, never send blindly.
             return [self._ambiguous(d, client, contract, first, now, on_resume=readback_on_resume)]
@@ -792,6 +817,164 @@ class Relay(Stage):
             return [self._ambiguous(d, client, contract, first, now, on_resume=True)]
         self.hooks.seam("after_dispatch_before_send", d.operation_id)
         return [self._submit(d, client, contract, first, now, fresh_identity=False)]
+
+    # ------------------------------------------------------------------ reservations
+
+    def _admission_withdrawn(self, d: Dispatch) -> str | None:
+        """Why the dispatch's admission no longer stands, or ``None`` (see module docstring).
+
+        Reads the approvals and policy tables up to their current end first
+        (authenticated records only), then applies the pure rule
+        :func:`~ledger.authority.admission_withdrawn`.
+        """
+        if not self._authority_followed:
+            self._approvals.follow(set(range(self.settings.partitions)))
+            self._policy.follow({0})
+            self._authority_followed = True
+        else:
+            self._approvals.catch_up()
+            self._policy.catch_up()
+        approval = self.approvals.get(d.approval_id) if d.approval_id is not None else None
+        return admission_withdrawn(d.approval_id, approval, self.policy_version)
+
+    def _apply_approval(self, key: str, rec: Record | None) -> None:
+        if rec is not None and isinstance(rec.event, Approval) and rec.event.approval_id == key:
+            self.approvals[key] = merge_approval(self.approvals.get(key), rec.event).approval
+
+    def _apply_policy(self, key: str, rec: Record | None) -> None:
+        if rec is not None and isinstance(rec.event, PolicyChange) and rec.event.version >= 1:
+            self.policy_version = rec.event.version
+
+    def _reserve(self, d: Dispatch, client: SinkClient, contract: EffectContract) -> HoldResult:
+        """Take (or take again) the hold for dispatch ``d`` under the operation's key."""
+        params: dict[str, Any] = json.loads(d.params_json)
+        if d.subject is None or d.purpose is None or d.decision_version is None:
+            raise LedgerError(
+                f"dispatch {d.dispatch_id} predates schema version 2 and lacks the inputs of "
+                "its parameter digest that the sink checks; a person decides",
+                operation_id=d.operation_id,
+            )
+        return client.reserve(
+            d.operation_id,
+            d.parameter_digest,
+            params,
+            fencing_token_for(contract, d.fencing_token),
+            d.dispatch_id,
+            action=d.action,
+            subject=d.subject,
+            purpose=d.purpose,
+            decision_version=d.decision_version,
+        )
+
+    def _reservation(
+        self,
+        d: Dispatch,
+        client: SinkClient,
+        contract: EffectContract,
+        first: int,
+        now: int,
+        *,
+        fresh: bool,
+    ) -> list[Output]:
+        """Try-confirm-cancel for an execution at a ``reservation: true`` sink.
+
+        A fresh dispatch reserves a hold; a dispatch met again (a resume)
+        reads its hold back first. Then: ``confirmed`` -> the effect is
+        recorded; ``held`` -> confirmed if the admission still stands, else
+        cancelled; ``released`` by the sink (expired) -> reserved again under
+        the same key if the admission still stands (an ``EXPIRED`` receipt
+        journals the release), else the case waits for fresh authority
+        (``CANCELLED``). Every end of a hold is a receipt: ``COMMITTED`` with
+        ``reservation: CONFIRMED``, ``CANCELLED`` or ``EXPIRED``.
+        """
+        token = fencing_token_for(contract, d.fencing_token)
+        on_resume = not fresh
+        outputs: list[Output] = []
+
+        def receipt(status: str, detail: str, **kw: Any) -> Output:
+            return (
+                "receipts",
+                d.operation_id,
+                self._receipt(d, status, first, now, detail, on_resume=on_resume, **kw),
+            )
+
+        if fresh:
+            self.hooks.seam("after_dispatch_before_send", d.operation_id)
+            hold = self._reserve(d, client, contract)
+            if not hold.sent:
+                raise SinkNotReachedError(hold.detail, kind="SINK_UNREACHABLE", request="submit")
+        else:
+            hold = client.read_hold(d.operation_id, token)
+            if not hold.sent:
+                raise SinkNotReachedError(
+                    hold.detail, kind="SINK_UNREACHABLE", request="readback", on_resume=True
+                )
+            if hold.status == "absent":  # the reserve never reached the sink
+                hold = self._reserve(d, client, contract)
+        for _ in range(3):
+            if hold.status == "released":
+                withdrawn = self._admission_withdrawn(d)
+                why = hold.released_why or "released"
+                if withdrawn is not None:
+                    outputs.append(
+                        receipt(
+                            "CANCELLED",
+                            f"hold {why} at {d.sink} and not taken again: {withdrawn}",
+                            reservation="CANCELLED",
+                        )
+                    )
+                    return outputs
+                outputs.append(
+                    receipt(
+                        "EXPIRED",
+                        f"hold {why} at {d.sink}; the admission stands: reserved again "
+                        "under the same key",
+                        reservation="EXPIRED",
+                    )
+                )
+                hold = self._reserve(d, client, contract)
+                continue
+            if hold.status == "held":
+                self.hooks.seam("after_reserve_before_confirm", d.operation_id)
+                withdrawn = self._admission_withdrawn(d)
+                if withdrawn is None:
+                    hold = client.confirm(d.operation_id, token)
+                    continue
+                cancelled = client.cancel(d.operation_id, token)
+                if cancelled.status == "released":
+                    outputs.append(
+                        receipt(
+                            "CANCELLED",
+                            f"hold cancelled at {d.sink}: {withdrawn}",
+                            reservation="CANCELLED",
+                        )
+                    )
+                    return outputs
+                hold = cancelled
+                if hold.status != "confirmed":
+                    break
+            if hold.status == "confirmed":
+                self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)
+                outputs.append(
+                    receipt(
+                        "COMMITTED",
+                        f"reservation confirmed at {d.sink}",
+                        effect_id=hold.effect_id,
+                        reservation="CONFIRMED",
+                    )
+                )
+                return outputs
+            break
+        status = {
+            "rejected": "REJECTED",
+            "stale_token": "STALE_TOKEN",
+            "key_reused": "KEY_REUSED",
+            "unavailable": "UNAVAILABLE" if fresh else "AMBIGUOUS",
+        }.get(hold.status, "AMBIGUOUS")
+        outputs.append(
+            receipt(status, f"reservation at {d.sink}: {hold.status}: {hold.detail}"[:2000])
+        )
+        return outputs
 
     def _receipt(
         self,
@@ -804,6 +987,7 @@ class Relay(Stage):
         effect_id: str | None = None,
         attempt_id: str | None = None,
         on_resume: bool = False,
+        reservation: str | None = None,
     ) -> EffectReceipt:
         return EffectReceipt(
             operation_id=d.operation_id,
@@ -818,6 +1002,7 @@ class Relay(Stage):
             detail=detail,
             on_resume=on_resume,
             observer=self.observer,
+            reservation=reservation,  # type: ignore[arg-type]
         )
 
     def _submit(
@@ -1015,3 +1200,5 @@ class Relay(Stage):
         for client in self.clients.values():
             client.close()
         self._receipts.close()
+        self._approvals.close()
+        self._policy.close()

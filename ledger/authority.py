@@ -333,3 +333,42 @@ def merge_approval(existing: Approval | None, incoming: Approval) -> Merge:
     if existing.status == "REVOKED":
         return Merge(existing.model_copy(update={"consumed_by": incoming.consumed_by}))
     return Merge(incoming)
+
+
+def admission_withdrawn(
+    approval_id: str | None, approval: Approval | None, policy_version: int
+) -> str | None:
+    """Why an admitted operation may no longer cross its effect boundary, or ``None``.
+
+    A reservation (try-confirm-cancel) is confirmed only while the admission
+    still stands: the kernel admitted the operation under this approval
+    while it was current, so what can have changed since is only what time
+    or a person changes -- a revocation, or a new policy version (the
+    approval was granted under the policy version in force at admission).
+    This function never admits anything: it can only withdraw.
+
+    Args:
+        approval_id: the approval the operation was admitted under.
+        approval: that approval as the approvals table holds it now
+            (revocations merged by :func:`merge_approval`), or ``None``.
+        policy_version: the policy version in force now.
+
+    Returns:
+        ``None`` while the admission stands, else the reason (it names the
+        approval and says ``revoked`` or ``policy version changed``).
+    """
+    if approval_id is None:
+        return "the dispatch names no approval: its admission cannot be checked"
+    if approval is None:
+        return (
+            f"approval {approval_id} is not in the approvals table: its admission cannot be checked"
+        )
+    if approval.status == "REVOKED":
+        by = f" by {approval.revoked_by}" if approval.revoked_by else ""
+        return f"approval {approval_id} was revoked{by} after admission ({REASON_REVOKED})"
+    if approval.policy_version != policy_version:
+        return (
+            f"{REASON_POLICY} since admission under approval {approval_id} "
+            f"(admitted under policy {approval.policy_version}, now {policy_version})"
+        )
+    return None

@@ -89,7 +89,12 @@ class EffectContract(BaseModel):
             is a new effect.
         consequence: consequence class of the effect.
         compensable: a compensating operation exists.
-        reservation: try-confirm-cancel is offered.
+        reservation: try-confirm-cancel is offered: the relay reserves a
+            bounded hold, confirms it only while the operation's admission
+            still stands and cancels it otherwise, and reads the hold back
+            on a resume (see :mod:`consumers.relay`).
+        reservation_hold_s: how long (ledger clock, seconds) the sink keeps
+            an unconfirmed hold before it releases it by itself (default 300).
         amount_field: the operation parameter holding the amount, in minor
             units, that an approval's ``scope_max_amount_minor`` caps
             (default ``amount_minor``). The authority kernel reads the amount
@@ -109,6 +114,7 @@ class EffectContract(BaseModel):
     consequence: Consequence = "irreversible"
     compensable: bool = False
     reservation: bool = False
+    reservation_hold_s: int = Field(default=300, ge=1)
     amount_field: str | None = Field(default="amount_minor", min_length=1)
 
     def postcondition_query(self) -> PostconditionQuery | None:

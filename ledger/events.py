@@ -165,6 +165,8 @@ ReceiptStatus = Literal[
     "KEY_REUSED",
     "UNAVAILABLE",
     "UNREACHABLE",
+    "CANCELLED",
+    "EXPIRED",
 ]
 
 
@@ -174,6 +176,13 @@ class EffectReceipt(Event):
     ``UNREACHABLE`` (schema version 2) says the relay could not reach the sink
     (connection refused, or the sink not registered) within its retry budget:
     the request never left, so no effect can have been made.
+
+    Reservation sinks (schema version 3): ``reservation`` is the hold's end
+    this receipt records -- ``CONFIRMED`` (with ``COMMITTED``: the effect is
+    made), ``CANCELLED`` (status ``CANCELLED``: the admission no longer
+    stood, the hold was released, no effect) or ``EXPIRED`` (status
+    ``EXPIRED``: the sink released an unconfirmed hold by itself; the relay
+    reserved again under the same key, so the operation goes on).
     """
 
     KIND: ClassVar[str] = "EffectReceipt"
@@ -189,6 +198,7 @@ class EffectReceipt(Event):
     detail: str
     on_resume: bool = False
     observer: str
+    reservation: Literal["CONFIRMED", "CANCELLED", "EXPIRED"] | None = None
 
 
 ReadbackStatus = Literal[

@@ -73,6 +73,10 @@ TRANSITIONS: dict[tuple[S, S], str] = {
         "the relay could not reach within its retry budget (the request never left), or "
         "an effect observed absent again after the re-execution budget"
     ),
+    (S.EFFECT_PENDING, S.NEEDS_REAUTHORISATION): (
+        "a reservation cancelled at its sink because the admission no longer stood "
+        "(approval revoked, or policy version changed): the hold was released, no effect"
+    ),
     (S.EFFECT_PENDING, S.ABANDONED): (
         "the sink refused the request (rejected it, or answered unavailable repeatedly): "
         "the effect is absent"

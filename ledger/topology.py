@@ -70,7 +70,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="review systems (grants, revocations)",
         roles=("review systems",),
-        tables=("authority kernel",),
+        tables=("authority kernel", "relay"),
         auth=("reviewer", "operator"),
     ),
     TopicSpec(
@@ -167,7 +167,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         single_partition=True,
         writers="policy administrators (ledger policy set)",
         roles=("policy administrators",),
-        tables=("authority kernel",),
+        tables=("authority kernel", "relay"),
         auth=("operator",),
     ),
 )

@@ -371,11 +371,20 @@ class GameDay:
         states = current_states(self.settings)
         effects: dict[str, int] = {}
         stale = 0
+        released = 0
+        holds: dict[str, str] = {}
         for sink in self.harness.sinks.values():
             with sink.client() as client:
                 for op, n in client.effects().items():
                     effects[op] = effects.get(op, 0) + n
-                stale += client.stats().get("stale_rejections", 0)
+                stats = client.stats()
+                stale += stats.get("stale_rejections", 0)
+                released += stats.get("reservations_released", 0)
+                if sink.contract.reservation:
+                    for op in sorted(set(states) | set(self.scenario.expect.operations)):
+                        hold = client.read_hold(op)
+                        if hold.status in ("held", "confirmed", "released"):
+                            holds[op] = hold.status
         operating = [
             r.event
             for r in read_topic(self.settings, "operating-events")
@@ -406,6 +415,7 @@ class GameDay:
                 "reason": st.reason if st else "",
                 "recovery_receipts": st.recovery_receipts if st else 0,
                 "operating_events": by_op.get(op, {}),
+                "reservation": holds.get(op),
             }
         totals = {
             "duplicate_effects": sum(max(0, n - 1) for n in effects.values()),
@@ -422,6 +432,7 @@ class GameDay:
             ),
             "operating_events": len(operating),
             "forgeries_refused": by_kind.get("UNAUTHENTICATED", 0),
+            "reservations_released": released,
             "operating_events_by_kind": by_kind,
         }
         return {
@@ -504,6 +515,8 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
                 want.recovery_receipts_min,
                 got.get("recovery_receipts"),
             )
+        if "reservation" in want.model_fields_set and got.get("reservation") != want.reservation:
+            fail(f"{base}.reservation", want.reservation, got.get("reservation"))
         for kind, want_n in (want.operating_events or {}).items():
             got_n = got.get("operating_events", {}).get(kind, 0)
             if not _matches(want_n, got_n):

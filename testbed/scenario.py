@@ -302,6 +302,9 @@ class OpExpect(_Strict):
     reason_contains: str | None = None
     recovery_receipts_min: int | None = None
     operating_events: dict[str, Expected] | None = None
+    #: The hold as a reservation sink reports it (format v2); ``null`` means
+    #: the sink holds no reservation for the operation. Checked only when given.
+    reservation: Literal["held", "confirmed", "released"] | None = None
 
 
 class ClaimExpect(_Strict):
@@ -322,6 +325,7 @@ TOTALS = (
     "postcondition_mismatches",
     "operating_events",
     "forgeries_refused",
+    "reservations_released",
 )
 
 
@@ -338,6 +342,7 @@ class Totals(_Strict):
     postcondition_mismatches: Expected | None = None
     operating_events: Expected | None = None
     forgeries_refused: Expected | None = None
+    reservations_released: Expected | None = None
     operating_events_by_kind: dict[str, Expected] | None = None
 
 

@@ -226,6 +226,45 @@ def _absent_budget_spent(state: OperationState, ref: str, obs: Observation) -> D
     return replace(decision, outputs=(*decision.outputs, event))
 
 
+def _reservation_cancelled(
+    state: OperationState, r: EffectReceipt, ref: str, source: str
+) -> Decision:
+    """The relay cancelled a reservation because the admission no longer stood.
+
+    The hold was released at the sink and no effect was made: the operation
+    waits for fresh authority (NEEDS_REAUTHORISATION, the reason naming why
+    the admission was withdrawn); a new approval re-admits it, and the relay
+    reserves again under the same key.
+    """
+    if state.state != S.EFFECT_PENDING:
+        return _noop(state, f"reservation cancellation noted while {state.state}: {r.detail}")
+    outputs: list[Output] = []
+    obs = Observation(source, "CANCELLED", r.observed_at_ms, r.on_resume, r.observer)
+    if r.on_resume:
+        outputs.append(
+            _recovery_receipt(
+                state,
+                ref,
+                obs,
+                action="REAUTHORISE",
+                effect_id=None,
+                postcondition=f"reservation released at {r.sink}: no effect",
+                owner="reviewer",
+                release="a new approval for the same operation and digest",
+            )
+        )
+    return _move(
+        state,
+        S.NEEDS_REAUTHORISATION,
+        ref,
+        f"reservation cancelled at {r.sink}: {r.detail}",
+        outputs,
+        refused="a reservation was cancelled for an operation not in flight",
+        reauthorisations=state.reauthorisations + 1,
+        recovery_receipts=state.recovery_receipts + (1 if r.on_resume else 0),
+    )
+
+
 def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
     """What the sink answered the relay: committed, rejected, unavailable or unknown."""
     op = state.operation_id
@@ -241,6 +280,14 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
     if stale and r.status != "COMMITTED":
         return _noop(state, f"receipt for superseded dispatch {r.dispatch_id} ({r.status})")
     source = f"{r.sink} receipt ({'resume' if r.on_resume else 'submit'})"
+    if r.reservation is not None:
+        source = f"{source}, reservation {r.reservation.lower()}"
+    if r.status == "EXPIRED":
+        # Journaled (the journal entry keeps this reason): the sink released an
+        # unconfirmed hold by itself; the relay reserved again under the same key.
+        return _noop(state, f"{r.sink} released the reservation hold by itself: {r.detail}")
+    if r.status == "CANCELLED":
+        return _reservation_cancelled(state, r, ref, source)
     if r.status == "COMMITTED":
         return _committed(
             state,

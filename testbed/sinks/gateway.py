@@ -13,6 +13,20 @@ Routes (JSON in and out):
                                            501 when the contract has no readback.
 ``GET /accounts/{account}``                postcondition: credits of an account. 200, or 501
                                            when the contract has no postcondition.
+``POST /reservations``                     try-confirm-cancel (``reservation: true``; else 501):
+                                           take a hold (a submit's body). 201 new hold, 200
+                                           the hold as it stands (held or confirmed); a
+                                           released hold is taken again under the same key.
+``POST /reservations/confirm``             ``{"operation_id", "fencing_token"}``: make the
+                                           held effect (200 ``confirmed``, again for a
+                                           confirmed one), 409 ``released``, 404 ``absent``.
+``POST /reservations/cancel``              release a hold (200 ``released``), 409 when it is
+                                           already ``confirmed``, 404 ``absent``.
+``GET /reservations/{operation_id}``       the hold: ``held``, ``confirmed``, ``released``
+                                           (``released_why``: ``cancelled`` or ``expired``),
+                                           or 404 ``absent``. A hold not confirmed within
+                                           ``reservation_hold_s`` (ledger clock) is released
+                                           by the sink itself (applied before every answer).
 ``POST /admin/faults``                     arm a fault; only when the testbed started the
                                            gateway with ``--fault-injection`` (else 404).
 ``GET /admin/effects``                     ``{"effects": {operation_id: n}, "total": n}``.
@@ -85,7 +99,7 @@ import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -101,7 +115,7 @@ from ledger.clock import Clock, clock_for
 from ledger.contracts import EffectContract
 from ledger.errors import LedgerError
 from ledger.identity import digest_version, operation_id_problem, parameter_digest
-from testbed.sinks.store import EffectRecord, FaultMode, SinkStore, StoreTxn
+from testbed.sinks.store import EffectRecord, FaultMode, ReservationRecord, SinkStore, StoreTxn
 
 #: The only interface the gateway listens on.
 HOST: Final = "127.0.0.1"
@@ -180,6 +194,15 @@ class SubmitBody(BaseModel):
     subject: StrictStr = Field(max_length=1000)
     purpose: StrictStr = Field(max_length=1000)
     decision_version: StrictInt = Field(ge=0, le=MAX_TOKEN)
+
+
+class HoldBody(BaseModel):
+    """Body of ``POST /reservations/confirm`` and ``POST /reservations/cancel``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    operation_id: StrictStr = Field(min_length=1)
+    fencing_token: StrictInt | None = Field(default=None, ge=0, le=MAX_TOKEN)
 
 
 class FaultBody(BaseModel):
@@ -521,6 +544,191 @@ class SinkService:
         tx.bump("effects_created")
         return Reply(201, _effect_body(effect, replayed=False))
 
+    # ------------------------------------------------------------------ reservations
+
+    def _no_reservation(self) -> Reply | None:
+        if self.contract.reservation:
+            return None
+        return Reply(501, {"error": "reservation_not_supported", "sink": self.name})
+
+    def _expired(self, tx: StoreTxn, hold: ReservationRecord, now_ms: int) -> ReservationRecord:
+        """Release a hold whose ``reservation_hold_s`` has passed (ledger clock).
+
+        The sink releases an unconfirmed hold by itself: every request that
+        looks at a hold applies the expiry first, so no observation can see a
+        hold held past its time (the release is dated at its expiry).
+        """
+        if hold.status != "held":
+            return hold
+        if now_ms < hold.held_at_ms + self.contract.reservation_hold_s * 1000:
+            return hold
+        released = replace(hold, status="released", released_why="expired")
+        tx.put_reservation(released)
+        tx.bump("reservations_released")
+        return released
+
+    def _hold_body(self, hold: ReservationRecord | None, operation_id: str) -> Reply:
+        if hold is None:
+            return Reply(404, {"status": "absent", "operation_id": operation_id})
+        return Reply(
+            200,
+            {
+                "status": hold.status,
+                "operation_id": hold.operation_id,
+                "held_at_ms": hold.held_at_ms,
+                "expires_at_ms": hold.held_at_ms + self.contract.reservation_hold_s * 1000,
+                "released_why": hold.released_why,
+                "effect_id": hold.effect_id,
+                "reserves": hold.reserves,
+                "parameter_digest": hold.parameter_digest,
+            },
+        )
+
+    def reserve(
+        self, body: SubmitBody, idempotency_key: str | None, params: dict[str, Any] | None = None
+    ) -> Reply:
+        """Take a bounded hold for an effect (try-confirm-cancel: the "try").
+
+        The hold's key is the operation ID. Reserving again an operation
+        that is held or confirmed answers the hold as it stands (idempotent);
+        one whose hold was released (cancelled, or expired after
+        ``reservation_hold_s``) takes a new hold under the same key. A hold
+        for other parameters is refused (409 ``idempotency_key_reused``).
+
+        Returns:
+            The hold (``status`` ``held``/``confirmed``), or a refusal as
+            :meth:`submit` answers them.
+        """
+        unsupported = self._no_reservation()
+        if unsupported is not None:
+            return unsupported
+        received = params if params is not None else body.params.model_dump(exclude_unset=True)
+        refused = self.refusal(body, received, idempotency_key)
+        now_ms = self.clock.now_ms()
+        op = body.operation_id
+        with self.store.transaction() as tx:
+            tx.bump("requests")
+            if refused is not None:
+                tx.bump("refusals")
+                return refused
+            fenced = self._fence(tx, op, body.fencing_token, now_ms)
+            if fenced is not None:
+                return fenced
+            hold = tx.reservation(op)
+            if hold is not None:
+                hold = self._expired(tx, hold, now_ms)
+                if hold.parameter_digest != body.parameter_digest:
+                    tx.bump("drift_rejections")
+                    return Reply(
+                        409,
+                        {
+                            "error": "idempotency_key_reused",
+                            "operation_id": op,
+                            "detail": "this operation is reserved with other parameters",
+                        },
+                    )
+                if hold.status != "released":
+                    return self._hold_body(hold, op)
+            new = ReservationRecord(
+                operation_id=op,
+                status="held",
+                parameter_digest=body.parameter_digest,
+                submit_json=json.dumps(body.model_dump(), sort_keys=True),
+                held_at_ms=now_ms,
+                reserves=(hold.reserves if hold is not None else 0) + 1,
+            )
+            tx.put_reservation(new)
+            tx.bump("reservations")
+            reply = self._hold_body(new, op)
+            return Reply(201, reply.body)
+
+    def confirm(self, operation_id: str, fencing_token: int | None) -> Reply:
+        """Confirm a held reservation: the effect is made now (once).
+
+        Returns:
+            ``confirmed`` with the effect ID (again for a confirmed hold); a
+            released hold is not confirmed (409, ``status: released``); an
+            unknown one is ``absent`` (404).
+        """
+        unsupported = self._no_reservation()
+        if unsupported is not None:
+            return unsupported
+        now_ms = self.clock.now_ms()
+        with self.store.transaction() as tx:
+            tx.bump("requests")
+            fenced = self._fence(tx, operation_id, fencing_token, now_ms)
+            if fenced is not None:
+                return fenced
+            hold = tx.reservation(operation_id)
+            if hold is None:
+                return self._hold_body(None, operation_id)
+            hold = self._expired(tx, hold, now_ms)
+            if hold.status == "released":
+                return Reply(409, self._hold_body(hold, operation_id).body)
+            if hold.status == "held":
+                body = SubmitBody.model_validate(json.loads(hold.submit_json))
+                effect = tx.insert_effect(
+                    operation_id=operation_id,
+                    idempotency_key=operation_id,
+                    attempt_id=body.attempt_id,
+                    parameter_digest=body.parameter_digest,
+                    params=body.params.model_dump(),
+                    account=body.params.account,
+                    amount_minor=body.params.amount_minor,
+                    fencing_token=fencing_token,
+                    now_ms=now_ms,
+                )
+                tx.bump("effects_created")
+                tx.bump("reservations_confirmed")
+                hold = replace(hold, status="confirmed", effect_id=effect.effect_id)
+                tx.put_reservation(hold)
+            return self._hold_body(hold, operation_id)
+
+    def cancel(self, operation_id: str, fencing_token: int | None) -> Reply:
+        """Cancel a held reservation: it is released, and no effect is made.
+
+        Returns:
+            ``released`` (again for a released hold); a confirmed hold cannot
+            be cancelled (409, ``status: confirmed``); an unknown one is
+            ``absent`` (404).
+        """
+        unsupported = self._no_reservation()
+        if unsupported is not None:
+            return unsupported
+        now_ms = self.clock.now_ms()
+        with self.store.transaction() as tx:
+            tx.bump("requests")
+            fenced = self._fence(tx, operation_id, fencing_token, now_ms)
+            if fenced is not None:
+                return fenced
+            hold = tx.reservation(operation_id)
+            if hold is None:
+                return self._hold_body(None, operation_id)
+            hold = self._expired(tx, hold, now_ms)
+            if hold.status == "confirmed":
+                return Reply(409, self._hold_body(hold, operation_id).body)
+            if hold.status == "held":
+                hold = replace(hold, status="released", released_why="cancelled")
+                tx.put_reservation(hold)
+                tx.bump("reservations_released")
+            return self._hold_body(hold, operation_id)
+
+    def hold(self, operation_id: str, fencing_token: int | None) -> Reply:
+        """Read a reservation back: ``held``, ``confirmed``, ``released`` or ``absent``."""
+        unsupported = self._no_reservation()
+        if unsupported is not None:
+            return unsupported
+        now_ms = self.clock.now_ms()
+        with self.store.transaction() as tx:
+            tx.bump("requests")
+            fenced = self._fence(tx, operation_id, fencing_token, now_ms)
+            if fenced is not None:
+                return fenced
+            hold = tx.reservation(operation_id)
+            if hold is not None:
+                hold = self._expired(tx, hold, now_ms)
+            return self._hold_body(hold, operation_id)
+
     def readback(self, operation_id: str, fencing_token: int | None) -> Reply:
         """Answer whether an operation committed, whatever the key retention."""
         if not self.contract.readback:
@@ -652,6 +860,43 @@ def create_app(
     async def account(request: Request) -> JSONResponse:
         return await respond(service.account(request.path_params["account"]))
 
+    async def reserve(request: Request) -> JSONResponse:
+        raw = await read_json_object(request)
+        if isinstance(raw, JSONResponse):
+            return raw
+        try:
+            body = SubmitBody.model_validate(raw)
+        except ValidationError as exc:
+            return _invalid(exc)
+        return await respond(
+            service.reserve(body, request.headers.get(IDEMPOTENCY_HEADER), raw["params"])
+        )
+
+    def settle_hold(
+        decide: Callable[[str, int | None], Reply],
+    ) -> Handler:
+        async def handler(request: Request) -> JSONResponse:
+            raw = await read_json_object(request)
+            if isinstance(raw, JSONResponse):
+                return raw
+            try:
+                body = HoldBody.model_validate(raw)
+            except ValidationError as exc:
+                return _invalid(exc)
+            return await respond(decide(body.operation_id, body.fencing_token))
+
+        return handler
+
+    async def hold(request: Request) -> JSONResponse:
+        raw = request.query_params.get("fencing_token")
+        try:
+            fencing = None if raw in (None, "") else int(raw)
+        except ValueError:
+            return _invalid(ValueError(f"fencing_token must be an integer, got {raw!r}"[:300]))
+        if fencing is not None and not 0 <= fencing <= MAX_TOKEN:
+            return _invalid(ValueError(f"fencing_token must be 0 to {MAX_TOKEN}"))
+        return await respond(service.hold(request.path_params["operation_id"], fencing))
+
     async def arm_fault(request: Request) -> JSONResponse:
         raw = await read_json_object(request)
         if isinstance(raw, JSONResponse):
@@ -708,6 +953,10 @@ def create_app(
         Route("/operations", guarded(submit), methods=["POST"]),
         Route("/operations/{operation_id:path}", guarded(readback), methods=["GET"]),
         Route("/accounts/{account:path}", guarded(account), methods=["GET"]),
+        Route("/reservations", guarded(reserve), methods=["POST"]),
+        Route("/reservations/confirm", guarded(settle_hold(service.confirm)), methods=["POST"]),
+        Route("/reservations/cancel", guarded(settle_hold(service.cancel)), methods=["POST"]),
+        Route("/reservations/{operation_id:path}", guarded(hold), methods=["GET"]),
         Route("/admin/effects", guarded(effects), methods=["GET"]),
         Route("/admin/stats", guarded(stats), methods=["GET"]),
         Route("/admin/traces", guarded(traces), methods=["GET"]),

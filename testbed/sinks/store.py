@@ -54,6 +54,9 @@ COUNTERS: Final[tuple[str, ...]] = (
     "unavailable",
     "timeouts",
     "refusals",
+    "reservations",
+    "reservations_confirmed",
+    "reservations_released",
 )
 
 SCHEMA_VERSION: Final = 1
@@ -93,6 +96,16 @@ CREATE TABLE IF NOT EXISTS faults (
     armed_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS faults_by_operation ON faults (operation_id, id);
+CREATE TABLE IF NOT EXISTS reservations (
+    operation_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    parameter_digest TEXT NOT NULL,
+    submit_json TEXT NOT NULL,
+    held_at_ms INTEGER NOT NULL,
+    released_why TEXT,
+    effect_id TEXT,
+    reserves INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -173,6 +186,31 @@ def _effect(row: sqlite3.Row) -> EffectRecord:
         first_seen_ms=row["first_seen_ms"],
         committed_ms=row["committed_ms"],
     )
+
+
+@dataclass(frozen=True)
+class ReservationRecord:
+    """One operation's hold at a reservation sink (try-confirm-cancel).
+
+    Attributes:
+        operation_id: the operation (also the hold's key).
+        status: ``held``, ``confirmed`` or ``released``.
+        parameter_digest: digest of the reserved effect.
+        submit_json: the reserve request (the effect made on confirm).
+        held_at_ms: ledger time the current hold was taken (ms).
+        released_why: ``cancelled`` or ``expired`` once released.
+        effect_id: the effect made by the confirmation.
+        reserves: how many holds were taken under this key.
+    """
+
+    operation_id: str
+    status: str
+    parameter_digest: str
+    submit_json: str
+    held_at_ms: int
+    released_why: str | None = None
+    effect_id: str | None = None
+    reserves: int = 1
 
 
 class StoreTxn:
@@ -393,6 +431,52 @@ class StoreTxn:
             f"SELECT {_EFFECT_COLUMNS} FROM effects WHERE account = ? ORDER BY seq", (account,)
         ).fetchall()
         return [_effect(row) for row in rows]
+
+    def reservation(self, operation_id: str) -> ReservationRecord | None:
+        """Return the operation's hold (reservation sinks), or ``None`` when never reserved.
+
+        Args:
+            operation_id: the operation.
+        """
+        row = self._conn.execute(
+            "SELECT operation_id, status, parameter_digest, submit_json, held_at_ms, "
+            "released_why, effect_id, reserves FROM reservations WHERE operation_id = ?",
+            (operation_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return ReservationRecord(
+            operation_id=row["operation_id"],
+            status=row["status"],
+            parameter_digest=row["parameter_digest"],
+            submit_json=row["submit_json"],
+            held_at_ms=int(row["held_at_ms"]),
+            released_why=row["released_why"],
+            effect_id=row["effect_id"],
+            reserves=int(row["reserves"]),
+        )
+
+    def put_reservation(self, hold: ReservationRecord) -> None:
+        """Insert or replace the operation's hold.
+
+        Args:
+            hold: the hold as it now stands.
+        """
+        self._conn.execute(
+            "INSERT OR REPLACE INTO reservations (operation_id, status, parameter_digest, "
+            "submit_json, held_at_ms, released_why, effect_id, reserves) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                hold.operation_id,
+                hold.status,
+                hold.parameter_digest,
+                hold.submit_json,
+                hold.held_at_ms,
+                hold.released_why,
+                hold.effect_id,
+                hold.reserves,
+            ),
+        )
 
     def effect_counts(self) -> dict[str, int]:
         """Return ``{operation_id: number of effects}`` over every operation."""

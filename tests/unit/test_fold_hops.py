@@ -114,6 +114,10 @@ CASES: dict[str, tuple[Case, list[Hop]]] = {
         on(pending, lambda s: helpers.receipt(OP, current_dispatch_id(s), "AMBIGUOUS")),
         [(EP, UO)],
     ),
+    "reservation cancelled (admission withdrawn)": (
+        on(pending, lambda s: helpers.receipt(OP, current_dispatch_id(s), "CANCELLED")),
+        [(EP, NR)],
+    ),
     "receipt rejected": (
         on(pending, lambda s: helpers.receipt(OP, current_dispatch_id(s), "REJECTED")),
         [(EP, AB)],

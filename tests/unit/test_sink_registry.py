@@ -46,11 +46,18 @@ def test_an_old_registry_loads_and_postcondition_true_is_the_account_credit_quer
     assert sinks["payments"].contract.postcondition_query() == ACCOUNT_CREDITS
     assert sinks["unsafe"].contract == UNSAFE_SINK
     # written back, the file says what it said before (and the amount field
-    # contracts name since, at its default)
+    # contracts name since, and the reservation hold, at their defaults)
     save_sinks(path, sinks)
     old = OLD_REGISTRY["payments"]
     assert json.loads(path.read_text()) == {
-        "payments": {**old, "contract": {**old["contract"], "amount_field": "amount_minor"}},
+        "payments": {
+            **old,
+            "contract": {
+                **old["contract"],
+                "amount_field": "amount_minor",
+                "reservation_hold_s": 300,
+            },
+        },
         "unsafe": {
             "url": "http://127.0.0.1:8124",
             "contract": UNSAFE_SINK.model_dump(),

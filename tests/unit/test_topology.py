@@ -35,4 +35,5 @@ def test_the_tables_the_stages_follow_are_declared(tmp_path: Path) -> None:
     followed = {f.topic for f in (kernel._approvals, kernel._uses, kernel._policy)}
     assert followed == {t.name for t in TOPICS if "authority kernel" in t.tables}
     relay = Relay(settings)
-    assert {relay._receipts.topic} == {t.name for t in TOPICS if "relay" in t.tables}
+    followed = {f.topic for f in (relay._receipts, relay._approvals, relay._policy)}
+    assert followed == {t.name for t in TOPICS if "relay" in t.tables}

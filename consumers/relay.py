@@ -10,6 +10,20 @@ blindly: it reads the effect back first (or, for an idempotent sink without
 readback, resubmits under the same key while the sink still keeps it), and
 otherwise records an ambiguous outcome.
 
+A sink whose contract offers reservations (try-confirm-cancel) is never
+sent a plain submit: the relay reserves a bounded hold, then confirms it
+only while the operation's admission still stands (its approval not
+revoked, the policy version unchanged since admission) and cancels it
+otherwise; a dispatch met again reads the hold back first (confirmed:
+recorded; held: confirmed or cancelled as above; released by the sink:
+reserved again under the same key while the admission stands). The check is
+the pure rule :func:`ledger.authority.admission_withdrawn` over the
+approvals and policy tables the relay follows (authenticated records only),
+made right before the confirmation it guards: it can only withdraw an
+admission, never grant one (README, "How it works": who decides). Every end
+of a hold is a receipt (``COMMITTED`` with ``reservation: CONFIRMED``,
+``CANCELLED``, ``EXPIRED``), journaled by the processor.
+
 A request that never reached its sink (the connection was refused or could
 not be made, or the sink is not in the registry) cannot have made an effect:
 the relay parks its dispatch and tries again after a growing backoff

@@ -430,7 +430,9 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
         )
     if isinstance(e, EffectReceipt):
         return (
-            f"receipt {e.status} from {e.sink} for {e.dispatch_id} (fencing token "
+            f"receipt {e.status}"
+            + (f" (reservation {e.reservation})" if e.reservation else "")
+            + f" from {e.sink} for {e.dispatch_id} (fencing token "
             f"{e.fencing_token}, effect {e.effect_id or 'none'}): {e.detail}; observer {e.observer}"
         )
     if isinstance(e, Readback):

@@ -108,9 +108,13 @@ def dispatch_outcome(events: Iterable[object]) -> str:
         ``COMMITTED``, ``REJECTED``, ``AMBIGUOUS`` ... (an
         :class:`~ledger.events.EffectReceipt`'s status) or ``ABSENT``,
         ``UNSUPPORTED`` ... (a :class:`~ledger.events.Readback`'s), for the
-        first such event; ``NONE`` when there is none.
+        first such event; ``NONE`` when there is none. An ``EXPIRED``
+        receipt (a reservation released by its sink and taken again) is a
+        note on the way, not the outcome: the receipt after it is.
     """
     for event in events:
+        if isinstance(event, EffectReceipt) and event.status == "EXPIRED":
+            continue
         if isinstance(event, (EffectReceipt, ReadbackEvent)):
             return str(event.status)
     return "NONE"

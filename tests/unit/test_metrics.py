@@ -143,6 +143,9 @@ def test_dispatch_outcomes_come_from_the_receipt_or_readback() -> None:
     assert dispatch_outcome([receipt("op", "d", status="AMBIGUOUS")]) == "AMBIGUOUS"
     assert dispatch_outcome([_event("X"), readback("op", "d", status="ABSENT")]) == "ABSENT"
     assert dispatch_outcome([_event("X")]) == "NONE"
+    # A reservation that expired and was taken again: the outcome is the confirmation.
+    expired = receipt("op", "d", status="EXPIRED")
+    assert dispatch_outcome([expired, receipt("op", "d", status="COMMITTED")]) == "COMMITTED"
     m = StageMetrics("relay", "0")
     m.dispatched("payments", "EXECUTE", "COMMITTED", 0.03)
     assert (

@@ -94,10 +94,48 @@ def _rebalance_lost_and_doubled_nothing(game: GameDay, report: dict[str, Any]) -
     assert set(intents) == wanted and set(intents.values()) == {1}, intents
 
 
+def _reservation_journal(game: GameDay) -> list[tuple[str, str, str]]:
+    """(receipt status, reservation end, journal reason) of each reservation receipt journaled."""
+    out = []
+    for r in read_topic(game.settings, "journal"):
+        e = r.event
+        if isinstance(e, JournalEntry) and e.kind == EffectReceipt.KIND:
+            receipt = decode_event(e.input_event)
+            assert isinstance(receipt, EffectReceipt)
+            if receipt.reservation is not None:
+                out.append((receipt.status, receipt.reservation, e.reason))
+    return out
+
+
+def _hold_expired_then_confirmed(game: GameDay, report: dict[str, Any]) -> None:
+    """Both ends of the two holds are journaled: the sink's expiry, then the confirmation."""
+    ends = _reservation_journal(game)
+    assert [(status, end) for status, end, _ in ends] == [
+        ("EXPIRED", "EXPIRED"),
+        ("COMMITTED", "CONFIRMED"),
+    ], ends
+    assert "released the reservation hold by itself" in ends[0][2]
+    assert "reservation confirmed" in ends[1][2]
+
+
+def _cancelled_on_policy_then_confirmed(game: GameDay, report: dict[str, Any]) -> None:
+    """The cancellation names the policy change; the reauthorised operation is confirmed."""
+    ends = _reservation_journal(game)
+    assert [(status, end) for status, end, _ in ends] == [
+        ("CANCELLED", "CANCELLED"),
+        ("COMMITTED", "CONFIRMED"),
+    ], ends
+    assert "policy version changed" in ends[0][2]
+
+
 #: Evidence beyond a scenario's own expectations, checked after it ran (by file stem).
 EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
     "g19-stalled-owner-fenced": _stalled_owner_was_fenced,
     "g20-rebalance-mid-batch": _rebalance_lost_and_doubled_nothing,
+    "g21-reservation-expires-then-confirmed": _hold_expired_then_confirmed,
+    "g22-reservation-cancelled-on-policy-change-then-reauthorised": (
+        _cancelled_on_policy_then_confirmed
+    ),
 }
 
 
@@ -335,3 +373,38 @@ def test_format_2_pause_resume_scale_parse() -> None:
         ("resume", {"component": "relay", "instance": 0}),
         ("scale", {"component": "processor", "instances": 3}),
     ]
+
+
+def test_reservation_expectations_can_fail() -> None:
+    scenario = parse(
+        {
+            "name": "x",
+            "format": 2,
+            "steps": [{"claim": {"operation_id": f"op:{n}:v1", "worker": "w"}} for n in (1, 2, 3)],
+            "expect": {
+                "operations": {
+                    "op:1:v1": {"reservation": "released"},
+                    "op:2:v1": {"reservation": None},
+                    "op:3:v1": {},
+                },
+                "totals": {"reservations_released": 1},
+            },
+        }
+    )
+    observed = {
+        "operations": {
+            "op:1:v1": {"reservation": "held"},
+            "op:2:v1": {"reservation": "confirmed"},
+            "op:3:v1": {"reservation": "held"},
+        },
+        "claims": [],
+        "totals": {"reservations_released": 0},
+        "audit": {},
+    }
+    paths = {f["path"] for f in check(scenario, observed)}
+    # op:3 names no reservation expectation: its hold is not checked.
+    assert paths == {
+        "operations.op:1:v1.reservation",
+        "operations.op:2:v1.reservation",
+        "totals.reservations_released",
+    }

@@ -266,6 +266,9 @@ class JournalEntry(Event):
     schema version 2, which did not record them. ``sink_problem`` (version 3)
     is what the processor observed of an intent's sink when it decided (not
     registered, or the registry unreadable); replay decides with it.
+    ``resumed_by`` (version 4) names the restarted processor that resumed the
+    operation with this input (an admission decision it met after restoring
+    the operation NOT_ADMITTED); replay decides with it too.
     """
 
     KIND: ClassVar[str] = "JournalEntry"
@@ -282,6 +285,7 @@ class JournalEntry(Event):
     input_event: bytes
     hops: tuple[str, ...] | None = None
     sink_problem: str | None = None
+    resumed_by: str | None = None
 
     @field_serializer("hops")
     def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:

@@ -28,7 +28,13 @@ class Event(BaseModel):
 
 
 class Intent(Event):
-    """A service's request for one consequential operation (key: operation ID)."""
+    """A service's request for one consequential operation (key: operation ID).
+
+    ``forked_from`` (schema version 2) names the operation this one is a
+    deliberate fork of (``ledger fork``): the fork is a new operation with its
+    own ID, approval, admission and effects; it inherits no admission and no
+    claim over the original's effects, and the original is not touched.
+    """
 
     KIND: ClassVar[str] = "Intent"
     operation_id: str
@@ -43,6 +49,8 @@ class Intent(Event):
     amount_minor: int
     parameter_digest: str
     published_at_ms: int
+    #: The operation this one forks (schema version 2; ``None``: no fork).
+    forked_from: str | None = None
 
 
 class Approval(Event):

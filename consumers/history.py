@@ -114,6 +114,7 @@ def read_history(settings: LedgerSettings, operation_id: str, timeout_s: float =
             pool.submit(_read_keys, settings, keyring, t, {operation_id}, timeout_s)
             for t in OPERATION_TOPICS
         ]
+        forks = pool.submit(_forks_of, settings, operation_id, timeout_s)
         records = [r for f in futures for r in f.result()]
         if not records:
             raise UnknownOperationError(
@@ -134,7 +135,32 @@ def read_history(settings: LedgerSettings, operation_id: str, timeout_s: float =
                     if not isinstance(r.event, AdmissionRequest)
                     or r.event.operation_id == operation_id
                 )
-    return build_history(operation_id, records)
+    return build_history(operation_id, records, forks.result())
+
+
+def _forks_of(settings: LedgerSettings, operation_id: str, timeout_s: float) -> list[str]:
+    """Operations whose intents name ``operation_id`` as ``forked_from`` (a scan of intents).
+
+    Forks have their own keys, so every partition of ``ledger.intents`` is
+    read; a record that does not decode is skipped (the reader of its own
+    key lists it).
+    """
+    count = partitions_for(settings, TOPIC_BY_NAME["intents"])
+    found: list[str] = []
+
+    def keep(_: object, msg: Message) -> None:
+        value = msg.value()
+        if value is None:
+            return
+        try:
+            event = decode_event(value)
+        except Exception:  # listed in the history of its own key, never fatal here
+            return
+        if isinstance(event, Intent) and event.forked_from == operation_id:
+            found.append(event.operation_id)
+
+    read_partition(settings, "intents", set(range(count)), keep, timeout_s, decode=False)
+    return found
 
 
 def _approvals_named(records: Iterable[HistoryRecord]) -> set[str]:

@@ -83,6 +83,14 @@ class Processor(Stage):
         #: encoded form of each pending state (as written to ledger.state).
         self.pending_raw: dict[str, bytes] = {}
         self.resume_queue: list[tuple[str, int]] = []
+        #: Operations restored waiting for admission (NOT_ADMITTED, an
+        #: approval requested) on newly assigned partitions: the admission
+        #: decision that arrives for one of them resumes it, and its journal
+        #: entry names this processor (``resumed_by``), so the fold writes a
+        #: recovery receipt. Dropped once that decision is committed.
+        self.admission_resumes: set[str] = set()
+        #: admission resumes decided in the open transaction.
+        self.admission_resumed: set[str] = set()
         #: op -> trace headers of its restored state record (its resume claim continues them).
         self.resume_traces: dict[str, dict[str, str]] = {}
         #: Partitions this process has owned at some point of its life.
@@ -124,6 +132,8 @@ class Processor(Stage):
 
         #: op -> (in a resumable state, version), from its latest record.
         restored: dict[str, tuple[bool, int]] = {}
+        #: ops whose latest record waits for an admission decision.
+        awaiting: set[str] = set()
         traces: dict[str, dict[str, str]] = {}
 
         def load(rec: Record | None, msg: Message) -> None:
@@ -132,6 +142,10 @@ class Processor(Stage):
                 self.partition_of[rec.key] = rec.partition
                 restored[rec.key] = (S(rec.event.state) in RESUMABLE, rec.event.version)
                 self._track_unknown(rec.key, rec.event.state)
+                if rec.event.state == S.NOT_ADMITTED and rec.event.approval_id is not None:
+                    awaiting.add(rec.key)
+                else:
+                    awaiting.discard(rec.key)
                 if restored[rec.key][0]:  # kept only for what may be resumed
                     traces[rec.key] = trace_headers_of(msg.headers())
                 else:
@@ -163,6 +177,7 @@ class Processor(Stage):
             if resumable and self.partition_of.get(op) in new
         )
         self.resume_traces = {op: traces.get(op, {}) for op, _ in self.resume_queue}
+        self.admission_resumes |= {op for op in awaiting if self.partition_of.get(op) in new}
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
 
@@ -193,6 +208,7 @@ class Processor(Stage):
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
             self.unknown_open.discard(op)
+            self.admission_resumes.discard(op)
         self.pending.clear()
         self.pending_raw.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
@@ -258,6 +274,7 @@ class Processor(Stage):
         """Drop decisions of the aborted transaction; committed state stays."""
         self.pending.clear()
         self.pending_raw.clear()
+        self.admission_resumed.clear()
 
     def after_commit(self) -> None:
         """Make the committed batch's states current (resting ones as bytes)."""
@@ -266,6 +283,8 @@ class Processor(Stage):
             self._track_unknown(op, st.state)
         self.pending.clear()
         self.pending_raw.clear()
+        self.admission_resumes -= self.admission_resumed
+        self.admission_resumed.clear()
 
     def _track_unknown(self, operation_id: str, state: str) -> None:
         """Keep :attr:`unknown_open` (the ``ledger_unknown_outcomes_open`` gauge) current."""
@@ -305,7 +324,18 @@ class Processor(Stage):
             sink_problem = (
                 self.sink_problem(rec.event.sink) if isinstance(rec.event, Intent) else None
             )
-            decision = decide(state, rec.event, ref, sink_problem=sink_problem)
+            resumed_by = (
+                f"processor-{self.instance}"
+                if isinstance(rec.event, AdmissionDecision)
+                and op in self.admission_resumes
+                and op not in self.admission_resumed
+                else None
+            )
+            decision = decide(
+                state, rec.event, ref, sink_problem=sink_problem, resumed_by=resumed_by
+            )
+            if resumed_by is not None and decision.outcome == "APPLIED":
+                self.admission_resumed.add(op)
             self._seams(rec, decision)
             annotate(decision_attributes(decision))
             out.write(
@@ -319,6 +349,7 @@ class Processor(Stage):
                     rec.partition,
                     rec.offset,
                     sink_problem=sink_problem,
+                    resumed_by=resumed_by,
                 ),
             )
             if decision.outcome == "APPLIED" and decision.state is not None:

@@ -280,6 +280,12 @@ class Relay(Stage):
             max_backoff_ms=int(self.settings.sink_retry_max_backoff_s * 1000),
         )
         self.results: dict[tuple[int, int], list[Output]] = {}
+        #: Partitions of ``dispatches`` this process has owned at some point.
+        self.ever_held: set[int] = set()
+        #: partition -> end offset when this process took it over from an
+        #: earlier owner (crashed, stopped or rebalanced away): a verification
+        #: below it is a resume of that owner's work (see :meth:`_resumed`).
+        self.handover_below: dict[int, int] = {}
         self.observer = f"relay-{self.instance}"
         self._receipts = TableFollower(
             self.settings,
@@ -319,12 +325,64 @@ class Relay(Stage):
         self.completed.clear()
         self._receipts.follow(partitions)
         log.info("relay: %d earlier attempts known", len(self.attempts))
+        new = partitions - self.ever_held
+        self.ever_held |= partitions
+        self._note_handover(new)
+
+    def _note_handover(self, partitions: set[int]) -> None:
+        """Remember where an earlier owner's work ends on partitions taken over from it.
+
+        A partition the relay's group had committed an offset for had an
+        owner before this process: dispatches below its end offset at the
+        takeover were that owner's to perform. A failure to ask is logged and
+        the partition treated as not taken over (its verifications then write
+        no recovery receipt; nothing else changes).
+        """
+        if not partitions or self.consumer is None:
+            return
+        topic = self.settings.topic("dispatches")
+        consumer = self.consumer
+        try:
+            asked = [TopicPartition(topic, p) for p in sorted(partitions)]
+            committed = consumer.committed(asked, timeout=10)
+            for tp in committed:
+                if tp.offset < 0:
+                    continue  # the group never owned it: a first start, not a resume
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, tp.partition), timeout=10, cached=False
+                )
+                if high > tp.offset:
+                    self.handover_below[tp.partition] = high
+        except KafkaException as exc:
+            log.warning("relay: could not read where the previous owner stopped: %s", exc)
+        if self.handover_below:
+            log.info("relay: took over dispatches below %s", self.handover_below)
+
+    def _resumed(self, d: Dispatch, partition: int, offset: int) -> Dispatch:
+        """A verification taken over from an earlier relay is performed as a resume.
+
+        The relay that owned the partition before may have been reading the
+        postcondition when it died (``after_commit_before_verification``):
+        performing it again is safe (it only reads), and the readback says
+        ``on_resume`` so that the processor writes the resume's recovery
+        receipt. Executions need no such rule: their ``ATTEMPTED`` markers say
+        exactly which ones may have left.
+        """
+        if (
+            d.kind == "VERIFY"
+            and not d.on_resume
+            and offset < self.handover_below.get(partition, -1)
+        ):
+            return d.model_copy(update={"on_resume": True})
+        return d
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Forget parked dispatches of revoked partitions (their new owner meets them)."""
         for dispatch_id, p in list(self.parked.items()):
             if p.partition in partitions:
                 del self.parked[dispatch_id]
+        for partition in partitions:
+            self.handover_below.pop(partition, None)
 
     def rebuild(self) -> None:
         """Drop results of the aborted transaction (they will be recomputed).
@@ -413,6 +471,7 @@ class Relay(Stage):
             d = rec.event
             if not isinstance(d, Dispatch):
                 continue
+            d = self._resumed(d, rec.partition, rec.offset)
             at = (rec.partition, rec.offset)
             parked = self.parked.get(d.dispatch_id)
             if parked is not None:

@@ -28,7 +28,13 @@ class Event(BaseModel):
 
 
 class Intent(Event):
-    """A service's request for one consequential operation (key: operation ID)."""
+    """A service's request for one consequential operation (key: operation ID).
+
+    ``forked_from`` (schema version 2) names the operation this one is a
+    deliberate fork of (``ledger fork``): the fork is a new operation with its
+    own ID, approval, admission and effects; it inherits no admission and no
+    claim over the original's effects, and the original is not touched.
+    """
 
     KIND: ClassVar[str] = "Intent"
     operation_id: str
@@ -43,6 +49,8 @@ class Intent(Event):
     amount_minor: int
     parameter_digest: str
     published_at_ms: int
+    #: The operation this one forks (schema version 2; ``None``: no fork).
+    forked_from: str | None = None
 
 
 class Approval(Event):
@@ -276,6 +284,9 @@ class JournalEntry(Event):
     schema version 2, which did not record them. ``sink_problem`` (version 3)
     is what the processor observed of an intent's sink when it decided (not
     registered, or the registry unreadable); replay decides with it.
+    ``resumed_by`` (version 4) names the restarted processor that resumed the
+    operation with this input (an admission decision it met after restoring
+    the operation NOT_ADMITTED); replay decides with it too.
     """
 
     KIND: ClassVar[str] = "JournalEntry"
@@ -292,6 +303,7 @@ class JournalEntry(Event):
     input_event: bytes
     hops: tuple[str, ...] | None = None
     sink_problem: str | None = None
+    resumed_by: str | None = None
 
     @field_serializer("hops")
     def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:

@@ -199,12 +199,25 @@ class History:
         answers: the five answers, in :data:`QUESTIONS` order.
         final_state: the latest authentic state version, ``None`` when none is
             recorded.
+        forks: operations whose intents name this one as ``forked_from``
+            (found by the reader; empty when it did not look).
     """
 
     operation_id: str
     entries: tuple[HistoryEntry, ...]
     answers: tuple[Answer, ...]
     final_state: OperationState | None = None
+    #: Operations that are deliberate forks of this one (their intents name it).
+    forks: tuple[str, ...] = ()
+
+    @property
+    def forked_from(self) -> str | None:
+        """The operation this one forks, from its own intent (``None``: no fork)."""
+        for e in self.entries:
+            event = e.record.event
+            if e.record.believed and isinstance(event, Intent) and event.forked_from:
+                return event.forked_from
+        return None
 
     @property
     def unbelieved(self) -> int:
@@ -228,11 +241,13 @@ class History:
         Returns:
             ``{"operation_id": str, "final_state": {state fields} | None,
             "answers": [Answer.to_dict()], "records": [HistoryEntry.to_dict()],
-            "counts": {"records": int, "unbelieved": int}}``, records in
-            causal order.
+            "counts": {"records": int, "unbelieved": int}, "forked_from": str
+            | None, "forks": [str]}``, records in causal order.
         """
         return {
             "operation_id": self.operation_id,
+            "forked_from": self.forked_from,
+            "forks": list(self.forks),
             "final_state": _plain(self.final_state.model_dump())
             if self.final_state is not None
             else None,
@@ -254,7 +269,9 @@ def position_text(position: tuple[str, int, int]) -> str:
     return f"{position[0]}:{position[1]}:{position[2]}"
 
 
-def build_history(operation_id: str, records: Iterable[HistoryRecord]) -> History:
+def build_history(
+    operation_id: str, records: Iterable[HistoryRecord], forks: Iterable[str] = ()
+) -> History:
     """Assemble one operation's history from the records found about it.
 
     Args:
@@ -262,6 +279,7 @@ def build_history(operation_id: str, records: Iterable[HistoryRecord]) -> Histor
         records: every record found on the ledger's topics about it, in any
             order (duplicates by position are dropped); approval records may
             be included for the approvals the operation names.
+        forks: operations found to be forks of this one (intents naming it).
 
     Returns:
         The history: entries in causal order, the five answers, the final state.
@@ -282,7 +300,7 @@ def build_history(operation_id: str, records: Iterable[HistoryRecord]) -> Histor
         _resume(believed),
         _outcome(believed, final),
     )
-    return History(operation_id, entries, answers, final)
+    return History(operation_id, entries, answers, final, tuple(sorted(set(forks))))
 
 
 # ---------------------------------------------------------------------- order
@@ -394,6 +412,7 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
         return (
             f"intent by {e.actor} for {e.subject} ({e.purpose}): {e.action} at {e.sink} "
             f"{e.params_json}, digest {e.parameter_digest}, approval {e.approval_id or 'none'}"
+            + (f", a fork of {e.forked_from}" if e.forked_from else "")
         )
     if isinstance(e, Approval):
         extra = ""

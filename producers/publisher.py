@@ -18,9 +18,10 @@ the header is advisory context and decides nothing).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,7 @@ def build_intent(
     decision_version: int,
     approval_id: str | None = None,
     published_at_ms: int | None = None,
+    forked_from: str | None = None,
 ) -> Intent:
     """Build (without publishing) the intent :meth:`LedgerPublisher.publish` would send.
 
@@ -152,6 +154,70 @@ def build_intent(
         amount_minor=amount_of(params),
         parameter_digest=digest,
         published_at_ms=published_at_ms if published_at_ms is not None else int(time.time() * 1000),
+        forked_from=forked_from,
+    )
+
+
+def fork_intent(
+    original: OperationState,
+    new_operation_id: str,
+    *,
+    existing: Container[str] = (),
+    approval_id: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    decision_version: int | None = None,
+    actor: str | None = None,
+    published_at_ms: int | None = None,
+) -> Intent:
+    """The intent of a deliberate fork of ``original`` (the article's alternative branch).
+
+    The fork is a new operation: its own ID, its own approval (none is
+    inherited: without ``approval_id`` it waits for reauthorisation, and an
+    approval the original consumed is refused by the authority kernel), its
+    own admission and its own effects (the sink keys them by the new ID).
+    It copies the original's sink, action, subject and purpose, and by
+    default its parameters, decision version and actor; the original is not
+    touched.
+
+    Args:
+        original: the original operation's current state (``ledger.state``).
+        new_operation_id: the fork's operation ID.
+        existing: operation IDs the ledger already knows (the new ID must
+            not be one of them).
+        approval_id: the fork's own approval.
+        params: parameters of the fork (default: the original's).
+        decision_version: its decision version (default: the original's).
+        actor: who forks (default: the original's actor).
+        published_at_ms: informational timestamp (ms); default wall clock.
+
+    Returns:
+        The intent, ``forked_from`` set to the original's ID.
+
+    Raises:
+        LedgerError: the new ID is the original's or one the ledger already
+            knows; or any problem :func:`build_intent` refuses.
+    """
+    old = original.operation_id
+    if new_operation_id == old or new_operation_id in existing:
+        raise LedgerError(
+            f"operation {new_operation_id!r} already exists in the ledger: a fork of {old} "
+            "needs a new operation ID (e.g. one with a new decision version)",
+            operation_id=new_operation_id,
+        )
+    return build_intent(
+        operation_id=new_operation_id,
+        sink=original.sink,
+        action=original.action,
+        params=dict(params) if params is not None else json.loads(original.params_json),
+        actor=actor or original.actor,
+        subject=original.subject,
+        purpose=original.purpose,
+        decision_version=(
+            decision_version if decision_version is not None else original.decision_version
+        ),
+        approval_id=approval_id,
+        published_at_ms=published_at_ms,
+        forked_from=old,
     )
 
 
@@ -336,6 +402,49 @@ class LedgerPublisher:
         return PublishedIntent(
             intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
         )
+
+    def fork(
+        self,
+        original: OperationState,
+        new_operation_id: str,
+        *,
+        existing: Container[str] = (),
+        approval_id: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        decision_version: int | None = None,
+        actor: str | None = None,
+    ) -> PublishedIntent:
+        """Publish a deliberate fork of ``original`` under a new operation ID.
+
+        See :func:`fork_intent` (no inherited admission, no claim over the
+        original's effects, the original untouched).
+
+        Args:
+            original: the original operation's current state.
+            new_operation_id: the fork's operation ID.
+            existing: operation IDs the ledger already knows.
+            approval_id: the fork's own approval.
+            params: the fork's parameters (default: the original's).
+            decision_version: its decision version (default: the original's).
+            actor: who forks (default: the original's actor).
+
+        Returns:
+            The fork's operation ID, digest and where its intent landed.
+
+        Raises:
+            LedgerError: an existing new ID, invalid parameters, or the
+                broker did not accept it.
+        """
+        intent = fork_intent(
+            original,
+            new_operation_id,
+            existing=existing,
+            approval_id=approval_id,
+            params=params,
+            decision_version=decision_version,
+            actor=actor,
+        )
+        return self.publish_intent(intent)
 
     def publish_approval(self, approval: Approval) -> None:
         """Publish a review decision (key: approval ID).

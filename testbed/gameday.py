@@ -27,6 +27,7 @@ from ledger.events import (
     JournalEntry,
     OperatingEvent,
     OperationState,
+    RecoveryReceipt,
     decode_event,
 )
 from ledger.kafka import bootstrap_servers
@@ -407,9 +408,14 @@ class GameDay:
             if e.operation_id:
                 kinds = by_op.setdefault(e.operation_id, {})
                 kinds[e.kind] = kinds.get(e.kind, 0) + 1
+        latest_receipt: dict[str, dict[str, Any]] = {}
+        for r in read_topic(self.settings, "recovery-receipts"):
+            if isinstance(r.event, RecoveryReceipt):
+                latest_receipt[r.key] = r.event.model_dump()
         for op in ops:
             st = states.get(op)
             operations[op] = {
+                "recovery_receipt": latest_receipt.get(op),
                 "state": str(st.state) if st else None,
                 "effects": effects.get(op, 0),
                 "reason": st.reason if st else "",
@@ -488,6 +494,35 @@ def _show(expected: int | Bound) -> Any:
     return expected.model_dump(exclude_none=True) if isinstance(expected, Bound) else expected
 
 
+def _check_receipt(
+    base: str,
+    want: dict[str, Any] | None,
+    got: dict[str, Any] | None,
+    fail: Callable[[str, Any, Any], None],
+) -> None:
+    """``recovery_receipt``: each field of the latest receipt, or that there is none.
+
+    Strings match as case-insensitive substrings of the observed value;
+    other values (numbers, ``null``) must be equal.
+    """
+    path = f"{base}.recovery_receipt"
+    if want is None:
+        if got is not None:
+            fail(path, None, got)
+        return
+    if got is None:
+        fail(path, want, None)
+        return
+    for field, value in want.items():
+        seen = got.get(field)
+        if isinstance(value, str):
+            ok = seen is not None and value.lower() in str(seen).lower()
+        else:
+            ok = seen == value
+        if not ok:
+            fail(f"{path}.{field}", value, seen)
+
+
 def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
     """Compare observations with ``expect``; one failure per path that differs."""
     failures: list[dict[str, Any]] = []
@@ -517,6 +552,8 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
             )
         if "reservation" in want.model_fields_set and got.get("reservation") != want.reservation:
             fail(f"{base}.reservation", want.reservation, got.get("reservation"))
+        if want.checks_recovery_receipt:
+            _check_receipt(base, want.recovery_receipt, got.get("recovery_receipt"), fail)
         for kind, want_n in (want.operating_events or {}).items():
             got_n = got.get("operating_events", {}).get(kind, 0)
             if not _matches(want_n, got_n):

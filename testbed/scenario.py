@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from consumers.hooks import Seam
 from ledger.contracts import EffectContract
 from ledger.errors import ScenarioError as ScenarioError  # re-exported: its old home
+from ledger.events import RecoveryReceipt
 
 SEAM = Seam
 SINK_FAULT = Literal[
@@ -305,6 +306,26 @@ class OpExpect(_Strict):
     #: The hold as a reservation sink reports it (format v2); ``null`` means
     #: the sink holds no reservation for the operation. Checked only when given.
     reservation: Literal["held", "confirmed", "released"] | None = None
+
+    #: Field -> expected value on the operation's latest recovery receipt
+    #: (format v2; strings match as case-insensitive substrings). Given as
+    #: ``null``, the operation must have no recovery receipt.
+    recovery_receipt: dict[str, str | int | bool | None] | None = None
+
+    @model_validator(mode="after")
+    def _receipt_fields_known(self) -> OpExpect:
+        unknown = sorted(set(self.recovery_receipt or {}) - set(RecoveryReceipt.model_fields))
+        if unknown:
+            raise ValueError(
+                f"recovery_receipt names unknown field(s) {', '.join(unknown)}; a recovery "
+                f"receipt has {', '.join(RecoveryReceipt.model_fields)}"
+            )
+        return self
+
+    @property
+    def checks_recovery_receipt(self) -> bool:
+        """Whether ``recovery_receipt`` was given (``null`` included)."""
+        return "recovery_receipt" in self.model_fields_set
 
 
 class ClaimExpect(_Strict):

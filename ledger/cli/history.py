@@ -39,8 +39,12 @@ def history_lines(history: History) -> list[str]:
         f"{history.unbelieved} not believed (failed authentication or decoding)",
         "final state: "
         + (f"{final.state} (version {final.version}, epoch {final.epoch})" if final else "—"),
-        "",
     ]
+    if history.forked_from:
+        lines.append(f"a fork of: {history.forked_from}")
+    if history.forks:
+        lines.append(f"forked as: {', '.join(history.forks)}")
+    lines.append("")
     for a in history.answers:
         lines.append(a.question)
         lines.append(f"  {a.answer}")
@@ -150,7 +154,8 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     "question", "answer", "recorded", "evidence"}], "records": [{"topic",
     "partition", "offset", "time_ms", "time", "key", "kind", "summary",
     "believed", "problem", "via_journal", "event"}], "counts": {"records",
-    "unbelieved"}}. Exit status 0; 5 when no record is about the operation;
+    "unbelieved"}, "forked_from", "forks"} (the operation it forks, the
+    operations that fork it). Exit status 0; 5 when no record is about the operation;
     1 on any other error (broker, topics, key files).
     """
     from consumers.history import UnknownOperationError, read_history

@@ -254,6 +254,102 @@ def intent_publish(
         pub.close()
 
 
+@click.command("fork")
+@click.argument("operation_id")
+@click.option(
+    "--new-operation-id",
+    required=True,
+    callback=_non_blank,
+    help="The fork's own operation ID (must not exist in the ledger).",
+)
+@click.option(
+    "--approval-id",
+    default=None,
+    help="The fork's own approval (none is inherited; without one it waits for reauthorisation).",
+)
+@click.option(
+    "--params",
+    "params_json",
+    default=None,
+    help="The fork's parameters as a JSON object (default: the original's).",
+)
+@click.option(
+    "--decision-version",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The fork's decision version (default: the original's).",
+)
+@click.option("--actor", default=None, help="Who forks (default: the original's actor).")
+@_WAIT
+def fork_cmd(
+    operation_id: str,
+    new_operation_id: str,
+    approval_id: str | None,
+    params_json: str | None,
+    decision_version: int | None,
+    actor: str | None,
+    wait_s: float,
+) -> None:
+    """Fork OPERATION_ID: a new operation, linked to it, exploring another branch.
+
+    The fork has its own operation ID, approval, admission and effects: it
+    inherits no admission (an approval the original consumed is refused) and
+    no claim over the original's effects, and the original's state is not
+    touched. Its intent names the original (forked_from); 'ledger history'
+    shows the link both ways. Prints the fork's ID and digest, then the
+    processor's decision. An unknown OPERATION_ID exits 5; a new ID that
+    already exists exits 1.
+
+    \b
+    Example:
+      ledger fork refund:1842:v3 --new-operation-id refund:1842:v3-fork1 \\
+        --approval-id review-1842-fork
+    """
+    from consumers.reader import current_states
+
+    params: dict[str, Any] | None = None
+    if params_json is not None:
+        try:
+            params = json.loads(params_json)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--params") from exc
+        if not isinstance(params, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--params")
+    settings = current_settings()
+    _ready(settings)
+    states = current_states(settings)
+    original = states.get(operation_id)
+    if original is None:
+        fail(
+            f"no operation {operation_id!r} in the ledger: only a recorded operation can be "
+            "forked ('ledger state' lists them)",
+            EXIT_UNKNOWN_OPERATION,
+        )
+    if new_operation_id in states:
+        fail(
+            f"operation {new_operation_id!r} already exists in the ledger: a fork of "
+            f"{operation_id} needs a new operation ID",
+            EXIT_ERROR,
+        )
+    pub = _publisher(settings)
+    try:
+        result = pub.fork(
+            original,
+            new_operation_id,
+            existing=states,
+            approval_id=approval_id,
+            params=params,
+            decision_version=decision_version,
+            actor=actor,
+        )
+        position = pub.last_position
+        click.echo(json.dumps({**result.__dict__, "forked_from": operation_id}))
+        if wait_s > 0 and position is not None:
+            _report_decision(settings, position, wait_s)
+    finally:
+        pub.close()
+
+
 # ---------------------------------------------------------------------- authority
 
 
@@ -899,6 +995,7 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
 #: The operators' and auditors' commands, in the order ``ledger --help`` lists them.
 COMMANDS: tuple[click.Command, ...] = (
     intent_group,
+    fork_cmd,
     approve_cmd,
     revoke_cmd,
     policy_group,

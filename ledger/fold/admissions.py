@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import TypedDict
 
 from ledger.events import AdmissionDecision, OperationState
-from ledger.fold.core import Decision, _dispatch, _move, _noop, _refuse
+from ledger.fold.core import (
+    Decision,
+    Observation,
+    Output,
+    _dispatch,
+    _move,
+    _noop,
+    _recovery_receipt,
+    _refuse,
+    dispatch_id,
+)
 from ledger.states import RecoveryState as S
 
 
@@ -17,8 +27,34 @@ class _AdmittedFields(TypedDict):
     approval_expires_at_ms: int | None
 
 
-def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decision:
-    """Admit and dispatch the pending operation, or send it for reauthorisation."""
+def _resume_observation(
+    state: OperationState, d: AdmissionDecision, resumed_by: str
+) -> Observation:
+    """What a resumer knows of the effect of an operation still waiting for admission.
+
+    The dispatch is written atomically with the admission (the outbox), and
+    the operation's state (NOT_ADMITTED, no dispatch) says none was: the
+    ledger's own record is the authoritative source that no request left.
+    """
+    return Observation(
+        f"ledger outbox: no dispatch written before the resume (state {state.state} at "
+        f"version {state.version}, {state.dispatches} dispatches)",
+        "ABSENT",
+        d.evaluated_at_ms,
+        True,
+        resumed_by,
+    )
+
+
+def _admission(
+    state: OperationState, d: AdmissionDecision, ref: str, *, resumed_by: str | None = None
+) -> Decision:
+    """Admit and dispatch the pending operation, or send it for reauthorisation.
+
+    ``resumed_by``: a restarted processor resumes the operation with this
+    decision (see :func:`~ledger.fold.decide`); the decision writes a
+    recovery receipt (EXECUTE when admitted, REAUTHORISE when refused).
+    """
     if state.state != S.NOT_ADMITTED:
         return _noop(state, f"admission decision ignored: operation is {state.state}")
     if d.approval_id != state.approval_id or d.parameter_digest != state.parameter_digest:
@@ -30,13 +66,33 @@ def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decisio
             f"admission decision for approval {d.approval_id} does not match the pending "
             f"request (approval {state.approval_id})",
         )
+    receipts: list[Output] = []
     if not d.admitted:
+        if resumed_by is not None:
+            receipts.append(
+                _recovery_receipt(
+                    state,
+                    ref,
+                    _resume_observation(state, d, resumed_by),
+                    action="REAUTHORISE",
+                    effect_id=None,
+                    postcondition="not checked: nothing dispatched",
+                    claimant=resumed_by,
+                    authority=(
+                        f"admission refused by {d.decided_by} under approval {d.approval_id} "
+                        f"(policy {d.policy_version}): {d.reason}"
+                    ),
+                    release="a new approval for this operation (reauthorisation)",
+                )
+            )
         return _move(
             state,
             S.NEEDS_REAUTHORISATION,
             ref,
             d.reason,
+            receipts,
             reauthorisations=state.reauthorisations + 1,
+            recovery_receipts=state.recovery_receipts + len(receipts),
         )
     admission = _AdmittedFields(
         epoch=state.epoch + 1,
@@ -45,14 +101,29 @@ def _admission(state: OperationState, d: AdmissionDecision, ref: str) -> Decisio
         admitted_at_ms=d.evaluated_at_ms,
         approval_expires_at_ms=d.approval_expires_at_ms,
     )
-    out, n = _dispatch(state.model_copy(update=dict(admission)), "EXECUTE")
+    admitted = state.model_copy(update=dict(admission))
+    out, n = _dispatch(admitted, "EXECUTE")
+    if resumed_by is not None:
+        receipts.append(
+            _recovery_receipt(
+                admitted.model_copy(update={"version": state.version}),
+                ref,
+                _resume_observation(state, d, resumed_by),
+                action="EXECUTE",
+                effect_id=None,
+                postcondition=f"pending: effect dispatched ({dispatch_id(admitted, n)})",
+                claimant=resumed_by,
+            )
+        )
     # Admitted, then dispatched in the same transaction (the outbox): two hops.
     return _move(
         state,
         (S.ADMITTED, S.EFFECT_PENDING),
         ref,
-        f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched",
-        (out,),
+        f"admitted under approval {d.approval_id} (policy {d.policy_version}); dispatched"
+        + (f" on resume by {resumed_by}" if resumed_by is not None else ""),
+        (*receipts, out),
         **admission,
         dispatches=n,
+        recovery_receipts=state.recovery_receipts + len(receipts),
     )

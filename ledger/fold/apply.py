@@ -21,7 +21,12 @@ from ledger.fold.intents import _intent
 
 
 def decide(
-    state: OperationState | None, event: Event, ref: str, *, sink_problem: str | None = None
+    state: OperationState | None,
+    event: Event,
+    ref: str,
+    *,
+    sink_problem: str | None = None,
+    resumed_by: str | None = None,
 ) -> Decision:
     """Apply one input event to one operation's state.
 
@@ -32,6 +37,12 @@ def decide(
             or Disposition (any other event is refused as ``BAD_INPUT``).
         ref: the input's position, ``topic:partition:offset``; IDs of the
             outputs are derived from it, so replay yields the same IDs.
+        sink_problem: what the processor observed of an intent's sink.
+        resumed_by: the restarted processor (e.g. ``processor-0``) that
+            resumes this operation with this admission decision: it restored
+            the operation waiting for admission (NOT_ADMITTED, no dispatch
+            written) after a crash or a takeover. The decision then writes a
+            recovery receipt. Recorded in the journal, so replay decides the same.
 
     Returns:
         The :class:`Decision`: the new state, ``APPLIED``/``REFUSED``/``NOOP``,
@@ -48,7 +59,7 @@ def decide(
             None, ref, op, "UNKNOWN_OPERATION", f"no operation {op!r} is known to the ledger"
         )
     if isinstance(event, AdmissionDecision):
-        return _admission(state, event, ref)
+        return _admission(state, event, ref, resumed_by=resumed_by)
     if isinstance(event, EffectReceipt):
         return _receipt(state, event, ref)
     if isinstance(event, Readback):

@@ -328,8 +328,15 @@ def _recovery_receipt(
     uncertainty: str = "none",
     owner: str | None = None,
     release: str | None = None,
+    claimant: str | None = None,
+    authority: str | None = None,
 ) -> Output:
-    """The recovery receipt of a resume: why acting (or not) was safe."""
+    """The recovery receipt of a resume: why acting (or not) was safe.
+
+    ``claimant`` names the resumer when it is not the operation's owner (a
+    restarted processor resuming an admission); ``authority`` replaces the
+    authority text derived from ``state`` (a refused admission).
+    """
     op = state.operation_id
     parts = op.split(":")
     return Output(
@@ -340,12 +347,12 @@ def _recovery_receipt(
             operation_id=op,
             workflow_id=parts[1] if len(parts) >= 3 else op,
             checkpoint_version=state.version,
-            claimant=state.owner or obs.observer,
+            claimant=claimant or state.owner or obs.observer,
             parameter_digest=state.parameter_digest,
             actor=state.actor,
             subject=state.subject,
             purpose=state.purpose,
-            authority=_authority_text(state),
+            authority=authority or _authority_text(state),
             authority_policy_version=state.admitted_policy_version,
             authority_expires_at_ms=state.approval_expires_at_ms,
             observation_source=obs.source,

@@ -65,7 +65,9 @@ def _committed(
         )
     if state.state == S.UNKNOWN_OUTCOME:
         outputs.append(_reconciliation_done(state))
-    verify, n = _dispatch(state, "VERIFY", on_resume=obs.on_resume)
+    # The resume's recovery receipt is the one above: the verification that
+    # follows is the operation's ordinary one (one receipt per resume).
+    verify, n = _dispatch(state, "VERIFY")
     outputs.append(verify)
     return _move(
         state,
@@ -387,11 +389,12 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
                 recovery_receipts=state.recovery_receipts + len(receipts),
             )
         if b.status == "MISMATCH":
-            return _noop(
-                state,
-                f"postcondition mismatch: {b.detail}",
-                _op_event(ref, op, "POSTCONDITION_MISMATCH", f"{b.source}: {b.detail}"),
-            )
+            mismatch = _op_event(ref, op, "POSTCONDITION_MISMATCH", f"{b.source}: {b.detail}")
+            if b.on_resume:
+                return _resumed_unverified(state, b, ref, mismatch)
+            return _noop(state, f"postcondition mismatch: {b.detail}", mismatch)
+        if b.on_resume:
+            return _resumed_unverified(state, b, ref)
         return _noop(state, f"postcondition not verifiable at {state.sink} ({b.status})")
     if b.status == "COMMITTED":
         return _committed(
@@ -413,4 +416,44 @@ def _readback(state: OperationState, b: Readback, ref: str) -> Decision:
         ref,
         Observation(b.source, b.status, b.observed_at_ms, b.on_resume, b.observer),
         why=f"readback {b.status}: {b.detail}",
+    )
+
+
+def _resumed_unverified(state: OperationState, b: Readback, ref: str, *extra: Output) -> Decision:
+    """A resume's verification that did not verify: its recovery receipt says what is left.
+
+    The state stays EFFECT_COMMITTED (a self-loop that counts the receipt);
+    a mismatch is a person's to look at, an unverifiable postcondition (no
+    query at the sink, or no answer) leaves the business outcome unproven.
+    """
+    mismatch = b.status == "MISMATCH"
+    uncertainty = (
+        f"the business outcome at {state.sink} does not match the committed effect: {b.detail}"
+        if mismatch
+        else f"whether the business outcome holds: the postcondition at {state.sink} was not "
+        f"verified ({b.status}: {b.detail})"
+    )
+    receipt = _recovery_receipt(
+        state,
+        ref,
+        Observation(b.source, f"POSTCONDITION {b.status}", b.observed_at_ms, True, b.observer),
+        action="COMPLETE",
+        effect_id=state.effect_id,
+        postcondition=f"{b.status.lower()}: {b.detail}",
+        uncertainty=uncertainty,
+        owner="operator" if mismatch else None,
+        release=(
+            "a person's review of the mismatch"
+            if mismatch
+            else "a postcondition readback that matches, if the sink offers one"
+        ),
+    )
+    return _move(
+        state,
+        STAY,
+        ref,
+        f"resumed verification: postcondition {b.status} ({b.source})",
+        (receipt, *extra),
+        reason=state.reason,
+        recovery_receipts=state.recovery_receipts + 1,
     )

@@ -93,6 +93,15 @@ def _intent(
     problem = operation_id_problem(op) or intent_digest_problem(intent)
     if problem is not None:
         return _refuse(state, ref, op, "BAD_INPUT", f"intent for {op} refused: {problem}")
+    if intent.forked_from is not None and intent.forked_from == op:
+        return _refuse(
+            state,
+            ref,
+            op,
+            "BAD_INPUT",
+            f"intent for {op} refused: an operation cannot be a fork of itself; a fork needs "
+            "a new operation ID",
+        )
     if state is None and sink_problem is not None:
         return _unknown_sink(state, intent, ref, sink_problem)
     if state is None:
@@ -118,18 +127,24 @@ def _intent(
                 new,
                 S.NEEDS_REAUTHORISATION,
                 ref,
-                "no approval supplied with the intent",
+                "no approval supplied with the intent"
+                + (
+                    f" (a fork of {intent.forked_from} inherits no admission)"
+                    if intent.forked_from
+                    else ""
+                ),
                 created=True,
                 reauthorisations=1,
             )
+        fork = f" (a fork of {intent.forked_from})" if intent.forked_from else ""
         return _move(
             new,
             STAY,
             ref,
-            "intent recorded; admission requested",
+            f"intent recorded{fork}; admission requested",
             (_admission_request(new, intent.approval_id),),
             created=True,
-            reason="intent recorded",
+            reason=f"intent recorded{fork}",
         )
     if not _same_request(state, intent):
         return _refuse(

@@ -30,6 +30,7 @@ def journal_entry(
     offset: int,
     *,
     sink_problem: str | None = None,
+    resumed_by: str | None = None,
 ) -> JournalEntry:
     """The journal record of one decision (the input bytes are the evidence).
 
@@ -42,6 +43,8 @@ def journal_entry(
         offset: the input's offset.
         sink_problem: the observation of the intent's sink the decision was
             made with (see :func:`~ledger.fold.decide`), kept for replay.
+        resumed_by: the restarted processor that resumed the operation with
+            this input (see :func:`~ledger.fold.decide`), kept for replay.
 
     Returns:
         The entry: outcome, states before and after, every hop, the reason,
@@ -63,6 +66,7 @@ def journal_entry(
         input_event=raw,
         hops=hop_names(decision),
         sink_problem=sink_problem,
+        resumed_by=resumed_by,
     )
 
 
@@ -115,7 +119,9 @@ def replay_decisions(
             continue
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         before = states.get(entry.operation_id)
-        decision = decide(before, event, ref, sink_problem=entry.sink_problem)
+        decision = decide(
+            before, event, ref, sink_problem=entry.sink_problem, resumed_by=entry.resumed_by
+        )
         steps.append((entry, event, before, decision))
         if decision.state is not None:
             states[entry.operation_id] = decision.state
@@ -143,7 +149,11 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
         event = decode_event(entry.input_event)
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         decision = decide(
-            states.get(entry.operation_id), event, ref, sink_problem=entry.sink_problem
+            states.get(entry.operation_id),
+            event,
+            ref,
+            sink_problem=entry.sink_problem,
+            resumed_by=entry.resumed_by,
         )
         if decision.state is not None:
             states[entry.operation_id] = decision.state

@@ -408,3 +408,54 @@ def test_reservation_expectations_can_fail() -> None:
         "operations.op:2:v1.reservation",
         "totals.reservations_released",
     }
+
+
+def test_recovery_receipt_expectation_checks_fields_and_absence() -> None:
+    scenario = parse(
+        {
+            "name": "rr",
+            "format": 2,
+            "steps": [{"claim": {"operation_id": o, "worker": "w"}} for o in "abcd"],
+            "expect": {
+                "operations": {
+                    "a": {"recovery_receipt": {"action": "complete", "checkpoint_version": 3}},
+                    "b": {"recovery_receipt": {"claimant": "processor"}},
+                    "c": {"recovery_receipt": None},
+                    "d": {"state": "OUTCOME_VERIFIED"},
+                }
+            },
+        }
+    )
+    receipt = {"action": "COMPLETE", "checkpoint_version": 4, "claimant": "relay-0"}
+    observed = {
+        "operations": {
+            "a": {"recovery_receipt": receipt},
+            "b": {"recovery_receipt": None},
+            "c": {"recovery_receipt": receipt},
+            "d": {"state": "OUTCOME_VERIFIED", "recovery_receipt": receipt},
+        },
+        "claims": [],
+        "totals": {},
+        "audit": {"violations": 0},
+    }
+    paths = {f["path"] for f in check(scenario, observed)}
+    assert paths == {
+        "operations.a.recovery_receipt.checkpoint_version",
+        "operations.b.recovery_receipt",
+        "operations.c.recovery_receipt",
+    }
+    observed["operations"]["a"]["recovery_receipt"] = {**receipt, "checkpoint_version": 3}
+    assert "operations.a.recovery_receipt.checkpoint_version" not in {
+        f["path"] for f in check(scenario, observed)
+    }
+
+
+def test_recovery_receipt_expectation_refuses_unknown_fields() -> None:
+    with pytest.raises(ScenarioError, match="recovery_receipt names unknown field"):
+        parse(
+            {
+                "name": "rr",
+                "steps": [{"claim": {"operation_id": "a", "worker": "w"}}],
+                "expect": {"operations": {"a": {"recovery_receipt": {"colour": "red"}}}},
+            }
+        )

@@ -163,7 +163,15 @@ def test_a_compacted_input_is_shown_from_the_journal_copy() -> None:
 
 def test_json_shape() -> None:
     data = build_history(OP, resumed_ledger().records).to_dict()
-    assert set(data) == {"operation_id", "final_state", "answers", "records", "counts"}
+    assert set(data) == {
+        "operation_id",
+        "final_state",
+        "answers",
+        "records",
+        "counts",
+        "forked_from",
+        "forks",
+    }
     assert [a["key"] for a in data["answers"]] == [
         "initiated",
         "admitted",
@@ -232,3 +240,19 @@ def test_history_file_names_are_safe_and_distinct() -> None:
     a, b = history_file_name("refund:1/2:v1"), history_file_name("refund:1_2:v1")
     assert a != b and a.startswith("refund_1_2_v1-") and a.endswith(".html")
     assert "/" not in a and ":" not in a
+
+
+def test_a_fork_shows_the_link_both_ways() -> None:
+    from ledger.cli.history import history_lines
+
+    led = Ledger()
+    fork = intent().model_copy(update={"forked_from": "refund:c0:v1"})
+    led.input("intents", fork)
+    history = build_history(OP, led.records, forks=["refund:c1:v1-b"])
+    assert history.forked_from == "refund:c0:v1" and history.forks == ("refund:c1:v1-b",)
+    assert history.to_dict()["forked_from"] == "refund:c0:v1"
+    lines = history_lines(history)
+    assert "a fork of: refund:c0:v1" in lines and "forked as: refund:c1:v1-b" in lines
+    assert any("a fork of refund:c0:v1" in e.summary for e in history.entries)
+    plain = build_history(OP, resumed_ledger().records)
+    assert plain.forked_from is None and plain.to_dict()["forks"] == []

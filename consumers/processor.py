@@ -34,6 +34,7 @@ from consumers.stage import (
     read_partition,
     record_event,
 )
+from ledger.errors import LedgerError
 from ledger.events import (
     AdmissionDecision,
     Claim,
@@ -42,7 +43,7 @@ from ledger.events import (
     OperationState,
     decode_event,
 )
-from ledger.fold import Decision, decide, journal_entry, ref_of
+from ledger.fold import CompensationFacts, Decision, decide, journal_entry, ref_of
 from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
@@ -118,6 +119,61 @@ class Processor(Stage):
                 self._unchecked_logged = True
             return None
         return self.registry.problem(sink)
+
+    def compensation_facts(self, intent: Intent) -> CompensationFacts:
+        """What the ledger knows of the original a compensation intent names.
+
+        The original's state comes from this processor's own table when its
+        partition is assigned here (open transaction included); otherwise
+        from the last committed record for it on ``ledger.state`` (every
+        partition is read once, ``read_committed``, authenticated: a
+        compensation is rare, and its key differs from the original's, so it
+        may sit on another partition). A stale read is safe: settled states
+        only move on to settled states, so an original seen settled stays
+        settled, and one not yet seen settled is refused (publish the
+        compensation again, under a new ID, once it has). The sink
+        registry gives the original's consequence class and whether the
+        compensation's sink is ``compensable``. The fold decides with these
+        facts; the journal keeps them for replay.
+
+        Args:
+            intent: an intent whose ``compensates`` is set.
+
+        Returns:
+            The observed :class:`CompensationFacts`.
+        """
+        original = intent.compensates or ""
+        found = (
+            self.current(original) if original in self.states or original in self.pending else None
+        )
+        if found is None:
+            latest: list[OperationState] = []
+
+            def load(rec: Record | None, msg: Message) -> None:
+                if (
+                    rec is not None
+                    and rec.key == original
+                    and isinstance(rec.event, OperationState)
+                ):
+                    latest[:] = [rec.event]
+
+            read_partition(
+                self.settings, "state", None, load, keyring=self.keyring, retry=self.retry
+            )
+            found = latest[0] if latest else None
+        try:
+            sinks = self.registry.current()
+        except LedgerError:
+            sinks = {}  # unreadable: the original's sink counts as unregistered (refused)
+        original_sink = found.sink if found is not None else None
+        endpoint = sinks.get(original_sink) if original_sink is not None else None
+        own = sinks.get(intent.sink)
+        return CompensationFacts(
+            original_state=str(found.state) if found is not None else None,
+            original_sink=original_sink,
+            consequence=endpoint.contract.consequence if endpoint is not None else None,
+            compensable=own.contract.compensable if own is not None else False,
+        )
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
@@ -305,7 +361,14 @@ class Processor(Stage):
             sink_problem = (
                 self.sink_problem(rec.event.sink) if isinstance(rec.event, Intent) else None
             )
-            decision = decide(state, rec.event, ref, sink_problem=sink_problem)
+            facts = (
+                self.compensation_facts(rec.event)
+                if isinstance(rec.event, Intent)
+                and rec.event.compensates is not None
+                and state is None
+                else None
+            )
+            decision = decide(state, rec.event, ref, sink_problem=sink_problem, compensation=facts)
             self._seams(rec, decision)
             annotate(decision_attributes(decision))
             out.write(
@@ -319,6 +382,7 @@ class Processor(Stage):
                     rec.partition,
                     rec.offset,
                     sink_problem=sink_problem,
+                    compensation=facts,
                 ),
             )
             if decision.outcome == "APPLIED" and decision.state is not None:

@@ -43,6 +43,7 @@ class Intent(Event):
     amount_minor: int
     parameter_digest: str
     published_at_ms: int
+    compensates: str | None = None
 
 
 class Approval(Event):
@@ -112,6 +113,7 @@ class AdmissionRequest(Event):
     action: str | None = None
     purpose: str | None = None
     params_json: str | None = None
+    compensates: str | None = None
 
 
 class AdmissionDecision(Event):
@@ -256,6 +258,7 @@ class OperationState(Event):
     recovery_receipts: int = 0
     unavailable: int = 0
     absent_retries: int = 0
+    compensates: str | None = None
 
 
 class JournalEntry(Event):
@@ -282,6 +285,7 @@ class JournalEntry(Event):
     input_event: bytes
     hops: tuple[str, ...] | None = None
     sink_problem: str | None = None
+    compensation_facts: str | None = None
 
     @field_serializer("hops")
     def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:

@@ -99,6 +99,7 @@ def build_intent(
     decision_version: int,
     approval_id: str | None = None,
     published_at_ms: int | None = None,
+    compensates: str | None = None,
 ) -> Intent:
     """Build (without publishing) the intent :meth:`LedgerPublisher.publish` would send.
 
@@ -125,6 +126,8 @@ def build_intent(
     if approval_id is not None:
         require_name("approval_id", approval_id, operation_id=operation_id)
     check_operation_id(operation_id)
+    if compensates is not None:
+        check_operation_id(compensates)
     if decision_version < 0:
         raise LedgerError(
             "decision_version must be 0 or more",
@@ -152,6 +155,7 @@ def build_intent(
         amount_minor=amount_of(params),
         parameter_digest=digest,
         published_at_ms=published_at_ms if published_at_ms is not None else int(time.time() * 1000),
+        compensates=compensates,
     )
 
 
@@ -287,6 +291,7 @@ class LedgerPublisher:
         decision_version: int,
         approval_id: str | None = None,
         published_at_ms: int | None = None,
+        compensates: str | None = None,
     ) -> PublishedIntent:
         """Publish an intent for one consequential operation.
 
@@ -303,6 +308,9 @@ class LedgerPublisher:
             decision_version: version of the business decision.
             approval_id: approval relied on for admission.
             published_at_ms: informational timestamp (ms); default wall clock.
+            compensates: the settled operation this one compensates (its own
+                operation, linked to the original; see
+                :mod:`ledger.fold.compensation`).
 
         Returns:
             The operation ID, its parameter digest and where it landed.
@@ -322,6 +330,7 @@ class LedgerPublisher:
             decision_version=decision_version,
             approval_id=approval_id,
             published_at_ms=published_at_ms,
+            compensates=compensates,
         )
         return self.publish_intent(intent)
 

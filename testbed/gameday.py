@@ -29,6 +29,7 @@ from ledger.events import (
     OperationState,
     decode_event,
 )
+from ledger.fold import compensation_counts
 from ledger.kafka import bootstrap_servers
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
@@ -225,6 +226,7 @@ class GameDay:
             decision_version=i.decision_version,
             approval_id=i.approval_id,
             published_at_ms=self.harness.clock.now_ms(),
+            compensates=i.compensates,
         )
 
     def _step_fault(self, f: Fault) -> None:
@@ -398,9 +400,11 @@ class GameDay:
             if e.operation_id:
                 kinds = by_op.setdefault(e.operation_id, {})
                 kinds[e.kind] = kinds.get(e.kind, 0) + 1
+        compensations = compensation_counts(states)
         for op in ops:
             st = states.get(op)
             operations[op] = {
+                "compensated_by": compensations.compensated_by.get(op),
                 "state": str(st.state) if st else None,
                 "effects": effects.get(op, 0),
                 "reason": st.reason if st else "",
@@ -423,6 +427,9 @@ class GameDay:
             "operating_events": len(operating),
             "forgeries_refused": by_kind.get("UNAUTHENTICATED", 0),
             "operating_events_by_kind": by_kind,
+            "compensations": compensations.settled,
+            "compensation_failures": compensations.failures,
+            "compensation_attempts": compensations.attempts,
         }
         return {
             "operations": operations,
@@ -504,6 +511,8 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
                 want.recovery_receipts_min,
                 got.get("recovery_receipts"),
             )
+        if want.checks_compensated_by() and got.get("compensated_by") != want.compensated_by:
+            fail(f"{base}.compensated_by", want.compensated_by, got.get("compensated_by"))
         for kind, want_n in (want.operating_events or {}).items():
             got_n = got.get("operating_events", {}).get(kind, 0)
             if not _matches(want_n, got_n):

@@ -97,6 +97,7 @@ class IntentStep(_Strict):
     purpose: str
     decision_version: int
     approval_id: str | None = None
+    compensates: str | None = None
 
 
 class Fault(_Strict):
@@ -302,6 +303,13 @@ class OpExpect(_Strict):
     reason_contains: str | None = None
     recovery_receipts_min: int | None = None
     operating_events: dict[str, Expected] | None = None
+    #: the operation that compensated this one (format v2); an explicit
+    #: ``null`` means none did (see :meth:`checks_compensated_by`).
+    compensated_by: str | None = None
+
+    def checks_compensated_by(self) -> bool:
+        """Whether the scenario names ``compensated_by`` (``null`` included)."""
+        return "compensated_by" in self.model_fields_set
 
 
 class ClaimExpect(_Strict):
@@ -322,6 +330,9 @@ TOTALS = (
     "postcondition_mismatches",
     "operating_events",
     "forgeries_refused",
+    "compensations",
+    "compensation_failures",
+    "compensation_attempts",
 )
 
 
@@ -338,6 +349,13 @@ class Totals(_Strict):
     postcondition_mismatches: Expected | None = None
     operating_events: Expected | None = None
     forgeries_refused: Expected | None = None
+    #: compensations whose effect settled (format v2).
+    compensations: Expected | None = None
+    #: dispatched compensations that did not settle: UNKNOWN_OUTCOME, or
+    #: refused by the sink (format v2); out of ``compensation_attempts``.
+    compensation_failures: Expected | None = None
+    #: compensations dispatched at least once (the failures' denominator).
+    compensation_attempts: Expected | None = None
     operating_events_by_kind: dict[str, Expected] | None = None
 
 

@@ -14,6 +14,7 @@ from ledger.events import (
 )
 from ledger.fold.admissions import _admission
 from ledger.fold.claims import _claim
+from ledger.fold.compensation import CompensationFacts
 from ledger.fold.core import Decision, _refuse
 from ledger.fold.dispositions import _disposition
 from ledger.fold.effects import _readback, _receipt
@@ -21,7 +22,12 @@ from ledger.fold.intents import _intent
 
 
 def decide(
-    state: OperationState | None, event: Event, ref: str, *, sink_problem: str | None = None
+    state: OperationState | None,
+    event: Event,
+    ref: str,
+    *,
+    sink_problem: str | None = None,
+    compensation: CompensationFacts | None = None,
 ) -> Decision:
     """Apply one input event to one operation's state.
 
@@ -32,6 +38,9 @@ def decide(
             or Disposition (any other event is refused as ``BAD_INPUT``).
         ref: the input's position, ``topic:partition:offset``; IDs of the
             outputs are derived from it, so replay yields the same IDs.
+        sink_problem: why the processor found an intent's sink unusable.
+        compensation: what the processor observed of the original an intent
+            ``compensates`` (see :mod:`ledger.fold.compensation`).
 
     Returns:
         The :class:`Decision`: the new state, ``APPLIED``/``REFUSED``/``NOOP``,
@@ -41,7 +50,7 @@ def decide(
         state before.
     """
     if isinstance(event, Intent):
-        return _intent(state, event, ref, sink_problem)
+        return _intent(state, event, ref, sink_problem, compensation)
     if state is None:
         op = getattr(event, "operation_id", None)
         return _refuse(

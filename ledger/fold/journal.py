@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from ledger.events import Event, JournalEntry, OperationState, decode_event
 from ledger.fold.apply import decide
+from ledger.fold.compensation import CompensationFacts
 from ledger.fold.core import Decision
 
 
@@ -30,6 +31,7 @@ def journal_entry(
     offset: int,
     *,
     sink_problem: str | None = None,
+    compensation: CompensationFacts | None = None,
 ) -> JournalEntry:
     """The journal record of one decision (the input bytes are the evidence).
 
@@ -42,6 +44,8 @@ def journal_entry(
         offset: the input's offset.
         sink_problem: the observation of the intent's sink the decision was
             made with (see :func:`~ledger.fold.decide`), kept for replay.
+        compensation: what the processor observed of a compensation's
+            original, kept for replay.
 
     Returns:
         The entry: outcome, states before and after, every hop, the reason,
@@ -63,6 +67,7 @@ def journal_entry(
         input_event=raw,
         hops=hop_names(decision),
         sink_problem=sink_problem,
+        compensation_facts=compensation.to_json() if compensation is not None else None,
     )
 
 
@@ -115,7 +120,13 @@ def replay_decisions(
             continue
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         before = states.get(entry.operation_id)
-        decision = decide(before, event, ref, sink_problem=entry.sink_problem)
+        decision = decide(
+            before,
+            event,
+            ref,
+            sink_problem=entry.sink_problem,
+            compensation=CompensationFacts.from_json(entry.compensation_facts),
+        )
         steps.append((entry, event, before, decision))
         if decision.state is not None:
             states[entry.operation_id] = decision.state
@@ -143,7 +154,11 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
         event = decode_event(entry.input_event)
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         decision = decide(
-            states.get(entry.operation_id), event, ref, sink_problem=entry.sink_problem
+            states.get(entry.operation_id),
+            event,
+            ref,
+            sink_problem=entry.sink_problem,
+            compensation=CompensationFacts.from_json(entry.compensation_facts),
         )
         if decision.state is not None:
             states[entry.operation_id] = decision.state

@@ -161,6 +161,13 @@ class Processor(Stage):
                 self.settings, "state", None, load, keyring=self.keyring, retry=self.retry
             )
             found = latest[0] if latest else None
+            log.info(
+                "processor: compensation %s: read %s from ledger.state (not on this "
+                "processor's partitions): %s",
+                intent.operation_id,
+                original,
+                found.state if found is not None else "unknown",
+            )
         try:
             sinks = self.registry.current()
         except LedgerError:

@@ -24,6 +24,7 @@ import logging
 
 from confluent_kafka import Message
 
+from consumers.history import partition_for
 from consumers.metrics import refusal_kind
 from consumers.stage import (
     Record,
@@ -47,6 +48,8 @@ from ledger.fold import CompensationFacts, Decision, decide, journal_entry, ref_
 from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
+from ledger.topics import partitions_for
+from ledger.topology import TOPIC_BY_NAME
 from ledger.tracing import annotate, trace_headers_of
 from sinks.registry import RegistryFile
 
@@ -125,10 +128,10 @@ class Processor(Stage):
 
         The original's state comes from this processor's own table when its
         partition is assigned here (open transaction included); otherwise
-        from the last committed record for it on ``ledger.state`` (every
-        partition is read once, ``read_committed``, authenticated: a
-        compensation is rare, and its key differs from the original's, so it
-        may sit on another partition). A stale read is safe: settled states
+        from the last committed record for it on ``ledger.state`` (the one
+        partition its key lands on is read, ``read_committed``, seals checked:
+        a compensation's key differs from the original's, so it may sit on
+        another processor's partition). A stale read is safe: settled states
         only move on to settled states, so an original seen settled stays
         settled, and one not yet seen settled is refused (publish the
         compensation again, under a new ID, once it has). The sink
@@ -157,8 +160,14 @@ class Processor(Stage):
                 ):
                     latest[:] = [rec.event]
 
+            count = partitions_for(self.settings, TOPIC_BY_NAME["state"])
             read_partition(
-                self.settings, "state", None, load, keyring=self.keyring, retry=self.retry
+                self.settings,
+                "state",
+                {partition_for(original, count)},
+                load,
+                keyring=self.keyring,
+                retry=self.retry,
             )
             found = latest[0] if latest else None
             log.info(

@@ -199,12 +199,16 @@ class History:
         answers: the five answers, in :data:`QUESTIONS` order.
         final_state: the latest authentic state version, ``None`` when none is
             recorded.
+        compensated_by: the operations whose state names this one in
+            ``compensates`` and whose effect settled (the original's side of
+            the link; empty when none, or when the reader did not look).
     """
 
     operation_id: str
     entries: tuple[HistoryEntry, ...]
     answers: tuple[Answer, ...]
     final_state: OperationState | None = None
+    compensated_by: tuple[str, ...] = ()
 
     @property
     def unbelieved(self) -> int:
@@ -227,12 +231,15 @@ class History:
 
         Returns:
             ``{"operation_id": str, "final_state": {state fields} | None,
+            "compensates": str | None, "compensated_by": [str],
             "answers": [Answer.to_dict()], "records": [HistoryEntry.to_dict()],
             "counts": {"records": int, "unbelieved": int}}``, records in
             causal order.
         """
         return {
             "operation_id": self.operation_id,
+            "compensates": self.final_state.compensates if self.final_state else None,
+            "compensated_by": list(self.compensated_by),
             "final_state": _plain(self.final_state.model_dump())
             if self.final_state is not None
             else None,
@@ -254,7 +261,9 @@ def position_text(position: tuple[str, int, int]) -> str:
     return f"{position[0]}:{position[1]}:{position[2]}"
 
 
-def build_history(operation_id: str, records: Iterable[HistoryRecord]) -> History:
+def build_history(
+    operation_id: str, records: Iterable[HistoryRecord], compensated_by: Iterable[str] = ()
+) -> History:
     """Assemble one operation's history from the records found about it.
 
     Args:
@@ -262,6 +271,8 @@ def build_history(operation_id: str, records: Iterable[HistoryRecord]) -> Histor
         records: every record found on the ledger's topics about it, in any
             order (duplicates by position are dropped); approval records may
             be included for the approvals the operation names.
+        compensated_by: settled compensations of the operation, as found on
+            ``ledger.state`` (see :attr:`History.compensated_by`).
 
     Returns:
         The history: entries in causal order, the five answers, the final state.
@@ -282,7 +293,7 @@ def build_history(operation_id: str, records: Iterable[HistoryRecord]) -> Histor
         _resume(believed),
         _outcome(believed, final),
     )
-    return History(operation_id, entries, answers, final)
+    return History(operation_id, entries, answers, final, tuple(sorted(compensated_by)))
 
 
 # ---------------------------------------------------------------------- order
@@ -394,6 +405,7 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
         return (
             f"intent by {e.actor} for {e.subject} ({e.purpose}): {e.action} at {e.sink} "
             f"{e.params_json}, digest {e.parameter_digest}, approval {e.approval_id or 'none'}"
+            + (f", compensates {e.compensates}" if e.compensates else "")
         )
     if isinstance(e, Approval):
         extra = ""

@@ -163,7 +163,15 @@ def test_a_compacted_input_is_shown_from_the_journal_copy() -> None:
 
 def test_json_shape() -> None:
     data = build_history(OP, resumed_ledger().records).to_dict()
-    assert set(data) == {"operation_id", "final_state", "answers", "records", "counts"}
+    assert set(data) == {
+        "operation_id",
+        "final_state",
+        "compensates",
+        "compensated_by",
+        "answers",
+        "records",
+        "counts",
+    }
     assert [a["key"] for a in data["answers"]] == [
         "initiated",
         "admitted",
@@ -232,3 +240,19 @@ def test_history_file_names_are_safe_and_distinct() -> None:
     a, b = history_file_name("refund:1/2:v1"), history_file_name("refund:1_2:v1")
     assert a != b and a.startswith("refund_1_2_v1-") and a.endswith(".html")
     assert "/" not in a and ":" not in a
+
+
+def test_a_history_shows_both_sides_of_a_compensation_link() -> None:
+    from ledger.cli.history import history_lines
+
+    original = build_history(OP, resumed_ledger().records, ["refund-reversal:c1:v1"])
+    assert original.compensated_by == ("refund-reversal:c1:v1",)
+    assert original.to_dict()["compensated_by"] == ["refund-reversal:c1:v1"]
+    assert "compensated by: refund-reversal:c1:v1" in history_lines(original)
+    led = Ledger()
+    led.input("intents", intent().model_copy(update={"compensates": "refund:c0:v1"}))
+    comp = build_history(OP, led.records)
+    assert comp.to_dict()["compensates"] == "refund:c0:v1"
+    assert "compensates: refund:c0:v1" in history_lines(comp)
+    assert any("compensates refund:c0:v1" in e.summary for e in comp.entries)
+    assert build_history(OP, resumed_ledger().records).compensated_by == ()

@@ -16,6 +16,11 @@ approval untouched and the operation ID still free; the observation is
 journaled with the decision, so replay decides the same. A processor with no
 registry file at all cannot check names and says so once in its log; the
 relay then holds such an operation (see :mod:`consumers.relay`).
+
+An intent that ``compensates`` another operation is decided with what the
+processor observed of the original (:meth:`Processor.compensation_facts`:
+its own table, or the original's partition of ``ledger.state`` when another
+processor owns it), journaled with the decision for replay.
 """
 
 from __future__ import annotations

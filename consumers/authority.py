@@ -392,6 +392,7 @@ class AuthorityKernel(Stage):
                 trusted=trusted,
                 amount_field=endpoint.contract.amount_field if endpoint is not None else None,
                 sink_registered=endpoint is not None,
+                consequence=endpoint.contract.consequence if endpoint is not None else None,
             )
             out.write("admissions", request.operation_id, result.decision)
             if result.use is not None:

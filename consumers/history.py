@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from consumers.reader import read_topic
 from consumers.stage import key_text, read_partition
 from ledger.authn import Keyring
 from ledger.credentials import load_keyring
@@ -30,6 +31,7 @@ from ledger.events import (
     OperationState,
     decode_event,
 )
+from ledger.fold.compensation import SETTLED
 from ledger.history import History, HistoryRecord, build_history
 from ledger.settings import LedgerSettings
 from ledger.topics import partitions_for
@@ -91,13 +93,19 @@ def partition_for(key: str | bytes, partitions: int) -> int:
     return (murmur2(raw) & 0x7FFFFFFF) % partitions
 
 
-def read_history(settings: LedgerSettings, operation_id: str, timeout_s: float = 60.0) -> History:
+def read_history(
+    settings: LedgerSettings, operation_id: str, timeout_s: float = 60.0, *, links: bool = False
+) -> History:
     """Every record about one operation, in causal order, with the five answers.
 
     Args:
         settings: the ledger's settings.
         operation_id: the operation.
         timeout_s: how long each topic's read may take (seconds).
+        links: also find the settled compensations of the operation (its
+            ``compensated_by``): reads every partition of ``ledger.state``,
+            so only ``ledger history`` asks for it, and only for a settled
+            operation (the only kind that can be compensated).
 
     Returns:
         The history (:class:`ledger.history.History`); records that fail
@@ -135,7 +143,21 @@ def read_history(settings: LedgerSettings, operation_id: str, timeout_s: float =
                     if not isinstance(r.event, AdmissionRequest)
                     or r.event.operation_id == operation_id
                 )
-    return build_history(operation_id, records, forks.result())
+    history = build_history(operation_id, records, forks.result())
+    final = history.final_state
+    if links and final is not None and final.state in SETTLED:
+        states = {
+            r.key: r.event
+            for r in read_topic(settings, "state")
+            if isinstance(r.event, OperationState)
+        }
+        linked = [
+            op
+            for op, st in states.items()
+            if st.compensates == operation_id and st.state in SETTLED
+        ]
+        history = build_history(operation_id, records, forks.result(), linked)
+    return history
 
 
 def _forks_of(settings: LedgerSettings, operation_id: str, timeout_s: float) -> list[str]:

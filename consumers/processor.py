@@ -16,6 +16,11 @@ approval untouched and the operation ID still free; the observation is
 journaled with the decision, so replay decides the same. A processor with no
 registry file at all cannot check names and says so once in its log; the
 relay then holds such an operation (see :mod:`consumers.relay`).
+
+An intent that ``compensates`` another operation is decided with what the
+processor observed of the original (:meth:`Processor.compensation_facts`:
+its own table, or the original's partition of ``ledger.state`` when another
+processor owns it), journaled with the decision for replay.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import logging
 
 from confluent_kafka import Message
 
+from consumers.history import partition_for
 from consumers.metrics import refusal_kind
 from consumers.stage import (
     Record,
@@ -34,6 +40,7 @@ from consumers.stage import (
     read_partition,
     record_event,
 )
+from ledger.errors import LedgerError
 from ledger.events import (
     AdmissionDecision,
     Claim,
@@ -42,10 +49,12 @@ from ledger.events import (
     OperationState,
     decode_event,
 )
-from ledger.fold import Decision, decide, journal_entry, ref_of
+from ledger.fold import CompensationFacts, Decision, decide, journal_entry, ref_of
 from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
+from ledger.topics import partitions_for
+from ledger.topology import TOPIC_BY_NAME
 from ledger.tracing import annotate, trace_headers_of
 from sinks.registry import RegistryFile
 
@@ -126,6 +135,74 @@ class Processor(Stage):
                 self._unchecked_logged = True
             return None
         return self.registry.problem(sink)
+
+    def compensation_facts(self, intent: Intent) -> CompensationFacts:
+        """What the ledger knows of the original a compensation intent names.
+
+        The original's state comes from this processor's own table when its
+        partition is assigned here (open transaction included); otherwise
+        from the last committed record for it on ``ledger.state`` (the one
+        partition its key lands on is read, ``read_committed``, seals checked:
+        a compensation's key differs from the original's, so it may sit on
+        another processor's partition). A stale read is safe: settled states
+        only move on to settled states, so an original seen settled stays
+        settled, and one not yet seen settled is refused (publish the
+        compensation again, under a new ID, once it has). The sink
+        registry gives the original's consequence class and whether the
+        compensation's sink is ``compensable``. The fold decides with these
+        facts; the journal keeps them for replay.
+
+        Args:
+            intent: an intent whose ``compensates`` is set.
+
+        Returns:
+            The observed :class:`CompensationFacts`.
+        """
+        original = intent.compensates or ""
+        found = (
+            self.current(original) if original in self.states or original in self.pending else None
+        )
+        if found is None:
+            latest: list[OperationState] = []
+
+            def load(rec: Record | None, msg: Message) -> None:
+                if (
+                    rec is not None
+                    and rec.key == original
+                    and isinstance(rec.event, OperationState)
+                ):
+                    latest[:] = [rec.event]
+
+            count = partitions_for(self.settings, TOPIC_BY_NAME["state"])
+            read_partition(
+                self.settings,
+                "state",
+                {partition_for(original, count)},
+                load,
+                keyring=self.keyring,
+                retry=self.retry,
+            )
+            found = latest[0] if latest else None
+            log.info(
+                "processor: compensation %s: read %s from ledger.state (not on this "
+                "processor's partitions): %s",
+                intent.operation_id,
+                original,
+                found.state if found is not None else "unknown",
+            )
+        try:
+            sinks = self.registry.current()
+        except LedgerError:
+            sinks = {}  # unreadable: the original's sink counts as unregistered (refused)
+        original_sink = found.sink if found is not None else None
+        endpoint = sinks.get(original_sink) if original_sink is not None else None
+        own = sinks.get(intent.sink)
+        return CompensationFacts(
+            original_state=str(found.state) if found is not None else None,
+            original_sink=original_sink,
+            consequence=endpoint.contract.consequence if endpoint is not None else None,
+            compensable=own.contract.compensable if own is not None else False,
+        )
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``."""
@@ -331,8 +408,20 @@ class Processor(Stage):
                 and op not in self.admission_resumed
                 else None
             )
+            facts = (
+                self.compensation_facts(rec.event)
+                if isinstance(rec.event, Intent)
+                and rec.event.compensates is not None
+                and state is None
+                else None
+            )
             decision = decide(
-                state, rec.event, ref, sink_problem=sink_problem, resumed_by=resumed_by
+                state,
+                rec.event,
+                ref,
+                sink_problem=sink_problem,
+                resumed_by=resumed_by,
+                compensation=facts,
             )
             if resumed_by is not None and decision.outcome == "APPLIED":
                 self.admission_resumed.add(op)
@@ -350,6 +439,7 @@ class Processor(Stage):
                     rec.offset,
                     sink_problem=sink_problem,
                     resumed_by=resumed_by,
+                    compensation=facts,
                 ),
             )
             if decision.outcome == "APPLIED" and decision.state is not None:

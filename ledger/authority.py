@@ -189,6 +189,7 @@ def evaluate(
     trusted: Mapping[str, Ed25519PublicKey] | None = None,
     amount_field: str | None = DEFAULT_AMOUNT_FIELD,
     sink_registered: bool = True,
+    consequence: str | None = None,
 ) -> Admission:
     """Decide whether ``request`` may be admitted under ``approval`` at ``now_ms``.
 
@@ -211,6 +212,9 @@ def evaluate(
             amount; see :func:`scope_problem`).
         sink_registered: whether the request's sink is in the sink registry
             (an unregistered one is refused, see :func:`scope_problem`).
+        consequence: the consequence class of the request's sink contract
+            (``None``: unknown); decides what a compensation needs (see
+            :func:`compensation_problem`).
 
     Returns:
         The decision and, when admitted for the first time, the use to record.
@@ -247,6 +251,8 @@ def evaluate(
     # redelivery included, so no use record (forged or not) can carry an
     # operation outside what the reviewer approved.
     problem = scope_problem(approval, request, amount_field, sink_registered=sink_registered)
+    if problem is None:
+        problem = compensation_problem(approval, request, consequence)
     if problem is not None:
         return result(False, problem)
     # A redelivered request of the consuming operation skips only the checks
@@ -274,6 +280,47 @@ def evaluate(
         decided_by=decided_by,
     )
     return result(True, REASON_ADMITTED, consumed)
+
+
+#: The reviewer name of the standing policy engine: its approvals are policy
+#: approvals, not a person's review.
+POLICY_ENGINE = "policy-engine"
+
+
+def compensation_problem(
+    approval: Approval, request: AdmissionRequest, consequence: str | None
+) -> str | None:
+    """Why ``approval`` cannot admit a compensation, by consequence class.
+
+    A compensation (``request.compensates`` set) of a reversible-internal
+    effect may be admitted under a standing policy approval (reviewer
+    :data:`POLICY_ENGINE`, no human review); a reversible-external one only
+    under a reviewer's own approval (a fresh review: a consumed approval,
+    the original's included, never admits another operation); an
+    irreversible one, or one whose sink's class is unknown, never. Other
+    requests are not concerned.
+
+    Args:
+        approval: the approval the request names.
+        request: the admission request.
+        consequence: the consequence class of the request's sink (``None``: unknown).
+
+    Returns:
+        ``None`` when the approval may admit the request, else the reason.
+    """
+    if request.compensates is None:
+        return None
+    if consequence not in ("reversible-internal", "reversible-external"):
+        return (
+            f"compensation of {request.compensates} refused: the sink's consequence class is "
+            f"{consequence or 'unknown'}, which no approval can compensate"
+        )
+    if consequence == "reversible-external" and approval.reviewer == POLICY_ENGINE:
+        return (
+            f"compensation of {request.compensates} refused: a reversible-external effect is "
+            f"compensated only under a fresh review by a person, not a {POLICY_ENGINE} approval"
+        )
+    return None
 
 
 @dataclass(frozen=True)

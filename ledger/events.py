@@ -51,6 +51,7 @@ class Intent(Event):
     published_at_ms: int
     #: The operation this one forks (schema version 2; ``None``: no fork).
     forked_from: str | None = None
+    compensates: str | None = None
 
 
 class Approval(Event):
@@ -120,6 +121,7 @@ class AdmissionRequest(Event):
     action: str | None = None
     purpose: str | None = None
     params_json: str | None = None
+    compensates: str | None = None
 
 
 class AdmissionDecision(Event):
@@ -274,6 +276,7 @@ class OperationState(Event):
     recovery_receipts: int = 0
     unavailable: int = 0
     absent_retries: int = 0
+    compensates: str | None = None
 
 
 class JournalEntry(Event):
@@ -304,6 +307,7 @@ class JournalEntry(Event):
     hops: tuple[str, ...] | None = None
     sink_problem: str | None = None
     resumed_by: str | None = None
+    compensation_facts: str | None = None
 
     @field_serializer("hops")
     def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:

@@ -201,6 +201,9 @@ class History:
             recorded.
         forks: operations whose intents name this one as ``forked_from``
             (found by the reader; empty when it did not look).
+        compensated_by: the operations whose state names this one in
+            ``compensates`` and whose effect settled (the original's side of
+            the link; empty when none, or when the reader did not look).
     """
 
     operation_id: str
@@ -209,6 +212,8 @@ class History:
     final_state: OperationState | None = None
     #: Operations that are deliberate forks of this one (their intents name it).
     forks: tuple[str, ...] = ()
+    #: Settled compensations of this one (their state names it in ``compensates``).
+    compensated_by: tuple[str, ...] = ()
 
     @property
     def forked_from(self) -> str | None:
@@ -240,6 +245,7 @@ class History:
 
         Returns:
             ``{"operation_id": str, "final_state": {state fields} | None,
+            "compensates": str | None, "compensated_by": [str],
             "answers": [Answer.to_dict()], "records": [HistoryEntry.to_dict()],
             "counts": {"records": int, "unbelieved": int}, "forked_from": str
             | None, "forks": [str]}``, records in causal order.
@@ -248,6 +254,8 @@ class History:
             "operation_id": self.operation_id,
             "forked_from": self.forked_from,
             "forks": list(self.forks),
+            "compensates": self.final_state.compensates if self.final_state else None,
+            "compensated_by": list(self.compensated_by),
             "final_state": _plain(self.final_state.model_dump())
             if self.final_state is not None
             else None,
@@ -270,7 +278,10 @@ def position_text(position: tuple[str, int, int]) -> str:
 
 
 def build_history(
-    operation_id: str, records: Iterable[HistoryRecord], forks: Iterable[str] = ()
+    operation_id: str,
+    records: Iterable[HistoryRecord],
+    forks: Iterable[str] = (),
+    compensated_by: Iterable[str] = (),
 ) -> History:
     """Assemble one operation's history from the records found about it.
 
@@ -280,6 +291,8 @@ def build_history(
             order (duplicates by position are dropped); approval records may
             be included for the approvals the operation names.
         forks: operations found to be forks of this one (intents naming it).
+        compensated_by: settled compensations of the operation, as found on
+            ``ledger.state`` (see :attr:`History.compensated_by`).
 
     Returns:
         The history: entries in causal order, the five answers, the final state.
@@ -300,7 +313,14 @@ def build_history(
         _resume(believed),
         _outcome(believed, final),
     )
-    return History(operation_id, entries, answers, final, tuple(sorted(set(forks))))
+    return History(
+        operation_id,
+        entries,
+        answers,
+        final,
+        tuple(sorted(set(forks))),
+        tuple(sorted(compensated_by)),
+    )
 
 
 # ---------------------------------------------------------------------- order
@@ -413,6 +433,7 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
             f"intent by {e.actor} for {e.subject} ({e.purpose}): {e.action} at {e.sink} "
             f"{e.params_json}, digest {e.parameter_digest}, approval {e.approval_id or 'none'}"
             + (f", a fork of {e.forked_from}" if e.forked_from else "")
+            + (f", compensates {e.compensates}" if e.compensates else "")
         )
     if isinstance(e, Approval):
         extra = ""

@@ -63,6 +63,10 @@ TRANSITIONS: dict[tuple[S, S], str] = {
         "admission rejected (expired, revoked, consumed elsewhere, policy changed, out of scope), "
         "or no approval supplied with the intent"
     ),
+    (S.NOT_ADMITTED, S.ABANDONED): (
+        "a compensation refused before admission: its original is unknown, has not settled, "
+        "is irreversible, or its sink is not compensable (no approval consumed)"
+    ),
     (S.NEEDS_REAUTHORISATION, S.NOT_ADMITTED): (
         "a new approval for the same operation and digest (reauthorisation)"
     ),

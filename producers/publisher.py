@@ -101,6 +101,7 @@ def build_intent(
     approval_id: str | None = None,
     published_at_ms: int | None = None,
     forked_from: str | None = None,
+    compensates: str | None = None,
 ) -> Intent:
     """Build (without publishing) the intent :meth:`LedgerPublisher.publish` would send.
 
@@ -127,6 +128,8 @@ def build_intent(
     if approval_id is not None:
         require_name("approval_id", approval_id, operation_id=operation_id)
     check_operation_id(operation_id)
+    if compensates is not None:
+        check_operation_id(compensates)
     if decision_version < 0:
         raise LedgerError(
             "decision_version must be 0 or more",
@@ -155,6 +158,7 @@ def build_intent(
         parameter_digest=digest,
         published_at_ms=published_at_ms if published_at_ms is not None else int(time.time() * 1000),
         forked_from=forked_from,
+        compensates=compensates,
     )
 
 
@@ -353,6 +357,7 @@ class LedgerPublisher:
         decision_version: int,
         approval_id: str | None = None,
         published_at_ms: int | None = None,
+        compensates: str | None = None,
     ) -> PublishedIntent:
         """Publish an intent for one consequential operation.
 
@@ -369,6 +374,9 @@ class LedgerPublisher:
             decision_version: version of the business decision.
             approval_id: approval relied on for admission.
             published_at_ms: informational timestamp (ms); default wall clock.
+            compensates: the settled operation this one compensates (its own
+                operation, linked to the original; see
+                :mod:`ledger.fold.compensation`).
 
         Returns:
             The operation ID, its parameter digest and where it landed.
@@ -388,6 +396,7 @@ class LedgerPublisher:
             decision_version=decision_version,
             approval_id=approval_id,
             published_at_ms=published_at_ms,
+            compensates=compensates,
         )
         return self.publish_intent(intent)
 

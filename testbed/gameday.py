@@ -30,6 +30,7 @@ from ledger.events import (
     RecoveryReceipt,
     decode_event,
 )
+from ledger.fold import compensation_counts
 from ledger.kafka import bootstrap_servers
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
@@ -226,6 +227,7 @@ class GameDay:
             decision_version=i.decision_version,
             approval_id=i.approval_id,
             published_at_ms=self.harness.clock.now_ms(),
+            compensates=i.compensates,
         )
 
     def _step_fault(self, f: Fault) -> None:
@@ -412,10 +414,12 @@ class GameDay:
         for r in read_topic(self.settings, "recovery-receipts"):
             if isinstance(r.event, RecoveryReceipt):
                 latest_receipt[r.key] = r.event.model_dump()
+        compensations = compensation_counts(states)
         for op in ops:
             st = states.get(op)
             operations[op] = {
                 "recovery_receipt": latest_receipt.get(op),
+                "compensated_by": compensations.compensated_by.get(op),
                 "state": str(st.state) if st else None,
                 "effects": effects.get(op, 0),
                 "reason": st.reason if st else "",
@@ -440,6 +444,9 @@ class GameDay:
             "forgeries_refused": by_kind.get("UNAUTHENTICATED", 0),
             "reservations_released": released,
             "operating_events_by_kind": by_kind,
+            "compensations": compensations.settled,
+            "compensation_failures": compensations.failures,
+            "compensation_attempts": compensations.attempts,
         }
         return {
             "operations": operations,
@@ -554,6 +561,8 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
             fail(f"{base}.reservation", want.reservation, got.get("reservation"))
         if want.checks_recovery_receipt:
             _check_receipt(base, want.recovery_receipt, got.get("recovery_receipt"), fail)
+        if want.checks_compensated_by() and got.get("compensated_by") != want.compensated_by:
+            fail(f"{base}.compensated_by", want.compensated_by, got.get("compensated_by"))
         for kind, want_n in (want.operating_events or {}).items():
             got_n = got.get("operating_events", {}).get(kind, 0)
             if not _matches(want_n, got_n):

@@ -98,6 +98,7 @@ class IntentStep(_Strict):
     purpose: str
     decision_version: int
     approval_id: str | None = None
+    compensates: str | None = None
 
 
 class Fault(_Strict):
@@ -327,6 +328,14 @@ class OpExpect(_Strict):
         """Whether ``recovery_receipt`` was given (``null`` included)."""
         return "recovery_receipt" in self.model_fields_set
 
+    #: the operation that compensated this one (format v2); an explicit
+    #: ``null`` means none did (see :meth:`checks_compensated_by`).
+    compensated_by: str | None = None
+
+    def checks_compensated_by(self) -> bool:
+        """Whether the scenario names ``compensated_by`` (``null`` included)."""
+        return "compensated_by" in self.model_fields_set
+
 
 class ClaimExpect(_Strict):
     """Expected outcome of one claim, in order."""
@@ -347,6 +356,9 @@ TOTALS = (
     "operating_events",
     "forgeries_refused",
     "reservations_released",
+    "compensations",
+    "compensation_failures",
+    "compensation_attempts",
 )
 
 
@@ -364,6 +376,13 @@ class Totals(_Strict):
     operating_events: Expected | None = None
     forgeries_refused: Expected | None = None
     reservations_released: Expected | None = None
+    #: compensations whose effect settled (format v2).
+    compensations: Expected | None = None
+    #: dispatched compensations that did not settle: UNKNOWN_OUTCOME, or
+    #: refused by the sink (format v2); out of ``compensation_attempts``.
+    compensation_failures: Expected | None = None
+    #: compensations dispatched at least once (the failures' denominator).
+    compensation_attempts: Expected | None = None
     operating_events_by_kind: dict[str, Expected] | None = None
 
 

@@ -44,7 +44,11 @@ def history_lines(history: History) -> list[str]:
         lines.append(f"a fork of: {history.forked_from}")
     if history.forks:
         lines.append(f"forked as: {', '.join(history.forks)}")
-    lines.append("")
+    if final is not None and final.compensates:
+        lines.append(f"compensates: {final.compensates}")
+    if history.compensated_by:
+        lines.append(f"compensated by: {', '.join(history.compensated_by)}")
+    lines += [""]
     for a in history.answers:
         lines.append(a.question)
         lines.append(f"  {a.answer}")
@@ -150,7 +154,8 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     says. Records that fail authentication or do not decode are listed as
     NOT BELIEVED and never used in the answers.
 
-    --json prints {"operation_id", "final_state", "answers": [{"key",
+    --json prints {"operation_id", "final_state", "compensates", "compensated_by",
+    "answers": [{"key",
     "question", "answer", "recorded", "evidence"}], "records": [{"topic",
     "partition", "offset", "time_ms", "time", "key", "kind", "summary",
     "believed", "problem", "via_journal", "event"}], "counts": {"records",
@@ -164,7 +169,7 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     settings = current_settings()
     check_topics(settings)
     try:
-        history = read_history(settings, operation_id)
+        history = read_history(settings, operation_id, links=True)
     except UnknownOperationError as exc:
         click.echo(f"Error: {exc.message}", err=True)
         sys.exit(EXIT_UNKNOWN_OPERATION)

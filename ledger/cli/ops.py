@@ -166,6 +166,14 @@ def intent_group() -> None:
     "refund:1842:v3).",
 )
 @click.option("--approval-id", default=None, help="Approval to admit the operation with.")
+@click.option(
+    "--compensates",
+    default=None,
+    metavar="OPERATION_ID",
+    help="The settled operation this one compensates: a new operation with its own ID and "
+    "approval, linked to it. Refused (ABANDONED) for an irreversible or unsettled original or "
+    "a sink whose contract is not compensable.",
+)
 @_WAIT
 @click.option(
     "--until",
@@ -194,6 +202,7 @@ def intent_publish(
     purpose: str,
     decision_version: int,
     approval_id: str | None,
+    compensates: str | None,
     wait_s: float,
     until: frozenset[str] | None,
     timeout_s: float,
@@ -243,6 +252,7 @@ def intent_publish(
             purpose=purpose,
             decision_version=decision_version,
             approval_id=approval_id,
+            compensates=compensates,
         )
         position = pub.last_position
         click.echo(json.dumps(result.__dict__))

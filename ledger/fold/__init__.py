@@ -23,6 +23,13 @@ readbacks), :mod:`~ledger.fold.claims` and :mod:`~ledger.fold.dispositions`;
 """
 
 from ledger.fold.apply import decide
+from ledger.fold.compensation import (
+    SETTLED,
+    CompensationCounts,
+    CompensationFacts,
+    compensation_counts,
+    compensation_refusal,
+)
 from ledger.fold.core import (
     STAY,
     Decision,
@@ -41,13 +48,18 @@ from ledger.fold.journal import hop_names, journal_entry, ref_of, replay, replay
 __all__ = [
     "MAX_ABSENT_RETRIES",
     "MAX_UNAVAILABLE",
+    "SETTLED",
     "STAY",
+    "CompensationCounts",
+    "CompensationFacts",
     "Decision",
     "Hop",
     "Observation",
     "ObservedFields",
     "Outcome",
     "Output",
+    "compensation_counts",
+    "compensation_refusal",
     "current_dispatch_id",
     "decide",
     "dispatch_id",

@@ -14,6 +14,7 @@ from ledger.events import (
 )
 from ledger.fold.admissions import _admission
 from ledger.fold.claims import _claim
+from ledger.fold.compensation import CompensationFacts
 from ledger.fold.core import Decision, _refuse
 from ledger.fold.dispositions import _disposition
 from ledger.fold.effects import _readback, _receipt
@@ -27,6 +28,7 @@ def decide(
     *,
     sink_problem: str | None = None,
     resumed_by: str | None = None,
+    compensation: CompensationFacts | None = None,
 ) -> Decision:
     """Apply one input event to one operation's state.
 
@@ -43,6 +45,8 @@ def decide(
             the operation waiting for admission (NOT_ADMITTED, no dispatch
             written) after a crash or a takeover. The decision then writes a
             recovery receipt. Recorded in the journal, so replay decides the same.
+        compensation: what the processor observed of the original an intent
+            ``compensates`` (see :mod:`ledger.fold.compensation`).
 
     Returns:
         The :class:`Decision`: the new state, ``APPLIED``/``REFUSED``/``NOOP``,
@@ -52,7 +56,7 @@ def decide(
         state before.
     """
     if isinstance(event, Intent):
-        return _intent(state, event, ref, sink_problem)
+        return _intent(state, event, ref, sink_problem, compensation)
     if state is None:
         op = getattr(event, "operation_id", None)
         return _refuse(

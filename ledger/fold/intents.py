@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ledger.events import AdmissionRequest, Intent, OperationState
+from ledger.fold.compensation import CompensationFacts, compensation_refusal
 from ledger.fold.core import STAY, Decision, Output, _move, _noop, _refuse
 from ledger.identity import amount_of, digest_version, operation_id_problem, parameter_digest
 from ledger.states import ENTRY
@@ -78,7 +79,11 @@ def _unknown_sink(
 
 
 def _intent(
-    state: OperationState | None, intent: Intent, ref: str, sink_problem: str | None = None
+    state: OperationState | None,
+    intent: Intent,
+    ref: str,
+    sink_problem: str | None = None,
+    compensation: CompensationFacts | None = None,
 ) -> Decision:
     """Create the operation, reauthorise it with a new approval, or refuse drift.
 
@@ -88,6 +93,11 @@ def _intent(
     ``UNKNOWN_SINK`` operating event, so no approval is consumed and nothing
     is bound to the operation ID; a duplicate of a known operation stays a
     no-op.
+
+    ``compensation`` is what the processor observed of the original an
+    intent ``compensates`` (see :mod:`ledger.fold.compensation`): a
+    compensation that may not proceed is created ``ABANDONED`` with the
+    reason, before any approval is consumed.
     """
     op = intent.operation_id
     problem = operation_id_problem(op) or intent_digest_problem(intent)
@@ -121,7 +131,12 @@ def _intent(
             approval_id=intent.approval_id,
             amount_minor=intent.amount_minor,
             reason="intent recorded",
+            compensates=intent.compensates,
         )
+        if intent.compensates is not None:
+            refusal = compensation_refusal(op, intent.compensates, compensation)
+            if refusal is not None:
+                return _move(new, S.ABANDONED, ref, refusal, created=True)
         if intent.approval_id is None:
             return _move(
                 new,
@@ -191,7 +206,7 @@ def _same_request(state: OperationState, intent: Intent) -> bool:
     Returns:
         ``True`` when the sink and the digest (in the state's version) agree.
     """
-    if intent.sink != state.sink:
+    if intent.sink != state.sink or intent.compensates != state.compensates:
         return False
     version = digest_version(state.parameter_digest)
     if digest_version(intent.parameter_digest) == version:
@@ -224,5 +239,6 @@ def _admission_request(state: OperationState, approval_id: str) -> Output:
             action=state.action,
             purpose=state.purpose,
             params_json=state.params_json,
+            compensates=state.compensates,
         ),
     )

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from ledger.events import Event, JournalEntry, OperationState, decode_event
 from ledger.fold.apply import decide
+from ledger.fold.compensation import CompensationFacts
 from ledger.fold.core import Decision
 
 
@@ -31,6 +32,7 @@ def journal_entry(
     *,
     sink_problem: str | None = None,
     resumed_by: str | None = None,
+    compensation: CompensationFacts | None = None,
 ) -> JournalEntry:
     """The journal record of one decision (the input bytes are the evidence).
 
@@ -45,6 +47,8 @@ def journal_entry(
             made with (see :func:`~ledger.fold.decide`), kept for replay.
         resumed_by: the restarted processor that resumed the operation with
             this input (see :func:`~ledger.fold.decide`), kept for replay.
+        compensation: what the processor observed of a compensation's
+            original, kept for replay.
 
     Returns:
         The entry: outcome, states before and after, every hop, the reason,
@@ -67,6 +71,7 @@ def journal_entry(
         hops=hop_names(decision),
         sink_problem=sink_problem,
         resumed_by=resumed_by,
+        compensation_facts=compensation.to_json() if compensation is not None else None,
     )
 
 
@@ -120,7 +125,12 @@ def replay_decisions(
         ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
         before = states.get(entry.operation_id)
         decision = decide(
-            before, event, ref, sink_problem=entry.sink_problem, resumed_by=entry.resumed_by
+            before,
+            event,
+            ref,
+            sink_problem=entry.sink_problem,
+            resumed_by=entry.resumed_by,
+            compensation=CompensationFacts.from_json(entry.compensation_facts),
         )
         steps.append((entry, event, before, decision))
         if decision.state is not None:
@@ -154,6 +164,7 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
             ref,
             sink_problem=entry.sink_problem,
             resumed_by=entry.resumed_by,
+            compensation=CompensationFacts.from_json(entry.compensation_facts),
         )
         if decision.state is not None:
             states[entry.operation_id] = decision.state

@@ -33,7 +33,6 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
 AWAITING = {
-    "s13-compensation-is-its-own-operation": "issue 14: compensation as its own operation",
     "s14-upgrade-drops-readback": "issue 14: contract upgrades (format v2 'upgrade' step)",
 }
 PARAMS = [

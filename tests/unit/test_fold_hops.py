@@ -105,6 +105,10 @@ CASES: dict[str, tuple[Case, list[Hop]]] = {
         on(fresh, lambda s: helpers.admission(helpers.intent(), admitted=False)),
         [(NA, NR)],
     ),
+    "compensation of an unobserved original": (
+        new(helpers.intent().model_copy(update={"compensates": "credit:c0:v1"})),
+        [(NA, AB)],
+    ),
     "reauthorisation": (on(refused, lambda s: helpers.intent(approval="ap-2")), [(NR, NA)]),
     "receipt committed": (
         on(pending, lambda s: helpers.receipt(OP, current_dispatch_id(s))),

@@ -166,6 +166,8 @@ def test_json_shape() -> None:
     assert set(data) == {
         "operation_id",
         "final_state",
+        "compensates",
+        "compensated_by",
         "answers",
         "records",
         "counts",
@@ -256,3 +258,21 @@ def test_a_fork_shows_the_link_both_ways() -> None:
     assert any("a fork of refund:c0:v1" in e.summary for e in history.entries)
     plain = build_history(OP, resumed_ledger().records)
     assert plain.forked_from is None and plain.to_dict()["forks"] == []
+
+
+def test_a_history_shows_both_sides_of_a_compensation_link() -> None:
+    from ledger.cli.history import history_lines
+
+    original = build_history(
+        OP, resumed_ledger().records, compensated_by=["refund-reversal:c1:v1"]
+    )
+    assert original.compensated_by == ("refund-reversal:c1:v1",)
+    assert original.to_dict()["compensated_by"] == ["refund-reversal:c1:v1"]
+    assert "compensated by: refund-reversal:c1:v1" in history_lines(original)
+    led = Ledger()
+    led.input("intents", intent().model_copy(update={"compensates": "refund:c0:v1"}))
+    comp = build_history(OP, led.records)
+    assert comp.to_dict()["compensates"] == "refund:c0:v1"
+    assert "compensates: refund:c0:v1" in history_lines(comp)
+    assert any("compensates refund:c0:v1" in e.summary for e in comp.entries)
+    assert build_history(OP, resumed_ledger().records).compensated_by == ()

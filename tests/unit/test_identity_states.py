@@ -95,6 +95,7 @@ PURE = [
     "fold/admissions.py",
     "fold/effects.py",
     "fold/claims.py",
+    "fold/compensation.py",
     "fold/dispositions.py",
     "fold/apply.py",
     "fold/journal.py",

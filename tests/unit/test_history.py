@@ -263,9 +263,7 @@ def test_a_fork_shows_the_link_both_ways() -> None:
 def test_a_history_shows_both_sides_of_a_compensation_link() -> None:
     from ledger.cli.history import history_lines
 
-    original = build_history(
-        OP, resumed_ledger().records, compensated_by=["refund-reversal:c1:v1"]
-    )
+    original = build_history(OP, resumed_ledger().records, compensated_by=["refund-reversal:c1:v1"])
     assert original.compensated_by == ("refund-reversal:c1:v1",)
     assert original.to_dict()["compensated_by"] == ["refund-reversal:c1:v1"]
     assert "compensated by: refund-reversal:c1:v1" in history_lines(original)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from consumers.reader import read_topic
-from ledger.events import EffectReceipt, Intent, JournalEntry, decode_event
+from ledger.events import Dispatch, EffectReceipt, Intent, JournalEntry, decode_event
 from ledger.settings import LedgerSettings
 from testbed import broker
 from testbed.gameday import GameDay, check
@@ -35,7 +35,6 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 AWAITING = {
     "s12-reservation-cancelled-on-revocation": "issue 14: reservations (try-confirm-cancel)",
     "s13-compensation-is-its-own-operation": "issue 14: compensation as its own operation",
-    "s14-upgrade-drops-readback": "issue 14: contract upgrades (format v2 'upgrade' step)",
 }
 PARAMS = [
     pytest.param(p, marks=pytest.mark.xfail(reason=AWAITING[p.stem], strict=False))
@@ -95,10 +94,27 @@ def _rebalance_lost_and_doubled_nothing(game: GameDay, report: dict[str, Any]) -
     assert set(intents) == wanted and set(intents.values()) == {1}, intents
 
 
+def _versions_travel_and_the_hold_names_them(game: GameDay, report: dict[str, Any]) -> None:
+    """The dispatch carried contract version 1; the resume under version 2 was held, unsent."""
+    dispatches = [
+        r.event for r in read_topic(game.settings, "dispatches") if isinstance(r.event, Dispatch)
+    ]
+    assert dispatches and {d.contract_version for d in dispatches} == {1}, dispatches
+    versions = json.loads(dispatches[0].schema_versions_json or "{}")
+    assert versions.get("Dispatch", 0) >= 3 and "EffectReceipt" in versions, versions
+    receipts = _receipts(game)
+    assert [r.contract_version for r in receipts if r.status == "ATTEMPTED"][:1] == [1], receipts
+    held = [r for r in receipts if r.status == "AMBIGUOUS" and r.on_resume]
+    assert held and held[-1].contract_version == 2, receipts
+    assert "version 1" in held[-1].detail and "version 2" in held[-1].detail, held[-1].detail
+    assert not [r for r in receipts if r.status == "COMMITTED" and r.on_resume]
+
+
 #: Evidence beyond a scenario's own expectations, checked after it ran (by file stem).
 EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
     "g19-stalled-owner-fenced": _stalled_owner_was_fenced,
     "g20-rebalance-mid-batch": _rebalance_lost_and_doubled_nothing,
+    "u02-upgrade-hold-names-both-versions": _versions_travel_and_the_hold_names_them,
 }
 
 

@@ -100,3 +100,20 @@ def test_without_a_manifest_any_change_is_held(tmp_path: Path) -> None:
     (_, _, receipt), _event = relay._perform(_dispatch(), fresh=True)
     assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
     assert "nothing was sent" in receipt.detail and "no release manifest" in receipt.detail
+
+
+def test_the_processor_stamps_the_registrys_version_and_the_schema_versions(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from consumers.processor import Processor
+
+    _relay(tmp_path, version=2)  # writes the registry: payments at version 2
+    processor = Processor(LedgerSettings(run_dir=tmp_path))
+    stamped = processor.stamped(_dispatch(version=None))
+    assert stamped.contract_version == 2
+    versions = json.loads(stamped.schema_versions_json or "{}")
+    assert versions["Dispatch"] >= 3 and versions["EffectReceipt"] >= 3 and "Readback" in versions
+    other = processor.stamped(_dispatch(version=None).model_copy(update={"sink": "unknown"}))
+    assert other.contract_version is None

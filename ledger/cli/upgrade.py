@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from ledger.cli.common import EXIT_ERROR, EXIT_USAGE, current_settings, echo_json, fail
 from ledger.contracts import EffectContract
 from ledger.errors import LocalFileError
-from ledger.upgrades import stranded_by
+from ledger.upgrades import IN_FLIGHT, stranded_by
 
 
 def _proposal(path: Path, sink: str | None) -> tuple[str, EffectContract, int | None]:
@@ -115,12 +115,7 @@ def upgrade_check_cmd(
         proposed=contract,
         now_ms=now,
     )
-    in_flight = sum(
-        1
-        for st in states
-        if st.sink == name
-        and str(st.state) in ("ADMITTED", "EFFECT_PENDING", "UNKNOWN_OUTCOME", "EFFECT_COMMITTED")
-    )
+    in_flight = sum(1 for st in states if st.sink == name and str(st.state) in IN_FLIGHT)
     if as_json:
         echo_json(
             {

@@ -40,6 +40,17 @@ operating event naming the sink and the remedy, and the relay rereads the
 sink registry before its next request, so a corrected token is picked up
 without a restart.
 
+Before it contacts a sink for a step, the relay checks the step against the
+release manifest (``LEDGER_RELEASE_MANIFEST_FILE``, :mod:`ledger.upgrades`)
+when the sink's contract version in the registry differs from the one the
+operation's first attempt was sent under (else its dispatch's): the relay is
+the one stage that knows the contract it is about to act under, and the fold
+stays pure. A step the manifest does not allow is not sent; it is recorded as
+the relay records any step it cannot complete (an ``AMBIGUOUS`` receipt or an
+``UNKNOWN`` observation, in its own topics) with a ``CONTRACT_UPGRADE_HOLD``
+operating event naming both versions. Every receipt carries the contract
+version the relay acted under.
+
 A corrupted sink registry or clock file never stops it: the content last read
 well stands, the problem is logged and published once as a ``LOCAL_FILE``
 operating event, and at start it waits for a readable file

@@ -246,8 +246,14 @@ def test_format_2_expectations_can_fail() -> None:
         (lambda d: d["steps"].append({"forge": {"record": "admission"}}), "needs 'operation_id'"),
         (lambda d: d["steps"].append({"forge": {"record": "rumour"}}), "steps[9].forge: record"),
         (
-            lambda d: d["steps"].append({"upgrade": {"sink": "payments", "contract": {}}}),
-            "unknown step 'upgrade'",
+            lambda d: d["steps"].append(
+                {"upgrade": {"sink": "payments", "contract": {}, "contract_version": 0}}
+            ),
+            "steps[9].upgrade",
+        ),
+        (
+            lambda d: d["steps"].append({"upgrade": {"sink": "nope", "contract": {}}}),
+            "sink 'nope' is not declared",
         ),
         (
             lambda d: d["steps"][0]["approve"].update(policy_version=0),

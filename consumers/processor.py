@@ -25,6 +25,7 @@ processor owns it), journaled with the decision for replay.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from confluent_kafka import Message
@@ -40,10 +41,11 @@ from consumers.stage import (
     read_partition,
     record_event,
 )
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, LocalFileError
 from ledger.events import (
     AdmissionDecision,
     Claim,
+    Dispatch,
     Intent,
     OperatingEvent,
     OperationState,
@@ -56,6 +58,7 @@ from ledger.states import RecoveryState as S
 from ledger.topics import partitions_for
 from ledger.topology import TOPIC_BY_NAME
 from ledger.tracing import annotate, trace_headers_of
+from ledger.upgrades import schema_versions
 from sinks.registry import RegistryFile
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,9 @@ log = logging.getLogger(__name__)
 #: is where the operation rests, so claiming it would re-verify every such
 #: operation ever committed at every restart.
 RESUMABLE = IN_FLIGHT - {S.EFFECT_COMMITTED}
+
+#: The schema versions a dispatch's records are written with (stamped on each dispatch).
+SCHEMA_VERSIONS_JSON = json.dumps(schema_versions(), sort_keys=True, separators=(",", ":"))
 
 
 class Processor(Stage):
@@ -202,6 +208,32 @@ class Processor(Stage):
             original_sink=original_sink,
             consequence=endpoint.contract.consequence if endpoint is not None else None,
             compensable=own.contract.compensable if own is not None else False,
+        )
+
+    def stamped(self, dispatch: Dispatch) -> Dispatch:
+        """The dispatch with its sink's contract version and the schema versions it is written with.
+
+        The fold decides the dispatch; the version comes from the sink
+        registry as it is now (the relay checks a resume under another
+        version against the release manifest, :mod:`ledger.upgrades`). A
+        sink the registry does not name, or a registry that cannot be read,
+        leaves ``contract_version`` unset (the relay reads it as version 1).
+
+        Args:
+            dispatch: a dispatch the fold decided.
+
+        Returns:
+            A copy with ``contract_version`` and ``schema_versions_json`` set.
+        """
+        try:
+            endpoint = self.registry.current().get(dispatch.sink)
+        except LocalFileError:
+            endpoint = None
+        return dispatch.model_copy(
+            update={
+                "contract_version": endpoint.contract_version if endpoint else None,
+                "schema_versions_json": SCHEMA_VERSIONS_JSON,
+            }
         )
 
     def on_assign(self, partitions: set[int]) -> None:
@@ -461,6 +493,8 @@ class Processor(Stage):
                 if isinstance(event, OperatingEvent) and event.original_bytes is None:
                     # Refused inputs travel with their original bytes (a dead letter).
                     event = event.model_copy(update={"original_bytes": rec.raw})
+                if isinstance(event, Dispatch):
+                    event = self.stamped(event)
                 out.write(output.topic, output.key, event)
 
     def _seams(self, rec: Record, decision: Decision) -> None:

@@ -54,6 +54,17 @@ operating event naming the sink and the remedy, and the relay rereads the
 sink registry before its next request, so a corrected token is picked up
 without a restart.
 
+Before it contacts a sink for a step, the relay checks the step against the
+release manifest (``LEDGER_RELEASE_MANIFEST_FILE``, :mod:`ledger.upgrades`)
+when the sink's contract version in the registry differs from the one the
+operation's first attempt was sent under (else its dispatch's): the relay is
+the one stage that knows the contract it is about to act under, and the fold
+stays pure. A step the manifest does not allow is not sent; it is recorded as
+the relay records any step it cannot complete (an ``AMBIGUOUS`` receipt or an
+``UNKNOWN`` observation, in its own topics) with a ``CONTRACT_UPGRADE_HOLD``
+operating event naming both versions. Every receipt carries the contract
+version the relay acted under.
+
 A corrupted sink registry or clock file never stops it: the content last read
 well stands, the problem is logged and published once as a ``LOCAL_FILE``
 operating event, and at start it waits for a readable file
@@ -102,8 +113,9 @@ from ledger.events import (
 )
 from ledger.logs import bound_each
 from ledger.tracing import trace_headers
+from ledger.upgrades import ReleaseManifest, state_of_step, upgrade_hold
 from sinks.client import HoldResult, SinkClient, postcondition_source
-from sinks.registry import RegistryFile, SinkEndpoint
+from sinks.registry import RegistryFile, SinkEndpoint, load_manifest
 
 #: One output of the relay: ``(short topic, key, event)``.
 Output = tuple[str, str, Event]
@@ -265,6 +277,10 @@ class Relay(Stage):
             on_problem=self._local_file_problem,
         )
         self.attempts: dict[str, int] = {}
+        #: dispatch_id -> the contract version its first attempt was sent under.
+        self.attempt_versions: dict[str, int] = {}
+        self._manifest: ReleaseManifest | None = None
+        self._manifest_read = False
         #: Dispatches whose final receipt is already committed.
         self.completed: set[str] = set()
         self.clients: dict[str, SinkClient] = {}
@@ -314,6 +330,8 @@ class Relay(Stage):
             r = rec.event
             if r.status != "ATTEMPTED":
                 self.completed.add(r.dispatch_id)
+            if r.status == "ATTEMPTED" and r.contract_version is not None:
+                self.attempt_versions.setdefault(r.dispatch_id, r.contract_version)
             first = self.attempts.get(r.dispatch_id)
             self.attempts[r.dispatch_id] = (
                 r.first_attempt_at_ms if first is None else min(first, r.first_attempt_at_ms)
@@ -322,6 +340,7 @@ class Relay(Stage):
     def on_assign(self, partitions: set[int]) -> None:
         """Learn which dispatches of these partitions were already attempted."""
         self.attempts.clear()
+        self.attempt_versions.clear()
         self.completed.clear()
         self._receipts.follow(partitions)
         log.info("relay: %d earlier attempts known", len(self.attempts))
@@ -426,6 +445,87 @@ class Relay(Stage):
             LocalFileError: the registry is corrupted and was never read well.
         """
         return self._registry.read().get(name)
+
+    def _version_of(self, sink: str) -> int | None:
+        """The sink's contract version in the registry now (``None``: unknown)."""
+        try:
+            endpoint = self._endpoint(sink)
+        except LocalFileError:
+            return None
+        return endpoint.contract_version if endpoint is not None else None
+
+    def _release_manifest(self) -> ReleaseManifest | None:
+        """The release manifest (``LEDGER_RELEASE_MANIFEST_FILE``), read once.
+
+        An unreadable manifest counts as none (every change of contract
+        version then holds what it meets) and is logged.
+        """
+        if not self._manifest_read:
+            self._manifest_read = True
+            path = self.settings.release_manifest_file
+            if path is not None:
+                try:
+                    self._manifest = load_manifest(path)
+                except LocalFileError as exc:
+                    log.error("relay: %s", exc.message)
+        return self._manifest
+
+    def _upgrade_hold(
+        self, d: Dispatch, endpoint: SinkEndpoint, now: int, *, may_have_left: bool
+    ) -> list[Output] | None:
+        """Hold a step that the release manifest does not allow under the sink's new contract.
+
+        The operation's version is the one its first attempt was sent under
+        (its ``ATTEMPTED`` receipt), else the dispatch's (``None``: version
+        1). When it differs from the registry's and the manifest does not let
+        the new version resume the step's state (:func:`~ledger.upgrades.upgrade_hold`),
+        nothing is sent: an execution is recorded ``AMBIGUOUS`` (the fold
+        holds it as UNKNOWN_OUTCOME), a readback or postcondition as observed
+        ``UNKNOWN``, each with a ``CONTRACT_UPGRADE_HOLD`` operating event; the
+        reason names both versions. When the manifest allows it, the contract
+        rules decide the step as always.
+
+        Returns:
+            The outputs of the hold, or ``None`` when the step may go on.
+        """
+        from_version = self.attempt_versions.get(d.dispatch_id) if may_have_left else None
+        if from_version is None:
+            from_version = d.contract_version or 1
+        reason = upgrade_hold(
+            self._release_manifest(),
+            d.sink,
+            from_version=from_version,
+            to_version=endpoint.contract_version,
+            contract=endpoint.contract,
+            state=state_of_step(d.kind, may_have_left=may_have_left),
+        )
+        if reason is None:
+            return None
+        log.warning("relay: %s held: %s", d.dispatch_id, reason)
+        outcome: Output
+        if d.kind == "EXECUTE":
+            first = self.attempts.get(d.dispatch_id, now)
+            sent = f"the request may have reached {d.sink}" if may_have_left else "nothing was sent"
+            outcome = (
+                "receipts",
+                d.operation_id,
+                self._receipt(
+                    d, "AMBIGUOUS", first, now, f"{sent}; {reason}", on_resume=may_have_left
+                ),
+            )
+        else:
+            kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
+            outcome = self._observation(
+                d, kind, "UNKNOWN", d.sink, reason, now, on_resume=d.on_resume
+            )
+        event = OperatingEvent(
+            event_id=f"relay:{d.dispatch_id}:CONTRACT_UPGRADE_HOLD",
+            operation_id=d.operation_id,
+            component="relay",
+            kind="CONTRACT_UPGRADE_HOLD",
+            reason=reason,
+        )
+        return [outcome, ("operating-events", d.operation_id, event)]
 
     def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
         client = self.clients.get(name)
@@ -721,6 +821,9 @@ class Relay(Stage):
         self._commit()
         for d in dispatches:
             self.attempts[d.dispatch_id] = now
+            version = self._version_of(d.sink)
+            if version is not None:
+                self.attempt_versions.setdefault(d.dispatch_id, version)
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""
@@ -762,6 +865,7 @@ class Relay(Stage):
             first_attempt_at_ms=now,
             detail="about to send",
             observer=self.observer,
+            contract_version=self._version_of(d.sink),
         )
 
     def _perform_safely(
@@ -868,6 +972,12 @@ class Relay(Stage):
         if endpoint is None:
             problem = self.registry.problem(d.sink) or f"sink {d.sink!r} is not registered"
             raise _not_sent(d, problem, "UNKNOWN_SINK", fresh, readback_on_resume)
+        if self.mode == "ledger":
+            held = self._upgrade_hold(
+                d, endpoint, now, may_have_left=not fresh or readback_on_resume is not None
+            )
+            if held is not None:
+                return held
         client = self._client(d.sink, endpoint)
         contract = endpoint.contract
         if d.kind == "VERIFY":
@@ -1076,6 +1186,7 @@ class Relay(Stage):
             on_resume=on_resume,
             observer=self.observer,
             reservation=reservation,  # type: ignore[arg-type]
+            contract_version=self._version_of(d.sink),
         )
 
     def _submit(

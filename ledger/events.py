@@ -164,6 +164,12 @@ class Dispatch(Event):
     subject: str | None = None
     purpose: str | None = None
     decision_version: int | None = None
+    #: The sink's contract version in the registry when the dispatch was
+    #: written (schema version 3; ``None`` before: read as version 1), and
+    #: the schema versions its writer wrote with (a JSON object, record name
+    #: -> version). Stamped by the processor; see :mod:`ledger.upgrades`.
+    contract_version: int | None = None
+    schema_versions_json: str | None = None
 
 
 ReceiptStatus = Literal[
@@ -209,6 +215,10 @@ class EffectReceipt(Event):
     on_resume: bool = False
     observer: str
     reservation: Literal["CONFIRMED", "CANCELLED", "EXPIRED"] | None = None
+    #: The sink's contract version the relay acted under (schema version 3;
+    #: ``None`` before). An ``ATTEMPTED`` receipt's is the version a resume
+    #: of that attempt is checked against (:mod:`ledger.upgrades`).
+    contract_version: int | None = None
 
 
 ReadbackStatus = Literal[

@@ -89,6 +89,10 @@ class LedgerSettings(BaseSettings):
             retry with a fresh attempt identity).
         sinks_file: JSON file naming each sink's URL and effect contract
             (default ``run_dir/sinks.json``).
+        release_manifest_file: the release manifest (JSON, see
+            :mod:`ledger.upgrades`) that says which in-flight operations may
+            resume under a changed sink contract version (default none: every
+            change of version holds the operations it meets).
         trusted_keys_file: reviewer keys the authority kernel trusts to sign
             approvals (default ``run_dir/trusted_keys.json``).
         require_signed_approvals: refuse approvals without a valid signature
@@ -155,6 +159,7 @@ class LedgerSettings(BaseSettings):
     policy_version: int = Field(default=1, ge=1)
     relay_mode: str = "ledger"
     sinks_file: Path | None = None
+    release_manifest_file: Path | None = None
     trusted_keys_file: Path | None = None
     require_signed_approvals: bool = True
     keys_dir: Path | None = None

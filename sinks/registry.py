@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.contracts import EffectContract
 from ledger.errors import LocalFileError
+from ledger.upgrades import ReleaseManifest
 
 
 class SinkEndpoint(BaseModel):
@@ -37,6 +38,10 @@ class SinkEndpoint(BaseModel):
         url: base URL, e.g. ``http://127.0.0.1:8123``.
         contract: the sink's effect contract.
         token: the sink's bearer token, or ``None`` when it takes none.
+        contract_version: the version of ``contract`` (1 unless stated): a
+            sink release that changes its contract raises it, and the release
+            manifest says which in-flight operations may resume under it
+            (:mod:`ledger.upgrades`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -44,6 +49,7 @@ class SinkEndpoint(BaseModel):
     url: str
     contract: EffectContract
     token: str | None = Field(default=None, min_length=1, repr=False)
+    contract_version: int = Field(default=1, ge=1)
 
 
 def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
@@ -71,6 +77,14 @@ def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
         ) from exc
 
 
+def _unset(endpoint: SinkEndpoint) -> set[str] | None:
+    """Fields left out of the file: no token, and contract version 1 (as before versions)."""
+    left = {"token"} if endpoint.token is None else set()
+    if endpoint.contract_version == 1:
+        left.add("contract_version")
+    return left or None
+
+
 def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:
     """Write the sink registry atomically (a temporary file, then a rename).
 
@@ -82,9 +96,7 @@ def save_sinks(path: Path, sinks: dict[str, SinkEndpoint]) -> None:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    entries = {
-        k: v.model_dump(exclude={"token"} if v.token is None else None) for k, v in sinks.items()
-    }
+    entries = {k: v.model_dump(exclude=_unset(v)) for k, v in sinks.items()}
     text = json.dumps(entries, indent=2)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -158,3 +170,25 @@ class RegistryFile:
             return None
         known = ", ".join(sorted(sinks)) or "none"
         return f"sink {name!r} is not registered in {self.path} (registered: {known})"
+
+
+def load_manifest(path: Path) -> ReleaseManifest:
+    """Read a release manifest (JSON, see :mod:`ledger.upgrades`).
+
+    Args:
+        path: the manifest file.
+
+    Returns:
+        The validated manifest.
+
+    Raises:
+        LocalFileError: when the file is missing, unreadable or not a valid manifest.
+    """
+    try:
+        return ReleaseManifest.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as exc:  # ValidationError too
+        raise LocalFileError(
+            f"the release manifest {path} is unreadable ({type(exc).__name__}: "
+            f"{str(exc)[:300]}); fix it or point LEDGER_RELEASE_MANIFEST_FILE at a valid one",
+            observed=str(exc)[:300],
+        ) from exc

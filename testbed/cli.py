@@ -268,7 +268,15 @@ def sink_group() -> None:
     "these), or a JSON effect contract.",
 )
 @click.option("--port", type=int, default=0, show_default=True, help="0 picks a free port.")
-def sink_serve(name: str, contract: str, port: int) -> None:
+@click.option(
+    "--contract-version",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The contract's version in the registry (a release that changes the contract raises "
+    "it; the release manifest says which in-flight operations may resume under it).",
+)
+def sink_serve(name: str, contract: str, port: int, contract_version: int) -> None:
     """Run reference sink NAME in the foreground and register it for the relay.
 
     Its SQLite database and log live under LEDGER_RUN_DIR/sinks/; the relay
@@ -291,7 +299,9 @@ def sink_serve(name: str, contract: str, port: int) -> None:
     sink = SinkProcess(name, chosen, settings.run_dir, clock=clock, port=port)  # type: ignore[arg-type]
     sink.start()
     registry = load_sinks(settings.sinks_path())
-    registry[name] = SinkEndpoint(url=sink.url, contract=chosen, token=sink.token)
+    registry[name] = SinkEndpoint(
+        url=sink.url, contract=chosen, token=sink.token, contract_version=contract_version
+    )
     save_sinks(settings.sinks_path(), registry)
     click.echo(
         f"sink {name} at {sink.url} (log {sink.log_path}); registered in {settings.sinks_path()}"

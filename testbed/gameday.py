@@ -62,9 +62,14 @@ from testbed.scenario import (
     Scenario,
     SinkFault,
     StaleDispatch,
+    Upgrade,
 )
 
 Say = Callable[[str], None]
+
+#: The repository's release manifest: which in-flight operations may resume
+#: under a sink's new contract version (the ``upgrade`` step).
+RELEASE_MANIFEST = Path(__file__).resolve().parents[1] / "deploy" / "release-manifest.json"
 
 #: Steps before which the runner waits for quiescence.
 SETTLE_FIRST = {"claim", "race", "stale_dispatch", "dispose", "compact", "audit", "forge"}
@@ -94,6 +99,7 @@ class GameDay:
                 "policy_version": scenario.policy_version,
                 "sinks_file": None,
                 "trusted_keys_file": None,
+                "release_manifest_file": RELEASE_MANIFEST,
             }
         )
         self.harness = Harness(self.settings)
@@ -287,6 +293,10 @@ class GameDay:
     def _step_advance(self, a: Advance) -> None:
         now = self.harness.advance(a.seconds)
         self.say(f"    clock at {now / 1000:g} s")
+
+    def _step_upgrade(self, u: Upgrade) -> None:
+        """Release a new contract of the sink: restart it with it, then register the version."""
+        self.harness.upgrade_sink(u.sink, u.contract, u.contract_version)
 
     def _step_claim(self, c: ClaimStep) -> None:
         version = (

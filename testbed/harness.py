@@ -102,6 +102,35 @@ class Harness:
         save_sinks(self.settings.sinks_path(), registry)
         return sink
 
+    def upgrade_sink(
+        self, name: str, contract: EffectContract, contract_version: int | None = None
+    ) -> int:
+        """Release a new contract of a running reference sink (the game day's ``upgrade``).
+
+        The sink restarts on its database with the new contract (it behaves
+        as the contract says from now on), and its registry entry gets the
+        contract and version, so the stages see the change.
+
+        Args:
+            name: a sink started by :meth:`start_sink`.
+            contract: the new contract.
+            contract_version: the new version (default: the registry's plus one).
+
+        Returns:
+            The version now registered.
+        """
+        sink = self.sinks[name]
+        sink.contract = contract
+        sink.restart()
+        registry = load_sinks(self.settings.sinks_path())
+        old = registry.get(name)
+        version = contract_version or ((old.contract_version if old else 1) + 1)
+        registry[name] = SinkEndpoint(
+            url=sink.url, contract=contract, token=sink.token, contract_version=version
+        )
+        save_sinks(self.settings.sinks_path(), registry)
+        return version
+
     def effects(self, sink: str, operation_id: str) -> int:
         """How many effects a sink itself holds for an operation."""
         with self.sinks[sink].client() as client:

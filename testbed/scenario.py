@@ -174,6 +174,21 @@ class Advance(_Strict):
     seconds: int | float = Field(ge=0)
 
 
+class Upgrade(_Strict):
+    """A new release of a sink changes its effect contract from now on (format v2).
+
+    The reference sink restarts with the new contract (same database, same
+    token) and the sink registry names it with ``contract_version`` (default:
+    one more than the sink's current version). In-flight operations resume
+    under it only as far as the release manifest allows
+    (``deploy/release-manifest.json``, :mod:`ledger.upgrades`).
+    """
+
+    sink: str
+    contract: EffectContract
+    contract_version: int | None = Field(default=None, ge=1)
+
+
 class ClaimStep(_Strict):
     """A resumer asks for ownership."""
 
@@ -255,6 +270,7 @@ STEP_TYPES: dict[str, type[BaseModel]] = {
     "resume": Resume,
     "scale": Scale,
     "advance": Advance,
+    "upgrade": Upgrade,
     "claim": ClaimStep,
     "race": Race,
     "stale_dispatch": StaleDispatch,

@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, console, history, keys, ops, stages, topics
+from ledger.cli import acl, console, history, keys, ops, stages, topics, upgrade
 from ledger.cli.common import (
     EXIT_CODES,
     LedgerGroup,
@@ -118,6 +118,7 @@ COMMANDS: tuple[click.Command, ...] = (
     *keys.COMMANDS,
     *acl.COMMANDS,
     *console.COMMANDS,
+    *upgrade.COMMANDS,
 )
 
 

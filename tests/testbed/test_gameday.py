@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from consumers.reader import read_topic
-from ledger.events import EffectReceipt, Intent, JournalEntry, decode_event
+from ledger.events import Dispatch, EffectReceipt, Intent, JournalEntry, decode_event
 from ledger.settings import LedgerSettings
 from testbed import broker
 from testbed.gameday import GameDay, check
@@ -32,9 +32,7 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
-AWAITING = {
-    "s14-upgrade-drops-readback": "issue 14: contract upgrades (format v2 'upgrade' step)",
-}
+AWAITING = {}
 PARAMS = [
     pytest.param(p, marks=pytest.mark.xfail(reason=AWAITING[p.stem], strict=False))
     if p.parent == PUBLIC and p.stem in AWAITING
@@ -127,6 +125,22 @@ def _cancelled_on_policy_then_confirmed(game: GameDay, report: dict[str, Any]) -
     assert "policy version changed" in ends[0][2]
 
 
+def _versions_travel_and_the_hold_names_them(game: GameDay, report: dict[str, Any]) -> None:
+    """The dispatch carried contract version 1; the resume under version 2 was held, unsent."""
+    dispatches = [
+        r.event for r in read_topic(game.settings, "dispatches") if isinstance(r.event, Dispatch)
+    ]
+    assert dispatches and {d.contract_version for d in dispatches} == {1}, dispatches
+    versions = json.loads(dispatches[0].schema_versions_json or "{}")
+    assert versions.get("Dispatch", 0) >= 3 and "EffectReceipt" in versions, versions
+    receipts = _receipts(game)
+    assert [r.contract_version for r in receipts if r.status == "ATTEMPTED"][:1] == [1], receipts
+    held = [r for r in receipts if r.status == "AMBIGUOUS" and r.on_resume]
+    assert held and held[-1].contract_version == 2, receipts
+    assert "version 1" in held[-1].detail and "version 2" in held[-1].detail, held[-1].detail
+    assert not [r for r in receipts if r.status == "COMMITTED" and r.on_resume]
+
+
 #: Evidence beyond a scenario's own expectations, checked after it ran (by file stem).
 EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
     "g19-stalled-owner-fenced": _stalled_owner_was_fenced,
@@ -135,6 +149,7 @@ EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
     "g22-reservation-cancelled-on-policy-change-then-reauthorised": (
         _cancelled_on_policy_then_confirmed
     ),
+    "u02-upgrade-hold-names-both-versions": _versions_travel_and_the_hold_names_them,
 }
 
 
@@ -266,8 +281,14 @@ def test_format_2_expectations_can_fail() -> None:
         (lambda d: d["steps"].append({"forge": {"record": "admission"}}), "needs 'operation_id'"),
         (lambda d: d["steps"].append({"forge": {"record": "rumour"}}), "steps[9].forge: record"),
         (
-            lambda d: d["steps"].append({"upgrade": {"sink": "payments", "contract": {}}}),
-            "unknown step 'upgrade'",
+            lambda d: d["steps"].append(
+                {"upgrade": {"sink": "payments", "contract": {}, "contract_version": 0}}
+            ),
+            "steps[9].upgrade",
+        ),
+        (
+            lambda d: d["steps"].append({"upgrade": {"sink": "nope", "contract": {}}}),
+            "sink 'nope' is not declared",
         ),
         (
             lambda d: d["steps"][0]["approve"].update(policy_version=0),

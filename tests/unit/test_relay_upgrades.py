@@ -1,0 +1,119 @@
+"""The relay checks each step against the release manifest before it contacts a sink.
+
+The sink's URL answers nothing: a step that went on would raise
+:class:`SinkNotReachedError`; a held one returns its receipt or observation
+and a ``CONTRACT_UPGRADE_HOLD`` operating event without a request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from consumers.relay import Relay
+from ledger.contracts import PAYMENT_GATEWAY
+from ledger.errors import SinkNotReachedError
+from ledger.events import Dispatch, EffectReceipt, OperatingEvent, Readback
+from ledger.settings import LedgerSettings
+from sinks.registry import SinkEndpoint, load_manifest, save_sinks
+from testbed.gameday import RELEASE_MANIFEST
+
+V2 = load_manifest(RELEASE_MANIFEST).sinks["payments"].versions["2"].contract
+NOWHERE = "http://127.0.0.1:9"  # discard port: nothing listens
+
+
+def _relay(tmp_path: Path, *, version: int, manifest: bool = True) -> Relay:
+    contract = PAYMENT_GATEWAY if version == 1 else V2
+    save_sinks(
+        tmp_path / "sinks.json",
+        {"payments": SinkEndpoint(url=NOWHERE, contract=contract, contract_version=version)},
+    )
+    settings = LedgerSettings(
+        run_dir=tmp_path,
+        release_manifest_file=RELEASE_MANIFEST if manifest else None,
+        sink_timeout_s=0.5,
+    )
+    return Relay(settings)
+
+
+def _dispatch(kind: str = "EXECUTE", version: int | None = 1) -> Dispatch:
+    return Dispatch(
+        dispatch_id="refund:1:v1#1.1",
+        operation_id="refund:1:v1",
+        kind=kind,  # type: ignore[arg-type]
+        sink="payments",
+        action="refund",
+        params_json='{"account":"a","amount_minor":1}',
+        parameter_digest="0" * 64,
+        fencing_token=1,
+        state_version=2,
+        subject="s",
+        purpose="p",
+        decision_version=1,
+        contract_version=version,
+    )
+
+
+def test_a_resume_the_manifest_does_not_allow_is_held_unsent(tmp_path: Path) -> None:
+    relay = _relay(tmp_path, version=2)
+    (topic, key, receipt), (event_topic, _, event) = relay._perform(_dispatch(), fresh=False)
+    assert (topic, key) == ("receipts", "refund:1:v1")
+    assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
+    assert receipt.on_resume and receipt.contract_version == 2
+    assert "from version 1 to version 2" in receipt.detail
+    assert "EFFECT_PENDING" in receipt.detail
+    assert event_topic == "operating-events" and isinstance(event, OperatingEvent)
+    assert event.kind == "CONTRACT_UPGRADE_HOLD" and event.operation_id == "refund:1:v1"
+
+
+def test_a_reconciliation_readback_is_held_as_unknown(tmp_path: Path) -> None:
+    relay = _relay(tmp_path, version=2)
+    (topic, _, readback), (_, _, event) = relay._perform(_dispatch("READBACK"), fresh=True)
+    assert topic == "readbacks" and isinstance(readback, Readback)
+    assert readback.status == "UNKNOWN" and "UNKNOWN_OUTCOME" in readback.detail
+    assert isinstance(event, OperatingEvent) and event.kind == "CONTRACT_UPGRADE_HOLD"
+
+
+def test_a_step_the_manifest_allows_goes_on_to_the_sink(tmp_path: Path) -> None:
+    relay = _relay(tmp_path, version=2)
+    # Never sent under version 1: version 2 may send it (ADMITTED is listed).
+    with pytest.raises(SinkNotReachedError):
+        relay._perform(_dispatch(), fresh=True)
+
+
+def test_an_unchanged_version_goes_on(tmp_path: Path) -> None:
+    relay = _relay(tmp_path, version=1)
+    with pytest.raises(SinkNotReachedError):
+        relay._perform(_dispatch(version=None), fresh=False)  # None reads as version 1
+
+
+def test_the_first_attempts_version_counts(tmp_path: Path) -> None:
+    relay = _relay(tmp_path, version=2)
+    relay.attempt_versions["refund:1:v1#1.1"] = 2  # first sent under version 2 already
+    with pytest.raises(SinkNotReachedError):  # V2: key still kept, resubmitted
+        relay._perform(_dispatch(version=1), fresh=False)
+
+
+def test_without_a_manifest_any_change_is_held(tmp_path: Path) -> None:
+    relay = _relay(tmp_path, version=2, manifest=False)
+    (_, _, receipt), _event = relay._perform(_dispatch(), fresh=True)
+    assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
+    assert "nothing was sent" in receipt.detail and "no release manifest" in receipt.detail
+
+
+def test_the_processor_stamps_the_registrys_version_and_the_schema_versions(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from consumers.processor import Processor
+
+    _relay(tmp_path, version=2)  # writes the registry: payments at version 2
+    processor = Processor(LedgerSettings(run_dir=tmp_path))
+    stamped = processor.stamped(_dispatch(version=None))
+    assert stamped.contract_version == 2
+    versions = json.loads(stamped.schema_versions_json or "{}")
+    assert versions["Dispatch"] >= 3 and versions["EffectReceipt"] >= 3 and "Readback" in versions
+    other = processor.stamped(_dispatch(version=None).model_copy(update={"sink": "unknown"}))
+    assert other.contract_version is None

@@ -514,18 +514,8 @@ class Relay(Stage):
                 ),
             )
         else:
-            kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
-            outcome = self._observation(
-                d, kind, "UNKNOWN", d.sink, reason, now, on_resume=d.on_resume
-            )
-        event = OperatingEvent(
-            event_id=f"relay:{d.dispatch_id}:CONTRACT_UPGRADE_HOLD",
-            operation_id=d.operation_id,
-            component="relay",
-            kind="CONTRACT_UPGRADE_HOLD",
-            reason=reason,
-        )
-        return [outcome, ("operating-events", d.operation_id, event)]
+            outcome = self._unobserved(d, reason, now)
+        return [outcome, _dispatch_event(d, "CONTRACT_UPGRADE_HOLD", reason)]
 
     def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
         client = self.clients.get(name)
@@ -697,18 +687,18 @@ class Relay(Stage):
             outcome = self._observation(
                 d, kind, "UNKNOWN", d.sink, f"not observed: {detail}", now, on_resume=on_resume
             )
-        event = OperatingEvent(
-            event_id=f"relay:{d.dispatch_id}:{exc.kind}",
-            operation_id=d.operation_id,
-            component="relay",
-            kind=exc.kind,
-            reason=(
-                f"{d.kind} of {d.operation_id}: the {exc.request} never reached sink {d.sink} "
-                f"({detail}); the operation is held for a person: start the sink or fix its "
-                f"entry in {self.registry.path}, then 'ledger reconcile run'"
+        return [
+            outcome,
+            _dispatch_event(
+                d,
+                exc.kind,
+                (
+                    f"{d.kind} of {d.operation_id}: the {exc.request} never reached sink {d.sink} "
+                    f"({detail}); the operation is held for a person: start the sink or fix its "
+                    f"entry in {self.registry.path}, then 'ledger reconcile run'"
+                ),
             ),
-        )
-        return [outcome, ("operating-events", d.operation_id, event)]
+        ]
 
     def _retry_due(self, *, commit_offsets: bool) -> None:
         """Try again every parked dispatch whose backoff has passed.
@@ -905,18 +895,13 @@ class Relay(Stage):
                     self._receipt(d, "AMBIGUOUS", first, now, detail),
                 )
             else:
-                kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
-                outcome = self._observation(
-                    d, kind, "UNKNOWN", d.sink, detail, now, on_resume=d.on_resume
-                )
-            event = OperatingEvent(
-                event_id=f"relay:{d.dispatch_id}:SINK_PROTOCOL_ERROR",
-                operation_id=d.operation_id,
-                component="relay",
-                kind="SINK_PROTOCOL_ERROR",
-                reason=f"{d.kind} of {d.operation_id} at {d.sink}: {reason}",
-            )
-            return [outcome, ("operating-events", d.operation_id, event)]
+                outcome = self._unobserved(d, detail, now)
+            return [
+                outcome,
+                _dispatch_event(
+                    d, "SINK_PROTOCOL_ERROR", f"{d.kind} of {d.operation_id} at {d.sink}: {reason}"
+                ),
+            ]
 
     def _auth_failed(
         self, d: Dispatch, exc: SinkAuthError, *, fresh: bool
@@ -951,18 +936,8 @@ class Relay(Stage):
                 reason = f"an earlier request may have reached {d.sink}; {reason}"
             outcome = ("receipts", d.operation_id, self._receipt(d, status, first, now, reason))
         else:
-            kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
-            outcome = self._observation(
-                d, kind, "UNKNOWN", d.sink, reason, now, on_resume=d.on_resume
-            )
-        event = OperatingEvent(
-            event_id=f"relay:{d.dispatch_id}:SINK_AUTH_FAILED",
-            operation_id=d.operation_id,
-            component="relay",
-            kind="SINK_AUTH_FAILED",
-            reason=reason,
-        )
-        return [outcome, ("operating-events", d.operation_id, event)]
+            outcome = self._unobserved(d, reason, now)
+        return [outcome, _dispatch_event(d, "SINK_AUTH_FAILED", reason)]
 
     def _perform(
         self, d: Dispatch, *, fresh: bool, readback_on_resume: bool | None = None
@@ -1327,6 +1302,12 @@ class Relay(Stage):
             d, "EFFECT", status, source, detail, now, effect_id=effect_id, on_resume=on_resume
         )
 
+    def _unobserved(self, d: Dispatch, reason: str, now: int) -> Output:
+        """An UNKNOWN observation of what ``d`` reads back: its postcondition
+        for a VERIFY, else its effect (nothing was observed: ``reason``)."""
+        kind = "POSTCONDITION" if d.kind == "VERIFY" else "EFFECT"
+        return self._observation(d, kind, "UNKNOWN", d.sink, reason, now, on_resume=d.on_resume)
+
     def _observation(
         self,
         d: Dispatch,
@@ -1386,3 +1367,15 @@ class Relay(Stage):
         self._receipts.close()
         self._approvals.close()
         self._policy.close()
+
+
+def _dispatch_event(d: Dispatch, kind: str, reason: str) -> Output:
+    """The relay's operating event of ``kind`` about dispatch ``d`` (one per dispatch and kind)."""
+    event = OperatingEvent(
+        event_id=f"relay:{d.dispatch_id}:{kind}",
+        operation_id=d.operation_id,
+        component="relay",
+        kind=kind,
+        reason=reason,
+    )
+    return ("operating-events", d.operation_id, event)

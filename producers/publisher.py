@@ -88,6 +88,31 @@ def require_policy_version(version: int) -> None:
         )
 
 
+def build_disposition(
+    operation_id: str, decision: str, by: str, evidence: str, disposed_at_ms: int
+) -> Disposition:
+    """An operator's disposition of an unknown outcome, with a fresh disposition ID.
+
+    Args:
+        operation_id: the operation held in UNKNOWN_OUTCOME.
+        decision: ``committed``, ``absent`` or ``abandon`` (any case).
+        by: the operator; the publisher signs with their key.
+        evidence: what the decision rests on.
+        disposed_at_ms: now on the ledger clock (milliseconds).
+
+    Raises:
+        pydantic.ValidationError: a decision outside the three.
+    """
+    return Disposition(
+        disposition_id=f"disposition:{by}:{uuid.uuid4().hex[:8]}",
+        operation_id=operation_id,
+        decision=decision.upper(),  # type: ignore[arg-type]
+        by=by,
+        evidence=evidence,
+        disposed_at_ms=disposed_at_ms,
+    )
+
+
 def build_intent(
     *,
     operation_id: str,

@@ -33,7 +33,6 @@ import ipaddress
 import json
 import os
 import secrets
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -143,10 +142,10 @@ class ConsoleData(Protocol):
 def operation_age_s(state: OperationState, now_ms: int) -> float | None:
     """Seconds on the ledger clock since the operation's latest observation, else
     its admission (``None``: neither happened); never negative."""
+    from ledger.clock import age_s
+
     since = state.observed_at_ms if state.observed_at_ms is not None else state.admitted_at_ms
-    if since is None:
-        return None
-    return max(0.0, (now_ms - since) / 1000)
+    return age_s(now_ms, since)
 
 
 # ---------------------------------------------------------------------- the ledger's data
@@ -216,21 +215,13 @@ class LedgerData:
         """Publish a disposition signed with ``by``'s operator key and wait for the decision."""
         from consumers.reader import wait_for_decision
         from ledger.credentials import person_key
-        from ledger.events import Disposition
-        from producers.publisher import LedgerPublisher
+        from producers.publisher import LedgerPublisher, build_disposition
 
         pub = LedgerPublisher(self.settings, client_id="ledger-console")
         try:
             pub.credentials.add(person_key(self.settings, "operator", by))
             pub.publish_disposition(
-                Disposition(
-                    disposition_id=f"disposition:{by}:{uuid.uuid4().hex[:8]}",
-                    operation_id=operation_id,
-                    decision=decision.upper(),  # type: ignore[arg-type]
-                    by=by,
-                    evidence=evidence,
-                    disposed_at_ms=self.now_ms(),
-                )
+                build_disposition(operation_id, decision, by, evidence, self.now_ms())
             )
             position = pub.last_position
         finally:
@@ -284,38 +275,27 @@ class LedgerData:
         return rows
 
     def _groups(self) -> list[StageHealth]:
-        from confluent_kafka.admin import AdminClient
+        """Each stage's consumer group as ``ledger status`` sees it (members, assignment, lag)."""
+        from consumers.groups import stage_status
 
-        from consumers.stages import STAGES
-        from ledger.kafka import admin_config
-
-        groups = [f"{self.settings.topic_prefix}.{component}" for component in STAGES]
         try:
-            admin = AdminClient(admin_config(self.settings))
-            futures = admin.describe_consumer_groups(groups, request_timeout=5)
-        except Exception as exc:  # confluent-kafka raises KafkaException and ValueError
-            return [StageHealth("consumer groups", "consumer group", None, None, str(exc))]
+            stages = stage_status(self.settings)
+        except LedgerError as exc:
+            return [StageHealth("consumer groups", "consumer group", None, None, exc.message)]
         rows: list[StageHealth] = []
-        for group, future in futures.items():
-            try:
-                desc = future.result(timeout=10)
-            except Exception as exc:  # a group the broker cannot describe
-                rows.append(StageHealth(group, "consumer group", None, None, f"unknown: {exc}"))
-                continue
-            members = list(desc.members)
-            parts = sum(
-                len(m.assignment.topic_partitions) if m.assignment is not None else 0
-                for m in members
+        for stage in stages:
+            parts = sum(len(m.partitions) for m in stage.members)
+            names = (
+                ", ".join(sorted(f"{m.instance}@{m.host}" for m in stage.members)) or "no members"
             )
-            names = ", ".join(sorted(f"{m.client_id}@{m.host}" for m in members)) or "no members"
-            state = getattr(desc.state, "name", str(desc.state))
             rows.append(
                 StageHealth(
-                    group,
+                    stage.group,
                     "consumer group",
-                    bool(members),
-                    bool(members) and parts > 0,
-                    f"{state}: {len(members)} member(s), {parts} partition(s) assigned; {names}",
+                    stage.live,
+                    stage.live and parts > 0,
+                    f"{stage.group_state}: {len(stage.members)} member(s), {parts} partition(s) "
+                    f"assigned, lag {stage.lag}; {names}",
                 )
             )
         return rows

@@ -848,25 +848,15 @@ def reconcile_dispose(
     operation_id: str, decision: str, by: str, evidence: str, wait_s: float
 ) -> None:
     """Record an attributable disposition of an unknown outcome."""
-    import uuid
-
     from ledger.clock import clock_for
-    from ledger.events import Disposition
+    from producers.publisher import build_disposition
 
     settings = current_settings()
     _ready(settings)
     pub = _publisher(settings)
     try:
-        pub.publish_disposition(
-            Disposition(
-                disposition_id=f"disposition:{by}:{uuid.uuid4().hex[:8]}",
-                operation_id=operation_id,
-                decision=decision.upper(),  # type: ignore[arg-type]
-                by=by,
-                evidence=evidence,
-                disposed_at_ms=clock_for(settings.clock, settings.run_dir).now_ms(),
-            )
-        )
+        now = clock_for(settings.clock, settings.run_dir).now_ms()
+        pub.publish_disposition(build_disposition(operation_id, decision, by, evidence, now))
         position = pub.last_position
     finally:
         pub.close()

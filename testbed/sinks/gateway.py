@@ -650,19 +650,8 @@ class SinkService:
             released hold is not confirmed (409, ``status: released``); an
             unknown one is ``absent`` (404).
         """
-        unsupported = self._no_reservation()
-        if unsupported is not None:
-            return unsupported
-        now_ms = self.clock.now_ms()
-        with self.store.transaction() as tx:
-            tx.bump("requests")
-            fenced = self._fence(tx, operation_id, fencing_token, now_ms)
-            if fenced is not None:
-                return fenced
-            hold = tx.reservation(operation_id)
-            if hold is None:
-                return self._hold_body(None, operation_id)
-            hold = self._expired(tx, hold, now_ms)
+
+        def step(tx: StoreTxn, hold: ReservationRecord, now_ms: int) -> Reply:
             if hold.status == "released":
                 return Reply(409, self._hold_body(hold, operation_id).body)
             if hold.status == "held":
@@ -684,6 +673,8 @@ class SinkService:
                 tx.put_reservation(hold)
             return self._hold_body(hold, operation_id)
 
+        return self._on_hold(operation_id, fencing_token, step)
+
     def cancel(self, operation_id: str, fencing_token: int | None) -> Reply:
         """Cancel a held reservation: it is released, and no effect is made.
 
@@ -692,6 +683,28 @@ class SinkService:
             be cancelled (409, ``status: confirmed``); an unknown one is
             ``absent`` (404).
         """
+
+        def step(tx: StoreTxn, hold: ReservationRecord, now_ms: int) -> Reply:
+            if hold.status == "confirmed":
+                return Reply(409, self._hold_body(hold, operation_id).body)
+            if hold.status == "held":
+                hold = replace(hold, status="released", released_why="cancelled")
+                tx.put_reservation(hold)
+                tx.bump("reservations_released")
+            return self._hold_body(hold, operation_id)
+
+        return self._on_hold(operation_id, fencing_token, step)
+
+    def _on_hold(
+        self,
+        operation_id: str,
+        fencing_token: int | None,
+        step: Callable[[StoreTxn, ReservationRecord, int], Reply],
+    ) -> Reply:
+        """What confirm and cancel share: the contract offers reservations, the
+        request is counted and fenced, the hold exists and is released if its
+        time has passed; then ``step(tx, hold, now_ms)`` answers, in the same
+        store transaction."""
         unsupported = self._no_reservation()
         if unsupported is not None:
             return unsupported
@@ -704,14 +717,7 @@ class SinkService:
             hold = tx.reservation(operation_id)
             if hold is None:
                 return self._hold_body(None, operation_id)
-            hold = self._expired(tx, hold, now_ms)
-            if hold.status == "confirmed":
-                return Reply(409, self._hold_body(hold, operation_id).body)
-            if hold.status == "held":
-                hold = replace(hold, status="released", released_why="cancelled")
-                tx.put_reservation(hold)
-                tx.bump("reservations_released")
-            return self._hold_body(hold, operation_id)
+            return step(tx, self._expired(tx, hold, now_ms), now_ms)
 
     def hold(self, operation_id: str, fencing_token: int | None) -> Reply:
         """Read a reservation back: ``held``, ``confirmed``, ``released`` or ``absent``."""

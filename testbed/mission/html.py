@@ -176,6 +176,7 @@ def mission_html(report: Mapping[str, Any]) -> str:
         "operations": _operations_table(_map(report.get("operations"))),
         "measures": _measures_table(_list(report.get("measures"))),
         "held": _held_table(report.get("held_operations")),
+        "side_tables": _side_tables(report),
         "effects": _effects_table(_map(report.get("effects_by_sink"))),
         "effects_svg": _effects_svg(_map(report.get("effects_by_sink")), "effects"),
         "faults": _faults_tables(_map(report.get("faults"))),
@@ -326,6 +327,69 @@ def _measures_table(measures: list[Any]) -> dict[str, Any] | None:
     headers = ["measure", "count", "of", "denominator", "rate"]
     headers += [f"{c}: count / of (rate)" for c in classes] + ["note"]
     return _table(headers, rows, num={1, 2, 4} | set(range(5, 5 + len(classes))))
+
+
+def _side_tables(report: Mapping[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """The compensation, reservation and upgrade sections: ``(title, lead, table)``."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    comp = _map(report.get("compensations"))
+    if comp:
+        rows = [
+            ["goodwill credits", fmt(comp.get("credits"))],
+            ["refunds refused with a credit", fmt(comp.get("refused_with_credit"))],
+            ["compensations due (credit settled)", fmt(comp.get("due"))],
+            ["compensations published", fmt(comp.get("published"))],
+            ["credits reversed", fmt(comp.get("reversed"))],
+            ["not compensated (credit not settled)", fmt(comp.get("not_compensated"))],
+        ]
+        rows += [
+            [f"failed compensations: {state}", fmt(n)]
+            for state, n in _map(comp.get("failures_by_state")).items()
+        ]
+        lead = (
+            "A goodwill credit (reversible-internal) is reversed by its own operation, under a "
+            "standing policy approval, when the case's refund is refused."
+        )
+        out.append(("Compensations", lead, _table(["", "operations"], rows, num={1})))
+    res = _map(report.get("reservations"))
+    if res:
+        ends = _map(res.get("ends"))
+        rows = [["callback bookings", fmt(res.get("bookings"))]]
+        rows += [[f"final state {k}", fmt(n)] for k, n in _map(res.get("by_state")).items()]
+        rows += [[f"holds {k.lower()} (journaled)", fmt(n)] for k, n in ends.items()]
+        rows += [
+            ["holds released by the sink itself", fmt(res.get("released_by_sink"))],
+            ["relay kept down past the hold", fmt(res.get("clock_moves"))],
+        ]
+        lead = (
+            "The booking sink offers try-confirm-cancel: the relay confirms a hold only while "
+            "the admission stands, cancels it otherwise, and reserves again a hold the sink "
+            "released."
+        )
+        out.append(("Reservations", lead, _table(["", "count"], rows, num={1})))
+    up = _map(report.get("upgrade"))
+    if up:
+        rows = [
+            ["refunds in flight at the upgrade", fmt(up.get("in_flight"))],
+            *[[f"  in {k} then", fmt(n)] for k, n in _map(up.get("in_flight_by_state")).items()],
+            *[
+                [f"  ended {k}", fmt(n)]
+                for k, n in _map(up.get("final_state_of_in_flight")).items()
+            ],
+            *[
+                [f"  receipts under version {k}", fmt(n)]
+                for k, n in _map(up.get("acted_under")).items()
+            ],
+            ["held because of the upgrade", fmt(up.get("held"))],
+            *[[f"  {why}", fmt(n)] for why, n in _map(up.get("held_by_reason")).items()],
+        ]
+        lead = (
+            f"The payment gateway's contract went from version {up.get('from_version')} to "
+            f"{up.get('to_version')} after case {up.get('at_case')}; the release manifest says "
+            "which in-flight states may resume under it."
+        )
+        out.append(("Gateway upgrade", lead, _table(["", "count"], rows, num={1})))
+    return out
 
 
 def _held_table(held: Any) -> dict[str, Any] | None:

@@ -17,7 +17,23 @@ A case is one customer charged a fee in error. Its chain of operations:
 3. **refund** (``refund:{case}:v1``) through the payment gateway;
 4. **notification** (``notify:{case}:v1``) through a mail sink with no
    readback; it may only describe a verified refund, so it is published only
-   once the refund is ``OUTCOME_VERIFIED``.
+   once the refund is ``OUTCOME_VERIFIED``;
+5. **goodwill credit** (``goodwill:{case}:v1``) for the larger fees, a
+   reversible-internal credit on the customer's account (the ``credits``
+   sink), published beside the refund under the policy engine's approval. When
+   the refund is refused (the gateway rejects it, or it cannot be authorised),
+   the credit is **compensated automatically**: ``goodwill-reversal:{case}:v1``
+   is its own operation naming the credit in ``compensates``, under a fresh
+   standing policy approval;
+6. **callback booking** (``callback:{case}:v1``) for some customers, through a
+   booking sink that offers try-confirm-cancel (``reservation: true``): the
+   relay reserves a slot and confirms it only while the admission stands.
+   It is published with the notification.
+
+Part-way through, the payment gateway releases contract version
+:data:`GATEWAY_UPGRADE_VERSION` (:data:`PAYMENT_GATEWAY_V4`); the refunds in
+flight cross it and resume only as far as ``deploy/release-manifest.json``
+allows.
 """
 
 from __future__ import annotations
@@ -36,7 +52,18 @@ SEAM_STAGE: dict[str, str] = {
     "after_sink_commit_before_receipt": "relay",
     "after_receipt_before_commit": "relay",
     "after_commit_before_verification": "relay",
+    "after_reserve_before_confirm": "relay",
 }
+
+#: Seams an ordinary (non-reservation) operation reaches.
+PLAIN_SEAMS: tuple[str, ...] = tuple(s for s in SEAM_STAGE if s != "after_reserve_before_confirm")
+#: Seams a callback booking reaches (the reservation's own first).
+BOOKING_SEAMS: tuple[str, ...] = (
+    "after_reserve_before_confirm",
+    "before_admission",
+    "after_admission_before_dispatch",
+    "after_dispatch_before_send",
+)
 
 #: Fault modes of the reference sinks (``POST /admin/faults``).
 SINK_FAULT_MODES: tuple[str, ...] = (
@@ -53,8 +80,64 @@ SINK_FAULT_MODES: tuple[str, ...] = (
 #: (``amount_field=None``: no approval's amount cap applies to it).
 MAILER = EffectContract(consequence="reversible-external", amount_field=None)
 
+#: The goodwill ledger: an internal credit on the customer's account, read
+#: back and verified like a refund, and compensable (a reversal is its own
+#: operation on the same sink).
+CREDITS = EffectContract(
+    idempotent=True,
+    readback=True,
+    postcondition=True,
+    fencing=True,
+    key_retention_s=7 * 24 * 3600,
+    consequence="reversible-internal",
+    compensable=True,
+)
+
+#: The callback booking sink: try-confirm-cancel, an unconfirmed slot is
+#: released by the sink after :attr:`~ledger.contracts.EffectContract.reservation_hold_s`
+#: (ledger clock). A booking carries no amount.
+CALLBACKS = EffectContract(
+    idempotent=True,
+    readback=True,
+    fencing=True,
+    key_retention_s=7 * 24 * 3600,
+    reservation=True,
+    reservation_hold_s=30,
+    consequence="reversible-external",
+    amount_field=None,
+)
+
 #: Sink name -> contract, as the mission registers them.
-MISSION_SINKS: dict[str, EffectContract] = {"payments": PAYMENT_GATEWAY, "mailer": MAILER}
+MISSION_SINKS: dict[str, EffectContract] = {
+    "payments": PAYMENT_GATEWAY,
+    "mailer": MAILER,
+    "credits": CREDITS,
+    "callbacks": CALLBACKS,
+}
+
+#: The payment gateway's release the mission deploys part-way through: the
+#: same guarantees, idempotency keys kept two days instead of seven. The
+#: release manifest (``deploy/release-manifest.json``, version 4) lets a
+#: refund begun under version 1 resume under it only before anything may
+#: have left (``ADMITTED``) or for its postcondition (``EFFECT_COMMITTED``):
+#: a send that may have left under version 1 (``EFFECT_PENDING``) or an
+#: unknown outcome waiting for a readback is held, because version 4's
+#: readback does not answer for version 1's keys.
+PAYMENT_GATEWAY_V4 = PAYMENT_GATEWAY.model_copy(update={"key_retention_s": 2 * 24 * 3600})
+GATEWAY_UPGRADE_VERSION = 4
+
+#: Share of the cases started after which the gateway upgrade is released.
+UPGRADE_AT = 0.4
+
+#: Fees at or above this (minor units) come with a goodwill credit.
+GOODWILL_MIN_FEE_MINOR = 7_500
+#: The goodwill credit (minor units, GBP).
+GOODWILL_MINOR = 1_000
+#: Share of customers who book a callback.
+CALLBACK_RATE = 0.10
+#: Compensations are few (one per refused refund), so their sink faults are
+#: drawn at this many times the sink-fault rate, for failures to occur at all.
+COMPENSATION_FAULT_FACTOR = 4.0
 
 #: Consequence class of the pure eligibility step (no effect outside the workflow).
 PURE_CLASS = "reversible-internal"
@@ -175,6 +258,12 @@ class Case:
         expiring: the first approval expires before it is used.
         refund: faults armed against the refund.
         notify: faults armed against the notification.
+        goodwill: faults armed against the goodwill credit, or ``None`` when
+            the case gets no goodwill credit.
+        reversal: faults armed against the credit's compensation, should the
+            refund be refused.
+        callback: faults armed against the callback booking, or ``None``
+            when the customer books no callback.
     """
 
     number: int
@@ -186,6 +275,9 @@ class Case:
     expiring: bool
     refund: OpFaults = field(default_factory=OpFaults)
     notify: OpFaults = field(default_factory=OpFaults)
+    goodwill: OpFaults | None = None
+    reversal: OpFaults = field(default_factory=OpFaults)
+    callback: OpFaults | None = None
 
     @property
     def refund_op(self) -> str:
@@ -196,6 +288,35 @@ class Case:
     def notify_op(self) -> str:
         """The notification's operation ID."""
         return f"notify:{self.number:05d}:v1"
+
+    @property
+    def goodwill_op(self) -> str:
+        """The goodwill credit's operation ID."""
+        return f"goodwill:{self.number:05d}:v1"
+
+    @property
+    def reversal_op(self) -> str:
+        """The goodwill credit's compensation (its own operation ID)."""
+        return f"goodwill-reversal:{self.number:05d}:v1"
+
+    @property
+    def callback_op(self) -> str:
+        """The callback booking's operation ID."""
+        return f"callback:{self.number:05d}:v1"
+
+    def operations(self) -> dict[str, str]:
+        """Every operation the case may publish: operation ID -> sink.
+
+        The reversal is listed only for a case with a goodwill credit; whether
+        it is published depends on the refund's fate.
+        """
+        ops = {self.refund_op: "payments", self.notify_op: "mailer"}
+        if self.goodwill is not None:
+            ops[self.goodwill_op] = "credits"
+            ops[self.reversal_op] = "credits"
+        if self.callback is not None:
+            ops[self.callback_op] = "callbacks"
+        return ops
 
 
 def eligible(case: Case) -> bool:
@@ -221,9 +342,9 @@ def plan(options: MissionOptions) -> list[Case]:
         ``options.cases`` cases, numbered from 0.
     """
     rng = random.Random(options.seed)
-    seams = list(SEAM_STAGE)
+    seams = list(PLAIN_SEAMS)
     modes = list(SINK_FAULT_MODES)
-    crashes = sink_faults = 0
+    crashes = sink_faults = bookings = reversals = 0
     cases = []
 
     def faults(sink: str) -> OpFaults:
@@ -238,6 +359,28 @@ def plan(options: MissionOptions) -> list[Case]:
         race = sink == "payments" and rng.random() < options.races
         return OpFaults(seam, mode, race)
 
+    def booking_faults() -> OpFaults:
+        # The reservation sink's calls take no sink faults: crashes only, the
+        # reservation's own seam first.
+        nonlocal bookings
+        if rng.random() >= options.crash_rate:
+            return OpFaults()
+        pool = BOOKING_SEAMS
+        seam = pool[bookings] if bookings < len(pool) else rng.choice(pool)
+        bookings += 1
+        return OpFaults(seam=seam)
+
+    def reversal_faults() -> OpFaults:
+        # The first compensation fault planned is a rejection (a failure the
+        # report must count), then any mode.
+        nonlocal reversals
+        seam = rng.choice(seams) if rng.random() < options.crash_rate else None
+        mode = None
+        if rng.random() < min(1.0, options.sink_faults * COMPENSATION_FAULT_FACTOR):
+            mode = "reject" if reversals == 0 else rng.choice(modes)
+            reversals += 1
+        return OpFaults(seam, mode)
+
     for n in range(options.cases):
         fee = rng.choice((500, 1_500, 2_500, 3_500, 4_900, 7_500, 12_000, 25_000, 40_000))
         cases.append(
@@ -251,6 +394,9 @@ def plan(options: MissionOptions) -> list[Case]:
                 expiring=rng.random() < options.expiring_rate,
                 refund=faults("payments"),
                 notify=faults("mailer"),
+                goodwill=faults("credits") if fee >= GOODWILL_MIN_FEE_MINOR else None,
+                reversal=reversal_faults(),
+                callback=booking_faults() if rng.random() < CALLBACK_RATE else None,
             )
         )
     return cases

@@ -8,7 +8,12 @@ JSON-ready dict; :func:`render_text` prints it for a terminal and
 :mod:`testbed.mission.html`.
 
 Every measure carries its denominator and its split by consequence class
-(``irreversible`` refunds, ``reversible-external`` notifications).
+(``irreversible`` refunds, ``reversible-external`` notifications and callback
+bookings, ``reversible-internal`` goodwill credits and their reversals). Three
+sections follow the measures: ``compensations`` (goodwill credits reversed
+because their refund was refused), ``reservations`` (callback bookings by how
+their hold ended) and ``upgrade`` (the gateway's contract upgrade mid-run: the
+refunds that crossed it and those held because of it, with why).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ledger.audit import AuditReport
@@ -54,12 +59,21 @@ class JournalRow:
         at_s: the record's Kafka timestamp (Unix seconds).
         claim_id: the claim's ID when the input was a claim.
         postcondition: the readback status when the input was a postcondition readback.
+        receipt_status: the receipt's status when the input was an effect receipt.
+        reservation: the reservation end that receipt records, if any.
+        contract_version: the contract version the relay acted under (receipts).
+        receipt_key: the receipt's identity (a receipt redelivered to the
+            processor is journaled again, as a no-op, under the same key).
     """
 
     entry: JournalEntry
     at_s: float
     claim_id: str | None = None
     postcondition: str | None = None
+    receipt_status: str | None = None
+    reservation: str | None = None
+    contract_version: int | None = None
+    receipt_key: str | None = None
 
     @classmethod
     def of(cls, event: Event, at_s: float) -> JournalRow:
@@ -77,6 +91,20 @@ class JournalRow:
                 claim_id = inner.claim_id
             elif isinstance(inner, Readback) and inner.kind == "POSTCONDITION":
                 postcondition = inner.status
+        elif event.kind == EffectReceipt.KIND:
+            receipt = decode_event(event.input_event)
+            if isinstance(receipt, EffectReceipt):
+                return cls(
+                    event,
+                    at_s,
+                    receipt_status=str(receipt.status),
+                    reservation=receipt.reservation,
+                    contract_version=receipt.contract_version,
+                    receipt_key=(
+                        f"{receipt.attempt_id}|{receipt.status}|{receipt.reservation}|"
+                        f"{receipt.observed_at_ms}"
+                    ),
+                )
         return cls(event, at_s, claim_id, postcondition)
 
 
@@ -130,6 +158,15 @@ class MissionFacts:
         fault_events: faults the mission injected itself (chaos kills,
             zombie pauses, broker restarts): ``{"kind", "at", "end", "target"}``
             (Unix seconds; see :func:`testbed.mission.answers.fault_marks`).
+        upgrade: the gateway upgrade, ``{"at_case", "from_version",
+            "to_version", "in_flight": {operation ID: state at the upgrade}}``,
+            or ``None`` when it was not released.
+        upgrade_holds: ``{"operation_id", "reason"}`` of every
+            ``CONTRACT_UPGRADE_HOLD`` operating event.
+        side_ends: side operation (goodwill credit, reversal, booking) -> how
+            the workflow saw it end.
+        reservation_expiries: times the ledger clock was moved past the
+            booking sink's hold while a relay was down.
     """
 
     options: MissionOptions
@@ -168,6 +205,10 @@ class MissionFacts:
     t0_unix: float = 0.0
     as_of_unix: float = 0.0
     fault_events: Sequence[Mapping[str, Any]] = ()
+    upgrade: Mapping[str, Any] | None = None
+    upgrade_holds: Sequence[Mapping[str, Any]] = ()
+    side_ends: Mapping[str, str] = field(default_factory=dict)
+    reservation_expiries: int = 0
 
 
 def _measure(
@@ -341,9 +382,11 @@ def build(f: MissionFacts) -> dict[str, Any]:
     """
     opts = f.options
     sink_of: dict[str, str] = {}
+    case_of: dict[str, int] = {}
     for case in f.cases:
-        sink_of[case.refund_op] = "payments"
-        sink_of[case.notify_op] = "mailer"
+        for op, sink in case.operations().items():
+            sink_of[op] = sink
+            case_of[op] = case.number
     ops = [op for op in sink_of if op in f.states]
 
     def cls(op: str) -> str:
@@ -365,7 +408,7 @@ def build(f: MissionFacts) -> dict[str, Any]:
     for op in ops:
         state = str(f.states[op].state)
         by_class[cls(op)][state] = by_class[cls(op)].get(state, 0) + 1
-    by_class[PURE_CLASS] = {"eligibility decisions (pure, not in the ledger)": len(f.cases)}
+    by_class[PURE_CLASS]["eligibility decisions (pure, not in the ledger)"] = len(f.cases)
 
     measures: list[dict[str, Any]] = []
 
@@ -464,18 +507,69 @@ def build(f: MissionFacts) -> dict[str, Any]:
         )
     )
 
-    # compensations
-    compensable = [op for op in ops if MISSION_SINKS[sink_of[op]].compensable]
+    # compensations: a goodwill credit is reversed when its refund is refused
+    compensations = compensation_section(f, ops)
+    reversals = [op for op in ops if f.states[op].compensates is not None]
+    failed = {
+        op
+        for op in reversals
+        if S(f.states[op].state) not in (S.OUTCOME_VERIFIED, S.EFFECT_COMMITTED)
+    }
     measures.append(
         _measure(
             "compensation failures",
-            0,
-            len(compensable),
-            "compensable operations",
-            split(compensable, set()),
-            "no sink in this mission offers a compensation; nothing was compensated",
+            len(failed),
+            len(reversals),
+            "compensations published (reversals of a goodwill credit whose refund was refused)",
+            split(reversals, failed),
+            f"{compensations['refused_with_credit']} refused refund(s) had a goodwill credit; "
+            f"{compensations['reversed']} credit(s) reversed, "
+            f"{compensations['not_compensated']} not compensated (the credit had not settled); "
+            "failures by state: "
+            + (
+                ", ".join(f"{k} {n}" for k, n in compensations["failures_by_state"].items())
+                or "none"
+            ),
         )
     )
+
+    # reservations: callback bookings by how their hold ended
+    reservations = reservation_section(f, ops)
+    bookings = [op for op in ops if MISSION_SINKS[sink_of[op]].reservation]
+    unconfirmed = {op for op in bookings if op not in reservations["confirmed_ops"]}
+    measures.append(
+        _measure(
+            "reservations not confirmed",
+            len(unconfirmed),
+            len(bookings),
+            "callback bookings (try-confirm-cancel)",
+            split(bookings, unconfirmed),
+            f"hold ends journaled: {reservations['ends']['CONFIRMED']} confirmed, "
+            f"{reservations['ends']['CANCELLED']} cancelled, {reservations['ends']['EXPIRED']} "
+            f"expired (released by the sink itself, reserved again); the sink counts "
+            f"{reservations['released_by_sink']} release(s), cancelled or expired",
+        )
+    )
+
+    # the gateway upgrade
+    upgrade = upgrade_section(f)
+    if upgrade is not None:
+        held_ops = set(upgrade["held_ops"])
+        crossing = sorted(set(upgrade["in_flight_ops"]) | held_ops)
+        measures.append(
+            _measure(
+                "operations held by the gateway upgrade",
+                len(held_ops),
+                len(crossing),
+                "refunds in flight when the gateway's contract changed (or held by it)",
+                split([op for op in crossing if op in sink_of], held_ops),
+                f"version {upgrade['from_version']} -> {upgrade['to_version']} after case "
+                f"{upgrade['at_case']}; {upgrade['still_held']} still held at the end; "
+                f"{upgrade['steps_held']} step(s) held in all, {upgrade['superseded_steps']} of "
+                "them on dispatches already superseded (no effect); "
+                + ("; ".join(f"{n}: {why}" for why, n in upgrade["held_by_reason"].items()) or "-"),
+            )
+        )
 
     # notifications must describe a verified refund
     refund_of = {c.notify_op: c.refund_op for c in f.cases}
@@ -544,7 +638,12 @@ def build(f: MissionFacts) -> dict[str, Any]:
     sink_faults = Counter(
         mode
         for c in f.cases
-        for mode, op in ((c.refund.sink_fault, c.refund_op), (c.notify.sink_fault, c.notify_op))
+        for mode, op in (
+            (c.refund.sink_fault, c.refund_op),
+            (c.notify.sink_fault, c.notify_op),
+            (c.goodwill.sink_fault if c.goodwill else None, c.goodwill_op),
+            (c.reversal.sink_fault, c.reversal_op),
+        )
         if mode is not None and op in f.states
     )
     faults_fired = sum(int(s.get("faults_fired", 0)) for s in f.sink_stats.values())
@@ -562,7 +661,6 @@ def build(f: MissionFacts) -> dict[str, Any]:
     stamps = [r.at_s for r in f.journal]
     t0 = f.t0_unix or (min(stamps) if stamps else 0.0)
     as_of = f.as_of_unix or (max(stamps) if stamps else t0)
-    case_of = {op: c.number for c in f.cases for op in (c.refund_op, c.notify_op)}
     held = held_operations({op: f.states[op] for op in ops}, f.journal, case_of, as_of, t0)
     marks = fault_marks(f.fired, f.fault_events, f.failovers, t0)
 
@@ -590,6 +688,16 @@ def build(f: MissionFacts) -> dict[str, Any]:
             )
         if unverified:
             failures.append(f"{len(unverified)} notification(s) describe an unverified refund")
+        if compensations["missing"]:
+            failures.append(
+                f"{len(compensations['missing'])} settled goodwill credit(s) of a refused refund "
+                f"were not compensated: {compensations['missing'][:5]}"
+            )
+        if compensations["wrongly_compensated"]:
+            failures.append(
+                "goodwill credit(s) compensated although the refund was paid: "
+                f"{compensations['wrongly_compensated'][:5]}"
+            )
         if mismatched:
             failures.append(f"{len(mismatched)} postcondition mismatch(es)")
         for label, audit in (("before", f.audit_before), ("after", f.audit_after)):
@@ -623,6 +731,13 @@ def build(f: MissionFacts) -> dict[str, Any]:
             "by_class": {k: dict(v) for k, v in by_class.items()},
         },
         "measures": measures,
+        "compensations": {k: v for k, v in compensations.items() if not k.endswith("_ops")},
+        "reservations": {k: v for k, v in reservations.items() if not k.endswith("_ops")},
+        "upgrade": (
+            None
+            if upgrade is None
+            else {k: v for k, v in upgrade.items() if k not in ("in_flight_ops",)}
+        ),
         "held_operations": held,
         "effects_by_sink": per_sink,
         "readback_latency_ms": {
@@ -665,6 +780,171 @@ def build(f: MissionFacts) -> dict[str, Any]:
     }
 
 
+REFUSED = (S.ABANDONED, S.NEEDS_REAUTHORISATION)
+
+
+def compensation_section(f: MissionFacts, ops: Sequence[str]) -> dict[str, Any]:
+    """Goodwill credits and their compensations, case by case.
+
+    A case's credit is due a compensation when its refund was refused
+    (``ABANDONED``, or left needing authority) and the credit settled
+    (``OUTCOME_VERIFIED`` or ``EFFECT_COMMITTED``).
+
+    Returns:
+        ``{"credits", "refused_with_credit", "due", "published", "reversed",
+        "not_compensated", "failures_by_state": {state: n}, "missing": [credit
+        operation IDs due a compensation that has none], "wrongly_compensated":
+        [credits reversed although the refund was paid]}``.
+    """
+    known = set(ops)
+    credits = refused = due = published = reversed_ = not_compensated = 0
+    failures: Counter[str] = Counter()
+    missing: list[str] = []
+    wrong: list[str] = []
+    for c in f.cases:
+        if c.goodwill is None or c.goodwill_op not in known:
+            continue
+        credits += 1
+        refund = f.states.get(c.refund_op)
+        credit = f.states[c.goodwill_op]
+        reversal = f.states.get(c.reversal_op)
+        refund_refused = refund is not None and S(refund.state) in REFUSED
+        if refund_refused:
+            refused += 1
+        settled = S(credit.state) in (S.OUTCOME_VERIFIED, S.EFFECT_COMMITTED)
+        if refund_refused and settled:
+            due += 1
+            if reversal is None:
+                missing.append(c.goodwill_op)
+        elif refund_refused:
+            not_compensated += 1
+        if reversal is not None:
+            published += 1
+            if refund is not None and S(refund.state) == S.OUTCOME_VERIFIED:
+                wrong.append(c.goodwill_op)
+            if S(reversal.state) in (S.OUTCOME_VERIFIED, S.EFFECT_COMMITTED):
+                reversed_ += 1
+            else:
+                failures[str(reversal.state)] += 1
+    return {
+        "credits": credits,
+        "refused_with_credit": refused,
+        "due": due,
+        "published": published,
+        "reversed": reversed_,
+        "not_compensated": not_compensated,
+        "failures_by_state": dict(failures),
+        "missing": missing,
+        "wrongly_compensated": wrong,
+    }
+
+
+def reservation_section(f: MissionFacts, ops: Sequence[str]) -> dict[str, Any]:
+    """Callback bookings by how their holds ended (from the journaled receipts).
+
+    Returns:
+        ``{"bookings", "by_state": {state: n}, "ends": {"CONFIRMED",
+        "CANCELLED", "EXPIRED": n (journaled hold ends)}, "released_by_sink"
+        (the booking sink's own count of releases: cancelled or expired),
+        "clock_moves" (times the ledger clock
+        passed a hold while a relay was down), "confirmed_ops": [operation IDs]}``.
+    """
+    bookings = [
+        op
+        for op in ops
+        if MISSION_SINKS.get(f.states[op].sink, MISSION_SINKS["mailer"]).reservation
+    ]
+    ends: Counter[str] = Counter({"CONFIRMED": 0, "CANCELLED": 0, "EXPIRED": 0})
+    wanted = set(bookings)
+    seen: set[str] = set()
+    for r in f.journal:
+        # Every journaled end counts once, applied or not (a confirmation the
+        # fold already knew from a readback is journaled as a no-op).
+        if r.reservation and r.entry.operation_id in wanted and r.receipt_key not in seen:
+            seen.add(r.receipt_key or "")
+            ends[r.reservation] += 1
+    confirmed = {
+        op for op in bookings if S(f.states[op].state) in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED)
+    }
+    released = sum(
+        int(f.sink_stats.get(sink, {}).get("reservations_released", 0))
+        for sink, contract in MISSION_SINKS.items()
+        if contract.reservation
+    )
+    return {
+        "bookings": len(bookings),
+        "by_state": dict(Counter(str(f.states[op].state) for op in bookings)),
+        "ends": dict(ends),
+        "released_by_sink": released,
+        "clock_moves": f.reservation_expiries,
+        "confirmed_ops": sorted(confirmed),
+    }
+
+
+def upgrade_section(f: MissionFacts) -> dict[str, Any] | None:
+    """The gateway's contract upgrade: what was in flight, what crossed, what was held.
+
+    Returns:
+        ``None`` when no upgrade was released, else ``{"at_case",
+        "from_version", "to_version", "in_flight" (refunds in flight at the
+        upgrade), "in_flight_by_state": {state at the upgrade: n},
+        "final_state_of_in_flight": {state: n}, "acted_under": {contract
+        version: receipts of in-flight refunds}, "held": n (operations a hold
+        moved into an unknown outcome), "held_ops": [operation IDs],
+        "held_by_reason": {reason: n}, "still_held": n (still
+        ``UNKNOWN_OUTCOME`` at the end), "steps_held": n
+        (``CONTRACT_UPGRADE_HOLD`` events), "superseded_steps": n (held steps
+        of operations no hold moved), "in_flight_ops": [...]}``.
+    """
+    if f.upgrade is None:
+        return None
+    in_flight: Mapping[str, str] = f.upgrade.get("in_flight", {})
+    acted: Counter[str] = Counter()
+    for r in f.journal:
+        if r.entry.operation_id in in_flight and r.contract_version is not None:
+            acted[str(r.contract_version)] += 1
+    # A hold counts when it moved the operation (its journal entry applied);
+    # a hold of a dispatch the ledger had already superseded changes nothing.
+    held_reason: dict[str, str] = {}
+    for r in f.journal:
+        e = r.entry
+        if e.outcome == "APPLIED" and UPGRADE_HOLD_MARK in e.reason:
+            held_reason.setdefault(e.operation_id, e.reason)
+    steps = [str(h.get("operation_id")) for h in f.upgrade_holds]
+    by_reason = Counter(_upgrade_reason(why) for why in held_reason.values())
+    return {
+        "at_case": f.upgrade.get("at_case"),
+        "from_version": f.upgrade.get("from_version"),
+        "to_version": f.upgrade.get("to_version"),
+        "in_flight": len(in_flight),
+        "in_flight_by_state": dict(Counter(in_flight.values())),
+        "final_state_of_in_flight": dict(
+            Counter(str(f.states[op].state) for op in in_flight if op in f.states)
+        ),
+        "acted_under": dict(sorted(acted.items())),
+        "held": len(held_reason),
+        "held_ops": sorted(held_reason),
+        "held_by_reason": dict(by_reason.most_common()),
+        "still_held": sum(
+            1 for op in held_reason if op in f.states and S(f.states[op].state) == S.UNKNOWN_OUTCOME
+        ),
+        "steps_held": len(steps),
+        "superseded_steps": sum(1 for op in steps if op not in held_reason),
+        "in_flight_ops": sorted(in_flight),
+    }
+
+
+#: Words of every reason :func:`ledger.upgrades.upgrade_hold` gives.
+UPGRADE_HOLD_MARK = "changed its contract from version"
+
+
+def _upgrade_reason(reason: str) -> str:
+    """A hold's reason from the sink's name on (what the operation and step add is dropped)."""
+    at = reason.find(UPGRADE_HOLD_MARK)
+    start = reason.rfind(" ", 0, max(at - 1, 0)) + 1 if at > 0 else 0
+    return reason[start:][:240]
+
+
 def _rate(count: int, of: int) -> str:
     return f"{count}/{of}" + (f" ({100 * count / of:.1f}%)" if of else "")
 
@@ -690,6 +970,7 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append(
             f"  {'':<48} of {ms['denominator']}" + (f"; {ms['note']}" if ms["note"] else "")
         )
+    lines += _side_sections(report)
     per_sink = report.get("effects_by_sink") or {}
     if per_sink:
         lines += ["", "effects by sink (counted by the sinks; one operation per case per sink):"]
@@ -769,6 +1050,51 @@ def render_text(report: Mapping[str, Any]) -> str:
     checks = report["checks"]
     lines.append("PASSED" if checks["passed"] else "FAILED: " + "; ".join(checks["failures"]))
     return "\n".join(lines)
+
+
+def _side_sections(report: Mapping[str, Any]) -> list[str]:
+    """The compensation, reservation and upgrade sections for a terminal."""
+    lines: list[str] = []
+    comp = report.get("compensations")
+    if comp:
+        failures = ", ".join(f"{k} {n}" for k, n in comp["failures_by_state"].items()) or "none"
+        lines += [
+            "",
+            "compensations (goodwill credits reversed when the refund was refused):",
+            f"  goodwill credits {comp['credits']}; refunds refused with a credit "
+            f"{comp['refused_with_credit']}; compensations due {comp['due']}, published "
+            f"{comp['published']}, reversed {comp['reversed']}; failed: {failures}; "
+            f"not compensated (credit not settled) {comp['not_compensated']}",
+        ]
+    res = report.get("reservations")
+    if res:
+        ends = res["ends"]
+        lines += [
+            "",
+            "reservations (callback bookings, try-confirm-cancel):",
+            f"  bookings {res['bookings']}: "
+            + ", ".join(f"{k} {n}" for k, n in res["by_state"].items()),
+            f"  hold ends journaled: confirmed {ends.get('CONFIRMED', 0)}, cancelled "
+            f"{ends.get('CANCELLED', 0)}, expired {ends.get('EXPIRED', 0)}; released by the "
+            f"sink itself {res['released_by_sink']} (relay kept down past the hold "
+            f"{res['clock_moves']} time(s))",
+        ]
+    up = report.get("upgrade")
+    if up:
+        lines += [
+            "",
+            f"gateway upgrade: contract version {up['from_version']} -> {up['to_version']} "
+            f"after case {up['at_case']}",
+            f"  refunds in flight at the upgrade {up['in_flight']} ("
+            + ", ".join(f"{k} {n}" for k, n in up["in_flight_by_state"].items())
+            + "); their final states: "
+            + ", ".join(f"{k} {n}" for k, n in up["final_state_of_in_flight"].items()),
+            "  receipts of those refunds by contract version: "
+            + (", ".join(f"v{k} {n}" for k, n in up["acted_under"].items()) or "none"),
+            f"  held because of the upgrade: {up['held']}",
+        ]
+        lines += [f"    {n:>5}  {why}" for why, n in up["held_by_reason"].items()]
+    return lines
 
 
 def compare_text(reports: Sequence[Mapping[str, Any]]) -> str:

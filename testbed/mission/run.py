@@ -49,7 +49,7 @@ from consumers.stage import FENCED_MARKER, Record, read_partition
 from consumers.stages import STAGES
 from consumers.tables import TableFollower
 from ledger.errors import LedgerError
-from ledger.events import Approval, OperationState
+from ledger.events import Approval, OperatingEvent, OperationState
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
@@ -58,9 +58,22 @@ from ledger.topics import force_compaction, partitions_for
 from ledger.topology import TOPICS
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults
+from testbed.gameday import RELEASE_MANIFEST
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.mission.chaos import BrokerChaos, ClusterControl
-from testbed.mission.plan import MISSION_SINKS, Case, MissionOptions, OpFaults, eligible, plan
+from testbed.mission.plan import (
+    CALLBACKS,
+    GATEWAY_UPGRADE_VERSION,
+    GOODWILL_MINOR,
+    MISSION_SINKS,
+    PAYMENT_GATEWAY_V4,
+    UPGRADE_AT,
+    Case,
+    MissionOptions,
+    OpFaults,
+    eligible,
+    plan,
+)
 from testbed.mission.report import JournalRow, MissionFacts, build
 from testbed.netns import NetworkSpec
 from testbed.people import can_sign
@@ -91,6 +104,8 @@ CHAOS_SEND_TIMEOUT_S = 300.0
 HEAL_WAIT_S = 900.0
 
 SETTLED = {S.OUTCOME_VERIFIED, S.ABANDONED, S.UNKNOWN_OUTCOME}
+#: States in which a goodwill credit may be compensated (its effect is settled).
+COMPENSABLE_STATES = {S.OUTCOME_VERIFIED, S.EFFECT_COMMITTED}
 
 
 @dataclass
@@ -102,15 +117,25 @@ class CaseRun:
     outcome: str | None = None
     held: bool = False
     approvals: int = 0
-    reauths: int = 0
-    nudges: int = 0
+    reauths: Counter[str] = field(default_factory=Counter)
+    nudges: Counter[str] = field(default_factory=Counter)
     reacted: dict[str, int] = field(default_factory=dict)
     raced: bool = False
+    #: Side operations published and not yet settled (goodwill credit, its
+    #: reversal, callback booking): operation ID -> sink.
+    side_open: dict[str, str] = field(default_factory=dict)
+    #: Side operation -> how it ended (``verified``, ``held``, ``abandoned: ...``).
+    side_end: dict[str, str] = field(default_factory=dict)
+    #: The refund was refused: the goodwill credit is to be compensated once settled.
+    reversal_due: bool = False
 
     @property
     def settled(self) -> bool:
-        """True when the case needs nothing more from the workflow (done, or held)."""
-        return self.phase == "done" or self.held
+        """True when the case needs nothing more from the workflow (done, or held).
+
+        The refund's path is done or held, and every side operation has settled.
+        """
+        return (self.phase == "done" or self.held) and not self.side_open and not self.reversal_due
 
 
 @dataclass
@@ -167,14 +192,15 @@ class Mission:
                 "sink_timeout_s": 0.5,
                 "sinks_file": None,
                 "trusted_keys_file": None,
+                "release_manifest_file": RELEASE_MANIFEST,
             }
         )
         self.cases = plan(options)
         self.runs = [CaseRun(c) for c in self.cases]
         self.op_case: dict[str, int] = {}
         for run in self.runs:
-            self.op_case[run.case.refund_op] = run.case.number
-            self.op_case[run.case.notify_op] = run.case.number
+            for op in run.case.operations():
+                self.op_case[op] = run.case.number
         self.rng = random.Random(options.seed + 1)
         self.harness = Harness(self.settings)
         # Under broker chaos a publish waits out a full-cluster restart (the
@@ -199,6 +225,11 @@ class Mission:
         self.broker_restarts = 0
         self.broker_restart_note = ""
         self.policy_changed_at: int | None = None
+        #: The gateway upgrade: ``{"at_case", "from_version", "to_version",
+        #: "in_flight": {op: state}}`` once released.
+        self.upgrade: dict[str, Any] | None = None
+        self.reservation_expiries = 0
+        self._booking_kills_seen = 0
         self.pending_restarts: dict[str, float] = {}
         self.paused_until: dict[str, float] = {}
         self.timeline: list[dict[str, Any]] = []
@@ -322,12 +353,27 @@ class Mission:
     def _publish(self, run: CaseRun, op: str, first: bool) -> None:
         """Request the review of one of the case's operations, then publish its intent."""
         case = run.case
+        compensates: str | None = None
+        params: dict[str, object]
         if op == case.refund_op:
             sink, action, amount, planned = "payments", "refund", case.fee_minor, case.refund
-            params: dict[str, object] = {
+            params = {"account": case.account, "amount_minor": case.fee_minor, "currency": "GBP"}
+        elif op in (case.goodwill_op, case.reversal_op):
+            sink, amount = "credits", GOODWILL_MINOR
+            params = {"account": case.account, "amount_minor": GOODWILL_MINOR, "currency": "GBP"}
+            if op == case.goodwill_op:
+                action, planned = "apply_credit", case.goodwill or OpFaults()
+            else:
+                # A reversible-internal effect is compensated under a standing
+                # policy approval: the policy engine's, below the review threshold.
+                action, planned, compensates = "reverse_credit", case.reversal, case.goodwill_op
+        elif op == case.callback_op:
+            sink, action, amount = "callbacks", "book_callback", 0
+            planned = case.callback or OpFaults()
+            params = {
                 "account": case.account,
-                "amount_minor": case.fee_minor,
-                "currency": "GBP",
+                "topic": "fee-refund",
+                "refund_operation_id": case.refund_op,
             }
         else:
             sink, action, amount, planned = "mailer", "send_email", 0, case.notify
@@ -337,6 +383,8 @@ class Mission:
                 "refund_operation_id": case.refund_op,
                 "refund_amount_minor": case.fee_minor,
             }
+        if sink != "payments" and op != case.notify_op:
+            run.side_open[op] = sink
         human = amount >= self.options.review_threshold_minor
         approval_id = self._approve(run, op, amount, human)
         if first:
@@ -352,6 +400,7 @@ class Mission:
             decision_version=1,
             approval_id=approval_id,
             published_at_ms=self.harness.clock.now_ms(),
+            compensates=compensates,
         )
 
     def _begin(self, run: CaseRun) -> None:
@@ -361,6 +410,8 @@ class Mission:
             run.phase, run.outcome = "done", "not eligible"
             return
         run.phase = "refund"
+        if run.case.goodwill is not None:
+            self._publish(run, run.case.goodwill_op, first=True)
         self._publish(run, run.case.refund_op, first=True)
 
     def _finish(self, run: CaseRun, outcome: str, held: bool = False) -> None:
@@ -368,6 +419,57 @@ class Mission:
         run.held = held
         if not held:
             run.phase = "done"
+
+    def _refund_refused(self, run: CaseRun) -> None:
+        """The refund will not be paid: compensate the case's goodwill credit, if it has one."""
+        if run.case.goodwill is None or run.case.reversal_op in run.side_end:
+            return
+        if run.case.reversal_op in run.side_open or run.reversal_due:
+            return
+        run.reversal_due = True
+        self._compensate_when_settled(run)
+
+    def _compensate_when_settled(self, run: CaseRun) -> None:
+        """Publish the credit's reversal once the credit has settled (or give it up)."""
+        if not run.reversal_due:
+            return
+        credit = run.case.goodwill_op
+        if credit in run.side_open:
+            return  # the credit is still on its way: wait for it to settle
+        run.reversal_due = False
+        st = self.states.get(credit)
+        if st is not None and S(st.state) in COMPENSABLE_STATES:
+            self._publish(run, run.case.reversal_op, first=True)
+        else:
+            why = st.state if st is not None else "never recorded"
+            run.side_end[run.case.reversal_op] = f"not compensated: the credit is {why}"
+
+    def _side_state(self, run: CaseRun, st: OperationState) -> None:
+        """A side operation moved: settle it, reauthorise it, or go on waiting."""
+        op = st.operation_id
+        if op not in run.side_open:
+            return
+        state = S(st.state)
+        end: str | None = None
+        if state == S.OUTCOME_VERIFIED:
+            end = "verified"
+        elif state == S.EFFECT_COMMITTED and not MISSION_SINKS[run.side_open[op]].postcondition:
+            end = "committed"
+        elif state == S.UNKNOWN_OUTCOME:
+            end = "held (unknown outcome)"
+        elif state == S.ABANDONED:
+            end = f"abandoned: {st.reason}"
+        elif state == S.NEEDS_REAUTHORISATION:
+            if run.reauths[op] >= MAX_REAUTHORISATIONS:
+                end = "not authorised"
+            else:
+                self._reauthorise(run, st)
+        if end is None:
+            return
+        del run.side_open[op]
+        run.side_end[op] = end
+        if op == run.case.goodwill_op:
+            self._compensate_when_settled(run)
 
     def _reauthorise(self, run: CaseRun, st: OperationState) -> None:
         reason = st.reason.lower()
@@ -378,11 +480,13 @@ class Mission:
             if "policy" in reason
             else "other refusal"
         )
-        if run.reauths >= MAX_REAUTHORISATIONS:
+        if run.reauths[st.operation_id] >= MAX_REAUTHORISATIONS:
             which = "refund" if st.operation_id == run.case.refund_op else "notification"
             self._finish(run, f"{which} not authorised")
+            if which == "refund":
+                self._refund_refused(run)
             return
-        run.reauths += 1
+        run.reauths[st.operation_id] += 1
         self.reauth_reasons[kind] += 1
         self._publish(run, st.operation_id, first=False)
 
@@ -395,6 +499,21 @@ class Mission:
             return
         run.reacted[st.operation_id] = st.version
         state = S(st.state)
+        if st.operation_id in run.side_open:
+            self._side_state(run, st)
+            return
+        if (
+            st.operation_id == run.case.goodwill_op
+            and state in COMPENSABLE_STATES
+            and run.side_end.get(run.case.reversal_op, "").startswith("not compensated")
+        ):
+            # The credit settled late (released from an unknown outcome by a
+            # readback): its compensation is due after all.
+            del run.side_end[run.case.reversal_op]
+            run.side_end[st.operation_id] = "verified"
+            run.reversal_due = True
+            self._compensate_when_settled(run)
+            return
         if st.operation_id == run.case.refund_op:
             if run.phase != "refund":
                 return
@@ -404,6 +523,8 @@ class Mission:
                 run.held = False
                 run.phase = "notify"
                 self._publish(run, run.case.notify_op, first=True)
+                if run.case.callback is not None:
+                    self._publish(run, run.case.callback_op, first=True)
             elif state == S.NEEDS_REAUTHORISATION:
                 self._reauthorise(run, st)
             elif state == S.ABANDONED:
@@ -411,6 +532,7 @@ class Mission:
                 self._finish(
                     run, "refund rejected by the gateway" if rejected else "refund abandoned"
                 )
+                self._refund_refused(run)
             elif state == S.UNKNOWN_OUTCOME:
                 self._finish(run, "refund held (unknown outcome)", held=True)
             elif (
@@ -468,6 +590,8 @@ class Mission:
     def _inject(self) -> None:
         """Faults and changes tied to how far the mission has got."""
         n, total = self.started_cases, self.options.cases
+        if self.upgrade is None and n >= int(total * UPGRADE_AT):
+            self._upgrade_gateway(n)
         if self.policy_changed_at is None and n >= total // 2:
             self.policy_version = 2
             can_sign(self.publisher, self.settings, "mission")
@@ -499,6 +623,68 @@ class Mission:
         if every and n and n % every == 0 and n // every > self._chaos_done:
             self._chaos_done = n // every
             self._chaos()
+
+    def _upgrade_gateway(self, n: int) -> None:
+        """Release the payment gateway's contract version 4 while refunds are in flight.
+
+        The release is deployed with a restart of the relays (SIGKILL; the
+        supervisor restarts them). The refunds in flight at that moment
+        (published, or in any state but the settled ones and those waiting
+        for authority) cross the upgrade: each of their next steps is taken
+        under version 4, as far as the release manifest allows.
+        """
+        in_flight: dict[str, str] = {}
+        for run in self.runs:
+            if run.phase != "refund":
+                continue
+            op = run.case.refund_op
+            st = self.states.get(op)
+            if st is None:
+                in_flight[op] = "published"  # its intent is on its way
+            elif S(st.state) not in (S.OUTCOME_VERIFIED, S.ABANDONED, S.NEEDS_REAUTHORISATION):
+                in_flight[op] = str(st.state)
+        at = time.time()
+        # Deployed with a restart of the relays: each resumes what it had
+        # taken on under the new contract (the supervisor restarts them).
+        for instance in range(self.options.instances):
+            name = f"relay-{instance}"
+            if name not in self.harness.paused and self.harness.alive("relay", str(instance)):
+                self.harness.kill("relay", str(instance))
+        version = self.harness.upgrade_sink("payments", PAYMENT_GATEWAY_V4, GATEWAY_UPGRADE_VERSION)
+        old = self._sinks.pop("payments")
+        old.close()
+        self._sinks["payments"] = self.harness.sinks["payments"].client()
+        self.upgrade = {
+            "at_case": n,
+            "from_version": 1,
+            "to_version": version,
+            "in_flight": in_flight,
+        }
+        self.fault_events.append(
+            {"kind": "gateway upgrade", "at": at, "end": time.time(), "target": "payments"}
+        )
+        self.say(
+            f"payment gateway upgraded to contract version {version} after {n} cases; "
+            f"{len(in_flight)} refund(s) in flight cross it"
+        )
+
+    def _expire_holds(self) -> None:
+        """Every other crash between reserve and confirm keeps the relay down past the hold.
+
+        The ledger clock moves beyond the booking sink's ``reservation_hold_s``
+        before the relay restarts, so the sink releases the unconfirmed hold by
+        itself and the resume finds it released (and reserves again).
+        """
+        kills = sum(
+            1
+            for x in faults.fired(self.settings.run_dir)
+            if x.get("seam") == "after_reserve_before_confirm"
+        )
+        while self._booking_kills_seen < kills:
+            self._booking_kills_seen += 1
+            if self._booking_kills_seen % 2 == 1:
+                self.harness.advance(CALLBACKS.reservation_hold_s + 1)
+                self.reservation_expiries += 1
 
     def _chaos(self) -> None:
         component = self.rng.choice(list(STAGES))
@@ -534,7 +720,10 @@ class Mission:
             if now >= until:
                 del self.paused_until[name]
                 self._wake(name)
-        for name in self.harness.crashed():
+        crashed = self.harness.crashed()
+        if any(name.startswith("relay-") for name in crashed):
+            self._expire_holds()
+        for name in crashed:
             if name in self.pending_restarts:
                 continue
             code = self.harness.procs[name].returncode
@@ -590,25 +779,38 @@ class Mission:
         for run in self.runs:
             if run.settled or run.phase == "waiting":
                 continue
-            op = run.case.refund_op if run.phase == "refund" else run.case.notify_op
-            st = self.states.get(op)
-            if run.nudges >= MAX_NUDGES:
-                if st is not None and st.state == S.EFFECT_COMMITTED and op == run.case.refund_op:
-                    # Verified only by a matching postcondition; the case may not go on.
-                    self._finish(run, "refund not verified (postcondition not confirmed)")
-                else:
-                    self._finish(run, f"stuck in {st.state if st else 'no state'}")
-                continue
-            run.nudges += 1
-            nudged = True
-            if st is None:
-                log.warning("mission: %s has no state; publishing its intent again", op)
-                self._publish(run, op, first=False)
-            else:
-                self.nudge_claims.append(
-                    self.publisher.publish_claim(op, "mission-resumer", st.version)
-                )
+            ops = list(run.side_open)
+            if run.phase in ("refund", "notify") and not run.held:
+                ops.insert(0, run.case.refund_op if run.phase == "refund" else run.case.notify_op)
+            for op in ops:
+                nudged = self._nudge_one(run, op) or nudged
         return nudged
+
+    def _nudge_one(self, run: CaseRun, op: str) -> bool:
+        """Claim one operation that stopped moving, or give it up after :data:`MAX_NUDGES`."""
+        st = self.states.get(op)
+        side = op in run.side_open
+        if run.nudges[op] >= MAX_NUDGES:
+            if side:
+                del run.side_open[op]
+                run.side_end[op] = f"stuck in {st.state if st else 'no state'}"
+                if op == run.case.goodwill_op:
+                    self._compensate_when_settled(run)
+            elif st is not None and st.state == S.EFFECT_COMMITTED and op == run.case.refund_op:
+                # Verified only by a matching postcondition; the case may not go on.
+                self._finish(run, "refund not verified (postcondition not confirmed)")
+            else:
+                self._finish(run, f"stuck in {st.state if st else 'no state'}")
+            return False
+        run.nudges[op] += 1
+        if st is None:
+            log.warning("mission: %s has no state; publishing its intent again", op)
+            self._publish(run, op, first=False)
+        else:
+            self.nudge_claims.append(
+                self.publisher.publish_claim(op, "mission-resumer", st.version)
+            )
+        return True
 
     def _quiet(self) -> bool:
         try:
@@ -763,6 +965,18 @@ class Mission:
         read_partition(self.settings, "journal", None, keep, timeout_s=120)
         return rows
 
+    def _upgrade_holds(self) -> list[dict[str, Any]]:
+        """Every ``CONTRACT_UPGRADE_HOLD`` operating event: ``{"operation_id", "reason"}``."""
+        holds: list[dict[str, Any]] = []
+
+        def keep(rec: Any, _msg: Any) -> None:
+            event = rec.event if rec is not None else None
+            if isinstance(event, OperatingEvent) and event.kind == "CONTRACT_UPGRADE_HOLD":
+                holds.append({"operation_id": event.operation_id, "reason": event.reason})
+
+        read_partition(self.settings, "operating-events", None, keep, timeout_s=120)
+        return holds
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict[str, Any]:
@@ -852,5 +1066,9 @@ class Mission:
             t0_unix=self.t0_unix,
             as_of_unix=as_of,
             fault_events=self.fault_events,
+            upgrade=self.upgrade,
+            upgrade_holds=self._upgrade_holds(),
+            side_ends={op: end for r in self.runs for op, end in r.side_end.items()},
+            reservation_expiries=self.reservation_expiries,
         )
         return build(facts)

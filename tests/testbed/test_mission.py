@@ -106,7 +106,14 @@ def test_every_fault_was_injected_and_accounted_for(missions: Any) -> None:
     ledger, _control, _root = missions
     faults = ledger["faults"]
     options = MissionOptions(cases=CASES, crash_rate=0.05, seed=11)
-    planned = sum((c.refund.seam is not None) + (c.notify.seam is not None) for c in plan(options))
+    planned = sum(
+        sum(
+            f.seam is not None
+            for f in (c.refund, c.notify, c.goodwill, c.reversal, c.callback)
+            if f
+        )
+        for c in plan(options)
+    )
     fired = sum(faults["kills_by_seam"].values())
     unreached = sum(faults["hooks_never_reached"].values())
     # a hook is either fired or still armed (its operation never got there)
@@ -124,6 +131,24 @@ def test_every_fault_was_injected_and_accounted_for(missions: Any) -> None:
     assert kinds["broker restart"] == faults["broker_restarts"]
     end = ledger["mission"]["wall_s"] + 1
     assert all(0 <= m["t_s"] <= end for m in ledger["timeline_events"])
+
+
+def test_credits_bookings_and_the_gateway_upgrade_are_accounted_for(missions: Any) -> None:
+    ledger, _control, _root = missions
+    comp = ledger["compensations"]
+    assert comp["credits"] > 0 and comp["missing"] == [] and comp["wrongly_compensated"] == []
+    assert comp["published"] == comp["due"]
+    failures = _measure(ledger, "compensation failures")
+    assert failures["of"] == comp["published"]
+    assert failures["count"] == comp["published"] - comp["reversed"]
+    res = ledger["reservations"]
+    assert res["bookings"] > 0 and res["ends"]["CONFIRMED"] > 0
+    unconfirmed = _measure(ledger, "reservations not confirmed")
+    assert unconfirmed["of"] == res["bookings"]
+    upgrade = ledger["upgrade"]
+    assert upgrade is not None and upgrade["to_version"] == 4
+    assert ledger["effects_by_sink"]["credits"]["duplicates"] == 0
+    assert ledger["effects_by_sink"]["callbacks"]["duplicates"] == 0
 
 
 def test_losing_resumers_are_fenced_and_unknowns_are_held(missions: Any) -> None:

@@ -8,11 +8,21 @@ import pytest
 
 from ledger.events import JournalEntry, OperationState
 from ledger.fold import decide, journal_entry
+from sinks.registry import load_manifest
+from testbed.gameday import RELEASE_MANIFEST
 from testbed.mission.plan import (
+    BOOKING_SEAMS,
+    CALLBACK_RATE,
+    GATEWAY_UPGRADE_VERSION,
+    GOODWILL_MIN_FEE_MINOR,
+    MISSION_SINKS,
+    PAYMENT_GATEWAY_V4,
+    PLAIN_SEAMS,
     SEAM_STAGE,
     SINK_FAULT_MODES,
     Case,
     MissionOptions,
+    OpFaults,
     eligible,
     plan,
 )
@@ -38,11 +48,46 @@ def test_every_seam_and_sink_fault_mode_is_planned_once_the_rates_allow() -> Non
     cases = plan(MissionOptions(cases=300, crash_rate=0.05, seed=7))
     seams = [op.seam for c in cases for op in (c.refund, c.notify) if op.seam]
     modes = [op.sink_fault for c in cases for op in (c.refund, c.notify) if op.sink_fault]
-    assert set(seams) == set(SEAM_STAGE)
+    assert set(seams) == set(PLAIN_SEAMS)
     assert set(modes) == set(SINK_FAULT_MODES)
+    booked = [c.callback.seam for c in cases if c.callback is not None and c.callback.seam]
+    assert booked and booked[0] == "after_reserve_before_confirm"
+    assert set(booked) <= set(BOOKING_SEAMS) and set(SEAM_STAGE) == set(PLAIN_SEAMS) | set(booked)
     # about crash_rate of the 600 operations (binomial, five standard deviations)
     assert abs(len(seams) - 30) < 5 * (600 * 0.05 * 0.95) ** 0.5
     assert not any(c.notify.race for c in cases)  # races are on refunds only
+
+
+def test_side_operations_are_planned_from_the_case() -> None:
+    cases = plan(MissionOptions(cases=400, seed=7))
+    with_credit = [c for c in cases if c.goodwill is not None]
+    assert with_credit and all(c.fee_minor >= GOODWILL_MIN_FEE_MINOR for c in with_credit)
+    assert all(c.goodwill is None for c in cases if c.fee_minor < GOODWILL_MIN_FEE_MINOR)
+    booked = sum(c.callback is not None for c in cases)
+    assert abs(booked - 400 * CALLBACK_RATE) < 5 * (400 * CALLBACK_RATE) ** 0.5
+    # the first compensation fault planned is a rejection (a failure to count)
+    planned = [c.reversal.sink_fault for c in cases if c.reversal.sink_fault]
+    assert planned and planned[0] == "reject"
+    case = with_credit[0]
+    ops = case.operations()
+    assert ops[case.goodwill_op] == ops[case.reversal_op] == "credits"
+    assert case.reversal_op == f"goodwill-reversal:{case.number:05d}:v1"
+    assert Case(1, "c", "a", 500, 50, False, False).operations() == {
+        "refund:00001:v1": "payments",
+        "notify:00001:v1": "mailer",
+    }
+    assert MISSION_SINKS["credits"].compensable
+    assert MISSION_SINKS["credits"].consequence == "reversible-internal"
+    assert MISSION_SINKS["callbacks"].reservation
+
+
+def test_the_gateway_upgrade_is_in_the_release_manifest() -> None:
+    """The mission's upgrade is a release the manifest names, with the same contract."""
+    releases = load_manifest(RELEASE_MANIFEST).sinks["payments"].versions
+    release = releases[str(GATEWAY_UPGRADE_VERSION)]
+    assert release.contract == PAYMENT_GATEWAY_V4
+    # what may have left under version 1 is held; what has not left goes on
+    assert set(release.resumes["1"]) == {"ADMITTED", "EFFECT_COMMITTED"}
 
 
 def test_no_faults_at_rate_zero() -> None:
@@ -50,7 +95,13 @@ def test_no_faults_at_rate_zero() -> None:
     assert all(
         op.seam is None and op.sink_fault is None and not op.race
         for c in cases
-        for op in (c.refund, c.notify)
+        for op in (
+            c.refund,
+            c.notify,
+            c.goodwill or OpFaults(),
+            c.reversal,
+            c.callback or OpFaults(),
+        )
     )
 
 

@@ -8,6 +8,7 @@ clock; readback latency as a distribution.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -21,7 +22,7 @@ from testbed.mission.answers import (
     latency_distribution,
 )
 from testbed.mission.html import compare_html, mission_html
-from testbed.mission.plan import Case, MissionOptions
+from testbed.mission.plan import Case, MissionOptions, OpFaults
 from testbed.mission.report import JournalRow, MissionFacts, build, compare_text, render_text
 from tests.helpers import admission, intent, receipt
 
@@ -233,3 +234,128 @@ def test_the_page_shows_held_operations_sinks_and_fault_marks() -> None:
     assert table.count("<tr>") == 1 + 5 and "leader-kill" in table
     compare = compare_html([report, report])
     assert "held operations" in compare and "<code>payments</code> effects" in compare
+
+
+def _side_facts(*, reversal: str | None, upgrade: bool = True) -> MissionFacts:
+    """Case 2 has a goodwill credit, its refund was refused, and it booked a callback.
+
+    ``reversal``: the final state of the credit's compensation, or ``None``
+    when none was published.
+    """
+    base = _facts()
+    credit_case = Case(
+        2, "customer-2", "acct-2", 5000, 50, False, False, goodwill=OpFaults(), callback=OpFaults()
+    )
+    states = dict(base.states)
+    template = states["refund:00000:v1"]
+
+    def state(op: str, sink: str, st: str, **more: Any) -> OperationState:
+        return template.model_copy(update={"operation_id": op, "sink": sink, "state": st, **more})
+
+    states[credit_case.refund_op] = state(credit_case.refund_op, "payments", "ABANDONED")
+    states[credit_case.goodwill_op] = state(credit_case.goodwill_op, "credits", "OUTCOME_VERIFIED")
+    states[credit_case.callback_op] = state(
+        credit_case.callback_op, "callbacks", "EFFECT_COMMITTED"
+    )
+    if reversal is not None:
+        states[credit_case.reversal_op] = state(
+            credit_case.reversal_op, "credits", reversal, compensates=credit_case.goodwill_op
+        )
+    held = base.cases[1].refund_op
+    return _facts(
+        cases=[*base.cases, credit_case],
+        outcomes={**base.outcomes, 2: "refund rejected by the gateway"},
+        states=states,
+        effects={
+            **base.effects,
+            "credits": {credit_case.goodwill_op: 1, credit_case.reversal_op: int(bool(reversal))},
+            "callbacks": {credit_case.callback_op: 1},
+        },
+        sink_stats={"callbacks": {"reservations_released": 1}},
+        upgrade=(
+            {
+                "at_case": 1,
+                "from_version": 1,
+                "to_version": 4,
+                "in_flight": {held: "EFFECT_PENDING", "refund:00000:v1": "ADMITTED"},
+            }
+            if upgrade
+            else None
+        ),
+        upgrade_holds=[
+            {"operation_id": held, "reason": "payments contract 1 -> 4 does not resume it"},
+            {"operation_id": held, "reason": "payments contract 1 -> 4 does not resume it"},
+        ],
+    )
+
+
+def test_a_refused_refunds_credit_is_compensated_and_counted_by_class() -> None:
+    report = build(_side_facts(reversal="OUTCOME_VERIFIED"))
+    comp = report["compensations"]
+    assert (comp["credits"], comp["refused_with_credit"], comp["due"]) == (1, 1, 1)
+    assert (comp["published"], comp["reversed"], comp["missing"]) == (1, 1, [])
+    failures = next(m for m in report["measures"] if m["name"] == "compensation failures")
+    assert (failures["count"], failures["of"]) == (0, 1)
+    assert failures["by_class"] == {"reversible-internal": [0, 1]}
+    by_class = report["operations"]["by_class"]
+    assert by_class["reversible-internal"]["OUTCOME_VERIFIED"] == 2  # credit and reversal
+    # (the constructed facts fail other checks: their journal is partial)
+    assert not any("compensat" in f for f in report["checks"]["failures"])
+    text = render_text(report)
+    assert "compensations (goodwill credits reversed" in text
+    assert "Compensations" in mission_html(report)
+
+
+def test_a_failed_or_missing_compensation_is_reported() -> None:
+    failed = build(_side_facts(reversal="UNKNOWN_OUTCOME"))
+    measure = next(m for m in failed["measures"] if m["name"] == "compensation failures")
+    assert (measure["count"], measure["of"]) == (1, 1)
+    assert failed["compensations"]["failures_by_state"] == {"UNKNOWN_OUTCOME": 1}
+    missing = build(_side_facts(reversal=None))
+    assert missing["compensations"]["missing"] == ["goodwill:00002:v1"]
+    assert any("not compensated" in f for f in missing["checks"]["failures"])
+
+
+def test_an_upgrade_hold_counts_when_it_moved_the_operation() -> None:
+    facts = _side_facts(reversal="OUTCOME_VERIFIED")
+    held = facts.cases[1].refund_op
+    i1 = intent(held)
+    why = (
+        "nothing was sent; payments changed its contract from version 1 to version 4 while "
+        "the operation was EFFECT_PENDING; release 2026.12 lets version 4 resume only ADMITTED"
+    )
+    hold = receipt(held, f"{held}#1.1", status="AMBIGUOUS").model_copy(update={"detail": why})
+    journal = _journal((i1, T0 + 3.0), (admission(i1), T0 + 3.1), (hold, T0 + 30.0))
+    assert journal[-1].entry.outcome == "APPLIED"
+    assert "changed its contract" in journal[-1].entry.reason
+    report = build(dataclasses.replace(facts, journal=[*facts.journal, *journal]))
+    up = report["upgrade"]
+    assert (up["held"], up["held_ops"], up["still_held"]) == (1, [held], 1)
+    assert list(up["held_by_reason"]) == [why[why.find("payments") :]]
+    measure = next(
+        m for m in report["measures"] if m["name"] == "operations held by the gateway upgrade"
+    )
+    assert (measure["count"], measure["of"]) == (1, 2)
+    assert measure["by_class"] == {"irreversible": [1, 2]}
+
+
+def test_reservations_and_the_upgrade_have_their_rows() -> None:
+    report = build(_side_facts(reversal="OUTCOME_VERIFIED"))
+    res = report["reservations"]
+    assert res["bookings"] == 1 and res["by_state"] == {"EFFECT_COMMITTED": 1}
+    assert res["released_by_sink"] == 1
+    unconfirmed = next(m for m in report["measures"] if m["name"] == "reservations not confirmed")
+    assert (unconfirmed["count"], unconfirmed["of"]) == (0, 1)
+    up = report["upgrade"]
+    # one step held (twice) on the held refund, but no journal entry of it moved it
+    assert (up["in_flight"], up["held"], up["to_version"]) == (2, 0, 4)
+    assert (up["steps_held"], up["superseded_steps"]) == (2, 2)
+    held = next(
+        m for m in report["measures"] if m["name"] == "operations held by the gateway upgrade"
+    )
+    assert (held["count"], held["of"]) == (0, 2)
+    assert "gateway upgrade: contract version 1 -> 4" in render_text(report)
+    assert "Gateway upgrade" in mission_html(report)
+    without = build(_side_facts(reversal="OUTCOME_VERIFIED", upgrade=False))
+    assert without["upgrade"] is None
+    assert not any(m["name"].startswith("operations held by") for m in without["measures"])

@@ -7,16 +7,20 @@ refuses the forged record and rebuilds the refund from its journal entries
 instead of forgetting it, so the same intent published again is a duplicate:
 no second admission request (the authority kernel is never asked to readmit
 under the consumed approval), no second EXECUTE, nothing more at the sink.
-The operating events and the audit name the displacing record.
+The operating events and the audit name the displacing record. A replay of
+the authentic admission request shows where the guard is: the kernel's
+redelivery rule readmits it (the kernel does not know the operation
+settled), and the processor, which does, ignores the admission.
 """
 
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Message, Producer
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states, read_topic
+from consumers.stage import Record, read_partition
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import (
     AdmissionDecision,
@@ -51,6 +55,21 @@ def _unsealed(settings: LedgerSettings, topic: str, key: str, value: bytes) -> t
     )
     assert producer.flush(10) == 0 and landed
     return landed[0]
+
+
+def _replay_admission_request(settings: LedgerSettings) -> None:
+    """Write the operation's authentic admission request again, bytes and seal as read."""
+    found: list[tuple[bytes | None, bytes | None, list | None]] = []
+
+    def keep(rec: Record | None, msg: Message) -> None:
+        if rec is not None and getattr(rec.event, "operation_id", None) == OP:
+            found.append((msg.key(), msg.value(), msg.headers()))
+
+    read_partition(settings, "admission-requests", None, keep)
+    [(key, value, headers)] = found
+    producer = Producer(client_config(settings, partitioner="murmur2_random"))
+    producer.produce(settings.topic("admission-requests"), key=key, value=value, headers=headers)
+    assert producer.flush(10) == 0
 
 
 def _of_op(settings: LedgerSettings, topic: str, kind: type) -> list:
@@ -142,6 +161,21 @@ def test_a_forged_state_that_displaced_a_verified_refund_does_not_readmit_it(
         assert healed.violations == [], healed.violations
         listed = {(r["topic"], r["partition"], r["offset"]) for r in healed.unauthenticated_records}
         assert listed == {("state", partition, offset)}
+
+        # The kernel alone does not know the operation settled: a replay of the
+        # authentic admission request (seals do not stop replays) is readmitted
+        # under its redelivery rule, and the processor, which knows, ignores it.
+        _replay_admission_request(settings)
+        harness.wait_quiescent(90)
+        readmitted = _of_op(settings, "admissions", AdmissionDecision)
+        assert len(readmitted) == 2 and readmitted[-1].admitted
+        last = _of_op(settings, "journal", JournalEntry)[-1]
+        assert (last.kind, last.outcome) == ("AdmissionDecision", "NOOP"), last
+        assert [
+            d for d in _of_op(settings, "dispatches", Dispatch) if d.kind == "EXECUTE"
+        ] == executes
+        assert harness.effects("payments", OP) == 1
+        assert current_states(settings)[OP] == verified
     finally:
         pub.close()
         harness.stop()

@@ -67,6 +67,10 @@ class TopicScan:
         ends: partition -> end offset read to.
         written_ms: key -> Kafka timestamp (wall clock, ms) of its latest
             authentic record (``LATEST`` topics).
+        displaced: key -> (position, reason) of its latest record when that
+            one is not authentic, or its latest authentic value does not
+            decode (``LATEST`` topics): it displaces the key's authentic
+            value, which compaction then removes.
     """
 
     topic: str
@@ -77,6 +81,7 @@ class TopicScan:
     count: int = 0
     ends: dict[int, int] = field(default_factory=dict)
     written_ms: dict[str, int] = field(default_factory=dict)
+    displaced: dict[str, tuple[tuple[str, int, int], str]] = field(default_factory=dict)
 
 
 def scan_topic(
@@ -107,11 +112,14 @@ def scan_topic(
         problem = keyring.check(topic, key, value, msg.headers(), event)
         if problem is not None:
             scan.unauthenticated[where] = problem
+            if topic in LATEST:
+                scan.displaced[key_text(msg)] = (where, f"not authentic: {problem}")
             return
         if event is not None:
             scan.records.append(event)
         if topic in LATEST:
             text = key_text(msg)
+            scan.displaced.pop(text, None)
             if value is None:
                 latest_msgs.pop(text, None)
             else:
@@ -127,6 +135,7 @@ def scan_topic(
         except Exception as exc:
             where = (topic, msg.partition() or 0, msg.offset() or 0)
             scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
+            scan.displaced[text] = (where, f"does not decode: {type(exc).__name__}: {exc}")
     return scan
 
 
@@ -231,6 +240,7 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
         uses=uses,
         grants=grants,
         records=sum(s.count for s in scans.values()),
+        displaced_states=dict(scans["state"].displaced),
     )
 
 

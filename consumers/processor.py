@@ -21,6 +21,15 @@ An intent that ``compensates`` another operation is decided with what the
 processor observed of the original (:meth:`Processor.compensation_facts`:
 its own table, or the original's partition of ``ledger.state`` when another
 processor owns it), journaled with the decision for replay.
+
+A state record that is refused on restore (its seal is missing or wrong, or
+it does not decode) and is the latest record of its key has displaced the
+operation's authentic state (after compaction nothing else of it is left on
+``ledger.state``). The operation is not forgotten: its state is rebuilt by
+replaying its own entries of ``ledger.journal`` (the processor's sealed
+output, never compacted) with the fold the auditor uses, a ``STATE_REBUILT``
+operating event names the displacing record, and the rebuilt state is
+written again with the next input's transaction (see :meth:`Processor.on_assign`).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from consumers.stage import (
     Writer,
     await_settled,
     dead_letter,
+    key_text,
     read_partition,
     record_event,
 )
@@ -47,16 +57,24 @@ from ledger.events import (
     Claim,
     Dispatch,
     Intent,
+    JournalEntry,
     OperatingEvent,
     OperationState,
     decode_event,
 )
-from ledger.fold import CompensationFacts, Decision, decide, journal_entry, ref_of
+from ledger.fold import (
+    CompensationFacts,
+    Decision,
+    decide,
+    journal_entry,
+    ref_of,
+    replay_decisions,
+)
 from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
 from ledger.topics import partitions_for
-from ledger.topology import TOPIC_BY_NAME
+from ledger.topology import TOPIC_BY_NAME, is_reserved_key
 from ledger.tracing import annotate, trace_headers_of
 from ledger.upgrades import schema_versions
 from sinks.registry import RegistryFile
@@ -112,6 +130,12 @@ class Processor(Stage):
         self.ever_held: set[int] = set()
         #: operating events to write with the next transaction (refused state records).
         self.notes: list[tuple[str, OperatingEvent]] = []
+        #: op -> encoded state of states rebuilt from the journal on
+        #: restore, written again to ``ledger.state`` with the next input's
+        #: transaction (see :meth:`on_assign`); dropped once committed.
+        self.reasserts: dict[str, bytes] = {}
+        #: reasserts written in the open transaction.
+        self.reasserted: set[str] = set()
         #: The sink registry, checked for every intent (re-read when it changes).
         self.registry = RegistryFile(self.settings.sinks_path())
         self._unchecked_logged = False
@@ -237,28 +261,75 @@ class Processor(Stage):
         )
 
     def on_assign(self, partitions: set[int]) -> None:
-        """Restore the state of the assigned partitions from ``ledger.state``."""
+        """Restore the state of the assigned partitions from ``ledger.state``.
+
+        Each operation gets the state of its latest authentic record. When
+        the latest record of a key is refused (its seal is missing or wrong,
+        or it is authentic but does not decode), it has displaced the
+        operation's authentic state: after compaction no authentic record of
+        the operation is left. Such an operation is not forgotten (else a
+        re-published intent would be taken as new and re-request admission
+        under its consumed approval): its state is rebuilt from its journal
+        entries (:meth:`_rebuild_from_journal`), a ``STATE_REBUILT`` operating
+        event names the displacing record (``state:partition:offset``), and
+        the rebuilt state is written again with the next input's transaction
+        so that it is the latest record again. Only a restore that met such
+        a record reads the journal (the whole of the partitions those keys
+        are on, decoding only those keys' entries).
+        """
 
         #: op -> (in a resumable state, version), from its latest record.
         restored: dict[str, tuple[bool, int]] = {}
         #: ops whose latest record waits for an admission decision.
         awaiting: set[str] = set()
         traces: dict[str, dict[str, str]] = {}
+        #: op -> (partition, offset, why) of its latest record, while that one was refused.
+        displaced: dict[str, tuple[int, int, str]] = {}
+
+        def keep(op: str, state: OperationState, raw: bytes, partition: int) -> None:
+            self.states[op] = raw
+            self.partition_of[op] = partition
+            restored[op] = (S(state.state) in RESUMABLE, state.version)
+            self._track_unknown(op, state.state)
+            if state.state == S.NOT_ADMITTED and state.approval_id is not None:
+                awaiting.add(op)
+            else:
+                awaiting.discard(op)
 
         def load(rec: Record | None, msg: Message) -> None:
             if rec is not None and isinstance(rec.event, OperationState):
-                self.states[rec.key] = rec.raw
-                self.partition_of[rec.key] = rec.partition
-                restored[rec.key] = (S(rec.event.state) in RESUMABLE, rec.event.version)
-                self._track_unknown(rec.key, rec.event.state)
-                if rec.event.state == S.NOT_ADMITTED and rec.event.approval_id is not None:
-                    awaiting.add(rec.key)
-                else:
-                    awaiting.discard(rec.key)
+                keep(rec.key, rec.event, rec.raw, rec.partition)
+                displaced.pop(rec.key, None)
                 if restored[rec.key][0]:  # kept only for what may be resumed
                     traces[rec.key] = trace_headers_of(msg.headers())
                 else:
                     traces.pop(rec.key, None)
+                return
+            key = key_text(msg)
+            if is_reserved_key(key):
+                return
+            # Authentic, but not a state: only a holder of the deployment key
+            # writes it. It is reported and treated like a refused record.
+            what = (
+                "a tombstone"
+                if msg.value() is None
+                else f"a {rec.event.KIND}"
+                if rec is not None
+                else "a value that does not decode"
+            )
+            self.notes.append(
+                dead_letter(
+                    "processor", "state", msg, f"not an operation state: {what}", kind="BAD_INPUT"
+                )
+            )
+            displaced[key] = (msg.partition() or 0, msg.offset() or 0, f"it is {what}")
+
+        def refused(msg: Message, problem: str) -> None:
+            self._refused_state(msg, problem)
+            key = key_text(msg)
+            if not is_reserved_key(key):
+                why = f"not authentic: {problem}"
+                displaced[key] = (msg.partition() or 0, msg.offset() or 0, why)
 
         # The stage has waited for stable offsets (Stage._restore); the state
         # partitions may still wait for the same transaction's markers.
@@ -271,10 +342,46 @@ class Processor(Stage):
             partitions,
             load,
             keyring=self.keyring,
-            on_refused=self._refused_state,
+            on_refused=refused,
             retry=self.retry,
         )
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
+        if displaced:
+            rebuilt = self._rebuild_from_journal(
+                {p for p, _, _ in displaced.values()}, set(displaced)
+            )
+            for op, (partition, offset, why) in sorted(displaced.items()):
+                found = rebuilt.get(op)
+                if found is None:
+                    log.warning(
+                        "processor: %s: its latest state record at state:%s:%s was refused "
+                        "(%s) and the journal holds no entry for it: nothing to restore",
+                        op,
+                        partition,
+                        offset,
+                        why,
+                    )
+                    continue
+                state, entries = found
+                raw = state.to_bytes()
+                before = self.states.get(op)
+                keep(op, state, raw, partition)
+                traces.pop(op, None)  # the displacing record's trace is not the operation's
+                self.reasserts[op] = raw
+                self.notes.append(
+                    (op, _rebuilt_event(op, partition, offset, why, state, entries, before))
+                )
+                log.error(
+                    "processor: %s: latest state record at state:%s:%s refused (%s); state "
+                    "rebuilt from %d journal entries: %s v%d",
+                    op,
+                    partition,
+                    offset,
+                    why,
+                    entries,
+                    state.state,
+                    state.version,
+                )
         # A resume follows a crash or a takeover: partitions this process
         # owned before (a rebalance after a broker restart gives them back)
         # were never interrupted here, so their operations are not claimed.
@@ -290,12 +397,78 @@ class Processor(Stage):
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
 
+    def _rebuild_from_journal(
+        self, partitions: set[int], operations: set[str]
+    ) -> dict[str, tuple[OperationState, int]]:
+        """Replay the journal entries of some operations (the auditor's fold).
+
+        Reads ``partitions`` of ``ledger.journal`` from the beginning
+        (``read_committed``; every entry of an operation is on the partition
+        of its key, as its state is). Only the entries keyed by one of
+        ``operations`` are decoded and have their seal checked; an entry
+        that is not authentic or does not decode is left out (logged; the
+        auditor reports it), exactly as the auditor's replay leaves it out.
+
+        Args:
+            partitions: journal partitions to read.
+            operations: operation IDs whose state is wanted.
+
+        Returns:
+            Operation ID -> (its state after its last entry, the number of
+            entries replayed), for the operations the journal holds a state
+            for.
+
+        Raises:
+            LedgerError: the journal could not be read to its end (as
+                :func:`~consumers.stage.read_partition`).
+        """
+        entries: list[JournalEntry] = []
+
+        def keep(_: Record | None, msg: Message) -> None:
+            key = key_text(msg)
+            if key not in operations:
+                return
+            where = f"journal:{msg.partition()}:{msg.offset()}"
+            problem = self.keyring.check(
+                "journal", msg.key() or b"", msg.value(), msg.headers(), None
+            )
+            if problem is not None and self.settings.require_authenticated_records:
+                log.error("processor: %s entry for %s not replayed: %s", where, key, problem)
+                return
+            try:
+                event = decode_event(msg.value() or b"")
+            except Exception as exc:  # reported, never fatal
+                log.error("processor: %s entry for %s does not decode: %s", where, key, exc)
+                return
+            if isinstance(event, JournalEntry) and event.operation_id == key:
+                entries.append(event)
+
+        await_settled(self.settings, "journal", partitions, retry=self.retry)
+        read_partition(self.settings, "journal", partitions, keep, decode=False, retry=self.retry)
+
+        def unreadable(entry: JournalEntry, exc: Exception) -> None:
+            log.error(
+                "processor: journal entry %s of %s records an input that does not decode: %s",
+                entry.seq,
+                entry.operation_id,
+                exc,
+            )
+
+        states, steps = replay_decisions(entries, on_unreadable=unreadable)
+        counts: dict[str, int] = {}
+        for entry, *_ in steps:
+            counts[entry.operation_id] = counts.get(entry.operation_id, 0) + 1
+        return {op: (state, counts.get(op, 0)) for op, state in states.items()}
+
     def _refused_state(self, msg: Message, problem: str) -> None:
         """A state record that is not authentic is not restored; it is reported.
 
-        The operation keeps the state of its last authentic record (a forged
-        "in flight" state cannot make a restarted processor resume or
-        dispatch anything). The operating event is written with the next
+        The operation keeps the state of its last authentic record, or, when
+        the refused record is the latest of its key, the state its journal
+        entries give (see :meth:`on_assign`): a forged "in flight" state
+        cannot make a restarted processor resume or dispatch anything, and a
+        forged record that displaced a settled state cannot make it forget
+        the operation. The operating event is written with the next
         transaction.
         """
         self.forgeries_refused += 1
@@ -318,6 +491,9 @@ class Processor(Stage):
             self.partition_of.pop(op, None)
             self.unknown_open.discard(op)
             self.admission_resumes.discard(op)
+            # The next owner rebuilds it again; a late write here could
+            # overwrite a newer state that owner decided.
+            self.reasserts.pop(op, None)
         self.pending.clear()
         self.pending_raw.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
@@ -384,9 +560,13 @@ class Processor(Stage):
         self.pending.clear()
         self.pending_raw.clear()
         self.admission_resumed.clear()
+        self.reasserted.clear()
 
     def after_commit(self) -> None:
         """Make the committed batch's states current (resting ones as bytes)."""
+        for op in self.reasserted:
+            self.reasserts.pop(op, None)
+        self.reasserted.clear()
         for op, st in self.pending.items():
             self.states[op] = st if S(st.state) in IN_FLIGHT else self.pending_raw[op]
             self._track_unknown(op, st.state)
@@ -419,10 +599,19 @@ class Processor(Stage):
         return stored
 
     def handle(self, records: list[Record], out: Writer) -> None:
-        """Decide every record in order and write state, journal and outputs."""
+        """Decide every record in order and write state, journal and outputs.
+
+        States rebuilt from the journal on restore are written first (a
+        transaction that commits input offsets, so a processor that lost its
+        partitions meanwhile is fenced and cannot write them over a newer
+        owner's).
+        """
         for key, note in self.notes:
             out.write("operating-events", key, note)
         self.notes.clear()
+        for rebuilt, raw in sorted(self.reasserts.items()):
+            out.write_raw("state", rebuilt, raw)
+            self.reasserted.add(rebuilt)
         for rec in bound_each(self.spans.each(records), lambda r: r.key):
             op = getattr(rec.event, "operation_id", None)
             if op != rec.key:
@@ -513,6 +702,55 @@ def decision_attributes(decision: Decision) -> dict[str, str]:
         "ledger.from_state": str(decision.from_state or ""),
         "ledger.to_state": str(decision.to_state or ""),
     }
+
+
+def _rebuilt_event(
+    op: str,
+    partition: int,
+    offset: int,
+    why: str,
+    state: OperationState,
+    entries: int,
+    before: OperationState | bytes | None,
+) -> OperatingEvent:
+    """The ``STATE_REBUILT`` operating event of an operation restored from its journal.
+
+    Args:
+        op: the operation.
+        partition: partition of the displacing ``ledger.state`` record.
+        offset: its offset.
+        why: why it was refused (not authentic, does not decode ...).
+        state: the state the journal's replay gives.
+        entries: journal entries replayed.
+        before: the operation's last authentic state record read, if any
+            (encoded or decoded).
+
+    Returns:
+        The event, its ID derived from the displacing record's position (a
+        restore that meets the same record again writes the same ID).
+    """
+    if isinstance(before, bytes):
+        decoded = decode_event(before)
+        before = decoded if isinstance(decoded, OperationState) else None
+    earlier = (
+        "no earlier authentic state record of it is left"
+        if before is None
+        else f"its last authentic state record says {before.state} v{before.version}"
+    )
+    return OperatingEvent(
+        event_id=f"processor:state:{partition}:{offset}:STATE_REBUILT",
+        operation_id=op,
+        component="processor",
+        kind="STATE_REBUILT",
+        reason=(
+            f"the latest ledger.state record of {op}, at state:{partition}:{offset}, displaced "
+            f"its authentic state ({why}); {earlier}. State rebuilt from its {entries} "
+            f"journal entries: {state.state} v{state.version} epoch {state.epoch}"
+        ),
+        source_topic="state",
+        source_partition=partition,
+        source_offset=offset,
+    )
 
 
 def _bad_key(rec: Record, op: str | None) -> OperatingEvent:

@@ -128,7 +128,10 @@ EXTRA_WRITES: Mapping[str, Mapping[str, str]] = {
 
 #: Reads beyond stage inputs and tables: role -> topic -> what reads it.
 EXTRA_READS: Mapping[str, Mapping[str, str]] = {
-    "processor": {},
+    "processor": {
+        "journal": "a restore that refused the latest state record of an operation "
+        "rebuilds it from its journal entries",
+    },
     "authority": {},
     "relay": {},
     "reconciler": {

@@ -54,6 +54,11 @@ class Provenance:
             ``approvals`` record carries a grant signed by a trusted reviewer,
             else the reason it does not.
         records: records read and checked.
+        displaced_states: operation ID -> (position, reason) of its latest
+            ``ledger.state`` record, when no trusted writer produced it or it
+            does not decode: that record displaced the operation's authentic
+            state (once compacted, ``ledger.state`` holds no authentic state
+            of it), and the findings about its state name it.
     """
 
     unauthenticated: Mapping[Position, str]
@@ -62,6 +67,7 @@ class Provenance:
     grants: Mapping[str, str | None]
     records: int = 0
     dead_lettered: Mapping[Position, str] = field(default_factory=dict)
+    displaced_states: Mapping[str, tuple[Position, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

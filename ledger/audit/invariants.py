@@ -160,14 +160,19 @@ def state(facts: AuditInput, found: Findings) -> None:
         facts: the audit's facts (``states``, ``replayed``, ``steps``).
         found: where the facts checked and violations are recorded.
     """
+    displaced = facts.provenance.displaced_states if facts.provenance is not None else {}
     for op in facts.operation_ids:
         found.check()
         got, want = facts.states.get(op), facts.replayed.get(op)
         if got != want:
-            found.violation(
-                op,
-                f"ledger.state holds {_brief(got)} but replaying the journal gives {_brief(want)}",
-            )
+            evidence = state_disagreement(got, want)
+            if op in displaced:
+                (topic, partition, offset), why = displaced[op]
+                evidence += (
+                    f"; the latest {topic} record of the operation, at "
+                    f"{_ref(topic, partition, offset)}, displaced its authentic state ({why})"
+                )
+            found.violation(op, evidence)
     for entry, _event, _before, decision in facts.steps:
         if (entry.outcome, entry.to_state) != (decision.outcome, decision.to_state):
             found.violation(
@@ -473,3 +478,43 @@ def _brief(state: OperationState | None) -> str:
     if state is None:
         return "nothing"
     return f"{state.state} v{state.version} epoch {state.epoch}"
+
+
+#: Longest rendering of one field's value in :func:`state_disagreement`.
+MAX_SHOWN = 80
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else f"{text[: MAX_SHOWN - 3]}..."
+
+
+def state_disagreement(held: OperationState | None, replayed: OperationState | None) -> str:
+    """Say how ``ledger.state``'s state of an operation differs from the journal's replay.
+
+    The two are compared as whole states, so the words name every field
+    that differs (not only the state, version and epoch the summary shows);
+    values over :data:`MAX_SHOWN` characters are cut.
+
+    Args:
+        held: the state ``ledger.state`` holds (``None``: none).
+        replayed: the state replaying the journal reaches (``None``: none).
+
+    Returns:
+        ``ledger.state holds A but replaying the journal gives B`` when one
+        side is missing; otherwise the summary and, field by field in
+        declaration order, ``field: X in ledger.state, Y replayed``.
+    """
+    summary = f"ledger.state holds {_brief(held)} but replaying the journal gives "
+    summary += _brief(replayed)
+    if held is None or replayed is None or held == replayed:
+        return summary
+    if _brief(held) == _brief(replayed):
+        summary = f"ledger.state and replaying the journal both give {_brief(held)}"
+    a, b = held.model_dump(), replayed.model_dump()
+    fields = [name for name in a if a[name] != b.get(name)]
+    differs = "; ".join(
+        f"{name}: {_shown(a[name])} in ledger.state, {_shown(b.get(name))} replayed"
+        for name in fields
+    )
+    return f"{summary}, and they differ in {differs}"

@@ -24,6 +24,7 @@ from consumers.reader import current_states, latest_by_key, read_topic
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 from ledger.errors import LedgerError
 from ledger.events import Approval, ApprovalUse, JournalEntry, RecoveryReceipt
+from ledger.history import journal_move
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
@@ -77,14 +78,9 @@ class JournalTail:
                 except Exception:
                     continue
                 if isinstance(entry, JournalEntry):
-                    arrow = (
-                        f"{entry.from_state} -> {entry.to_state}"
-                        if entry.from_state != entry.to_state
-                        else f"{entry.to_state}"
-                    )
                     self.say(
                         f"    journal: {entry.operation_id}: {entry.kind} {entry.outcome} "
-                        f"{arrow} ({entry.reason})"
+                        f"{journal_move(entry)} ({entry.reason})"
                     )
         finally:
             consumer.close()

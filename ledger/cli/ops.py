@@ -52,6 +52,7 @@ def _report_decision(
     :data:`~ledger.cli.common.EXIT_TIMEOUT` when no decision came in time.
     """
     from consumers.reader import wait_for_decision
+    from ledger.history import journal_move
 
     topic, partition, offset = position
     entry = wait_for_decision(settings, topic, partition, offset, wait_s)
@@ -61,12 +62,7 @@ def _report_decision(
             err=True,
         )
         sys.exit(EXIT_TIMEOUT)
-    moved = (
-        f"{entry.from_state or '(new)'} -> {entry.to_state}"
-        if entry.from_state != entry.to_state
-        else str(entry.to_state)
-    )
-    click.echo(f"{entry.outcome}: {entry.operation_id} {moved} ({entry.reason})")
+    click.echo(f"{entry.outcome}: {entry.operation_id} {journal_move(entry)} ({entry.reason})")
     if entry.outcome == "REFUSED":
         sys.exit(EXIT_ERROR)
 

@@ -120,3 +120,80 @@ def test_gameday_run_says_each_scenarios_ledger(
     assert "export LEDGER_TOPIC_PREFIX=gameday-g01-cccccc " in result.stderr
     assert "ledger history refund:g01" in result.stderr
     assert result.stdout.strip() == "PASS  g01"
+
+
+# ---------------------------------------------------------------- 4. an intent for an unknown sink
+
+_SINK_PROBLEM = "sink 'bogus' is not registered in /run/sinks.json (registered: payments)"
+
+
+def _refused_before_the_operation_existed() -> Any:
+    from ledger.events import JournalEntry
+
+    return JournalEntry(
+        operation_id="op1",
+        seq=0,
+        kind="Intent",
+        outcome="REFUSED",
+        reason=f"intent for op1 refused before admission: {_SINK_PROBLEM}; approval a1 was "
+        "not used",
+        input_topic="intents",
+        input_partition=2,
+        input_offset=0,
+        input_event=b"",
+        sink_problem=_SINK_PROBLEM,
+    )
+
+
+@pytest.mark.parametrize(
+    ("from_state", "to_state", "words"),
+    [
+        (None, None, "(no state)"),
+        (None, "PROPOSED", "(new) -> PROPOSED"),
+        ("ADMITTED", "ADMITTED", "ADMITTED"),
+        ("ADMITTED", "EFFECT_PENDING", "ADMITTED -> EFFECT_PENDING"),
+    ],
+)
+def test_a_journal_move_is_said_in_words_never_none(
+    from_state: str | None, to_state: str | None, words: str
+) -> None:
+    from ledger.history import journal_move
+
+    entry = _refused_before_the_operation_existed().model_copy(
+        update={"from_state": from_state, "to_state": to_state}
+    )
+    assert journal_move(entry) == words
+
+
+def test_history_line_of_an_unknown_sink_refusal_names_the_sinks_not_none() -> None:
+    from ledger.history import describe
+
+    line = describe(_refused_before_the_operation_existed())
+    assert "None" not in line
+    assert "REFUSED Intent (no state)" in line
+    assert "'bogus'" in line and "registered: payments" in line
+
+
+def test_intent_publish_says_the_refusal_of_an_unknown_sink_without_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import click
+
+    import consumers.reader
+    from ledger.cli.ops import _report_decision
+
+    monkeypatch.setattr(
+        consumers.reader,
+        "wait_for_decision",
+        lambda *args, **kwargs: _refused_before_the_operation_existed(),
+    )
+
+    @click.command()
+    def report() -> None:
+        _report_decision(LedgerSettings(), ("intents", 2, 0), 5.0)
+
+    result = CliRunner().invoke(report, [])
+    assert result.exit_code == 1
+    assert result.stdout.startswith("REFUSED: op1 (no state) (intent for op1 refused")
+    assert "None" not in result.stdout
+    assert "'bogus'" in result.stdout and "registered: payments" in result.stdout

@@ -197,3 +197,115 @@ def test_intent_publish_says_the_refusal_of_an_unknown_sink_without_none(
     assert result.stdout.startswith("REFUSED: op1 (no state) (intent for op1 refused")
     assert "None" not in result.stdout
     assert "'bogus'" in result.stdout and "registered: payments" in result.stdout
+
+
+# ---------------------------------------------------------------- 2. reading the wrong ledger
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*")) if folder.exists() else []
+
+
+def test_a_reader_keyring_creates_no_key_and_trusts_no_seal(tmp_path: Path) -> None:
+    from consumers.reader import _keyring
+    from ledger.credentials import load_keyring
+
+    settings = LedgerSettings(run_dir=tmp_path / "run")
+    ring = load_keyring(settings, create=False, missing_ok=True)
+    assert ring.macs == {} and ring.trusted == {}
+    reader_ring = _keyring(settings, True)
+    assert reader_ring is not None and reader_ring.macs == {}
+    assert _files(tmp_path) == []
+    # A stage's keyring still creates the keys it needs.
+    assert load_keyring(settings).macs
+    assert (settings.run_dir / "keys" / "deployment.key").exists()
+
+
+@pytest.fixture
+def read_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]:
+    """``ledger`` as a reader sees it, with the broker's answers replaced."""
+    import consumers.reader
+    import ledger.topics
+
+    seen: dict[str, Any] = {"non_empty": [], "states": {}}
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", "demo-race-abc123")
+    monkeypatch.setenv("LEDGER_RUN_DIR", str(tmp_path / "wrong"))
+    monkeypatch.setattr(ledger.topics, "check_topics", lambda settings, names=None: [])
+    monkeypatch.setattr(
+        ledger.topics,
+        "non_empty_topics",
+        lambda settings, names=None: [
+            n for n in seen["non_empty"] if names is None or n in list(names)
+        ],
+    )
+    monkeypatch.setattr(consumers.reader, "current_states", lambda settings: seen["states"])
+    return seen
+
+
+def test_state_of_an_empty_ledger_says_no_operations_with_the_prefix_and_creates_nothing(
+    read_env: dict[str, Any], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(main, ["state"])
+    assert result.exit_code == 0, result.output
+    assert "no operations in the ledger (topic prefix 'demo-race-abc123'" in result.stdout
+    assert "LEDGER_TOPIC_PREFIX" in result.stdout and "LEDGER_RUN_DIR" in result.stdout
+    assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [["state"], ["state", "--json"], ["audit"], ["history", "x"]])
+def test_a_reader_without_the_ledgers_key_says_so_instead_of_an_empty_ledger(
+    read_env: dict[str, Any], tmp_path: Path, command: list[str]
+) -> None:
+    from ledger.cli.common import EXIT_ERROR
+
+    read_env["non_empty"] = ["intents", "state", "journal"]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert f"no deployment key at {tmp_path / 'wrong' / 'keys' / 'deployment.key'}" in (
+        result.stderr
+    )
+    assert "'demo-race-abc123'" in result.stderr and "LEDGER_RUN_DIR" in result.stderr
+    assert "no operations" not in result.output
+    assert _files(tmp_path) == []
+
+
+def test_state_with_records_none_authentic_says_the_run_folder_is_another(
+    read_env: dict[str, Any], tmp_path: Path
+) -> None:
+    from ledger.cli.common import EXIT_ERROR
+    from ledger.credentials import deployment_key
+
+    deployment_key(LedgerSettings(run_dir=tmp_path / "wrong"))  # another ledger's key
+    before = _files(tmp_path)
+    read_env["non_empty"] = ["state"]
+    result = CliRunner().invoke(main, ["state"])
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "demo-race-abc123.state holds records but none is sealed by a key in" in result.stderr
+    assert "no operations" not in result.output
+    assert _files(tmp_path) == before
+
+
+def test_topics_missing_under_the_prefix_exit_7(
+    monkeypatch: pytest.MonkeyPatch, read_env: dict[str, Any], tmp_path: Path
+) -> None:
+    import ledger.topics
+    from ledger.cli.common import EXIT_TOPICS_MISSING
+    from ledger.errors import TopicConfigError
+
+    def missing(settings: LedgerSettings, names: Any = None) -> list[str]:
+        raise TopicConfigError(
+            "topics not created: run `ledger topics create` (no ledger topic with prefix "
+            f"{settings.topic_prefix!r})",
+            topic=settings.topic("intents"),
+            config="existence",
+            expected="exists",
+            observed="missing",
+        )
+
+    monkeypatch.setattr(ledger.topics, "check_topics", missing)
+    for command in (["state"], ["history", "x"], ["audit"], ["reconcile", "list"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == EXIT_TOPICS_MISSING, (command, result.output)
+        assert "topics not created" in result.stderr
+        assert "'demo-race-abc123'" in result.stderr
+    assert _files(tmp_path) == []

@@ -918,6 +918,9 @@ def audit_lines(report: Any) -> list[str]:
         f"facts checked: {cov['ledger_facts']} in the ledger's records, "
         + (
             f"{cov['sink_facts']} against sink readback"
+            if cov["sink_readback"] and cov["sink_facts"]
+            else "none against sink readback (no registered sink with readback answered for "
+            "an operation of this ledger)"
             if cov["sink_readback"]
             else "none against sink readback (--no-sinks: sinks not read back)"
         ),
@@ -974,8 +977,10 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
     operation and the evidence. Every record's seal is checked too: records
     no trusted writer produced are listed (they were refused; an admission
     or effect resting on one is a violation). The verdict says what it
-    covers: 'ledger and sink readback', or 'ledger only, sink readback off'
-    with --no-sinks, and the facts checked are split the same way. The
+    covers: 'ledger and sink readback' when at least one fact was checked
+    against a sink's readback, 'ledger only; no sink readback' when none
+    was (no registered sink with readback answered), or 'ledger only, sink
+    readback off' with --no-sinks; the facts checked are split the same way. The
     report says when it ran (wall clock, UTC), the end offset it read to on
     every topic partition, and lists every open item (held unknown outcomes,
     reauthorisation pending, abandoned: operation, state, sink, age, reason,

@@ -309,3 +309,52 @@ def test_topics_missing_under_the_prefix_exit_7(
         assert "topics not created" in result.stderr
         assert "'demo-race-abc123'" in result.stderr
     assert _files(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 3. an honest audit badge
+
+
+def _audit(sink_readback: bool, sink_facts: int) -> Any:
+    from ledger.audit import AuditReport
+
+    report = AuditReport(operations=1, journal_entries=3)
+    report.checked["state"] += 4
+    if sink_facts:
+        report.checked["single-effect"] += sink_facts
+    report.sink_readback = sink_readback
+    report.sink_facts = sink_facts
+    return report
+
+
+@pytest.mark.parametrize(
+    ("sink_readback", "sink_facts", "verdict", "facts_line"),
+    [
+        (True, 0, "CLEAN (ledger only; no sink readback)", "none against sink readback (no "),
+        (True, 2, "CLEAN (ledger and sink readback)", "2 against sink readback"),
+        (False, 0, "CLEAN (ledger only, sink readback off)", "none against sink readback (--no"),
+    ],
+)
+def test_the_audit_verdict_claims_sink_readback_only_when_a_sink_fact_was_checked(
+    sink_readback: bool, sink_facts: int, verdict: str, facts_line: str
+) -> None:
+    from ledger.cli.ops import audit_lines
+
+    report = _audit(sink_readback, sink_facts)
+    assert report.verdict == verdict
+    assert report.to_dict()["verdict"] == verdict
+    lines = audit_lines(report)
+    assert lines[0].startswith(f"{verdict}: 0 violation(s)")
+    assert any(line.startswith("facts checked: 4 in the ledger's records, ") for line in lines)
+    assert any(facts_line in line for line in lines if line.startswith("facts checked"))
+
+
+def test_the_audit_page_badge_claims_sink_readback_only_when_a_sink_fact_was_checked() -> None:
+    from ledger.cli.pages import audit_page
+
+    none = audit_page({**_audit(True, 0).to_dict(), "ledger": "demo-race-abc123"})
+    some = audit_page({**_audit(True, 3).to_dict(), "ledger": "demo-race-abc123"})
+    assert "LEDGER AND SINK READBACK" not in none and "(ledger and sink readback)" not in none
+    assert '<span class="badge warn">LEDGER ONLY; NO SINK READBACK</span>' in none
+    assert "no registered sink with readback answered" in none
+    assert '<span class="badge pass">LEDGER AND SINK READBACK</span>' in some
+    assert "<td>… against sink readback</td><td>3</td>" in some

@@ -157,6 +157,9 @@ def broker_start(wait_s: float | None, brokers: int | None, security: str | None
     settings = current_settings()
     n = settings.brokers if brokers is None else brokers
     mode = settings.broker_security if security is None else security
+    warning = broker.ephemeral_port_warning(settings.kafka_port, broker.ephemeral_range())
+    if warning:
+        click.echo(warning, err=True)
     if n == 1 and mode == "plaintext":
         running = _cluster_or_none(settings)
         if running is not None and any(running.node_pid(x.node_id) for x in running.spec.nodes):
@@ -165,7 +168,13 @@ def broker_start(wait_s: float | None, brokers: int | None, security: str | None
                 f"{running.spec.kafka_home}; stop it first (ledger broker stop) or pass "
                 f"--brokers {running.spec.brokers} --security {running.spec.security}"
             )
-        _echo_status(broker.start(settings, wait_s=90 if wait_s is None else wait_s))
+        _echo_status(
+            broker.start(
+                settings,
+                wait_s=90 if wait_s is None else wait_s,
+                say=lambda text: click.echo(text, err=True),
+            )
+        )
         return
     spec = cluster.ClusterSpec.from_settings(settings, n, mode)
     st = cluster.Cluster(spec, settings).start(wait_s=180 if wait_s is None else wait_s)

@@ -358,3 +358,171 @@ def test_the_audit_page_badge_claims_sink_readback_only_when_a_sink_fact_was_che
     assert "no registered sink with readback answered" in none
     assert '<span class="badge pass">LEDGER AND SINK READBACK</span>' in some
     assert "<td>… against sink readback</td><td>3</td>" in some
+
+
+# ---------------------------------------------------------------- 5. ledger broker start
+
+
+@pytest.mark.parametrize(
+    ("port", "warned"),
+    [(19092, None), (40000, 40000), (32767, 32768), (60999, 60999), (61000, None)],
+)
+def test_a_broker_port_in_the_ephemeral_range_is_warned_about(
+    port: int, warned: int | None
+) -> None:
+    from testbed.broker import ephemeral_port_warning
+
+    warning = ephemeral_port_warning(port, (32768, 60999))
+    if warned is None:
+        assert warning is None
+        return
+    assert warning is not None
+    assert f"LEDGER_KAFKA_PORT={port}" in warning and f"port {warned} " in warning
+    assert "32768-60999" in warning and "/proc/sys/net/ipv4/ip_local_port_range" in warning
+    assert ephemeral_port_warning(port, None) is None
+
+
+def test_the_ephemeral_range_is_read_from_proc(tmp_path: Path) -> None:
+    from testbed.broker import ephemeral_range
+
+    good = tmp_path / "range"
+    good.write_text("32768\t60999\n")
+    assert ephemeral_range(good) == (32768, 60999)
+    bad = tmp_path / "bad"
+    bad.write_text("nonsense\n")
+    assert ephemeral_range(bad) is None
+    assert ephemeral_range(tmp_path / "absent") is None
+
+
+def _listening(port: int = 0) -> Any:
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1)
+    return sock
+
+
+def test_broker_start_on_a_port_another_process_listens_on_names_it(tmp_path: Path) -> None:
+    from ledger.errors import BrokerError
+    from testbed import broker
+
+    with _listening() as sock:
+        port = sock.getsockname()[1]
+        settings = LedgerSettings(kafka_port=port, kafka_home=tmp_path / "kafka")
+        with pytest.raises(BrokerError) as caught:
+            broker.start(settings, wait_s=1)
+    message = caught.value.message
+    assert f"port 127.0.0.1:{port} (LEDGER_KAFKA_PORT) is in use by another process" in message
+    assert "does not answer as Kafka" in message and "export LEDGER_KAFKA_PORT=" in message
+    assert not (tmp_path / "kafka" / "libs").exists()  # nothing fetched or launched
+
+
+def test_broker_start_with_the_controller_port_taken_names_it(tmp_path: Path) -> None:
+    from ledger.errors import BrokerError
+    from testbed import broker
+
+    for _ in range(20):  # a port whose predecessor is free
+        with _listening() as sock:
+            ctl = sock.getsockname()[1]
+            if broker._port_taken(ctl - 1):
+                continue
+            settings = LedgerSettings(kafka_port=ctl - 1, kafka_home=tmp_path / "kafka")
+            with pytest.raises(BrokerError) as caught:
+                broker.start(settings, wait_s=1)
+            break
+    else:
+        pytest.fail("no free port below a listening one")
+    assert f"controller port 127.0.0.1:{ctl} (LEDGER_KAFKA_PORT + 1) is in use" in (
+        caught.value.message
+    )
+
+
+def test_a_free_port_is_not_taken_whatever_a_connect_would_say() -> None:
+    from testbed import broker
+
+    with _listening() as sock:
+        port = sock.getsockname()[1]
+        assert broker._port_taken(port)
+    assert not broker._port_taken(port)
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_broker_start_says_it_fetches_jars_only_when_they_are_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, present: bool
+) -> None:
+    from testbed import broker
+
+    class Fetching(Exception):
+        pass
+
+    def fetch(paths: Any) -> Path:
+        raise Fetching  # stop here: nothing is downloaded or launched
+
+    with _listening() as sock:
+        port = sock.getsockname()[1]  # free once closed; its successor is checked too
+    settings = LedgerSettings(kafka_port=port, kafka_home=tmp_path / "kafka")
+    monkeypatch.setattr(broker, "_port_taken", lambda port, host="127.0.0.1": False)
+    monkeypatch.setattr(broker, "_jars_fetched", lambda paths: present)
+    monkeypatch.setattr(broker, "_fetch_jars", fetch)
+    lines: list[str] = []
+    with pytest.raises(Fetching):
+        broker.start(settings, wait_s=1, say=lines.append)
+    assert lines == ([] if present else [broker.FETCHING_JARS])
+
+
+def test_broker_start_on_a_taken_port_says_nothing_of_fetching(tmp_path: Path) -> None:
+    with _listening() as sock:
+        port = sock.getsockname()[1]
+        result = CliRunner().invoke(
+            main,
+            ["broker", "start", "--wait", "1"],
+            env={"LEDGER_KAFKA_PORT": str(port), "LEDGER_KAFKA_HOME": str(tmp_path / "kafka")},
+        )
+    assert result.exit_code == 1
+    assert "Maven" not in result.output
+    assert f"127.0.0.1:{port} (LEDGER_KAFKA_PORT) is in use by another process" in result.stderr
+
+
+def test_broker_start_warns_about_a_port_in_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from testbed import broker
+
+    monkeypatch.setenv("LEDGER_KAFKA_HOME", str(tmp_path / "kafka"))
+    monkeypatch.setenv("LEDGER_KAFKA_PORT", "40000")
+    monkeypatch.setattr(broker, "ephemeral_range", lambda: (32768, 60999))
+    monkeypatch.setattr(broker, "status_pid", lambda settings: None)
+    monkeypatch.setattr(
+        broker,
+        "start",
+        lambda settings, wait_s=90, say=None: broker._status(
+            settings, broker._Paths.of(settings), 4242, True, True, "started"
+        ),
+    )
+    result = CliRunner().invoke(main, ["broker", "start"])
+    assert result.exit_code == 0, result.output
+    assert "warning: LEDGER_KAFKA_PORT=40000" in result.stderr
+    assert "ephemeral port range 32768-60999" in result.stderr
+
+
+def test_the_demo_passes_its_progress_to_broker_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from testbed import broker
+
+    settings = LedgerSettings(kafka_port=19092, kafka_home=tmp_path / "kafka")
+    down = broker._status(settings, broker._Paths.of(settings), None, False, False, "down")
+    up = broker._status(settings, broker._Paths.of(settings), 4242, True, True, "started")
+
+    def start(s: LedgerSettings, wait_s: float = 90, say: Any = None) -> Any:
+        say(broker.FETCHING_JARS)  # as start does when the jars are missing
+        return up
+
+    monkeypatch.setattr(broker, "status", lambda s: down)
+    monkeypatch.setattr(broker, "start", start)
+    monkeypatch.setattr(broker, "stop", lambda s, timeout_s=30: "stopped")
+    lines: list[str] = []
+    with broker.running_broker(settings, lines.append):
+        pass
+    assert lines == ["starting the local Kafka broker ...", broker.FETCHING_JARS]

@@ -526,3 +526,34 @@ def test_the_demo_passes_its_progress_to_broker_start(
     with broker.running_broker(settings, lines.append):
         pass
     assert lines == ["starting the local Kafka broker ...", broker.FETCHING_JARS]
+
+
+def test_upgrade_check_without_the_ledgers_key_says_so_instead_of_nothing_stranded(
+    read_env: dict[str, Any], tmp_path: Path
+) -> None:
+    import json
+
+    from ledger.cli.common import EXIT_ERROR
+
+    proposal = tmp_path / "payments-v2.json"
+    proposal.write_text(
+        json.dumps(
+            {
+                "sink": "payments",
+                "contract_version": 2,
+                "contract": {
+                    "idempotent": True,
+                    "readback": False,
+                    "fencing": True,
+                    "key_retention_s": 60,
+                    "consequence": "irreversible",
+                },
+            }
+        )
+    )
+    read_env["non_empty"] = ["state", "dispatches"]
+    result = CliRunner().invoke(main, ["upgrade", "check", "--contract", str(proposal)])
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "no deployment key at" in result.stderr
+    assert "stranded" not in result.stdout
+    assert not (tmp_path / "wrong").exists()

@@ -371,6 +371,9 @@ def run_demo(
     for name, fn in CASES:
         started = time.monotonic()
         say(f"case {name} ...")
+        made = len(ledgers) if ledgers is not None else 0
         report[name] = fn(settings, root, say, verbose, ledgers)
+        for run in (ledgers or [])[made:]:
+            run.label = f"case {name}"  # as the report names it
         say(f"case {name} done in {time.monotonic() - started:.1f} s: {report[name]}")
     return report

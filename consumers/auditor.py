@@ -161,7 +161,7 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     """
     started_ms = int(time.time() * 1000)
     started = time.monotonic()
-    keyring = load_keyring(settings)
+    keyring = load_keyring(settings, create=False, missing_ok=True)  # reads, creates nothing
     topics = [t.name for t in TOPICS if t.audited and t.auth]
     # Topics are read at once (each reader waits on the broker in librdkafka,
     # outside the GIL).

@@ -15,7 +15,8 @@ from ledger.settings import LedgerSettings
 
 
 def _keyring(settings: LedgerSettings, authentic: bool) -> Keyring | None:
-    return load_keyring(settings) if authentic else None
+    # A reader writes nothing: no key is created here (the stages create them).
+    return load_keyring(settings, create=False, missing_ok=True) if authentic else None
 
 
 def read_topic(

@@ -56,7 +56,12 @@ def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> lis
 
     # A forged tombstone cannot hide an item, nor a forged record add one.
     read_partition(
-        settings, "reconciliation", None, seen, keyring=load_keyring(settings), retry=retry
+        settings,
+        "reconciliation",
+        None,
+        seen,
+        keyring=load_keyring(settings, create=False, missing_ok=True),
+        retry=retry,
     )
     states = current_states(settings)
     items = [

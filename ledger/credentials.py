@@ -185,22 +185,37 @@ def authority_public(settings: LedgerSettings) -> Ed25519PublicKey | None:
         ) from exc
 
 
-def load_keyring(settings: LedgerSettings, *, create: bool = True) -> Keyring:
+def load_keyring(
+    settings: LedgerSettings, *, create: bool = True, missing_ok: bool = False
+) -> Keyring:
     """Every key a reader checks seals against, re-read on demand.
 
-    With ``create`` (the default, one-host deployments), missing deployment
-    and authority keys are created first, so processes that start together
-    agree on them. When a seal names a key it does not know, the keyring
-    re-reads the files: at once if one of them changed since it last read
-    them (a reviewer added a moment ago), else at most once a second.
+    With ``create`` (the default, one-host deployments: the stages),
+    missing deployment and authority keys are created first, so processes
+    that start together agree on them. A reader that only looks (``ledger
+    state``, ``history``, ``audit`` ...) passes ``create=False,
+    missing_ok=True``: it writes nothing, and without a deployment key its
+    ring has none, so every sealed record is refused as unauthenticated
+    until the key appears (a stage creates it). When a seal names a key it
+    does not know, the keyring re-reads the files: at once if one of them
+    changed since it last read them (a reviewer added a moment ago), else at
+    most once a second.
+
+    Args:
+        settings: where the keys are (``keys_dir``, ``trusted_keys_file``).
+        create: create missing deployment and authority keys.
+        missing_ok: with ``create`` false, a missing deployment key leaves
+            the ring without one instead of raising.
 
     Raises:
-        LocalFileError: a key file is unreadable.
+        LocalFileError: a key file is unreadable, or (``create`` and
+            ``missing_ok`` false) the deployment key is missing.
     """
 
     def read() -> Keyring:
         ring = Keyring(unsigned_grants_ok=not settings.require_signed_approvals)
-        ring.add_mac(deployment_key(settings, create=create))
+        if create or not missing_ok or (keys_dir(settings) / "deployment.key").exists():
+            ring.add_mac(deployment_key(settings, create=create))
         if create:
             authority_key(settings)
         public = authority_public(settings)

@@ -70,7 +70,32 @@ __all__ = [
     "HistoryRecord",
     "build_history",
     "describe",
+    "journal_move",
 ]
+
+#: What a journal entry's move says when the operation has no state before or after
+#: it (an input refused before the operation existed: an unknown sink, bad input).
+NO_STATE = "(no state)"
+
+
+def journal_move(entry: JournalEntry) -> str:
+    """The state move a journal entry records, in words.
+
+    Args:
+        entry: the processor's journal entry.
+
+    Returns:
+        ``FROM -> TO``; ``(new) -> TO`` for an operation it created; ``TO``
+        alone when the state stayed; ``(no state)`` when the operation has
+        none before or after (an input refused before the operation existed),
+        never ``None``.
+    """
+    if entry.to_state is None:
+        return NO_STATE if entry.from_state is None else f"{entry.from_state} -> {NO_STATE}"
+    if entry.from_state == entry.to_state:
+        return str(entry.to_state)
+    return f"{entry.from_state or '(new)'} -> {entry.to_state}"
+
 
 #: What an answer says when the evidence does not give it.
 NOT_RECORDED = "not recorded"
@@ -485,13 +510,8 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
     if isinstance(e, OperationState):
         return f"state version {e.version}: {e.state} (epoch {e.epoch}): {e.reason}"
     if isinstance(e, JournalEntry):
-        moved = (
-            f"{e.from_state or '(new)'} -> {e.to_state}"
-            if e.from_state != e.to_state
-            else str(e.to_state)
-        )
         return (
-            f"journal seq {e.seq}: {e.outcome} {e.kind} {moved}: {e.reason} "
+            f"journal seq {e.seq}: {e.outcome} {e.kind} {journal_move(e)}: {e.reason} "
             f"(input {e.input_topic}:{e.input_partition}:{e.input_offset})"
         )
     if isinstance(e, RecoveryReceipt):

@@ -1132,6 +1132,55 @@ def _is_topic_override(entry: ConfigEntry) -> bool:
     return source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
 
 
+def non_empty_topics(settings: LedgerSettings, names: Iterable[str] | None = None) -> list[str]:
+    """The ledger topics that hold records: what a reader checks before it says "empty".
+
+    A partition holds records when its high watermark is above its low one
+    (read uncommitted, so a transaction's markers count too: a topic only
+    aborted transactions wrote is not empty either).
+
+    Args:
+        settings: uses ``bootstrap_servers`` and ``topic_prefix``.
+        names: short topic names (default: all of TOPICS); missing topics
+            are left out.
+
+    Returns:
+        Short names of the topics that hold records, in TOPICS order.
+
+    Raises:
+        BrokerUnavailableError: the broker does not answer (retryable).
+    """
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
+
+    from ledger.kafka import classify, kafka_error
+
+    def retriable(exc: BaseException) -> bool:
+        # a leader moving (e.g. just after the topics were created) is waited out
+        err = kafka_error(exc)
+        return err is not None and classify(err) == "retriable"
+
+    specs = _specs(names)
+    metadata = _cluster(_admin(settings), settings).partitions()
+    present = [settings.topic(spec.name) for spec in specs if settings.topic(spec.name) in metadata]
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception(retriable),
+            stop=stop_after_delay(_ADMIN_TIMEOUT_S),
+            wait=wait_random_exponential(multiplier=0.1, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                full = {topic for topic, _ in _non_empty_partitions(settings, present, metadata)}
+    except KafkaException as exc:
+        raise BrokerUnavailableError(
+            f"Kafka at {bootstrap_servers(settings)} does not say how many records the ledger "
+            f"holds ({exc.args[0]}); try again once it answers",
+            expected="watermarks",
+            observed=str(exc.args[0]),
+        ) from exc
+    return [spec.name for spec in specs if settings.topic(spec.name) in full]
+
+
 def _non_empty_partitions(
     settings: LedgerSettings, topics: Sequence[str], metadata: Mapping[str, int]
 ) -> list[_TP]:

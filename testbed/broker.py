@@ -26,6 +26,7 @@ the folder's lock, and keeps its nodes in ``kafka_home/node-<i>/``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
@@ -163,6 +164,97 @@ def fetch_jars(settings: LedgerSettings) -> Path:
         return _fetch_jars(paths)
 
 
+def _jars_fetched(paths: _Paths) -> bool:
+    """Tell whether the jars in ``paths.libs`` were fetched for this ``kafka/pom.xml``."""
+    marker = paths.libs / ".fetched"
+    try:
+        pom_digest = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
+        fetched = marker.is_file() and marker.read_text().strip() == pom_digest
+    except OSError:
+        return False
+    return fetched and any(paths.libs.glob("kafka_2.13-*.jar"))
+
+
+#: Where Linux keeps the range its ephemeral (client) ports are taken from.
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The machine's ephemeral port range, ``(first, last)``; ``None`` where it cannot be read.
+
+    Args:
+        path: the file holding it (two whole numbers; default Linux's).
+    """
+    try:
+        first, last = (int(x) for x in path.read_text().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return first, last
+
+
+def ephemeral_port_warning(port: int, span: tuple[int, int] | None) -> str | None:
+    """A warning when the broker's ports lie in the ephemeral range, else ``None``.
+
+    A client that connects to a port in that range while nothing listens on
+    it can be given that very port as its own source port and connect to
+    itself (TCP simultaneous open): it then talks to itself instead of
+    failing, and a broker started later cannot bind the port.
+
+    Args:
+        port: the client port (``LEDGER_KAFKA_PORT``); the controller uses ``port + 1``.
+        span: :func:`ephemeral_range`'s answer.
+
+    Returns:
+        One line naming the port, the range, the file and the remedy, or ``None``.
+    """
+    if span is None:
+        return None
+    first, last = span
+    hit = [p for p in (port, port + 1) if first <= p <= last]
+    if not hit:
+        return None
+    return (
+        f"warning: LEDGER_KAFKA_PORT={port} puts the broker's port {hit[0]} in this machine's "
+        f"ephemeral port range {first}-{last} ({EPHEMERAL_RANGE_FILE}): while the broker is "
+        "down, a client connecting to it can connect to itself; choose a port below "
+        f"{first} (e.g. LEDGER_KAFKA_PORT=19092)"
+    )
+
+
+def _port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Tell whether another socket holds ``port`` on ``host`` (binding it fails).
+
+    Unlike connecting, binding cannot be fooled by a self-connect; sockets
+    left in TIME_WAIT do not count (``SO_REUSEADDR``, as Kafka binds).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _port_in_use_error(port: int, what: str, variable: str) -> BrokerError:
+    """The error for a broker port another process holds (the client or controller port).
+
+    Args:
+        port: the port held.
+        what: ``port`` (clients) or ``controller port``.
+        variable: the setting it comes from (``LEDGER_KAFKA_PORT`` or ``LEDGER_KAFKA_PORT + 1``).
+    """
+    answer = " and does not answer as Kafka" if what == "port" else ""
+    return BrokerError(
+        f"{what} 127.0.0.1:{port} ({variable}) is in use by another process{answer}, so the "
+        "broker cannot listen there; stop that process, or set LEDGER_KAFKA_PORT to a free "
+        "port (the controller takes the next one), e.g. `export LEDGER_KAFKA_PORT=19192` "
+        "(clients follow it)",
+        expected="free port or a Kafka broker",
+        observed=f"127.0.0.1:{port} busy",
+    )
+
+
 def _fetch_jars(paths: _Paths) -> Path:
     _require_tool(
         "java", "install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless)"
@@ -174,11 +266,9 @@ def _fetch_jars(paths: _Paths) -> Path:
             expected=str(POM_PATH),
             observed="missing",
         )
-    marker = paths.libs / ".fetched"
-    pom_digest = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
-    fetched = marker.is_file() and marker.read_text().strip() == pom_digest
-    if fetched and any(paths.libs.glob("kafka_2.13-*.jar")):
+    if _jars_fetched(paths):
         return paths.libs
+    pom_digest = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
     mvn = _require_tool("mvn", "install Apache Maven 3.6+ (e.g. apt-get install maven)")
     paths.logs.mkdir(parents=True, exist_ok=True)
     staging = paths.home / f"libs.tmp-{os.getpid()}"
@@ -214,7 +304,16 @@ def _fetch_jars(paths: _Paths) -> Path:
 # --------------------------------------------------------------------------- lifecycle
 
 
-def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
+#: What starting the broker says before it fetches the jars (only when they are missing).
+FETCHING_JARS = (
+    "fetching the broker's jars with Maven first (about 60 MB, once; log in "
+    "LEDGER_KAFKA_HOME/logs/mvn.log) ..."
+)
+
+
+def start(
+    settings: LedgerSettings, wait_s: float = 90, say: Callable[[str], None] | None = None
+) -> BrokerStatus:
     """Start the local broker, or reuse the one already answering.
 
     Safe to call any number of times, also from several processes at once (a
@@ -233,6 +332,8 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
         settings: uses ``kafka_home`` and ``kafka_port`` (the controller uses
             ``kafka_port + 1``).
         wait_s: how long to wait for the broker to answer (seconds).
+        say: where to say :data:`FETCHING_JARS` when the jars must be
+            fetched first (only then; ``None``: nowhere).
 
     Returns:
         The status; ``started`` is true only if this call launched the broker.
@@ -253,8 +354,12 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
         if pid is not None:
             _wait_ready(settings, paths, bootstrap, deadline, pid)
             return _status(settings, paths, pid, True, False, "reused the broker we started")
-        if _port_open(settings.kafka_port):
-            if _kafka_answers(settings, bootstrap, timeout_s=min(10.0, max(1.0, wait_s))):
+        # Bind, not connect, says whether a port is held: a connect to a port in
+        # the ephemeral range can reach itself while nothing listens there.
+        if _port_taken(settings.kafka_port):
+            if _port_open(settings.kafka_port) and _kafka_answers(
+                settings, bootstrap, timeout_s=min(10.0, max(1.0, wait_s))
+            ):
                 return _status(
                     settings,
                     paths,
@@ -264,19 +369,13 @@ def start(settings: LedgerSettings, wait_s: float = 90) -> BrokerStatus:
                     f"a Kafka broker not started by ledger already answers on {bootstrap}; "
                     "reusing it (ledger broker stop will not stop it)",
                 )
-            raise BrokerError(
-                f"port {settings.kafka_port} is in use by something that does not answer as "
-                "Kafka; stop it or choose another port with LEDGER_KAFKA_PORT",
-                expected="free port or a Kafka broker",
-                observed=f"127.0.0.1:{settings.kafka_port} busy",
+            raise _port_in_use_error(settings.kafka_port, "port", "LEDGER_KAFKA_PORT")
+        if _port_taken(settings.kafka_port + 1):
+            raise _port_in_use_error(
+                settings.kafka_port + 1, "controller port", "LEDGER_KAFKA_PORT + 1"
             )
-        if _port_open(settings.kafka_port + 1):
-            raise BrokerError(
-                f"controller port {settings.kafka_port + 1} (kafka_port + 1) is in use; free it "
-                "or choose another port with LEDGER_KAFKA_PORT",
-                expected="free port",
-                observed=f"127.0.0.1:{settings.kafka_port + 1} busy",
-            )
+        if say is not None and not _jars_fetched(paths):
+            say(FETCHING_JARS)
         _fetch_jars(paths)
         _check_java()
         _write_configs(settings, paths)
@@ -803,8 +902,11 @@ def running_broker(
     try:
         current = status(settings)
         if not current.running:
-            say("starting the local Kafka broker (first run fetches the jars with Maven) ...")
-            current = start(settings)
+            say("starting the local Kafka broker ...")
+            warning = ephemeral_port_warning(settings.kafka_port, ephemeral_range())
+            if warning:
+                say(warning)
+            current = start(settings, say=say)
             started = True
         yield settings.model_copy(update={"bootstrap_servers": current.bootstrap})
     finally:

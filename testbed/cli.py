@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -23,6 +24,7 @@ from testbed import broker, cluster
 from testbed.broker import running_broker
 from testbed.cli_mission import mission_group
 from testbed.extras import require_testbed_extra
+from testbed.runs import RunLedger, inspect_lines
 
 _BROKER_HELP = """Run the local Kafka 4 broker (KRaft) from Maven jars: one node, or a cluster.
 
@@ -155,6 +157,9 @@ def broker_start(wait_s: float | None, brokers: int | None, security: str | None
     settings = current_settings()
     n = settings.brokers if brokers is None else brokers
     mode = settings.broker_security if security is None else security
+    warning = broker.ephemeral_port_warning(settings.kafka_port, broker.ephemeral_range())
+    if warning:
+        click.echo(warning, err=True)
     if n == 1 and mode == "plaintext":
         running = _cluster_or_none(settings)
         if running is not None and any(running.node_pid(x.node_id) for x in running.spec.nodes):
@@ -163,7 +168,13 @@ def broker_start(wait_s: float | None, brokers: int | None, security: str | None
                 f"{running.spec.kafka_home}; stop it first (ledger broker stop) or pass "
                 f"--brokers {running.spec.brokers} --security {running.spec.security}"
             )
-        _echo_status(broker.start(settings, wait_s=90 if wait_s is None else wait_s))
+        _echo_status(
+            broker.start(
+                settings,
+                wait_s=90 if wait_s is None else wait_s,
+                say=lambda text: click.echo(text, err=True),
+            )
+        )
         return
     spec = cluster.ClusterSpec.from_settings(settings, n, mode)
     st = cluster.Cluster(spec, settings).start(wait_s=180 if wait_s is None else wait_s)
@@ -320,6 +331,23 @@ def sink_serve(name: str, contract: str, port: int, contract_version: int) -> No
         sink.stop()
 
 
+#: What a finished run says of the broker its ledgers live on.
+LEDGERS_OUTLIVE_THE_BROKER = (
+    "the records outlive the broker: if it is stopped, `ledger broker start` "
+    "(same LEDGER_KAFKA_PORT) brings them back"
+)
+
+
+def _say_ledgers(say: Callable[[str], None], ledgers: list[RunLedger]) -> None:
+    """Say, for each ledger of a finished run, its topic prefix, run folder and how to
+    inspect it (:func:`testbed.harness.inspect_lines`)."""
+    for run in ledgers:
+        for line in inspect_lines(run):
+            say(line)
+    if ledgers:
+        say(f"({LEDGERS_OUTLIVE_THE_BROKER})")
+
+
 @click.command("demo")
 @click.option("--verbose", is_flag=True, help="Show each journaled transition as it happens.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
@@ -336,7 +364,11 @@ def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
     relay as separate processes, kills one of them with SIGKILL at the named
     seam, restarts it, and reads back what happened: effects from the sink,
     phases from ledger.state, claim decisions from the journal. Prints the
-    report as JSON and exits 0 only if every value matches the expected one.
+    report as JSON and exits 0 only if every value matches the expected one;
+    the last line says OK or FAILED. Each case runs on its own ledger (topic
+    prefix and run folder): the demo ends by naming each and the commands
+    that inspect it (export LEDGER_TOPIC_PREFIX=... LEDGER_RUN_DIR=...
+    LEDGER_CLOCK=manual; ledger state; ledger history OP; ledger audit).
     """
     require_testbed_extra("ledger demo")
     from testbed.demo import EXPECTED, run_demo
@@ -345,9 +377,10 @@ def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
         if not as_json:
             click.echo(text, err=True)
 
+    ledgers: list[RunLedger] = []
     with running_broker(current_settings(), say, keep=keep_broker) as settings:
         t0 = time.monotonic()
-        report = run_demo(settings, say, verbose=verbose)
+        report = run_demo(settings, say, verbose=verbose, ledgers=ledgers)
         say(f"demo finished in {time.monotonic() - t0:.1f} s")
     click.echo(json.dumps(report, indent=2))
     mismatches = [
@@ -356,10 +389,18 @@ def demo_cmd(verbose: bool, as_json: bool, keep_broker: bool) -> None:
         for key, value in fields.items()
         if report.get(case, {}).get(key) != value
     ]
+    _say_ledgers(say, ledgers)
+    for line in mismatches:
+        click.echo(f"MISMATCH {line}", err=True)
+    checked = sum(len(fields) for fields in EXPECTED.values())
     if mismatches:
-        for line in mismatches:
-            click.echo(f"MISMATCH {line}", err=True)
+        click.echo(
+            f"FAILED: {len(mismatches)} of {checked} values differ from the expected report "
+            "(MISMATCH lines above)",
+            err=True,
+        )
         sys.exit(1)
+    say(f"OK: all {checked} values of the {len(EXPECTED)} cases match the expected report")
 
 
 @click.group("gameday")
@@ -377,7 +418,9 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
     declared reference sinks and the real stage processes; faults are real
     SIGKILLs at the named seams. Starts (or reuses) the local broker. Exits 0
     when every expectation of every file holds, 1 otherwise, 2 for a
-    malformed file (the message names the bad key or value).
+    malformed file (the message names the bad key or value). Ends by naming
+    each scenario's topic prefix and run folder and the commands that
+    inspect its ledger (ledger state, ledger history OP, ledger audit).
     """
     require_testbed_extra("ledger gameday run")
     from testbed.gameday import run_files
@@ -402,8 +445,10 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
         if not as_json:
             click.echo(text, err=True)
 
+    ledgers: list[RunLedger] = []
     with running_broker(current_settings(), say) as settings:
-        reports = run_files(list(files), settings, say)
+        reports = run_files(list(files), settings, say, ledgers=ledgers)
+    _say_ledgers(say, ledgers)
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
     else:

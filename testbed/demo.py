@@ -24,12 +24,14 @@ from consumers.reader import current_states, latest_by_key, read_topic
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 from ledger.errors import LedgerError
 from ledger.events import Approval, ApprovalUse, JournalEntry, RecoveryReceipt
+from ledger.history import journal_move
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import COMPLETE
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness, run_dir_for
+from testbed.runs import RunLedger
 
 Say = Callable[[str], None]
 
@@ -76,14 +78,9 @@ class JournalTail:
                 except Exception:
                     continue
                 if isinstance(entry, JournalEntry):
-                    arrow = (
-                        f"{entry.from_state} -> {entry.to_state}"
-                        if entry.from_state != entry.to_state
-                        else f"{entry.to_state}"
-                    )
                     self.say(
                         f"    journal: {entry.operation_id}: {entry.kind} {entry.outcome} "
-                        f"{arrow} ({entry.reason})"
+                        f"{journal_move(entry)} ({entry.reason})"
                     )
         finally:
             consumer.close()
@@ -100,6 +97,7 @@ class Case:
         say: Say,
         verbose: bool,
         relay_mode: str = "ledger",
+        ledgers: list[RunLedger] | None = None,
     ) -> None:
         suffix = uuid.uuid4().hex[:6]
         self.settings = base.model_copy(
@@ -120,6 +118,9 @@ class Case:
         self.publisher = LedgerPublisher(self.settings, client_id=f"demo-{name}")
         self.publisher.credentials.add(self.reviewer)
         self.tail: JournalTail | None = None
+        self.ledger = RunLedger(f"case {name}", self.settings)
+        if ledgers is not None:
+            ledgers.append(self.ledger)
 
     def __enter__(self) -> Case:
         if self.verbose:
@@ -159,6 +160,7 @@ class Case:
         )
 
     def refund(self, operation_id: str, sink: str, case: str, amount: int, approval: str) -> None:
+        self.ledger.operation_ids.append(operation_id)
         self.publisher.publish(
             operation_id=operation_id,
             sink=sink,
@@ -194,11 +196,15 @@ class Case:
 
 
 def checkpoint_only_negative(
-    base: LedgerSettings, root: Path, say: Say, verbose: bool
+    base: LedgerSettings,
+    root: Path,
+    say: Say,
+    verbose: bool,
+    ledgers: list[RunLedger] | None = None,
 ) -> dict[str, Any]:
     """Crash after the effect committed; a checkpoint-only resumer and an unsafe sink."""
     op = "refund:case-unsafe"
-    with Case(base, "checkpoint-only", root, say, verbose, relay_mode="checkpoint-only") as c:
+    with Case(base, "checkpoint-only", root, say, verbose, "checkpoint-only", ledgers) as c:
         c.sink("unsafe", UNSAFE_SINK)
         c.approve("approval-unsafe", 1000, "customer-unsafe", 5000)
         c.harness.arm("after_sink_commit_before_receipt", op)
@@ -214,10 +220,16 @@ def checkpoint_only_negative(
         }
 
 
-def consume_once_claim(base: LedgerSettings, root: Path, say: Say, verbose: bool) -> dict[str, Any]:
+def consume_once_claim(
+    base: LedgerSettings,
+    root: Path,
+    say: Say,
+    verbose: bool,
+    ledgers: list[RunLedger] | None = None,
+) -> dict[str, Any]:
     """Two resumers read the same version and claim one operation at once."""
     op = "refund:case-race:v1"
-    with Case(base, "race", root, say, verbose) as c:
+    with Case(base, "race", root, say, verbose, ledgers=ledgers) as c:
         c.sink("payments", PAYMENT_GATEWAY)
         c.approve("approval-race", 1000, "customer-race", 2500)
         c.harness.arm("after_dispatch_before_send", op)
@@ -246,11 +258,15 @@ def consume_once_claim(base: LedgerSettings, root: Path, say: Say, verbose: bool
 
 
 def effect_readback_positive(
-    base: LedgerSettings, root: Path, say: Say, verbose: bool
+    base: LedgerSettings,
+    root: Path,
+    say: Say,
+    verbose: bool,
+    ledgers: list[RunLedger] | None = None,
 ) -> dict[str, Any]:
     """Crash after the effect committed; resume after the approval expired; readback."""
     op = "refund:case-safe:v1"
-    with Case(base, "readback", root, say, verbose) as c:
+    with Case(base, "readback", root, say, verbose, ledgers=ledgers) as c:
         c.sink("payments", PAYMENT_GATEWAY)
         c.approve("approval-safe", 10, "customer-safe", 5000, operation_id=op)
         c.harness.advance(5)
@@ -283,11 +299,15 @@ def effect_readback_positive(
 
 
 def expired_authority_boundary(
-    base: LedgerSettings, root: Path, say: Say, verbose: bool
+    base: LedgerSettings,
+    root: Path,
+    say: Say,
+    verbose: bool,
+    ledgers: list[RunLedger] | None = None,
 ) -> dict[str, Any]:
     """Crash before admission; resume after the approval expired."""
     op = "refund:case-expired:v1"
-    with Case(base, "expired", root, say, verbose) as c:
+    with Case(base, "expired", root, say, verbose, ledgers=ledgers) as c:
         c.sink("payments", PAYMENT_GATEWAY)
         c.approve("approval-expired", 10, "customer-expired", 7500)
         c.harness.arm("before_admission", op)
@@ -331,14 +351,29 @@ EXPECTED: dict[str, dict[str, object]] = {
 
 
 def run_demo(
-    settings: LedgerSettings, say: Say, verbose: bool = False
+    settings: LedgerSettings,
+    say: Say,
+    verbose: bool = False,
+    ledgers: list[RunLedger] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run the four cases and return the observed report (same shape as :data:`EXPECTED`)."""
+    """Run the four cases and return the observed report (same shape as :data:`EXPECTED`).
+
+    Args:
+        settings: the broker's settings; each case gets its own topic prefix
+            and run folder under ``settings.run_dir / "demo"``.
+        say: progress lines.
+        verbose: also say each journaled transition.
+        ledgers: when given, each case's ledger (:class:`RunLedger`) is
+            appended to it, so that the caller can say how to inspect it.
+    """
     root = settings.run_dir / "demo"
     report: dict[str, dict[str, Any]] = {}
     for name, fn in CASES:
         started = time.monotonic()
         say(f"case {name} ...")
-        report[name] = fn(settings, root, say, verbose)
+        made = len(ledgers) if ledgers is not None else 0
+        report[name] = fn(settings, root, say, verbose, ledgers)
+        for run in (ledgers or [])[made:]:
+            run.label = f"case {name}"  # as the report names it
         say(f"case {name} done in {time.monotonic() - started:.1f} s: {report[name]}")
     return report

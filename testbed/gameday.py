@@ -41,6 +41,7 @@ from testbed import broker
 from testbed.forge import forge
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.people import can_sign
+from testbed.runs import RunLedger
 from testbed.scenario import (
     TOTALS,
     Advance,
@@ -103,6 +104,8 @@ class GameDay:
             }
         )
         self.harness = Harness(self.settings)
+        #: this scenario's ledger, as a person inspects it afterwards
+        self.ledger = RunLedger(f"scenario {scenario.name}", self.settings)
         self.publisher = LedgerPublisher(self.settings, client_id=f"gameday-{safe}")
         self.reviewers: dict[str, ReviewerKey] = {}
         self.approvals: dict[str, Approval] = {}
@@ -222,6 +225,8 @@ class GameDay:
         self.publisher.publish_policy(p.version, "gameday", self.harness.clock.now_ms())
 
     def _step_intent(self, i: IntentStep) -> None:
+        if i.operation_id not in self.ledger.operation_ids:
+            self.ledger.operation_ids.append(i.operation_id)
         self.publisher.publish(
             operation_id=i.operation_id,
             sink=i.sink,
@@ -490,6 +495,8 @@ class GameDay:
         failures = check(self.scenario, observed)
         return {
             "name": self.scenario.name,
+            "topic_prefix": self.settings.topic_prefix,
+            "run_dir": str(self.settings.run_dir),
             **observed,
             "passed": not failures,
             "failures": failures,
@@ -598,8 +605,28 @@ def check(scenario: Scenario, observed: dict[str, Any]) -> list[dict[str, Any]]:
     return failures
 
 
-def run_files(paths: list[Path], base: LedgerSettings, say: Say) -> list[dict[str, Any]]:
-    """Run scenario files one after another; returns one report per file."""
+def run_files(
+    paths: list[Path],
+    base: LedgerSettings,
+    say: Say,
+    ledgers: list[RunLedger] | None = None,
+) -> list[dict[str, Any]]:
+    """Run scenario files one after another; returns one report per file.
+
+    Args:
+        paths: scenario files (JSON or YAML).
+        base: the broker's settings; each scenario gets its own topic prefix
+            and run folder under ``base.run_dir / "gameday"``.
+        say: progress lines.
+        ledgers: when given, each scenario's ledger (:class:`RunLedger`) is
+            appended to it, so that the caller can say how to inspect it.
+
+    Returns:
+        One report per file: ``name``, ``topic_prefix``, ``run_dir``, the
+        observations, ``passed``, ``failures``, ``wall_s`` and ``file`` (a
+        scenario that could not run has only ``name``, ``passed``,
+        ``failures`` and ``file``, and its ledger too when it was made).
+    """
     from testbed.scenario import load
 
     scenarios = [(path, load(path)) for path in paths]  # fail fast on malformed files
@@ -607,11 +634,23 @@ def run_files(paths: list[Path], base: LedgerSettings, say: Say) -> list[dict[st
     root = base.run_dir / "gameday"
     for path, scenario in scenarios:
         say(f"scenario {scenario.name} ({path.name})")
+        game: GameDay | None = None
         try:
-            report = GameDay(scenario, base, root, say).run()
+            game = GameDay(scenario, base, root, say)
+            if ledgers is not None:
+                ledgers.append(game.ledger)
+            report = game.run()
         except LedgerError as exc:
             report = {
                 "name": scenario.name,
+                **(
+                    {
+                        "topic_prefix": game.settings.topic_prefix,
+                        "run_dir": str(game.settings.run_dir),
+                    }
+                    if game is not None
+                    else {}
+                ),
                 "passed": False,
                 "failures": [
                     {"path": "(run)", "expected": "the scenario runs", "observed": exc.message}

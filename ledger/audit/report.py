@@ -15,6 +15,34 @@ from ledger.events import OperationState
 OPEN_STATES: tuple[str, ...] = ("UNKNOWN_OUTCOME", "NEEDS_REAUTHORISATION", "ABANDONED")
 
 
+#: Coverage words: sinks read back and at least one fact checked against them.
+LEDGER_AND_SINKS = "ledger and sink readback"
+#: Coverage words: sinks asked (no ``--no-sinks``) but no fact checked against them.
+LEDGER_ONLY_NO_SINK_FACT = "ledger only; no sink readback"
+#: Coverage words: ``--no-sinks``.
+LEDGER_ONLY_SINKS_OFF = "ledger only, sink readback off"
+
+
+def coverage_words(sink_readback: bool, sink_facts: int | None) -> str:
+    """What an audit's verdict holds for, in words; sink readback only when it checked a fact.
+
+    Args:
+        sink_readback: whether sinks were asked (``ledger audit`` without
+            ``--no-sinks``).
+        sink_facts: facts checked against what the sinks read back (``None``
+            when not asked).
+
+    Returns:
+        :data:`LEDGER_AND_SINKS` when at least one sink fact was checked,
+        :data:`LEDGER_ONLY_NO_SINK_FACT` when sinks were asked but none was
+        (no registered sink with readback holds an operation of this
+        ledger, or none answered), else :data:`LEDGER_ONLY_SINKS_OFF`.
+    """
+    if not sink_readback:
+        return LEDGER_ONLY_SINKS_OFF
+    return LEDGER_AND_SINKS if sink_facts else LEDGER_ONLY_NO_SINK_FACT
+
+
 @dataclass(frozen=True)
 class Violation:
     """One broken invariant.
@@ -185,11 +213,9 @@ class AuditReport:
 
     @property
     def coverage(self) -> str:
-        """What was checked, in words: ``ledger and sink readback`` or ``ledger only
-        (sink readback off)``."""
-        return (
-            "ledger and sink readback" if self.sink_readback else "ledger only, sink readback off"
-        )
+        """What was checked, in words (:func:`coverage_words`): ``ledger and sink
+        readback`` only when a fact was checked against a sink's readback."""
+        return coverage_words(self.sink_readback, self.sink_facts)
 
     @property
     def verdict(self) -> str:

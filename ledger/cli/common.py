@@ -142,6 +142,54 @@ class LedgerGroup(click.Group):
             raise LedgerCommandError(exc) from exc
 
 
+#: What a reader says when the ledger it was pointed at may be the wrong one.
+OTHER_LEDGER_HINT = (
+    "to read another ledger, set LEDGER_TOPIC_PREFIX and LEDGER_RUN_DIR to its topic prefix "
+    "and run folder (`ledger demo` and `ledger gameday run` print theirs at the end)"
+)
+
+
+def reader_ready(settings: LedgerSettings) -> None:
+    """What a command that only reads the ledger checks first; it creates nothing.
+
+    Checks that the topics exist (else exit 7, "topics not created"), and
+    that the keys that authenticate its records are there: a run folder
+    without a deployment key can authenticate no record, so when the
+    topics hold records that is said (exit 1) instead of reporting a ledger
+    that looks empty. Nothing is written: no key, no trusted-keys file.
+
+    Args:
+        settings: the command's settings (``topic_prefix``, ``run_dir``, ``keys_dir``).
+
+    Raises:
+        TopicConfigError: the topics do not exist or are unsafe (exit 7 or 1).
+        BrokerUnavailableError: the broker does not answer (exit 6).
+        LedgerExit: no deployment key for a ledger that holds records (exit 1).
+    """
+    from ledger.credentials import keys_dir
+    from ledger.topics import check_topics, non_empty_topics
+    from ledger.topology import TOPICS
+
+    check_topics(settings)
+    key = keys_dir(settings) / "deployment.key"
+    if key.exists():
+        return
+    # Records the run folder's keys seal: the stages' (deployment MAC) and the
+    # authority kernel's. Intents (unsealed) and people's signed records are
+    # checked without them.
+    sealed = [t.name for t in TOPICS if "stage" in t.auth or "authority" in t.auth]
+    held = non_empty_topics(settings, sealed)
+    if held:
+        fail(
+            f"no deployment key at {key}, so no record the stages sealed in the ledger with "
+            f"topic prefix {settings.topic_prefix!r} (records in {', '.join(held)}) can be "
+            "authenticated and every reader would refuse them: LEDGER_RUN_DIR (or "
+            "LEDGER_KEYS_DIR) must name the run folder of the stages that wrote this ledger "
+            f"(in force: {settings.run_dir}); {OTHER_LEDGER_HINT}",
+            EXIT_ERROR,
+        )
+
+
 #: Ledger-clock instants at or after this (2001-09-09 in Unix milliseconds) are
 #: wall-clock times; a manual clock (game days, demos) counts from 0.
 _EPOCH_LIKE_MS = 1_000_000_000_000

@@ -44,6 +44,7 @@ from ledger.cli.common import current_settings
 from ledger.cli.render import render
 from ledger.errors import LedgerError
 from ledger.events import OperationState
+from ledger.history import journal_move
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 
@@ -235,12 +236,7 @@ class LedgerData:
                 f"disposition of {operation_id} published; no decision within {self.wait_s:g} s "
                 "(is the processor running?)"
             )
-        moved = (
-            f"{entry.from_state} -> {entry.to_state}"
-            if entry.from_state != entry.to_state
-            else str(entry.to_state)
-        )
-        return f"{entry.outcome}: {operation_id} {moved} ({entry.reason})"
+        return f"{entry.outcome}: {operation_id} {journal_move(entry)} ({entry.reason})"
 
     def audit(self, read_sinks: bool) -> dict[str, Any]:
         """Run the auditor (``ledger audit``) and return its report."""

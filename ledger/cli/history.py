@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from ledger.cli.common import EXIT_UNKNOWN_OPERATION, current_settings
+from ledger.cli.common import EXIT_UNKNOWN_OPERATION, current_settings, reader_ready
 from ledger.history import History, iso_time
 from ledger.settings import LedgerSettings
 
@@ -164,10 +164,9 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     1 on any other error (broker, topics, key files).
     """
     from consumers.history import UnknownOperationError, read_history
-    from ledger.topics import check_topics
 
     settings = current_settings()
-    check_topics(settings)
+    reader_ready(settings)  # reads only: creates no key
     try:
         history = read_history(settings, operation_id, links=True)
     except UnknownOperationError as exc:

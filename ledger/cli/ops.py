@@ -20,10 +20,12 @@ from ledger.cli.common import (
     EXIT_ERROR,
     EXIT_TIMEOUT,
     EXIT_UNKNOWN_OPERATION,
+    OTHER_LEDGER_HINT,
     current_settings,
     echo_json,
     fail,
     instant_text,
+    reader_ready,
 )
 from ledger.settings import LedgerSettings
 
@@ -52,6 +54,7 @@ def _report_decision(
     :data:`~ledger.cli.common.EXIT_TIMEOUT` when no decision came in time.
     """
     from consumers.reader import wait_for_decision
+    from ledger.history import journal_move
 
     topic, partition, offset = position
     entry = wait_for_decision(settings, topic, partition, offset, wait_s)
@@ -61,12 +64,7 @@ def _report_decision(
             err=True,
         )
         sys.exit(EXIT_TIMEOUT)
-    moved = (
-        f"{entry.from_state or '(new)'} -> {entry.to_state}"
-        if entry.from_state != entry.to_state
-        else str(entry.to_state)
-    )
-    click.echo(f"{entry.outcome}: {entry.operation_id} {moved} ({entry.reason})")
+    click.echo(f"{entry.outcome}: {entry.operation_id} {journal_move(entry)} ({entry.reason})")
     if entry.outcome == "REFUSED":
         sys.exit(EXIT_ERROR)
 
@@ -631,12 +629,19 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
     from consumers.reader import current_states
 
     settings = current_settings()
-    _ready(settings)
+    reader_ready(settings)  # reads only: creates no key
     states = current_states(settings)
+    if not states:
+        _no_authentic_state(settings)
     if operation_id is not None:
         st = states.get(operation_id)
         if st is None:
-            fail(f"no operation {operation_id!r} in the ledger", EXIT_UNKNOWN_OPERATION)
+            fail(
+                f"no operation {operation_id!r} in the ledger (topic prefix "
+                f"{settings.topic_prefix!r}); an intent refused before admission (an unknown "
+                f"sink) leaves no state: `ledger history {operation_id}` shows what happened",
+                EXIT_UNKNOWN_OPERATION,
+            )
         echo_json(st.model_dump(mode="json"))
         return
     if as_json:
@@ -648,11 +653,34 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
         )
         return
     if not states:
-        click.echo(f"no operations in the ledger (topic prefix {settings.topic_prefix!r})")
+        click.echo(
+            f"no operations in the ledger (topic prefix {settings.topic_prefix!r}: its topics "
+            f"exist and hold no operation); {OTHER_LEDGER_HINT}"
+        )
         return
     click.echo("OPERATION\tSTATE\tVERSION\tEPOCH\tREASON")
     for op, st in sorted(states.items()):
         click.echo(f"{op}\t{st.state}\t{st.version}\t{st.epoch}\t{st.reason}")
+
+
+def _no_authentic_state(settings: LedgerSettings) -> None:
+    """Fail (exit 1) when the state topic holds records but none was authentic.
+
+    That is a run folder whose keys did not seal this ledger (another run's,
+    or a new one): every record is refused, and the ledger would look empty.
+    """
+    from ledger.credentials import keys_dir
+    from ledger.topics import non_empty_topics
+
+    if non_empty_topics(settings, ["state"]):
+        fail(
+            f"{settings.topic('state')} holds records but none is sealed by a key in "
+            f"{keys_dir(settings)}, so every one is refused as unauthenticated: LEDGER_RUN_DIR "
+            "(or LEDGER_KEYS_DIR) names another run folder than the stages that wrote the "
+            f"ledger with topic prefix {settings.topic_prefix!r} used (`ledger audit` lists the "
+            f"refused records); {OTHER_LEDGER_HINT}",
+            EXIT_ERROR,
+        )
 
 
 @click.command("claim")
@@ -783,7 +811,7 @@ def reconcile_list(as_json: bool) -> None:
     from ledger.clock import age_s, clock_for
 
     settings = current_settings()
-    _ready(settings)
+    reader_ready(settings)  # reads only: creates no key
     now = clock_for(settings.clock, settings.run_dir).now_ms()
     items = open_items(settings)
     rows = [
@@ -890,6 +918,9 @@ def audit_lines(report: Any) -> list[str]:
         f"facts checked: {cov['ledger_facts']} in the ledger's records, "
         + (
             f"{cov['sink_facts']} against sink readback"
+            if cov["sink_readback"] and cov["sink_facts"]
+            else "none against sink readback (no registered sink with readback answered for "
+            "an operation of this ledger)"
             if cov["sink_readback"]
             else "none against sink readback (--no-sinks: sinks not read back)"
         ),
@@ -946,8 +977,10 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
     operation and the evidence. Every record's seal is checked too: records
     no trusted writer produced are listed (they were refused; an admission
     or effect resting on one is a violation). The verdict says what it
-    covers: 'ledger and sink readback', or 'ledger only, sink readback off'
-    with --no-sinks, and the facts checked are split the same way. The
+    covers: 'ledger and sink readback' when at least one fact was checked
+    against a sink's readback, 'ledger only; no sink readback' when none
+    was (no registered sink with readback answered), or 'ledger only, sink
+    readback off' with --no-sinks; the facts checked are split the same way. The
     report says when it ran (wall clock, UTC), the end offset it read to on
     every topic partition, and lists every open item (held unknown outcomes,
     reauthorisation pending, abandoned: operation, state, sink, age, reason,
@@ -962,7 +995,7 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
     if histories and html_path is None:
         raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()
-    _ready(settings)
+    reader_ready(settings)  # reads only: creates no key
     report = run_audit(settings, read_sinks=not no_sinks)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

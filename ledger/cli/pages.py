@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ledger.audit.report import LEDGER_AND_SINKS, coverage_words
 from ledger.cli.render import render
 
 __all__ = ["audit_context", "audit_page", "coverage_label"]
@@ -25,16 +26,19 @@ def coverage_label(coverage: Mapping[str, Any] | None) -> str:
             or ``None`` for a report that does not say.
 
     Returns:
-        ``ledger and sink readback``, ``ledger only, sink readback off`` or
+        ``ledger and sink readback`` (only when at least one sink fact was
+        checked), ``ledger only; no sink readback`` (sinks asked, no fact
+        checked against them), ``ledger only, sink readback off`` or
         ``coverage not recorded``.
     """
     if not isinstance(coverage, Mapping) or "sink_readback" not in coverage:
         return "coverage not recorded"
-    return (
-        "ledger and sink readback"
-        if coverage.get("sink_readback")
-        else "ledger only, sink readback off"
-    )
+    return coverage_words(bool(coverage.get("sink_readback")), _sink_facts(coverage))
+
+
+def _sink_facts(coverage: Mapping[str, Any]) -> int | None:
+    value = coverage.get("sink_facts")
+    return _int(value) if value is not None else None
 
 
 def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str, Any]:
@@ -89,7 +93,11 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
         params.append(
             (
                 "… against sink readback",
-                sink if sink is not None else "not read (ledger audit --no-sinks)",
+                "not read (ledger audit --no-sinks)"
+                if sink is None or not coverage.get("sink_readback")
+                else sink
+                if _int(sink)
+                else "none (no registered sink with readback answered for an operation)",
             )
         )
     params.append(
@@ -122,7 +130,8 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
         "title": f"Audit of {ledger}" if ledger else "Ledger audit",
         "verdict": {"ok": not n, "head": head, "sentence": sentence},
         "coverage": words,
-        "sink_readback": isinstance(coverage, Mapping) and bool(coverage.get("sink_readback")),
+        # the badge is green only for a verdict that holds for sink readback too
+        "sink_readback": words == LEDGER_AND_SINKS,
         "params": params,
         "invariants": invariants,
         "violations": violations,

@@ -15,7 +15,14 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from ledger.cli.common import EXIT_ERROR, EXIT_USAGE, current_settings, echo_json, fail
+from ledger.cli.common import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    current_settings,
+    echo_json,
+    fail,
+    reader_ready,
+)
 from ledger.contracts import EffectContract
 from ledger.errors import LocalFileError
 from ledger.upgrades import IN_FLIGHT, stranded_by
@@ -90,7 +97,6 @@ def upgrade_check_cmd(
     """
     from consumers.reader import current_states
     from ledger.clock import clock_for
-    from ledger.topics import check_topics
     from sinks.registry import load_manifest, load_sinks
 
     settings = current_settings()
@@ -103,7 +109,7 @@ def upgrade_check_cmd(
         fail(exc.message, EXIT_USAGE)
     current = registered.contract_version if registered is not None else 1
     proposed = version or current + 1
-    check_topics(settings)
+    reader_ready(settings)  # reads only; a run folder that cannot authenticate it is said
     states = list(current_states(settings).values())
     now = clock_for(settings.clock, settings.run_dir).now_ms()
     found = stranded_by(

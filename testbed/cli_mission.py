@@ -263,7 +263,25 @@ def _mission_run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> N
     else:
         click.echo(render_text(report))
     click.echo(f"report: {out}\nHTML:   {html}", err=True)
+    for line in _inspect(report, run_dir):
+        click.echo(line, err=True)
     sys.exit(0 if report["checks"]["passed"] else 1)
+
+
+def _inspect(report: dict[str, Any], run_dir: Path) -> list[str]:
+    """How to look at the mission's ledger afterwards (its prefix, run folder, commands).
+
+    The example operation is the first one the mission left held, else its
+    first refund.
+    """
+    from ledger.cli.common import current_settings
+    from testbed.runs import RunLedger, inspect_lines
+
+    settings = current_settings().model_copy(
+        update={"topic_prefix": report["mission"]["ledger"], "run_dir": run_dir, "clock": "manual"}
+    )
+    held = [str(h["operation_id"]) for h in report.get("held_operations") or []]
+    return inspect_lines(RunLedger("the mission", settings, held or ["refund:00000:v1"]))
 
 
 def _in_client_namespace(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> int:

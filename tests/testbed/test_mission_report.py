@@ -359,3 +359,16 @@ def test_reservations_and_the_upgrade_have_their_rows() -> None:
     without = build(_side_facts(reversal="OUTCOME_VERIFIED", upgrade=False))
     assert without["upgrade"] is None
     assert not any(m["name"].startswith("operations held by") for m in without["measures"])
+
+
+def test_the_mission_says_how_to_inspect_its_ledger(tmp_path: Any) -> None:
+    from testbed.cli_mission import _inspect
+
+    report = {"mission": {"ledger": "mission-ledger-seed7-2c-1i-abc123"}, "held_operations": []}
+    lines = _inspect(report, tmp_path)
+    text = "\n".join(lines)
+    assert "LEDGER_TOPIC_PREFIX=mission-ledger-seed7-2c-1i-abc123" in text
+    assert f"LEDGER_RUN_DIR={tmp_path}" in text and "LEDGER_CLOCK=manual" in text
+    assert "ledger history refund:00000:v1" in text
+    held = {**report, "held_operations": [{"operation_id": "notify:00002:v1"}]}
+    assert "ledger history notify:00002:v1" in "\n".join(_inspect(held, tmp_path))

@@ -332,6 +332,8 @@ class Stage:
         self.group_id = f"{settings.topic_prefix}.{self.component}"
         self.transactional_id = f"{settings.topic_prefix}.{self.component}.{instance}"
         self.stopping = False
+        #: Armed by the first stop signal (see :meth:`_stop`); disarmed when the run ends.
+        self._watchdog: StopWatchdog | None = None
         self.assigned: set[tuple[str, int]] = set()
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
@@ -942,6 +944,8 @@ class Stage:
             log.info("%s-%s: stopped while waiting (%s)", self.component, self.instance, exc)
         finally:
             self.close()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
 
     def _loop(self, stop_after_s: float | None) -> None:
         """The consume-transform-produce loop (see :meth:`run`)."""
@@ -1043,18 +1047,113 @@ class Stage:
         """Called when a poll returned nothing (periodic work may go here)."""
 
     def _stop(self, signum: int, frame: object) -> None:
+        """SIGTERM/SIGINT: stop at the next step, and exit anyway after ``stop_timeout_s``.
+
+        The first signal arms a watchdog (:class:`StopWatchdog`): a Kafka
+        call that waits on an unreachable broker cannot keep the process
+        alive past it. Leaving that way is as safe as a crash: the open
+        transaction is aborted by the broker (or fenced by the next instance
+        with the transactional ID), and the next owner resumes.
+        """
+        if not self.stopping:
+            self._watchdog = StopWatchdog(
+                self.settings.stop_timeout_s, f"{self.component}-{self.instance}"
+            )
+            self._watchdog.start()
         self.stopping = True
 
     def close(self) -> None:
-        """Leave the group and release the producer (clean shutdown only)."""
+        """Leave the group and release the producer (clean shutdown only).
+
+        Each client's close is bounded by ``stop_timeout_s``
+        (:func:`bounded_call`): a close that does not return in time is left
+        behind, logged, and the process goes on exiting.
+        """
         self.metrics.close()
         self.spans.end("the stage stopped before the batch committed")
+        limit = self.settings.stop_timeout_s
+        name = f"{self.component}-{self.instance}"
         if self.consumer is not None:
-            self.consumer.close()
-            self.consumer = None
+            consumer, self.consumer = self.consumer, None
+            bounded_call(consumer.close, limit, f"{name}: consumer close")
         if self.producer is not None:
-            self.producer.flush(10)
-            self.producer = None
+            producer, self.producer = self.producer, None
+            bounded_call(lambda: producer.flush(min(10.0, limit)), limit, f"{name}: producer flush")
+
+
+class StopWatchdog:
+    """Ends the process when a requested stop takes longer than it may.
+
+    A daemon timer: after ``timeout_s`` seconds it logs and calls ``exit``
+    (default :func:`os._exit` with status 1, which runs no cleanup that could
+    block again). :meth:`cancel` disarms it (a stop that finished in time).
+    The workaround confluent-kafka-python issue #1667 ("consumer hangs on
+    consumer.close()") describes, applied to the whole stop.
+
+    Args:
+        timeout_s: seconds the stop may take.
+        name: the stage process, for the log line.
+        exit: called with the exit status when the time is up.
+    """
+
+    def __init__(
+        self, timeout_s: float, name: str, exit: Callable[[int], object] = os._exit
+    ) -> None:
+        self.name = name
+        self._exit = exit
+        self._timer = threading.Timer(timeout_s, self._expire, args=(timeout_s,))
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        """Arm it."""
+        self._timer.start()
+
+    def cancel(self) -> None:
+        """Disarm it."""
+        self._timer.cancel()
+
+    def _expire(self, timeout_s: float) -> None:
+        log.error(
+            "%s: still stopping after %.0f s (a Kafka call waits on the broker); exiting now, "
+            "as after a crash (LEDGER_STOP_TIMEOUT_S)",
+            self.name,
+            timeout_s,
+        )
+        logging.shutdown()
+        self._exit(1)
+
+
+def bounded_call(call: Callable[[], object], timeout_s: float, what: str) -> bool:
+    """Run ``call`` in a daemon thread and wait at most ``timeout_s`` seconds for it.
+
+    For client closes that can block without end on an unreachable broker
+    (confluent-kafka-python issue #1667). A call still running after the
+    time is left behind in its daemon thread (it cannot keep the process
+    alive) and logged; an exception it raises is logged, never raised.
+
+    Args:
+        call: what to run (no arguments).
+        timeout_s: seconds to wait for it.
+        what: what it is, for the log lines.
+
+    Returns:
+        True when it returned (or raised) in time.
+    """
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - a close that fails is only logged
+            log.warning("%s failed: %s", what, exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"bounded {what}", daemon=True).start()
+    if done.wait(timeout_s):
+        return True
+    log.error("%s did not return within %.0f s; leaving it behind", what, timeout_s)
+    return False
 
 
 def await_settled(

@@ -74,6 +74,10 @@ class LedgerSettings(BaseSettings):
         takeover_wait_s: longest time a stage given partitions waits for the
             previous owner's last transaction to end (and for the broker, if
             it is unreachable) before it gives up with an error (seconds).
+        stop_timeout_s: longest time a stage told to stop (SIGTERM, SIGINT)
+            takes to leave its group and close its clients (seconds); past it
+            the process exits anyway, as after a crash (a librdkafka close can
+            wait on an unreachable broker without end).
         sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
             that exceeds it is an ambiguous outcome.
         sink_retry_attempts: tries in all of a request the relay could not
@@ -152,6 +156,7 @@ class LedgerSettings(BaseSettings):
     commit_interval_ms: int = 100
     transaction_timeout_ms: int = 15000
     takeover_wait_s: float = 180.0
+    stop_timeout_s: float = Field(default=30.0, gt=0)
     sink_timeout_s: float = 2.0
     sink_retry_attempts: int = Field(default=6, ge=1)
     sink_retry_backoff_s: float = Field(default=0.5, ge=0)

@@ -99,9 +99,14 @@ def canonical_json(value: Any, *, checked: bool = False) -> str:
     """
     if not checked:
         _check_json(value)
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
+
+
+#: The encoder of :func:`canonical_json`, built once (``json.dumps`` with these
+#: arguments builds a new one per call; the output is the same).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 
 
 def _check_json(value: Any) -> None:

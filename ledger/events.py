@@ -23,9 +23,15 @@ class Event(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=True)
     KIND: ClassVar[str] = ""
-    #: Its fields are Avro values as they are (no nested model, no
-    #: serializer): encoding writes them without :meth:`model_dump`.
-    FLAT: ClassVar[bool] = True
+
+    def avro_record(self) -> dict[str, Any]:
+        """The event's values as fastavro writes them (not to be modified).
+
+        Its fields hold Avro values as they are (no nested model, no
+        serializer), so this is the model's own ``__dict__``; an event with
+        a nested model or a serializer overrides it.
+        """
+        return self.__dict__
 
     def to_bytes(self) -> bytes:
         """Single-object-encode this event (see :mod:`ledger.serde`).
@@ -35,8 +41,7 @@ class Event(BaseModel):
         (``typed=True``: a value the writer cannot write is still refused
         with :class:`~ledger.errors.SchemaValidationError`).
         """
-        record = self.__dict__ if self.FLAT else self.model_dump()
-        return registry().encode(self.KIND, record, typed=True)
+        return registry().encode(self.KIND, self.avro_record(), typed=True)
 
 
 class Intent(Event):
@@ -315,7 +320,6 @@ class JournalEntry(Event):
     """
 
     KIND: ClassVar[str] = "JournalEntry"
-    FLAT: ClassVar[bool] = False
     operation_id: str
     seq: int
     kind: str
@@ -337,6 +341,12 @@ class JournalEntry(Event):
         # An Avro array is a list: fastavro reads a tuple in a union as
         # (branch name, value).
         return None if hops is None else list(hops)
+
+    def avro_record(self) -> dict[str, Any]:
+        """The entry's values as fastavro writes them: ``hops`` as a list (see above)."""
+        if self.hops is None:
+            return self.__dict__
+        return {**self.__dict__, "hops": list(self.hops)}
 
 
 RecoveryAction = Literal["COMPLETE", "EXECUTE", "COMPENSATE", "REAUTHORISE", "RECONCILE", "ABANDON"]
@@ -386,7 +396,6 @@ class OperatingEvent(Event):
     """
 
     KIND: ClassVar[str] = "OperatingEvent"
-    FLAT: ClassVar[bool] = False
     event_id: str
     operation_id: str | None = None
     component: str
@@ -399,6 +408,10 @@ class OperatingEvent(Event):
     original_bytes: bytes | None = None
     original_key: bytes | None = None
     original_headers: list[RecordHeader] | None = None
+
+    def avro_record(self) -> dict[str, Any]:
+        """The event's values as fastavro writes them: its headers as plain records."""
+        return self.model_dump()
 
 
 class Disposition(Event):

@@ -24,8 +24,9 @@ from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
 
 MARKER = b"\xc3\x01"
 HEADER_LEN = 10
-#: The range of an Avro ``int`` (32-bit signed).
-INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+#: The ranges of an Avro ``int`` and ``long`` (32- and 64-bit signed).
+INT_RANGE = (-(2**31), 2**31 - 1)
+LONG_RANGE = (-(2**63), 2**63 - 1)
 #: The ``schemas`` package: ``.avsc`` files shipped inside the wheel.
 SCHEMA_DIR: Traversable = files("schemas")
 
@@ -49,9 +50,12 @@ class EventSchema:
         fingerprint: 8 bytes, little-endian CRC-64-AVRO of the canonical form.
         parsed: fastavro's parsed schema.
         raw: the schema as loaded from its ``.avsc`` file.
-        int_fields: the top-level fields of Avro type ``int`` (nullable or
-            not), whose range :meth:`SchemaRegistry.encode` checks itself
-            when it skips fastavro's validation.
+        scalars: the top-level ``int``, ``long`` and ``boolean`` fields
+            (nullable or not) as ``(name, range or None for a boolean,
+            nullable)``: fastavro's writer writes a bool or a float into a
+            number, anything into a boolean, and any integer as a varint,
+            so :meth:`SchemaRegistry.encode` checks these itself when it
+            skips fastavro's validation.
     """
 
     name: str
@@ -60,7 +64,7 @@ class EventSchema:
     fingerprint: bytes
     parsed: Any
     raw: Mapping[str, Any]
-    int_fields: tuple[str, ...] = ()
+    scalars: tuple[tuple[str, tuple[int, int] | None, bool], ...] = ()
 
 
 class SchemaRegistry:
@@ -92,11 +96,7 @@ class SchemaRegistry:
             fingerprint=fp,
             parsed=parsed,
             raw=raw,
-            int_fields=tuple(
-                str(f["name"])
-                for f in raw.get("fields", ())
-                if f["type"] == "int" or (isinstance(f["type"], list) and "int" in f["type"])
-            ),
+            scalars=_scalar_fields(raw),
         )
         current = self.by_name.get(schema.name)
         if current is None or current.version <= schema.version:
@@ -140,9 +140,8 @@ class SchemaRegistry:
         schema = self.schema(name)
         datum = record if isinstance(record, dict) else dict(record)
         if typed:
-            # The writer does not range-check an Avro int (it writes any
-            # integer as a varint); that is the one check it would skip.
-            if _ints_in_range(datum, schema.int_fields):
+            # What the writer would let through unchecked is checked first.
+            if _scalars_hold(datum, schema.scalars):
                 try:
                     return self._write(schema, datum)
                 except Exception as exc:
@@ -214,11 +213,31 @@ class SchemaRegistry:
         return writer.name, record
 
 
-def _ints_in_range(datum: Mapping[str, Any], fields: tuple[str, ...]) -> bool:
-    """Whether every named value is ``None`` or an integer within an Avro ``int``."""
-    for name in fields:
+def _scalar_fields(raw: Mapping[str, Any]) -> tuple[tuple[str, tuple[int, int] | None, bool], ...]:
+    """The ``scalars`` of :class:`EventSchema` for a record schema."""
+    out: list[tuple[str, tuple[int, int] | None, bool]] = []
+    for f in raw.get("fields", ()):
+        members = f["type"] if isinstance(f["type"], list) else [f["type"]]
+        nullable = "null" in members
+        for kind, limits in (("int", INT_RANGE), ("long", LONG_RANGE), ("boolean", None)):
+            if kind in members:
+                out.append((str(f["name"]), limits, nullable))
+    return tuple(out)
+
+
+def _scalars_hold(
+    datum: Mapping[str, Any], fields: tuple[tuple[str, tuple[int, int] | None, bool], ...]
+) -> bool:
+    """Whether every such field holds an int within its range, a bool, or an allowed ``None``."""
+    for name, limits, nullable in fields:
         value = datum.get(name)
-        if value is not None and (not isinstance(value, int) or not INT_MIN <= value <= INT_MAX):
+        if value is None:
+            if not nullable:
+                return False
+        elif limits is None:
+            if value.__class__ is not bool:
+                return False
+        elif value.__class__ is not int or not limits[0] <= value <= limits[1]:
             return False
     return True
 

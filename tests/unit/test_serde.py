@@ -198,6 +198,12 @@ def test_encoding_a_built_event_still_refuses_what_its_schema_refuses() -> None:
         claim.model_copy(update={"expected_version": "x"}).to_bytes()
     with pytest.raises(SchemaValidationError, match="Claim"):
         claim.model_copy(update={"worker": None}).to_bytes()
+    for number in (True, 1.5, 2**63):  # fastavro's writer would write the first two
+        with pytest.raises(SchemaValidationError, match="Claim"):
+            claim.model_copy(update={"expected_version": number}).to_bytes()
+    receipt = _sample("EffectReceipt")
+    with pytest.raises(SchemaValidationError, match="EffectReceipt"):  # not a boolean
+        receipt.model_copy(update={"on_resume": 1}).to_bytes()
     state = _sample("OperationState")
     with pytest.raises(SchemaValidationError, match="OperationState"):  # an Avro int is 32-bit
         state.model_copy(update={"admitted_policy_version": 2**31}).to_bytes()

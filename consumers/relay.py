@@ -337,13 +337,17 @@ class Relay(Stage):
             if r.status == "ATTEMPTED" and r.contract_version is not None:
                 self.attempt_versions.setdefault(r.dispatch_id, r.contract_version)
             if r.contract_version is not None:
-                known = self.operation_versions.get(r.operation_id)
-                if known is None or r.contract_version < known:
-                    self.operation_versions[r.operation_id] = r.contract_version
+                self._note_version(r.operation_id, r.contract_version)
             first = self.attempts.get(r.dispatch_id)
             self.attempts[r.dispatch_id] = (
                 r.first_attempt_at_ms if first is None else min(first, r.first_attempt_at_ms)
             )
+
+    def _note_version(self, operation_id: str, version: int) -> None:
+        """Keep the earliest contract version an attempt of the operation was sent under."""
+        known = self.operation_versions.get(operation_id)
+        if known is None or version < known:
+            self.operation_versions[operation_id] = version
 
     def on_assign(self, partitions: set[int]) -> None:
         """Learn which dispatches of these partitions were already attempted."""
@@ -828,9 +832,7 @@ class Relay(Stage):
             version = self._version_of(d.sink)
             if version is not None:
                 self.attempt_versions.setdefault(d.dispatch_id, version)
-                known = self.operation_versions.get(d.operation_id)
-                if known is None or version < known:
-                    self.operation_versions[d.operation_id] = version
+                self._note_version(d.operation_id, version)
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""

@@ -527,8 +527,18 @@ class Relay(Stage):
             outcome = (
                 "receipts",
                 d.operation_id,
+                # Nothing was sent under the new version: the receipt names the
+                # version the effect was attempted under, so that it survives
+                # compaction of the earlier receipts (an operation's receipts
+                # share its key) as the evidence the next resume is held on.
                 self._receipt(
-                    d, "AMBIGUOUS", first, now, f"{sent}; {reason}", on_resume=may_have_left
+                    d,
+                    "AMBIGUOUS",
+                    first,
+                    now,
+                    f"{sent}; {reason}",
+                    on_resume=may_have_left,
+                    contract_version=from_version,
                 ),
             )
         else:
@@ -1165,7 +1175,10 @@ class Relay(Stage):
         attempt_id: str | None = None,
         on_resume: bool = False,
         reservation: str | None = None,
+        contract_version: int | None = None,
     ) -> EffectReceipt:
+        """A receipt of ``d``; ``contract_version`` is the version its effect was
+        attempted under (default: the sink's version in the registry now)."""
         return EffectReceipt(
             operation_id=d.operation_id,
             dispatch_id=d.dispatch_id,
@@ -1180,7 +1193,9 @@ class Relay(Stage):
             on_resume=on_resume,
             observer=self.observer,
             reservation=reservation,  # type: ignore[arg-type]
-            contract_version=self._version_of(d.sink),
+            contract_version=(
+                contract_version if contract_version is not None else self._version_of(d.sink)
+            ),
         )
 
     def _submit(

@@ -234,7 +234,10 @@ class EffectReceipt(Event):
     reservation: Literal["CONFIRMED", "CANCELLED", "EXPIRED"] | None = None
     #: The sink's contract version the relay acted under (schema version 3;
     #: ``None`` before). An ``ATTEMPTED`` receipt's is the version a resume
-    #: of that attempt is checked against (:mod:`ledger.upgrades`).
+    #: of that attempt is checked against (:mod:`ledger.upgrades`). A receipt
+    #: of a step held by an upgrade (nothing sent) names the earlier version
+    #: the effect was attempted under: an operation's receipts share its key,
+    #: so after compaction it may be the only one left to say so.
     contract_version: int | None = None
 
 

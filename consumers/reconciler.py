@@ -81,7 +81,11 @@ def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> lis
 def attempted_versions(
     settings: LedgerSettings, operations: set[str], retry: KafkaRetry | None = None
 ) -> dict[str, int]:
-    """The earliest contract version an authentic receipt of each operation names.
+    """The contract version the latest authentic receipt of each operation names.
+
+    The version a readback of its effect resumes from
+    (:func:`ledger.upgrades.attempted_version`); receipts are read in order
+    per partition, and an operation's receipts share one partition.
 
     Args:
         settings: ledger settings.
@@ -105,9 +109,7 @@ def attempted_versions(
             and event.operation_id in operations
             and event.contract_version is not None
         ):
-            known = versions.get(event.operation_id)
-            if known is None or event.contract_version < known:
-                versions[event.operation_id] = event.contract_version
+            versions[event.operation_id] = event.contract_version
 
     read_partition(
         settings,

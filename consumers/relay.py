@@ -279,9 +279,9 @@ class Relay(Stage):
         self.attempts: dict[str, int] = {}
         #: dispatch_id -> the contract version its first attempt was sent under.
         self.attempt_versions: dict[str, int] = {}
-        #: operation -> the earliest contract version any of its receipts
-        #: names (any dispatch, any epoch): what a later readback of its
-        #: effect must be allowed to resume from (see :meth:`_upgrade_hold`).
+        #: operation -> the contract version its latest receipt names (any
+        #: dispatch, any epoch): what a later readback of its effect must be
+        #: allowed to resume from (see :func:`~ledger.upgrades.attempted_version`).
         self.operation_versions: dict[str, int] = {}
         self._manifest: ReleaseManifest | None = None
         self._manifest_read = False
@@ -344,10 +344,8 @@ class Relay(Stage):
             )
 
     def _note_version(self, operation_id: str, version: int) -> None:
-        """Keep the earliest contract version an attempt of the operation was sent under."""
-        known = self.operation_versions.get(operation_id)
-        if known is None or version < known:
-            self.operation_versions[operation_id] = version
+        """Keep the contract version of the operation's latest receipt (read in order)."""
+        self.operation_versions[operation_id] = version
 
     def on_assign(self, partitions: set[int]) -> None:
         """Learn which dispatches of these partitions were already attempted."""
@@ -489,9 +487,10 @@ class Relay(Stage):
         """Hold a step that the release manifest does not allow under the sink's new contract.
 
         The version the step resumes from is
-        :func:`~ledger.upgrades.attempted_version`: for anything but a fresh
-        execution, the earliest version an attempt of the operation was sent
-        under (its receipts, any dispatch), else the dispatch's (``None``:
+        :func:`~ledger.upgrades.attempted_version`: for an execution that may
+        have left, the version its attempt was sent under; for a readback or
+        a postcondition, the version of the operation's latest receipt (any
+        dispatch); else the dispatch's (``None``:
         version 1). When it differs from the registry's and the manifest does not let
         the new version resume the step's state (:func:`~ledger.upgrades.upgrade_hold`),
         nothing is sent: an execution is recorded ``AMBIGUOUS`` (the fold

@@ -131,20 +131,28 @@ def attempted_version(
     """The contract version a step of ``d`` resumes from (the manifest's "from").
 
     A fresh execution (nothing of it may have left) resumes from the version
-    it was dispatched under. Any other step -- an execution that may have
-    left, a readback of an unknown outcome, a postcondition check -- resumes
-    from the earliest version an attempt of the operation was sent under, in
-    any dispatch and any epoch: a readback dispatched after the upgrade is
-    still a readback of an effect attempted under the old contract (a
-    readback stamped with the new version must not release what the
-    manifest holds).
+    it was dispatched under. An execution that may have left resumes from
+    the version its own attempt was sent under. Any other step -- a readback
+    of an unknown outcome, a postcondition check -- resumes from the version
+    the operation's latest receipt names, in any dispatch and any epoch: a
+    readback dispatched after the upgrade is still a readback of an effect
+    attempted under the old contract (a readback stamped with the new
+    version must not release what the manifest holds).
+
+    The latest receipt, not the earliest: the processor dispatches a new
+    execution only once every earlier attempt was read back absent (or the
+    manifest let the operation go on under the new version), so the latest
+    attempt is the one whose effect is in question; and an operation's
+    receipts share its key, so compaction keeps exactly the latest one (a
+    held step's receipt names the version it was held from). An earliest
+    version would change with compaction: a hold that compaction undoes.
 
     Args:
         d: the dispatch the relay is about to perform.
         may_have_left: for ``EXECUTE``, an earlier request may have reached the sink.
         dispatch_attempt: the version this dispatch's first attempt was sent
             under, if one was.
-        operation_attempt: the earliest version any receipt of the operation
+        operation_attempt: the version the operation's latest receipt
             names, if known.
 
     Returns:
@@ -153,8 +161,11 @@ def attempted_version(
     stamped = d.contract_version or 1
     if d.kind == "EXECUTE" and not may_have_left:
         return stamped
-    known = [v for v in (dispatch_attempt, operation_attempt) if v is not None]
-    return min(known) if known else stamped
+    if d.kind == "EXECUTE" and dispatch_attempt is not None:
+        return dispatch_attempt
+    if operation_attempt is not None:
+        return operation_attempt
+    return dispatch_attempt if dispatch_attempt is not None else stamped
 
 
 def upgrade_hold(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from consumers.relay import Relay
+from consumers.stage import Record
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.errors import SinkNotReachedError
 from ledger.events import Dispatch, EffectReceipt, OperatingEvent, Readback
@@ -118,3 +119,50 @@ def test_the_processor_stamps_the_registrys_version_and_the_schema_versions(
     assert versions["Dispatch"] >= 3 and versions["EffectReceipt"] >= 3 and "Readback" in versions
     other = processor.stamped(_dispatch(version=None).model_copy(update={"sink": "unknown"}))
     assert other.contract_version is None
+
+
+def _attempted(dispatch_id: str, version: int, offset: int) -> Record:
+    receipt = EffectReceipt(
+        operation_id="refund:1:v1",
+        dispatch_id=dispatch_id,
+        status="ATTEMPTED",
+        sink="payments",
+        attempt_id=dispatch_id,
+        fencing_token=1,
+        observed_at_ms=offset,
+        first_attempt_at_ms=offset,
+        detail="about to send",
+        observer="relay-0",
+        contract_version=version,
+    )
+    return Record("receipts", 0, offset, "refund:1:v1", b"", receipt)
+
+
+@pytest.mark.parametrize(
+    ("versions", "held"),
+    [((1, 2), False), ((2, 1), True), ((1,), True), ((2,), False)],
+    ids=["read-back-absent-then-attempted-under-2", "latest-under-1", "only-1", "only-2"],
+)
+def test_a_readback_resumes_from_the_operations_latest_attempt(
+    tmp_path: Path, versions: tuple[int, ...], held: bool
+) -> None:
+    """Seen in the 4,000-case mission (refund:01397:v1): an attempt under version
+    1 was read back absent, the operation was dispatched again and attempted
+    under the new version, and a readback was then held "from 1" -- until
+    compaction removed the version 1 receipt and a later readback went
+    through. The latest receipt names the attempt in question and is the one
+    compaction keeps: the answer no longer depends on compaction."""
+    relay = _relay(tmp_path, version=2)
+    for n, version in enumerate(versions):
+        relay._apply_receipt("refund:1:v1", _attempted(f"refund:1:v1#{n + 1}.{n + 1}", version, n))
+    readback = _dispatch("READBACK", version=2)
+    try:
+        outputs = relay._perform(readback, fresh=True)
+    except SinkNotReachedError:
+        outputs = []  # it went on to the sink (which answers nothing here)
+    holds = [
+        e
+        for _, _, e in outputs
+        if isinstance(e, OperatingEvent) and e.kind == "CONTRACT_UPGRADE_HOLD"
+    ]
+    assert bool(holds) == held, outputs

@@ -272,7 +272,9 @@ def test_a_readback_dispatched_after_the_upgrade_resumes_from_the_attempts_versi
     assert attempted_version(readback, may_have_left=False) == 4  # never attempted: its own
     resumed = _dispatch("EXECUTE", 4)
     both = {"dispatch_attempt": 3, "operation_attempt": 1}
-    assert attempted_version(resumed, may_have_left=True, **both) == 1
+    # A resumed execution: the version its own attempt was sent under.
+    assert attempted_version(resumed, may_have_left=True, **both) == 3
+    assert attempted_version(resumed, may_have_left=True, operation_attempt=1) == 1
     held = upgrade_hold(
         MANIFEST,
         "payments",

@@ -1216,7 +1216,7 @@ class Relay(Stage):
             raise LedgerError(
                 f"dispatch {d.dispatch_id} predates schema version 2 and lacks the inputs of "
                 "its parameter digest (subject, purpose, decision version) that the sink checks; "
-                "a person decides (ledger dispose) or a new dispatch is issued",
+                "a person decides (ledger reconcile dispose) or a new dispatch is issued",
                 operation_id=d.operation_id,
             )
         keyed = sends_idempotency_key(contract, fresh_attempt_identity=fresh_identity)

@@ -200,7 +200,7 @@ def upgrade_hold(
         f"{sink} changed its contract from version {from_version} to version {to_version} "
         f"while the operation was {state}"
     )
-    remedy = "a person decides (ledger dispose), or the release manifest allows it"
+    remedy = "a person decides (ledger reconcile dispose), or the release manifest allows it"
     if manifest is None:
         return f"{head}, and no release manifest is configured; {remedy}"
     releases = manifest.sinks.get(sink)

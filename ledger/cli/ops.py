@@ -306,7 +306,12 @@ def fork_cmd(
     touched. Its intent names the original (forked_from); 'ledger history'
     shows the link both ways. Prints the fork's ID and digest, then the
     processor's decision. An unknown OPERATION_ID exits 5; a new ID that
-    already exists exits 1.
+    already exists exits 1. --params replaces the parameters as a whole (give
+    every field). A fork forked without --approval-id waits in
+    NEEDS_REAUTHORISATION: admit it as any such operation, by publishing its
+    intent again with a fresh approval ('ledger intent publish' with the
+    fork's ID, the same parameters and --approval-id); forking again onto
+    the same ID is refused.
 
     \b
     Example:

@@ -53,7 +53,10 @@ def _proposal(path: Path, sink: str | None) -> tuple[str, EffectContract, int | 
     try:
         contract = EffectContract.model_validate(body)
     except ValidationError as exc:
-        fail(f"the contract in {path} is not valid: {exc.errors()[0]['msg']}", EXIT_USAGE)
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        at = f" at {where!r}" if where else ""
+        fail(f"the contract in {path} is not valid{at}: {first['msg']}", EXIT_USAGE)
     return name, contract, version
 
 
@@ -104,12 +107,20 @@ def upgrade_check_cmd(
     manifest_path = manifest_file or settings.release_manifest_file
     try:
         manifest = load_manifest(manifest_path) if manifest_path is not None else None
-        registered = load_sinks(settings.sinks_path()).get(name)
+        sinks = load_sinks(settings.sinks_path())
     except LocalFileError as exc:
         fail(exc.message, EXIT_USAGE)
+    registered = sinks.get(name)
     current = registered.contract_version if registered is not None else 1
     proposed = version or current + 1
     reader_ready(settings)  # reads only; a run folder that cannot authenticate it is said
+    if registered is None and not (manifest is not None and name in manifest.sinks):
+        known = sorted(set(sinks) | (set(manifest.sinks) if manifest is not None else set()))
+        fail(
+            f"sink {name!r} is neither in the sink registry ({settings.sinks_path()}) nor in "
+            f"the release manifest; known sinks: {', '.join(known) or 'none'}",
+            EXIT_USAGE,
+        )
     states = list(current_states(settings).values())
     now = clock_for(settings.clock, settings.run_dir).now_ms()
     found = stranded_by(

@@ -191,15 +191,28 @@ def _intent(
             reason=f"intent recorded{fork}",
         )
     if not _same_request(state, intent):
+        if intent.compensates != state.compensates:
+            # The digest does not bind the link: say what differs.
+            bound = (
+                f"compensates {state.compensates}" if state.compensates else "compensates nothing"
+            )
+            drift = (
+                f"operation {op} {bound}; this intent names "
+                f"{intent.compensates or 'no operation'} (parameter drift)"
+            )
+        else:
+            drift = (
+                f"operation {op} is bound to parameter digest {state.parameter_digest[:15]}... "
+                f"for sink {state.sink}; this intent has {intent.parameter_digest[:15]}... for "
+                f"sink {intent.sink} (parameter drift)"
+            )
         return _refuse(
             state,
             ref,
             op,
             "PARAMETER_DRIFT",
-            f"operation {op} is bound to parameter digest {state.parameter_digest[:15]}... "
-            f"for sink {state.sink}; this intent has {intent.parameter_digest[:15]}... for sink "
-            f"{intent.sink} (parameter drift): use a new operation ID (e.g. a new decision "
-            "version) for a different request",
+            f"{drift}: use a new operation ID (e.g. a new decision version) for a different "
+            "request",
         )
     if (
         state.state == S.NEEDS_REAUTHORISATION

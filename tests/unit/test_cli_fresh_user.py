@@ -557,3 +557,40 @@ def test_upgrade_check_without_the_ledgers_key_says_so_instead_of_nothing_strand
     assert "no deployment key at" in result.stderr
     assert "stranded" not in result.stdout
     assert not (tmp_path / "wrong").exists()
+
+
+def _proposal_file(tmp_path: Path, sink: str, contract: dict[str, Any]) -> Path:
+    import json
+
+    path = tmp_path / "proposal.json"
+    path.write_text(json.dumps({"sink": sink, "contract_version": 2, "contract": contract}))
+    return path
+
+
+def test_upgrade_check_of_a_sink_nobody_knows_is_a_usage_error_naming_the_known_ones(
+    read_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """A typo ('payment') printed "0 of 0 ... stranded" and exit 0: a release check
+    that checks nothing must not look like a pass (found by a fresh-user trial)."""
+    from ledger.cli.common import EXIT_USAGE
+
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "release-manifest.json"
+    proposal = _proposal_file(tmp_path, "payment", {"idempotent": True})
+    result = CliRunner().invoke(
+        main, ["upgrade", "check", "--contract", str(proposal), "--manifest", str(manifest)]
+    )
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "sink 'payment' is neither in the sink registry" in result.stderr
+    assert "payments" in result.stderr  # the manifest's sinks are named
+    assert "stranded" not in result.stdout
+
+
+def test_upgrade_check_names_the_contract_key_it_refuses(
+    read_env: dict[str, Any], tmp_path: Path
+) -> None:
+    from ledger.cli.common import EXIT_USAGE
+
+    proposal = _proposal_file(tmp_path, "payments", {"idempotent": True, "readbak": False})
+    result = CliRunner().invoke(main, ["upgrade", "check", "--contract", str(proposal)])
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "at 'readbak'" in result.stderr, result.stderr

@@ -85,6 +85,9 @@ def test_republishing_with_another_original_is_drift() -> None:
     assert first.state is not None
     d = decide(first.state, compensation(compensates="credit:c9:v1"), "intents:0:1")
     assert d.outcome == "REFUSED" and "drift" in d.reason
+    # It says what differs: the digest does not bind the link, so two equal
+    # digests in the message read as no drift at all (a fresh-user trial).
+    assert "this intent names credit:c9:v1" in d.reason and "digest" not in d.reason
     same = decide(first.state, compensation(), "intents:0:2")
     assert same.outcome == "NOOP"
 

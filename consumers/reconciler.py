@@ -8,7 +8,11 @@ as a :class:`~ledger.events.Readback`; the processor then releases the
 operation on that new evidence. Sinks without readback are observed as
 ``UNSUPPORTED`` and the operation stays held: only an attributable
 disposition (``ledger reconcile dispose``) can release it. Nothing is ever
-released by a timer.
+released by a timer. An operation attempted under an earlier contract
+version of its sink than the one registered now is read back only when the
+release manifest lets the new version resume ``UNKNOWN_OUTCOME`` from it
+(:func:`ledger.upgrades.upgrade_hold`, as the relay decides); otherwise it is
+observed ``UNKNOWN`` with the reason naming both versions, and stays held.
 
 A broker that does not answer (down, restarting, failing over) is waited for,
 for at least ``LEDGER_TAKEOVER_WAIT_S`` (:mod:`consumers.retry`), before
@@ -28,14 +32,16 @@ from consumers.retry import KafkaRetry, policy_for
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
 from ledger.credentials import load_keyring
-from ledger.events import OperationState, Readback
+from ledger.errors import LocalFileError
+from ledger.events import EffectReceipt, OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from ledger.topics import check_topics
+from ledger.upgrades import ReleaseManifest, upgrade_hold
 from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient
-from sinks.registry import load_sinks
+from sinks.registry import load_manifest, load_sinks
 
 
 def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> list[OperationState]:
@@ -72,6 +78,59 @@ def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> lis
     return sorted(items, key=lambda st: (st.observed_at_ms or 0, st.operation_id))
 
 
+def attempted_versions(
+    settings: LedgerSettings, operations: set[str], retry: KafkaRetry | None = None
+) -> dict[str, int]:
+    """The earliest contract version an authentic receipt of each operation names.
+
+    Args:
+        settings: ledger settings.
+        operations: the operation IDs wanted.
+        retry: how a broker outage is waited out.
+
+    Returns:
+        Operation ID -> version, for the operations a versioned receipt names.
+
+    Raises:
+        LedgerError: ``ledger.receipts`` could not be read.
+    """
+    versions: dict[str, int] = {}
+    if not operations:
+        return versions
+
+    def seen(rec: Record | None, _msg: Message) -> None:
+        event = rec.event if rec is not None else None
+        if (
+            isinstance(event, EffectReceipt)
+            and event.operation_id in operations
+            and event.contract_version is not None
+        ):
+            known = versions.get(event.operation_id)
+            if known is None or event.contract_version < known:
+                versions[event.operation_id] = event.contract_version
+
+    read_partition(
+        settings,
+        "receipts",
+        None,
+        seen,
+        keyring=load_keyring(settings, create=False, missing_ok=True),
+        retry=retry,
+    )
+    return versions
+
+
+def _manifest(settings: LedgerSettings, say: Callable[[str], None]) -> ReleaseManifest | None:
+    """The release manifest, or ``None`` (none configured, or unreadable: said)."""
+    if settings.release_manifest_file is None:
+        return None
+    try:
+        return load_manifest(settings.release_manifest_file)
+    except LocalFileError as exc:
+        say(f"release manifest unreadable, every changed contract version holds: {exc.message}")
+        return None
+
+
 def reconcile_once(
     settings: LedgerSettings, say: Callable[[str], None] = lambda _: None
 ) -> list[dict[str, Any]]:
@@ -96,10 +155,27 @@ def reconcile_once(
     results: list[dict[str, Any]] = []
     publisher = LedgerPublisher(settings, client_id="reconciler")
     try:
-        for st in open_items(settings, retry):
+        items = open_items(settings, retry)
+        versions = attempted_versions(settings, {st.operation_id for st in items}, retry)
+        manifest = _manifest(settings, say)
+        for st in items:
             endpoint = sinks.get(st.sink)
+            held = (
+                upgrade_hold(
+                    manifest,
+                    st.sink,
+                    from_version=versions.get(st.operation_id, 1),
+                    to_version=endpoint.contract_version,
+                    contract=endpoint.contract,
+                    state="UNKNOWN_OUTCOME",
+                )
+                if endpoint is not None
+                else None
+            )
             if endpoint is None:
                 status, detail, effect_id = "UNKNOWN", f"sink {st.sink!r} is not registered", None
+            elif held is not None:
+                status, detail, effect_id = "UNKNOWN", held, None
             else:
                 with SinkClient(
                     endpoint.url, timeout_s=settings.sink_timeout_s, token=endpoint.token

@@ -113,7 +113,7 @@ from ledger.events import (
 )
 from ledger.logs import bound_each
 from ledger.tracing import trace_headers
-from ledger.upgrades import ReleaseManifest, state_of_step, upgrade_hold
+from ledger.upgrades import ReleaseManifest, attempted_version, state_of_step, upgrade_hold
 from sinks.client import HoldResult, SinkClient, postcondition_source
 from sinks.registry import RegistryFile, SinkEndpoint, load_manifest
 
@@ -279,6 +279,10 @@ class Relay(Stage):
         self.attempts: dict[str, int] = {}
         #: dispatch_id -> the contract version its first attempt was sent under.
         self.attempt_versions: dict[str, int] = {}
+        #: operation -> the earliest contract version any of its receipts
+        #: names (any dispatch, any epoch): what a later readback of its
+        #: effect must be allowed to resume from (see :meth:`_upgrade_hold`).
+        self.operation_versions: dict[str, int] = {}
         self._manifest: ReleaseManifest | None = None
         self._manifest_read = False
         #: Dispatches whose final receipt is already committed.
@@ -332,15 +336,24 @@ class Relay(Stage):
                 self.completed.add(r.dispatch_id)
             if r.status == "ATTEMPTED" and r.contract_version is not None:
                 self.attempt_versions.setdefault(r.dispatch_id, r.contract_version)
+            if r.contract_version is not None:
+                self._note_version(r.operation_id, r.contract_version)
             first = self.attempts.get(r.dispatch_id)
             self.attempts[r.dispatch_id] = (
                 r.first_attempt_at_ms if first is None else min(first, r.first_attempt_at_ms)
             )
 
+    def _note_version(self, operation_id: str, version: int) -> None:
+        """Keep the earliest contract version an attempt of the operation was sent under."""
+        known = self.operation_versions.get(operation_id)
+        if known is None or version < known:
+            self.operation_versions[operation_id] = version
+
     def on_assign(self, partitions: set[int]) -> None:
         """Learn which dispatches of these partitions were already attempted."""
         self.attempts.clear()
         self.attempt_versions.clear()
+        self.operation_versions.clear()
         self.completed.clear()
         self._receipts.follow(partitions)
         log.info("relay: %d earlier attempts known", len(self.attempts))
@@ -475,9 +488,11 @@ class Relay(Stage):
     ) -> list[Output] | None:
         """Hold a step that the release manifest does not allow under the sink's new contract.
 
-        The operation's version is the one its first attempt was sent under
-        (its ``ATTEMPTED`` receipt), else the dispatch's (``None``: version
-        1). When it differs from the registry's and the manifest does not let
+        The version the step resumes from is
+        :func:`~ledger.upgrades.attempted_version`: for anything but a fresh
+        execution, the earliest version an attempt of the operation was sent
+        under (its receipts, any dispatch), else the dispatch's (``None``:
+        version 1). When it differs from the registry's and the manifest does not let
         the new version resume the step's state (:func:`~ledger.upgrades.upgrade_hold`),
         nothing is sent: an execution is recorded ``AMBIGUOUS`` (the fold
         holds it as UNKNOWN_OUTCOME), a readback or postcondition as observed
@@ -488,9 +503,12 @@ class Relay(Stage):
         Returns:
             The outputs of the hold, or ``None`` when the step may go on.
         """
-        from_version = self.attempt_versions.get(d.dispatch_id) if may_have_left else None
-        if from_version is None:
-            from_version = d.contract_version or 1
+        from_version = attempted_version(
+            d,
+            may_have_left=may_have_left,
+            dispatch_attempt=self.attempt_versions.get(d.dispatch_id),
+            operation_attempt=self.operation_versions.get(d.operation_id),
+        )
         reason = upgrade_hold(
             self._release_manifest(),
             d.sink,
@@ -509,8 +527,18 @@ class Relay(Stage):
             outcome = (
                 "receipts",
                 d.operation_id,
+                # Nothing was sent under the new version: the receipt names the
+                # version the effect was attempted under, so that it survives
+                # compaction of the earlier receipts (an operation's receipts
+                # share its key) as the evidence the next resume is held on.
                 self._receipt(
-                    d, "AMBIGUOUS", first, now, f"{sent}; {reason}", on_resume=may_have_left
+                    d,
+                    "AMBIGUOUS",
+                    first,
+                    now,
+                    f"{sent}; {reason}",
+                    on_resume=may_have_left,
+                    contract_version=from_version,
                 ),
             )
         else:
@@ -814,6 +842,7 @@ class Relay(Stage):
             version = self._version_of(d.sink)
             if version is not None:
                 self.attempt_versions.setdefault(d.dispatch_id, version)
+                self._note_version(d.operation_id, version)
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""
@@ -1146,7 +1175,10 @@ class Relay(Stage):
         attempt_id: str | None = None,
         on_resume: bool = False,
         reservation: str | None = None,
+        contract_version: int | None = None,
     ) -> EffectReceipt:
+        """A receipt of ``d``; ``contract_version`` is the version its effect was
+        attempted under (default: the sink's version in the registry now)."""
         return EffectReceipt(
             operation_id=d.operation_id,
             dispatch_id=d.dispatch_id,
@@ -1161,7 +1193,9 @@ class Relay(Stage):
             on_resume=on_resume,
             observer=self.observer,
             reservation=reservation,  # type: ignore[arg-type]
-            contract_version=self._version_of(d.sink),
+            contract_version=(
+                contract_version if contract_version is not None else self._version_of(d.sink)
+            ),
         )
 
     def _submit(

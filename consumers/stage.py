@@ -856,8 +856,20 @@ class Stage:
             try:
                 self.producer.abort_transaction(30)
             except KafkaException as abort_exc:
-                log.error("%s: abort failed (%s); new producer", self.component, abort_exc)
-                self.producer = self._new_producer()
+                # The transaction's fate is unknown: the coordinator may have
+                # completed it (an abort refused with INVALID_TXN_STATE, seen
+                # under broker chaos), and the new producer's init_transactions
+                # completes or aborts whatever is left. The committed offsets
+                # may then have moved past the batch, so what is in memory is
+                # restored from what was committed, as after a fatal error.
+                log.error(
+                    "%s: abort failed (%s); new producer, state restored",
+                    self.component,
+                    abort_exc,
+                )
+                self._replace_producer_and_restore()
+                self._rewind()
+                return
             else:
                 # A producer left behind by a broker restart can fail every
                 # delivery for good without ever reporting the brokers down
@@ -884,17 +896,23 @@ class Stage:
                 )
             else:
                 log.error("%s: fatal producer error (%s); new producer", self.component, err)
-            self.producer = self._new_producer()
-            # The old producer's last transaction may have committed after
-            # all (a commit that timed out had reached the coordinator; the
-            # new producer's init_transactions then completes it): what is
-            # in memory cannot tell, so the state is restored afresh.
-            self.rebuild()
-            if self.assigned and self.consumer is not None:
-                parts = {p for _, p in self.assigned}
-                self.on_revoke(parts)
-                self._restore(self.consumer.assignment())
+            self._replace_producer_and_restore()
         self._rewind()
+
+    def _replace_producer_and_restore(self) -> None:
+        """A new producer, and the state restored from what was committed.
+
+        The old producer's last transaction may have committed after all (a
+        commit that timed out had reached the coordinator; the new producer's
+        ``init_transactions`` then completes it): what is in memory cannot
+        tell, so the state is restored afresh.
+        """
+        self.producer = self._new_producer()
+        self.rebuild()
+        if self.assigned and self.consumer is not None:
+            parts = {p for _, p in self.assigned}
+            self.on_revoke(parts)
+            self._restore(self.consumer.assignment())
 
     def run(self, stop_after_s: float | None = None) -> None:
         """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds).

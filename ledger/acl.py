@@ -137,6 +137,8 @@ EXTRA_READS: Mapping[str, Mapping[str, str]] = {
     "reconciler": {
         "reconciliation": "the queue of unknown outcomes (open_items)",
         "state": "each queued operation's state and fencing token",
+        "receipts": "the contract version each queued operation was attempted under "
+        "(a readback across a sink upgrade the release manifest does not allow is held)",
     },
     "service": {},
     "reviewer": {"approvals": "ledger revoke reads the grant it revokes"},

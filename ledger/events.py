@@ -7,7 +7,9 @@ currency units (``*_minor``).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from enum import Enum
+from types import UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_serializer
 
@@ -22,9 +24,24 @@ class Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=True)
     KIND: ClassVar[str] = ""
 
+    def avro_record(self) -> dict[str, Any]:
+        """The event's values as fastavro writes them (not to be modified).
+
+        Its fields hold Avro values as they are (no nested model, no
+        serializer), so this is the model's own ``__dict__``; an event with
+        a nested model or a serializer overrides it.
+        """
+        return self.__dict__
+
     def to_bytes(self) -> bytes:
-        """Single-object-encode this event (see :mod:`ledger.serde`)."""
-        return registry().encode(self.KIND, self.model_dump())
+        """Single-object-encode this event (see :mod:`ledger.serde`).
+
+        Its values were typed when it was built (validated by pydantic, or
+        decoded with the schema), so fastavro does not validate them again
+        (``typed=True``: a value the writer cannot write is still refused
+        with :class:`~ledger.errors.SchemaValidationError`).
+        """
+        return registry().encode(self.KIND, self.avro_record(), typed=True)
 
 
 class Intent(Event):
@@ -217,7 +234,10 @@ class EffectReceipt(Event):
     reservation: Literal["CONFIRMED", "CANCELLED", "EXPIRED"] | None = None
     #: The sink's contract version the relay acted under (schema version 3;
     #: ``None`` before). An ``ATTEMPTED`` receipt's is the version a resume
-    #: of that attempt is checked against (:mod:`ledger.upgrades`).
+    #: of that attempt is checked against (:mod:`ledger.upgrades`). A receipt
+    #: of a step held by an upgrade (nothing sent) names the earlier version
+    #: the effect was attempted under: an operation's receipts share its key,
+    #: so after compaction it may be the only one left to say so.
     contract_version: int | None = None
 
 
@@ -325,6 +345,12 @@ class JournalEntry(Event):
         # (branch name, value).
         return None if hops is None else list(hops)
 
+    def avro_record(self) -> dict[str, Any]:
+        """The entry's values as fastavro writes them: ``hops`` as a list (see above)."""
+        if self.hops is None:
+            return self.__dict__
+        return {**self.__dict__, "hops": list(self.hops)}
+
 
 RecoveryAction = Literal["COMPLETE", "EXECUTE", "COMPENSATE", "REAUTHORISE", "RECONCILE", "ABANDON"]
 
@@ -386,6 +412,10 @@ class OperatingEvent(Event):
     original_key: bytes | None = None
     original_headers: list[RecordHeader] | None = None
 
+    def avro_record(self) -> dict[str, Any]:
+        """The event's values as fastavro writes them: its headers as plain records."""
+        return self.model_dump()
+
 
 class Disposition(Event):
     """An attributable human disposition of an unknown outcome (key: operation ID)."""
@@ -430,8 +460,157 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
+#: A field the Avro schema does not fully type for its model: ``(name,
+#: allowed values or None, convert to a tuple)``; see :func:`_decode_plan`.
+_FieldFix = tuple[str, frozenset[Any] | None, bool]
+
+#: Avro primitive types that decode to exactly the model's Python type.
+_SAME_TYPE: dict[Any, frozenset[str]] = {
+    str: frozenset({"string"}),
+    int: frozenset({"int", "long"}),
+    bool: frozenset({"boolean"}),
+    bytes: frozenset({"bytes"}),
+}
+
+
+def _branches(annotation: Any) -> tuple[bool, list[Any]]:
+    """``(nullable, the other members)`` of a model field's annotation."""
+    if get_origin(annotation) in (Union, UnionType):
+        members = get_args(annotation)
+        return type(None) in members, [m for m in members if m is not type(None)]
+    return False, [annotation]
+
+
+def _symbols(annotation: Any) -> frozenset[Any] | None:
+    """The values a ``Literal`` or an enum annotation admits (``None``: neither)."""
+    if get_origin(annotation) is Literal:
+        return frozenset(get_args(annotation))
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return frozenset(member.value for member in annotation)
+    return None
+
+
+def _field_fix(annotation: Any, avro: Any) -> _FieldFix | None | Literal[False]:
+    """What a value decoded with Avro type ``avro`` still needs for ``annotation``.
+
+    Returns:
+        ``None`` when the Avro type already guarantees the model's type, a
+        fix (with an empty name) when a check or a conversion makes it so,
+        or ``False`` when the field must go through pydantic.
+    """
+    nullable, members = _branches(annotation)
+    avro_members = avro if isinstance(avro, list) else [avro]
+    if "null" in avro_members and not nullable:
+        return False
+    avro_rest = [a for a in avro_members if a != "null"]
+    if len(members) != 1 or len(avro_rest) != 1:
+        return False
+    py, av = members[0], avro_rest[0]
+    if isinstance(av, str) and av in _SAME_TYPE.get(py, ()):
+        return None
+    allowed = _symbols(py)
+    if allowed is not None:
+        if isinstance(av, dict) and av.get("type") == "enum" and set(av["symbols"]) <= allowed:
+            return None  # the reader's enum admits only its symbols
+        if av == "string":
+            return ("", allowed, False)  # a string the model narrows: checked
+        return False
+    if (
+        get_origin(py) is tuple
+        and get_args(py) in ((str, Ellipsis),)
+        and isinstance(av, dict)
+        and av.get("type") == "array"
+        and av.get("items") == "string"
+    ):
+        return ("", None, True)  # an Avro array is a list; the model keeps a tuple
+    return False
+
+
+def _decode_plan(cls: type[Event]) -> tuple[_FieldFix, ...] | None:
+    """How a record decoded with ``cls``'s current schema becomes a ``cls`` without pydantic.
+
+    A record that fastavro decoded with the reader schema already has every
+    field of the model (Avro schema resolution fills the defaults of fields
+    an older writer did not have) with the Python type the model declares,
+    so pydantic's validation would only repeat it. What the schema does not
+    say is done here: the values of a ``Literal`` carried as an Avro string
+    are checked, an array the model keeps as a tuple is converted.
+
+    Returns:
+        The fixes, field by field; ``None`` when the model needs pydantic
+        (a field whose type the schema does not pin down, a nested model, a
+        validator or private attributes, fields that differ from the
+        schema's): such a kind is decoded with ``model_validate``.
+    """
+    decorators = cls.__pydantic_decorators__
+    if (
+        cls.__pydantic_post_init__
+        or cls.__private_attributes__
+        or decorators.validators
+        or decorators.field_validators
+        or decorators.root_validators
+        or decorators.model_validators
+    ):
+        return None
+    fields = registry().schema(cls.KIND).raw["fields"]
+    if [f["name"] for f in fields] != list(cls.model_fields):
+        return None
+    fixes: list[_FieldFix] = []
+    for f in fields:
+        fix = _field_fix(cls.model_fields[f["name"]].annotation, f["type"])
+        if fix is False:
+            return None
+        if fix is not None:
+            fixes.append((str(f["name"]), fix[1], fix[2]))
+    return tuple(fixes)
+
+
+_PLANS: dict[str, tuple[_FieldFix, ...] | None] = {}
+
+
+def _from_record(name: str, cls: type[Event], record: dict[str, Any]) -> Event:
+    """Build the event from a record fastavro decoded with the current schema.
+
+    Raises:
+        DecodeError: a value the model does not admit.
+    """
+    try:
+        plan = _PLANS[name]
+    except KeyError:
+        plan = _PLANS[name] = _decode_plan(cls)
+    if plan is None:
+        try:
+            return cls.model_validate(record)
+        except ValidationError as exc:
+            raise DecodeError(f"{name} failed validation: {exc}") from exc
+    for field, allowed, as_tuple in plan:
+        value = record[field]
+        if value is None:
+            continue
+        if allowed is not None and value not in allowed:
+            raise DecodeError(
+                f"{name} failed validation: {field} is {value!r}, not one of "
+                f"{', '.join(sorted(map(str, allowed)))}",
+                observed=value,
+            )
+        if as_tuple:
+            record[field] = tuple(value)
+    # What BaseModel.model_construct does, for a record that has every field.
+    event = cls.__new__(cls)
+    object.__setattr__(event, "__dict__", record)
+    object.__setattr__(event, "__pydantic_fields_set__", set(record))
+    object.__setattr__(event, "__pydantic_extra__", None)
+    object.__setattr__(event, "__pydantic_private__", None)
+    return event
+
+
 def decode_event(data: bytes | None) -> Event:
     """Decode single-object-encoded bytes into the matching event model.
+
+    Decoding with the schema is the validation: the record is built from
+    fastavro's values without a second pass through pydantic (see
+    :func:`_decode_plan`; a value the schema admits but the model does not,
+    such as an unknown ``reservation``, is still refused).
 
     Raises:
         DecodeError: malformed bytes, or fields that fail the model's checks.
@@ -441,10 +620,7 @@ def decode_event(data: bytes | None) -> Event:
     cls = EVENT_TYPES.get(name)
     if cls is None:
         raise DecodeError(f"schema {name} has no event model")
-    try:
-        return cls.model_validate(record)
-    except ValidationError as exc:
-        raise DecodeError(f"{name} failed validation: {exc}") from exc
+    return _from_record(name, cls, record)
 
 
 def encode_event(event: Event) -> bytes:

@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ledger.contracts import EffectContract, Recovery, after_ambiguous_send
-from ledger.events import OperationState
+from ledger.events import Dispatch, OperationState
 from ledger.serde import registry
 
 #: The in-flight states a step may resume, as the relay meets them:
@@ -119,6 +119,42 @@ def state_of_step(kind: str, *, may_have_left: bool) -> InFlight:
     if kind == "VERIFY":
         return "EFFECT_COMMITTED"
     return "EFFECT_PENDING" if may_have_left else "ADMITTED"
+
+
+def attempted_version(
+    d: Dispatch,
+    *,
+    may_have_left: bool,
+    dispatch_attempt: int | None = None,
+    operation_attempt: int | None = None,
+) -> int:
+    """The contract version a step of ``d`` resumes from (the manifest's "from").
+
+    A fresh execution (nothing of it may have left) resumes from the version
+    it was dispatched under. Any other step -- an execution that may have
+    left, a readback of an unknown outcome, a postcondition check -- resumes
+    from the earliest version an attempt of the operation was sent under, in
+    any dispatch and any epoch: a readback dispatched after the upgrade is
+    still a readback of an effect attempted under the old contract (a
+    readback stamped with the new version must not release what the
+    manifest holds).
+
+    Args:
+        d: the dispatch the relay is about to perform.
+        may_have_left: for ``EXECUTE``, an earlier request may have reached the sink.
+        dispatch_attempt: the version this dispatch's first attempt was sent
+            under, if one was.
+        operation_attempt: the earliest version any receipt of the operation
+            names, if known.
+
+    Returns:
+        The version (``None`` on the dispatch counts as 1).
+    """
+    stamped = d.contract_version or 1
+    if d.kind == "EXECUTE" and not may_have_left:
+        return stamped
+    known = [v for v in (dispatch_attempt, operation_attempt) if v is not None]
+    return min(known) if known else stamped
 
 
 def upgrade_hold(

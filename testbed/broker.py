@@ -455,7 +455,15 @@ def status_pid(settings: LedgerSettings) -> int | None:
     return _recorded_pid(_Paths.of(settings))
 
 
-def restart(settings: LedgerSettings, wait_s: float = 90, timeout_s: float = 30) -> BrokerStatus:
+#: Seconds a restarted broker may take to answer: it recovers the log of every
+#: partition it holds first (the state "RECOVERY"), which on a test session's
+#: broker is thousands of partitions and, on a loaded 2-core machine, minutes.
+RESTART_WAIT_S = 300.0
+
+
+def restart(
+    settings: LedgerSettings, wait_s: float = RESTART_WAIT_S, timeout_s: float = 30
+) -> BrokerStatus:
     """Stop our broker and start it again on the same data dir (for game days).
 
     Topics, records, committed offsets and transactions survive; clients see

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 
 from ledger.events import AdmissionRequest, Intent, OperationState
 from ledger.fold.compensation import CompensationFacts, compensation_refusal
@@ -17,7 +18,10 @@ def intent_digest_problem(intent: Intent) -> str | None:
 
     The digest is recomputed in the version it names
     (:func:`~ledger.identity.digest_version`): version 2 binds the sink,
-    version 1 (intents of earlier releases) does not.
+    version 1 (intents of earlier releases) does not. The answer is a pure
+    function of those fields, kept for the last :data:`DIGEST_CHECKS_KEPT`
+    intents checked in this process: an intent seen again (a re-published
+    duplicate, a replay of the journal) is not digested again.
 
     Args:
         intent: the intent as published.
@@ -27,29 +31,54 @@ def intent_digest_problem(intent: Intent) -> str | None:
         the parameters, else the problem in words (bad JSON, a parameter
         the digest refuses, a digest or amount that differs).
     """
+    return _digest_problem(
+        intent.params_json,
+        intent.action,
+        intent.subject,
+        intent.purpose,
+        intent.decision_version,
+        intent.sink,
+        intent.parameter_digest,
+        intent.amount_minor,
+    )
+
+
+#: How many intents' digest checks :func:`intent_digest_problem` keeps.
+DIGEST_CHECKS_KEPT = 4096
+
+
+@lru_cache(maxsize=DIGEST_CHECKS_KEPT)
+def _digest_problem(
+    params_json: str,
+    action: str,
+    subject: str,
+    purpose: str,
+    decision_version: int,
+    sink: str,
+    claimed: str,
+    amount_minor: int,
+) -> str | None:
     try:
-        params = json.loads(intent.params_json)
+        params = json.loads(params_json)
         if not isinstance(params, dict):
             return "params_json is not a JSON object"
         digest = parameter_digest(
-            action=intent.action,
+            action=action,
             params=params,
-            subject=intent.subject,
-            purpose=intent.purpose,
-            decision_version=intent.decision_version,
-            sink=intent.sink,
-            version=digest_version(intent.parameter_digest),
+            subject=subject,
+            purpose=purpose,
+            decision_version=decision_version,
+            sink=sink,
+            version=digest_version(claimed),
             params_checked=True,  # straight from json.loads
         )
         amount = amount_of(params)
     except Exception as exc:
         return f"parameters are not valid: {exc}"
-    if digest != intent.parameter_digest:
-        return (
-            f"parameter_digest {intent.parameter_digest} does not match the parameters ({digest})"
-        )
-    if amount != intent.amount_minor:
-        return f"amount_minor {intent.amount_minor} differs from params amount {amount}"
+    if digest != claimed:
+        return f"parameter_digest {claimed} does not match the parameters ({digest})"
+    if amount != amount_minor:
+        return f"amount_minor {amount_minor} differs from params amount {amount}"
     return None
 
 

@@ -136,7 +136,9 @@ class MissionFacts:
         broker_restart_note: why a planned broker restart did not happen.
         races: ``(operation ID, [claim IDs])`` per resumer race.
         nudge_claims: claims the workflow made on operations that stopped moving.
-        stale_dispatches: ``{"operation_id", "token", "refused"}`` per stale dispatch sent.
+        stale_dispatches: ``{"operation_id", "token", "refused"}`` per stale dispatch
+            sent; ``{"operation_id", "token", "refused": None, "skipped": why}``
+            for a race whose loser was not sent one.
         reauth_reasons: reason -> reauthorisations.
         reconciled: the reconciler's results.
         timeline: ``{"t_s", "states"}`` samples (``t_s``: seconds since ``t0_unix``).
@@ -461,8 +463,10 @@ def build(f: MissionFacts) -> dict[str, Any]:
         double_winners += applied > 1
         losers += len(claim_ids) - min(applied, 1)
         losers_refused += sum(1 for c in claim_ids if claim_outcome.get(c) == "REFUSED")
-    stale_sent = len(f.stale_dispatches)
-    stale_refused = sum(1 for s in f.stale_dispatches if s.get("refused"))
+    probed = [s for s in f.stale_dispatches if not s.get("skipped")]
+    not_probed = len(f.stale_dispatches) - len(probed)
+    stale_sent = len(probed)
+    stale_refused = sum(1 for s in probed if s.get("refused"))
     gateway_refusals = sum(int(s.get("stale_rejections", 0)) for s in f.sink_stats.values())
     raced_ops = [op for op, _ in f.races if op in f.states]
     measures.append(
@@ -474,7 +478,13 @@ def build(f: MissionFacts) -> dict[str, Any]:
             {"irreversible": (losers_refused + stale_refused, losers + stale_sent)},
             f"{len(f.races)} races on {len(raced_ops)} refunds: {double_winners} with two "
             f"winners, {undecided} claims undecided; the sinks refused {gateway_refusals} stale "
-            "fencing token(s) in all (zombie relays included)",
+            "fencing token(s) in all (zombie relays included)"
+            + (
+                f"; {not_probed} loser(s) not sent a stale dispatch: their refund is held by "
+                "the gateway upgrade, so the winner's newer token never reached the gateway"
+                if not_probed
+                else ""
+            ),
         )
     )
 

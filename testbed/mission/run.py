@@ -920,11 +920,31 @@ class Mission:
             pass
 
     def _stale_dispatches(self) -> None:
-        """Each race's loser tries the gateway with the token it held: it must be refused."""
+        """Each race's loser tries the gateway with the token it held: it must be refused.
+
+        Not for a refund held because of the gateway upgrade in
+        ``UNKNOWN_OUTCOME``: its winner never reached the gateway with its
+        newer token (every step after the hold is held too), so the gateway
+        cannot know the loser's token is stale. Such a race is recorded as
+        not probed, with why.
+        """
         won = self._claim_outcomes()
+        held = {str(h.get("operation_id")) for h in self._upgrade_holds()}
         for race in self.races:
             winners = [w for w, cid in race.claims.items() if won.get(cid)]
             if len(winners) != 1:
+                continue
+            st = self.states.get(race.operation_id)
+            if race.operation_id in held and st is not None and st.state == S.UNKNOWN_OUTCOME:
+                self.stale_dispatches.append(
+                    {
+                        "operation_id": race.operation_id,
+                        "token": race.epoch,
+                        "refused": None,
+                        "skipped": "held by the gateway upgrade: the winner's newer token "
+                        "never reached the gateway",
+                    }
+                )
                 continue
             loser = next(w for w in race.claims if w not in winners)
             result = stale_dispatch(

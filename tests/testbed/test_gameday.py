@@ -126,7 +126,12 @@ def _cancelled_on_policy_then_confirmed(game: GameDay, report: dict[str, Any]) -
 
 
 def _versions_travel_and_the_hold_names_them(game: GameDay, report: dict[str, Any]) -> None:
-    """The dispatch carried contract version 1; the resume under version 2 was held, unsent."""
+    """The dispatch carried contract version 1; the resume under version 2 was held, unsent.
+
+    The hold's receipt names version 1, the version the effect was attempted
+    under (nothing was sent under 2): after compaction it is the only receipt
+    of the operation left, and the evidence a later resume is held on.
+    """
     dispatches = [
         r.event for r in read_topic(game.settings, "dispatches") if isinstance(r.event, Dispatch)
     ]
@@ -136,7 +141,7 @@ def _versions_travel_and_the_hold_names_them(game: GameDay, report: dict[str, An
     receipts = _receipts(game)
     assert [r.contract_version for r in receipts if r.status == "ATTEMPTED"][:1] == [1], receipts
     held = [r for r in receipts if r.status == "AMBIGUOUS" and r.on_resume]
-    assert held and held[-1].contract_version == 2, receipts
+    assert held and held[-1].contract_version == 1, receipts
     assert "version 1" in held[-1].detail and "version 2" in held[-1].detail, held[-1].detail
     assert not [r for r in receipts if r.status == "COMMITTED" and r.on_resume]
 

@@ -372,3 +372,23 @@ def test_the_mission_says_how_to_inspect_its_ledger(tmp_path: Any) -> None:
     assert "ledger history refund:00000:v1" in text
     held = {**report, "held_operations": [{"operation_id": "notify:00002:v1"}]}
     assert "ledger history notify:00002:v1" in "\n".join(_inspect(held, tmp_path))
+
+
+def test_a_stale_dispatch_not_sent_is_not_counted_as_sent() -> None:
+    """A loser whose refund the upgrade holds is not probed: reported, not a failure."""
+    probes = [
+        {"operation_id": "refund:00000:v1", "token": 1, "refused": True},
+        {
+            "operation_id": "refund:00001:v1",
+            "token": 1,
+            "refused": None,
+            "skipped": "held by the gateway upgrade",
+        },
+    ]
+    report = build(_facts(stale_dispatches=probes))
+    stale = next(m for m in report["measures"] if m["name"] == "stale-resumer rejections")
+    assert (stale["count"], stale["of"]) == (1, 1)
+    assert "1 loser(s) not sent a stale dispatch" in stale["note"]
+    assert not any("stale dispatches refused" in f for f in report["checks"]["failures"])
+    refused_not = build(_facts(stale_dispatches=[{**probes[0], "refused": False}]))
+    assert any("0/1 stale dispatches refused" in f for f in refused_not["checks"]["failures"])

@@ -257,3 +257,27 @@ def test_an_unavailable_answer_does_not_release_an_unknown_outcome() -> None:
     b = helpers.readback(OP, current_dispatch_id(held.state), "ABSENT", on_resume=True)
     again = decide(held.state, b, "b:0:3")
     assert again.state is not None and again.state.state == S.EFFECT_PENDING
+
+
+def test_a_remembered_digest_check_never_passes_a_forged_or_drifted_intent() -> None:
+    # The fold remembers digest checks it made (a pure function of the
+    # intent's fields); an intent that differs in any field the check reads
+    # is checked on its own, and a drifted re-publication is still refused.
+    from ledger.fold import intent_digest_problem
+
+    good = helpers.intent()
+    assert intent_digest_problem(good) is None
+    assert intent_digest_problem(good) is None  # remembered
+    forged = [
+        good.model_copy(update={"params_json": good.params_json.replace("5000", "5001")}),
+        good.model_copy(update={"amount_minor": 1}),
+        good.model_copy(update={"sink": "refunds"}),
+        good.model_copy(update={"subject": "customer-2"}),
+        good.model_copy(update={"parameter_digest": "v2:" + "0" * 64}),
+    ]
+    for intent in forged:
+        assert intent_digest_problem(intent) is not None, intent
+    recorded = decide(None, good, "intents:0:1").state
+    drifted = helpers.intent(amount=7000)
+    d = decide(recorded, drifted, "intents:0:2")
+    assert d.outcome == "REFUSED" and "DRIFT" in str(d.outputs[0].event)

@@ -60,7 +60,8 @@ def test_a_resume_the_manifest_does_not_allow_is_held_unsent(tmp_path: Path) -> 
     (topic, key, receipt), (event_topic, _, event) = relay._perform(_dispatch(), fresh=False)
     assert (topic, key) == ("receipts", "refund:1:v1")
     assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
-    assert receipt.on_resume and receipt.contract_version == 2
+    # It names the version the effect was attempted under, not the new one.
+    assert receipt.on_resume and receipt.contract_version == 1
     assert "from version 1 to version 2" in receipt.detail
     assert "EFFECT_PENDING" in receipt.detail
     assert event_topic == "operating-events" and isinstance(event, OperatingEvent)

@@ -5,9 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from ledger.errors import DecodeError, SchemaValidationError, UnknownSchemaError
-from ledger.events import EVENT_TYPES, ApprovalUse, OperatingEvent, RecordHeader, decode_event
+from ledger.events import (
+    EVENT_TYPES,
+    ApprovalUse,
+    JournalEntry,
+    OperatingEvent,
+    RecordHeader,
+    decode_event,
+)
 from ledger.serde import MARKER, registry, schema_files
 from tests import helpers
 
@@ -137,3 +145,69 @@ def test_wrong_types_are_refused_before_sending() -> None:
         registry().encode(
             "Claim", {"claim_id": "c", "operation_id": "o", "worker": 3, "expected_version": "x"}
         )
+
+
+def _as_validated(data: bytes):  # the same bytes through pydantic's validation
+    name, record = registry().decode(data)
+    return EVENT_TYPES[name].model_validate(record)
+
+
+@pytest.mark.parametrize("name", sorted(EVENT_TYPES))
+def test_decoding_builds_what_validation_builds(name: str) -> None:
+    # decode_event does not validate the decoded record a second time; what
+    # it builds must be the model pydantic would have built, value for value.
+    data = _sample(name).to_bytes()
+    fast, validated = decode_event(data), _as_validated(data)
+    assert type(fast) is type(validated) and fast == validated
+    assert list(fast.__dict__) == list(validated.__dict__)
+    for field, value in validated.__dict__.items():
+        assert type(fast.__dict__[field]) is type(value), field
+    assert fast.model_fields_set == validated.model_fields_set
+    assert repr(fast) == repr(validated)
+    if name != "OperatingEvent":  # its headers are a list: no hash either way
+        assert hash(fast) == hash(validated)
+    assert fast.model_dump() == validated.model_dump()
+    assert fast.to_bytes() == data
+
+
+def test_decoded_nested_values_have_the_model_types() -> None:
+    hops = ("NOT_ADMITTED->ADMITTED", "ADMITTED->EFFECT_PENDING")
+    entry = decode_event(_sample("JournalEntry").model_copy(update={"hops": hops}).to_bytes())
+    assert isinstance(entry, JournalEntry) and entry.hops == hops
+    dead = decode_event(_sample("OperatingEvent").to_bytes())
+    assert isinstance(dead, OperatingEvent) and dead.original_headers is not None
+    assert all(isinstance(h, RecordHeader) for h in dead.original_headers)
+
+
+def test_a_value_the_schema_admits_but_the_model_does_not_is_refused() -> None:
+    # EffectReceipt.reservation is an Avro string; the model admits three values.
+    record = _sample("EffectReceipt").model_dump() | {"reservation": "MAYBE"}
+    data = registry().encode("EffectReceipt", record)
+    with pytest.raises(DecodeError, match="reservation is 'MAYBE'"):
+        decode_event(data)
+    with pytest.raises(ValidationError):  # what pydantic says of it too
+        _as_validated(data)
+
+
+def test_encoding_a_built_event_still_refuses_what_its_schema_refuses() -> None:
+    # Encoding skips fastavro's validation for events (typed when built), but
+    # a value that bypassed pydantic (model_copy does not validate) is still
+    # refused with a clear error, never written.
+    claim = helpers.claim("op", "w", 1)
+    with pytest.raises(SchemaValidationError, match="Claim"):
+        claim.model_copy(update={"expected_version": "x"}).to_bytes()
+    with pytest.raises(SchemaValidationError, match="Claim"):
+        claim.model_copy(update={"worker": None}).to_bytes()
+    for number in (True, 1.5, 2**63):  # fastavro's writer would write the first two
+        with pytest.raises(SchemaValidationError, match="Claim"):
+            claim.model_copy(update={"expected_version": number}).to_bytes()
+    receipt = _sample("EffectReceipt")
+    with pytest.raises(SchemaValidationError, match="EffectReceipt"):  # not a boolean
+        receipt.model_copy(update={"on_resume": 1}).to_bytes()
+    state = _sample("OperationState")
+    with pytest.raises(SchemaValidationError, match="OperationState"):  # an Avro int is 32-bit
+        state.model_copy(update={"admitted_policy_version": 2**31}).to_bytes()
+    with pytest.raises(SchemaValidationError, match="OperationState"):
+        state.model_copy(update={"state": "SOMEWHERE"}).to_bytes()
+    ok = state.model_copy(update={"admitted_policy_version": 2**31 - 1}).to_bytes()
+    assert decode_event(ok) == state.model_copy(update={"admitted_policy_version": 2**31 - 1})

@@ -103,6 +103,46 @@ def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
     assert stuck.aborted == 2 and stage.producer is fresh
 
 
+class _RefusingProducer:
+    """Its abort is refused: the coordinator may have completed the transaction."""
+
+    def abort_transaction(self, timeout: float) -> None:
+        raise KafkaException(
+            KafkaError(KafkaError.INVALID_TXN_STATE, "Failed to end transaction", fatal=True)
+        )
+
+
+def test_a_refused_abort_restores_the_state_from_what_was_committed(tmp_path: Path) -> None:
+    """Seen under broker chaos: messages timed out, the abort was refused with
+    INVALID_TXN_STATE. The transaction may have committed (the committed
+    offsets then moved past the batch), so the stage must not go on from
+    what it held in memory before the batch: it restores, as after a fatal
+    error. Before the fix it only dropped the batch's pending decisions,
+    and a later decision of an operation of that batch started from a
+    version the journal had left behind."""
+    stage = _stage(tmp_path, _RefusingProducer())
+    fresh = object()
+    stage._new_producer = lambda: fresh  # type: ignore[method-assign]
+    stage._rewind = lambda: None  # type: ignore[method-assign]
+    stage.assigned = {("intents", 0)}
+    restored: list[object] = []
+    revoked: list[set[int]] = []
+    stage._restore = restored.append  # type: ignore[method-assign,assignment]
+    stage.on_revoke = revoked.append  # type: ignore[method-assign,assignment]
+    stage.consumer = _AssignedConsumer()  # type: ignore[assignment]
+    timed_out = KafkaError(
+        KafkaError._TIMED_OUT, "27 message(s) timed out", txn_requires_abort=True
+    )
+    stage._recover(KafkaException(timed_out))
+    assert stage.producer is fresh
+    assert revoked == [{0}] and restored == [[TopicPartition("t.intents", 0)]]
+
+
+class _AssignedConsumer(_Consumer):
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("t.intents", 0)]
+
+
 class _FencedConsumer:
     """A consumer whose membership was fenced: seeking its old assignment fails."""
 

@@ -15,6 +15,7 @@ from ledger.states import RecoveryState as S
 from ledger.upgrades import (
     IN_FLIGHT,
     ReleaseManifest,
+    attempted_version,
     state_of_step,
     stranded_by,
     upgrade_hold,
@@ -241,3 +242,43 @@ def test_the_audit_compares_dispatches_without_the_processors_stamp() -> None:
     assert stamped != d
     assert unstamped(stamped) == d
     assert unstamped(stamped.model_copy(update={"fencing_token": 2})) != d
+
+
+def _dispatch(kind: str, version: int | None) -> Dispatch:
+    return Dispatch(
+        dispatch_id="op#2.3",
+        operation_id="op",
+        kind=kind,  # type: ignore[arg-type]
+        sink="payments",
+        action="refund",
+        params_json="{}",
+        parameter_digest="d",
+        fencing_token=2,
+        state_version=3,
+        contract_version=version,
+    )
+
+
+def test_a_fresh_execution_resumes_from_the_version_it_was_dispatched_under() -> None:
+    d = _dispatch("EXECUTE", 4)
+    assert attempted_version(d, may_have_left=False, operation_attempt=1) == 4
+    assert attempted_version(_dispatch("EXECUTE", None), may_have_left=False) == 1
+
+
+def test_a_readback_dispatched_after_the_upgrade_resumes_from_the_attempts_version() -> None:
+    """A readback stamped 4 of an effect attempted under 1 is a step from 1 (the hole it closes)."""
+    readback = _dispatch("READBACK", 4)
+    assert attempted_version(readback, may_have_left=False, operation_attempt=1) == 1
+    assert attempted_version(readback, may_have_left=False) == 4  # never attempted: its own
+    resumed = _dispatch("EXECUTE", 4)
+    both = {"dispatch_attempt": 3, "operation_attempt": 1}
+    assert attempted_version(resumed, may_have_left=True, **both) == 1
+    held = upgrade_hold(
+        MANIFEST,
+        "payments",
+        from_version=attempted_version(readback, may_have_left=False, operation_attempt=1),
+        to_version=4,
+        contract=MANIFEST.sinks["payments"].versions["4"].contract,
+        state="UNKNOWN_OUTCOME",
+    )
+    assert held is not None and "from version 1 to version 4" in held

@@ -853,8 +853,16 @@ class Stage:
         if kind == "abortable":
             log.warning("%s: transaction aborted: %s", self.component, err)
             self.aborts_in_a_row += 1
+            producer = self.producer
             try:
-                self.producer.abort_transaction(30)
+                # An abort that times out (the brokers restarting) is resumed
+                # by calling it again, for the commit's budget: once it
+                # returns, the transaction is aborted for certain.
+                self.retry.call(
+                    lambda: producer.abort_transaction(30),
+                    "abort_transaction",
+                    give_up_after_s=COMMIT_BUDGET_S,
+                )
             except KafkaException as abort_exc:
                 # The transaction's fate is unknown: the coordinator may have
                 # completed it (an abort refused with INVALID_TXN_STATE, seen

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.processor import Processor
+from consumers.retry import KafkaRetry, RetryPolicy
 from ledger.settings import LedgerSettings
 
 
@@ -136,6 +137,42 @@ def test_a_refused_abort_restores_the_state_from_what_was_committed(tmp_path: Pa
     stage._recover(KafkaException(timed_out))
     assert stage.producer is fresh
     assert revoked == [{0}] and restored == [[TopicPartition("t.intents", 0)]]
+
+
+class _SlowAbortProducer:
+    """Its first abort times out (the brokers restarting); the next one completes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TIMED_OUT,
+                    "Timed out waiting for operation to finish, retry call to resume",
+                    retriable=True,
+                )
+            )
+
+
+def test_an_abort_that_timed_out_is_resumed_not_given_up(tmp_path: Path) -> None:
+    """librdkafka says "retry call to resume": the abort is called again until it
+    completes (the transaction is then aborted for certain), and the stage keeps
+    its producer and its committed memory instead of restoring (which waited on
+    a half-aborted transaction's offsets for minutes under broker chaos)."""
+    slow = _SlowAbortProducer()
+    stage = _stage(tmp_path, slow)
+    stage.retry = KafkaRetry(
+        "relay-0", RetryPolicy(first_wait_s=0.001, max_wait_s=0.001), sleep=lambda _s: None
+    )
+    stage._new_producer = lambda: pytest.fail("the producer was replaced")  # type: ignore[method-assign]
+    stage._restore = lambda _p: pytest.fail("the state was restored")  # type: ignore[method-assign]
+    stage._rewind = lambda: None  # type: ignore[method-assign]
+    abortable = KafkaError(KafkaError._STATE, "an abortable error", txn_requires_abort=True)
+    stage._recover(KafkaException(abortable))
+    assert slow.calls == 2 and stage.producer is slow
 
 
 class _AssignedConsumer(_Consumer):

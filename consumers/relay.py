@@ -337,15 +337,11 @@ class Relay(Stage):
             if r.status == "ATTEMPTED" and r.contract_version is not None:
                 self.attempt_versions.setdefault(r.dispatch_id, r.contract_version)
             if r.contract_version is not None:
-                self._note_version(r.operation_id, r.contract_version)
+                self.operation_versions[r.operation_id] = r.contract_version  # latest wins
             first = self.attempts.get(r.dispatch_id)
             self.attempts[r.dispatch_id] = (
                 r.first_attempt_at_ms if first is None else min(first, r.first_attempt_at_ms)
             )
-
-    def _note_version(self, operation_id: str, version: int) -> None:
-        """Keep the contract version of the operation's latest receipt (read in order)."""
-        self.operation_versions[operation_id] = version
 
     def on_assign(self, partitions: set[int]) -> None:
         """Learn which dispatches of these partitions were already attempted."""
@@ -841,7 +837,7 @@ class Relay(Stage):
             version = self._version_of(d.sink)
             if version is not None:
                 self.attempt_versions.setdefault(d.dispatch_id, version)
-                self._note_version(d.operation_id, version)
+                self.operation_versions[d.operation_id] = version
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""

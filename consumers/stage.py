@@ -874,8 +874,6 @@ class Stage:
                     abort_exc,
                 )
                 self._replace_producer_and_restore()
-                self._rewind()
-                return
             else:
                 # A producer left behind by a broker restart can fail every
                 # delivery for good without ever reporting the brokers down
@@ -892,7 +890,7 @@ class Stage:
                         else f"{self.aborts_in_a_row} transactions in a row aborted",
                     )
                     self.producer = self._new_producer()
-            self.rebuild()
+                self.rebuild()
         else:
             if kind == "retriable":
                 log.warning(

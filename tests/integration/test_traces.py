@@ -26,7 +26,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from consumers.reader import current_states
+from consumers.history import partition_for
+from consumers.reader import current_states, wait_for_decision
 from consumers.stages import STAGES
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.settings import LedgerSettings
@@ -324,6 +325,11 @@ def test_a_processor_resume_continues_the_operations_trace(
         _poll(dispatched, 30, "the processor's spans before it is killed")
         harness.kill("processor")
         harness.start("processor")
+        # The relay starts only once the restarted processor has decided its own claim:
+        # started earlier, it may send the first dispatch and have its receipt decided
+        # before the claim, which is then refused with nothing left to read back.
+        claim = wait_for_decision(settings, "claims", partition_for(op, settings.partitions), 0, 60)
+        assert claim is not None and claim.outcome == "APPLIED", claim
         harness.start("relay")
         harness.wait_quiescent(90)
         assert current_states(settings)[op].state == S.OUTCOME_VERIFIED

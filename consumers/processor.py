@@ -17,6 +17,15 @@ journaled with the decision, so replay decides the same. A processor with no
 registry file at all cannot check names and says so once in its log; the
 relay then holds such an operation (see :mod:`consumers.relay`).
 
+A sink whose contract offers no postcondition query cannot verify an
+effect: the fold's ordinary verification of a committed effect is then not
+written to the outbox (:meth:`Processor.verification_pointless`), sparing a
+round trip to the relay that could only answer ``UNSUPPORTED``. The decision
+and its journal entry are the fold's, unchanged (replay decides the same);
+the operation rests in EFFECT_COMMITTED as it did after that answer. A
+resume's verification is always written: its answer carries the resume's
+recovery receipt.
+
 An intent that ``compensates`` another operation is decided with what the
 processor observed of the original (:meth:`Processor.compensation_facts`:
 its own table, or the original's partition of ``ledger.state`` when another
@@ -51,6 +60,7 @@ from consumers.stage import (
     read_partition,
     record_event,
 )
+from ledger.contracts import postcondition_request
 from ledger.errors import LedgerError, LocalFileError
 from ledger.events import (
     AdmissionDecision,
@@ -84,8 +94,9 @@ log = logging.getLogger(__name__)
 #: In-flight states a restarted processor claims. EFFECT_COMMITTED is left
 #: out: its verification is already in the outbox (the relay performs it
 #: after a crash as before), and for a sink without a postcondition query it
-#: is where the operation rests, so claiming it would re-verify every such
-#: operation ever committed at every restart.
+#: is where the operation rests (no verification is written for it), so
+#: claiming it would re-verify every such operation ever committed at every
+#: restart.
 RESUMABLE = IN_FLIGHT - {S.EFFECT_COMMITTED}
 
 #: The schema versions a dispatch's records are written with (stamped on each dispatch).
@@ -233,6 +244,36 @@ class Processor(Stage):
             consequence=endpoint.contract.consequence if endpoint is not None else None,
             compensable=own.contract.compensable if own is not None else False,
         )
+
+    def verification_pointless(self, dispatch: Dispatch) -> bool:
+        """Whether a dispatch is an ordinary verification its sink cannot perform.
+
+        The relay would answer such a ``VERIFY`` with an ``UNSUPPORTED``
+        postcondition readback, which changes nothing for an ordinary
+        verification (the fold notes it; the operation rests in
+        EFFECT_COMMITTED). The sink registry as it is now says whether the
+        contract offers a postcondition query for the dispatch's parameters
+        (:func:`ledger.contracts.postcondition_request`). A resume's
+        verification (``on_resume``), a sink the registry does not name, and
+        a registry or parameters that cannot be read all count as worth
+        sending: the relay then answers as before.
+
+        Args:
+            dispatch: a dispatch the fold decided.
+
+        Returns:
+            True when the dispatch need not be written.
+        """
+        if dispatch.kind != "VERIFY" or dispatch.on_resume:
+            return False
+        try:
+            endpoint = self.registry.current().get(dispatch.sink)
+            params = json.loads(dispatch.params_json)
+        except (LedgerError, ValueError):
+            return False
+        if endpoint is None or not isinstance(params, dict):
+            return False
+        return not postcondition_request(endpoint.contract, params).offered
 
     def stamped(self, dispatch: Dispatch) -> Dispatch:
         """The dispatch with its sink's contract version and the schema versions it is written with.
@@ -683,6 +724,14 @@ class Processor(Stage):
                     # Refused inputs travel with their original bytes (a dead letter).
                     event = event.model_copy(update={"original_bytes": rec.raw})
                 if isinstance(event, Dispatch):
+                    if self.verification_pointless(event):
+                        log.debug(
+                            "%s: %s not written: %s offers no postcondition",
+                            op,
+                            event.dispatch_id,
+                            event.sink,
+                        )
+                        continue
                     event = self.stamped(event)
                 out.write(output.topic, output.key, event)
 

@@ -67,8 +67,10 @@ class LedgerSettings(BaseSettings):
         instance: a stage's instance name when ``--instance`` is not given
             (``LEDGER_INSTANCE``); unset, the trailing ordinal of the host
             name (``relay-2`` -> ``2``), else ``0``.
-        commit_interval_ms: longest time a stage keeps a transaction open
-            before it commits (milliseconds).
+        commit_interval_ms: longest time a stage waits for input before it
+            turns to its idle work (milliseconds); a batch is processed and
+            committed as soon as the records already fetched are taken (see
+            :meth:`consumers.stage.Stage._next_batch`), not after the interval.
         transaction_timeout_ms: broker-side transaction timeout (milliseconds);
             an abandoned transaction is aborted after it.
         takeover_wait_s: longest time a stage given partitions waits for the

@@ -1,0 +1,56 @@
+"""A stage commits as soon as its input is drained (consumers.stage.Stage._next_batch).
+
+The consumer is a fake that records how long each call was allowed to wait:
+the commit interval bounds only the wait for a batch's first record; what
+is already there is taken without waiting for more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from consumers.processor import Processor
+from ledger.settings import LedgerSettings
+
+
+class _Queue:
+    """A consumer holding ``n`` records; each call takes up to ``num`` of them."""
+
+    def __init__(self, n: int) -> None:
+        self.left = list(range(n))
+        #: (num, timeout) of every call
+        self.calls: list[tuple[int, float]] = []
+
+    def consume(self, num: int, timeout: float) -> list[int]:
+        self.calls.append((num, timeout))
+        taken, self.left = self.left[:num], self.left[num:]
+        return taken
+
+
+def _stage(tmp_path: Path, queue: _Queue) -> Processor:
+    stage = Processor(LedgerSettings(run_dir=tmp_path, commit_interval_ms=100))
+    stage.consumer = queue  # type: ignore[assignment]
+    return stage
+
+
+def test_a_short_batch_is_taken_without_waiting_out_the_interval(tmp_path: Path) -> None:
+    queue = _Queue(3)
+    stage = _stage(tmp_path, queue)
+    assert stage._next_batch() == [0, 1, 2]
+    # Only the first record may be waited for; the rest is taken as it is.
+    assert queue.calls == [(1, 0.1), (stage.batch_size - 1, 0)]
+
+
+def test_a_full_queue_gives_one_batch_of_batch_size(tmp_path: Path) -> None:
+    queue = _Queue(700)
+    stage = _stage(tmp_path, queue)
+    assert len(stage._next_batch()) == stage.batch_size
+    assert len(stage._next_batch()) == 700 - stage.batch_size
+    assert stage._next_batch() == []
+
+
+def test_nothing_pending_waits_one_interval_and_returns_nothing(tmp_path: Path) -> None:
+    queue = _Queue(0)
+    stage = _stage(tmp_path, queue)
+    assert stage._next_batch() == []
+    assert queue.calls == [(1, 0.1)]

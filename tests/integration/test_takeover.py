@@ -32,10 +32,12 @@ pytestmark = pytest.mark.integration
 PARTITION = 0
 
 
-def _state(op: str, version: int) -> OperationState:
+def _state(
+    op: str, version: int, state: RecoveryState = RecoveryState.EFFECT_PENDING
+) -> OperationState:
     return OperationState(
         operation_id=op,
-        state=RecoveryState.EFFECT_PENDING,
+        state=state,
         version=version,
         epoch=1,
         parameter_digest="0" * 64,
@@ -50,12 +52,17 @@ def _state(op: str, version: int) -> OperationState:
     )
 
 
-def _open_transaction(settings: LedgerSettings, op: str, version: int) -> Producer:
+def _open_transaction(
+    settings: LedgerSettings,
+    op: str,
+    version: int,
+    state: RecoveryState = RecoveryState.EFFECT_PENDING,
+) -> Producer:
     """A producer whose open transaction holds a state record of ``op`` (partition 0)."""
     producer = Producer(producer_config(settings, **{"transactional.id": f"old-owner-{op}"}))
     producer.init_transactions(30)
     producer.begin_transaction()
-    value = _state(op, version).to_bytes()
+    value = _state(op, version, state).to_bytes()
     producer.produce(
         settings.topic("state"),
         key=op.encode(),
@@ -119,7 +126,10 @@ def test_processor_restores_only_after_the_previous_owners_transaction(
     while not member.assignment():
         assert time.monotonic() < deadline, "the stand-in owner got no assignment"
         member.poll(0.1)
-    old_owner = _open_transaction(settings, op, 5)
+    # A settled state: the processor restores it and has nothing to resume, so the version
+    # it holds is the committed one (an in-flight state would be claimed at once, and the
+    # claim decided before this test looks, moving the version on).
+    old_owner = _open_transaction(settings, op, 5, RecoveryState.OUTCOME_VERIFIED)
     old_owner.send_offsets_to_transaction(
         [TopicPartition(t, partition, 0) for t in inputs], member.consumer_group_metadata(), 30
     )

@@ -14,8 +14,9 @@ and the names the stages really use:
   on the group; without it the broker logs a denial every few hundred
   milliseconds): ``{prefix}.reader`` (whole-topic reads), ``{prefix}.settle``
   (waiting out open transactions) and ``{prefix}.table.{topic}`` /
-  ``{prefix}.table.{topic}.hw`` (a followed table and its high-watermark
-  probe). They get DESCRIBE only: nothing joins them or commits offsets.
+  ``{prefix}.table.{topic}.hw`` (a followed table and its probes of the
+  partitions' ends, committed and uncommitted). They get DESCRIBE only:
+  nothing joins them or commits offsets.
 
 Principals (role names; the Kafka principal of each is configurable, see
 :func:`principal_names`):

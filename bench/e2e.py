@@ -50,6 +50,21 @@ from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from testbed.sinks.process import SinkProcess
+
+
+def start_gateway(harness: Harness) -> SinkProcess:
+    """Start the rig's reference payment gateway (``payments``) and register it.
+
+    The sink-only limit (:mod:`bench.sinklimit`) starts its gateway here
+    too, so both measure the same gateway: contract ``PAYMENT_GATEWAY``,
+    fault injection on (timeout faults hang 1 s), the harness's clock and
+    log level.
+
+    Returns:
+        The running gateway (its ``url`` and bearer ``token``).
+    """
+    return harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
 
 
 class Rig:
@@ -70,7 +85,7 @@ class Rig:
         self.harness = Harness(self.settings)
         self.key = ReviewerKey.generate("bench-policy-engine")
         trust(self.settings.trusted_keys_path(), self.key)
-        self.harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+        start_gateway(self.harness)
         for component in STAGES:
             for i in range(instances):
                 self.harness.start(component, str(i))
@@ -250,7 +265,13 @@ class Rig:
 def throughput_and_latency(
     base: LedgerSettings, burst: int, paced_s: float, runs: int
 ) -> dict[str, Any]:
-    """Highest sustainable rate (median of ``runs`` bursts), then latency at 0.5× and 0.9×."""
+    """Highest sustainable rate (median of ``runs`` bursts), then latency at 0.5× and 0.9×.
+
+    Returns:
+        ``bursts`` (each :meth:`Rig.run`'s result), ``sustainable_ops_per_s``
+        (their median, operations per second), ``paced`` (fraction -> runs)
+        and ``relay_instances`` (relay processes of the rig).
+    """
     rig = Rig(base, "e2e")
     try:
         rig.run(min(100, burst), None)  # warm-up: connections, JIT-free but caches
@@ -261,7 +282,12 @@ def throughput_and_latency(
             rate = best * fraction
             n = max(20, int(rate * paced_s))
             paced[str(fraction)] = [rig.run(n, rate) for _ in range(runs)]
-        return {"bursts": bursts, "sustainable_ops_per_s": best, "paced": paced}
+        return {
+            "bursts": bursts,
+            "sustainable_ops_per_s": best,
+            "paced": paced,
+            "relay_instances": rig.instances,
+        }
     finally:
         rig.close()
 

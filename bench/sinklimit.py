@@ -22,19 +22,21 @@ processes, and nothing else.
   and the processor would (committed; the postcondition judged ``MATCH``).
 * **Processes**: as many as the ledger runs relay instances; each sends its
   share of the operations one after another, as one relay does.
-* **Clock**: from the moment every process is ready (imported, connected)
-  and is told to start, to the last process's report of its last answer.
+* **Clock**: from the moment every process is ready (started, imported,
+  connected) and is told to start, to the last process's report of its
+  last answer. The processes are ``python -m bench.sinklimit`` children,
+  told their share on stdin.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
+import subprocess
+import sys
 import time
-from multiprocessing.synchronize import Event as EventType
 from typing import Any
 
-from bench.common import median, sample_intent, settings_for
+from bench.common import PROJECT_ROOT, median, sample_intent, settings_for
 from bench.e2e import start_gateway
 from ledger.contracts import (
     PAYMENT_GATEWAY,
@@ -87,47 +89,73 @@ def perform(client: SinkClient, i: int) -> str | None:
     return None if status == "MATCH" else f"{op}: postcondition {status} {detail}"
 
 
-def _worker(
-    url: str,
-    token: str,
-    timeout_s: float,
-    numbers: list[int],
-    ready: Any,
-    go: EventType,
-    done: Any,
-) -> None:
-    """One process: connect, say ready, wait for the start, perform its operations in turn."""
-    with SinkClient(url, timeout_s=timeout_s, token=token) as client:
+def _worker() -> int:
+    """One driving process (``python -m bench.sinklimit``), told what to do on stdin.
+
+    Reads one JSON line (``url``, ``token``, ``timeout_s``, ``numbers``),
+    connects, prints ``ready``; on the next line (the start) performs its
+    operations in turn and prints one JSON line, ``{"problems": [...]}``.
+    The token comes on stdin, never in the arguments.
+    """
+    job = json.loads(sys.stdin.readline())
+    with SinkClient(job["url"], timeout_s=job["timeout_s"], token=job["token"]) as client:
         client.health()  # the connection is open before the clock starts
-        ready.put(None)
-        go.wait()
-        problems = [p for i in numbers if (p := perform(client, i)) is not None]
-    done.put(problems)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        problems = [p for i in job["numbers"] if (p := perform(client, i)) is not None]
+    print(json.dumps({"problems": problems}), flush=True)
+    return 0
+
+
+def _answer(worker: subprocess.Popen[str]) -> str:
+    """The worker's next line; its error output when it ended instead."""
+    assert worker.stdout is not None
+    line = worker.stdout.readline()
+    if not line:
+        worker.wait(timeout=10)
+        err = worker.stderr.read() if worker.stderr is not None else ""
+        raise RuntimeError(f"a sink-only driver exited with {worker.returncode}: {err[-2000:]}")
+    return line
 
 
 def _run(gateway: tuple[str, str], timeout_s: float, numbers: list[int], processes: int) -> float:
     """Perform ``numbers`` from ``processes`` processes; returns the seconds taken."""
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding Kafka clients
-    ready, done, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    shares = [numbers[k::processes] for k in range(processes)]
+    url, token = gateway
     workers = [
-        ctx.Process(target=_worker, args=(*gateway, timeout_s, share, ready, go, done))
-        for share in shares
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.sinklimit"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=PROJECT_ROOT,
+        )
+        for _ in range(processes)
     ]
-    for w in workers:
-        w.start()
     try:
-        for _ in workers:
-            ready.get(timeout=60)
+        for k, w in enumerate(workers):
+            assert w.stdin is not None
+            share = numbers[k::processes]
+            job = {"url": url, "token": token, "timeout_s": timeout_s, "numbers": share}
+            w.stdin.write(json.dumps(job) + "\n")
+            w.stdin.flush()
+        for w in workers:
+            _answer(w)  # ready
         started = time.perf_counter()
-        go.set()
-        problems = [p for _ in workers for p in done.get(timeout=300)]
+        for w in workers:
+            assert w.stdin is not None
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        problems = [p for w in workers for p in json.loads(_answer(w))["problems"]]
         seconds = time.perf_counter() - started
     finally:
         for w in workers:
-            w.join(timeout=10)
-            if w.is_alive():
-                w.kill()
+            if w.poll() is None:
+                try:
+                    w.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    w.kill()
+                    w.wait()
     if problems:
         raise RuntimeError(
             f"{len(problems)} operation(s) did not end as the relay's happy path does, "
@@ -171,3 +199,7 @@ def measure(base: LedgerSettings, n: int, runs: int, processes: int = 1) -> dict
         "runs": rows,
         "ops_per_s": median([r["ops_per_s"] for r in rows]),
     }
+
+
+if __name__ == "__main__":
+    sys.exit(_worker())

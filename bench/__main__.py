@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from bench import e2e, replay, report, throughput
+from bench import e2e, replay, report, sinklimit, throughput
 from bench.common import BENCH_DIR, median, say
 from ledger.settings import LedgerSettings
 
@@ -160,6 +160,9 @@ def main(
     if "e2e" in sections:
         say(f"end to end: bursts of {burst}, then paced at 0.5x and 0.9x")
         results["e2e"] = e2e.throughput_and_latency(base, burst, paced_s=10, runs=runs)
+        relays = results["e2e"]["relay_instances"]
+        say(f"sink-only limit: the gateway driven directly, {burst} operations x {runs}")
+        results["e2e"]["sink_limit"] = sinklimit.measure(base, burst, runs, processes=relays)
     if "recovery" in sections:
         say(f"recovery of {in_flight} in-flight operations x {runs} (and auditor replay)")
         rows = []
@@ -196,6 +199,7 @@ def main(
         say("profiling the processor stage (pyinstrument)")
         results["profile"] = throughput.profile_processor(base, records)
     results["meta"]["wall_s"] = round(time.monotonic() - started, 1)
+    results["ratios"] = report.ratios(results)
     out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     path = report.write(results, out.parent)
     say(f"results: {out}")

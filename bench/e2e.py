@@ -8,12 +8,15 @@ signed approval and then its refund intent, and follows ``ledger.state``
 (``read_committed``) until the operation is ``OUTCOME_VERIFIED``: the
 effect was performed and read back from the sink.
 
-* **Throughput** (:meth:`Rig.burst`): ``n`` operations published as fast as
-  the driver can (one approval + one intent each, each acknowledged), timed
-  from the first publish to the last ``OUTCOME_VERIFIED``.
-* **Latency** (:meth:`Rig.paced`): operations published at a fixed rate
-  (open loop); latency is the time from an intent's publish to its
-  ``OUTCOME_VERIFIED`` being visible to the driver.
+* **Throughput** (:meth:`Rig.run` without a rate): ``n`` operations
+  published as fast as the driver can, without waiting for single
+  acknowledgements (every approval queued, one flush, then every intent
+  queued, one flush), timed from the first publish to the last
+  ``OUTCOME_VERIFIED``.
+* **Latency** (:meth:`Rig.run` with a rate): the approvals first, then the
+  intents queued at a fixed rate (open loop); latency is the time from an
+  intent's publish to its ``OUTCOME_VERIFIED`` being visible to the driver
+  (which takes each state record as soon as it arrives).
 * **Recovery** (:func:`recovery`): with the relay stopped (SIGSTOP), ``n``
   operations are published and wait in EFFECT_PENDING with their dispatch
   in the outbox; then every stage is SIGKILLed and restarted, and the clock
@@ -47,6 +50,21 @@ from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
+from testbed.sinks.process import SinkProcess
+
+
+def start_gateway(harness: Harness) -> SinkProcess:
+    """Start the rig's reference payment gateway (``payments``) and register it.
+
+    The sink-only limit (:mod:`bench.sinklimit`) starts its gateway here
+    too, so both measure the same gateway: contract ``PAYMENT_GATEWAY``,
+    fault injection on (timeout faults hang 1 s), the harness's clock and
+    log level.
+
+    Returns:
+        The running gateway (its ``url`` and bearer ``token``).
+    """
+    return harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
 
 
 class Rig:
@@ -67,7 +85,7 @@ class Rig:
         self.harness = Harness(self.settings)
         self.key = ReviewerKey.generate("bench-policy-engine")
         trust(self.settings.trusted_keys_path(), self.key)
-        self.harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+        start_gateway(self.harness)
         for component in STAGES:
             for i in range(instances):
                 self.harness.start(component, str(i))
@@ -100,7 +118,11 @@ class Rig:
         return list(range(first, first + n))
 
     def publish(self, i: int) -> tuple[str, float]:
-        """Publish operation ``i``'s signed approval and its intent; returns (op, publish time)."""
+        """Publish operation ``i``'s signed approval, then its intent, each acknowledged.
+
+        Returns:
+            ``(operation ID, perf_counter seconds just before the intent's publish)``.
+        """
         intent = sample_intent(i)
         now_ms = int(time.time() * 1000)
         self.publisher.publish_approval(self.key.sign(sample_approval(intent, now_ms)))
@@ -109,8 +131,16 @@ class Rig:
         return intent.operation_id, at
 
     def poll(self, timeout_s: float = 0.05) -> None:
-        """Read new ``ledger.state`` records; note when operations become verified."""
-        for msg in self.consumer.consume(1000, timeout_s):
+        """Read new ``ledger.state`` records; note when operations become verified.
+
+        Waits at most ``timeout_s`` seconds for the first record, then takes
+        what the consumer already holds without waiting, so a record is seen
+        (and its verification time noted) as soon as it arrives.
+        """
+        msgs = self.consumer.consume(1, timeout_s)
+        if msgs:
+            msgs += self.consumer.consume(999, 0)
+        for msg in msgs:
             if msg.error() is not None or not msg.value():
                 continue
             try:
@@ -148,35 +178,69 @@ class Rig:
             self.poll()
 
     def _drive(self, numbers: list[int], rate: float | None, out: dict[str, float]) -> None:
+        """Publish the operations' approvals, then their intents; one flush for each.
+
+        Nothing waits for a single acknowledgement: records are queued with
+        delivery callbacks (:meth:`LedgerPublisher.flush` reports a refusal).
+        Every approval is acknowledged before the first intent is published,
+        as a review system's grant precedes the work it allows. Each intent's
+        publish time goes into ``out`` (operation ID -> ``perf_counter``
+        seconds); with ``rate`` (per second) intents are paced open loop.
+        """
+        intents = [sample_intent(i) for i in numbers]
+        now_ms = int(time.time() * 1000)
+        for intent in intents:
+            grant = self.key.sign(sample_approval(intent, now_ms))
+            self.publisher.publish_approval(grant, wait=False)
+        self.publisher.flush()
         started = time.perf_counter()
-        for k, i in enumerate(numbers):
+        for k, intent in enumerate(intents):
             if rate is not None:
                 due = started + k / rate
                 while (wait := due - time.perf_counter()) > 0:
                     time.sleep(min(wait, 0.01))  # pacing the open-loop publisher
-            op, at = self.publish(i)
-            out[op] = at
+            out[intent.operation_id] = time.perf_counter()
+            self.publisher.publish_intent(intent, wait=False)
+        self.publisher.flush()
 
     def run(self, n: int, rate: float | None, timeout_s: float = 300) -> dict[str, Any]:
         """Publish ``n`` operations (as fast as possible, or at ``rate`` per second).
 
+        The clock starts before the first approval is published; the
+        publishing is :meth:`_drive`'s (queued, one flush for the approvals
+        and one for the intents).
+
         Returns:
             ``ops_per_s`` (first publish to last verified), latency percentiles
-            in seconds (``p50_s``, ``p99_s``), the achieved publish rate.
+            in seconds (``p50_s``, ``p99_s``: an intent's publish to its
+            OUTCOME_VERIFIED seen by the driver), ``publish_per_s`` (the
+            operations' records all acknowledged: operations per second).
         """
         numbers = self.allocate(n)
         published: dict[str, float] = {}
-        driver = threading.Thread(target=self._drive, args=(numbers, rate, published))
+        failed: list[Exception] = []
+
+        def drive() -> None:
+            try:
+                self._drive(numbers, rate, published)
+            except Exception as exc:  # noqa: BLE001 - raised again below, in this thread
+                failed.append(exc)
+
+        driver = threading.Thread(target=drive)
         start = time.perf_counter()
         driver.start()
         ops = [sample_operation_id(i) for i in numbers]
         deadline = time.monotonic() + timeout_s
-        while driver.is_alive() or len(published) < n:
+        while driver.is_alive():
             self.poll()
             if time.monotonic() > deadline:
                 raise RuntimeError("the driver did not finish publishing in time")
         publish_end = time.perf_counter()
         driver.join()
+        if failed:
+            raise RuntimeError(
+                f"the driver failed after {len(published)} of {n} intents"
+            ) from failed[0]
         self.wait_for(ops, "OUTCOME_VERIFIED", timeout_s)
         end = max(self.verified_at[op] for op in ops)
         latencies = [self.verified_at[op] - published[op] for op in ops]
@@ -201,7 +265,13 @@ class Rig:
 def throughput_and_latency(
     base: LedgerSettings, burst: int, paced_s: float, runs: int
 ) -> dict[str, Any]:
-    """Highest sustainable rate (median of ``runs`` bursts), then latency at 0.5× and 0.9×."""
+    """Highest sustainable rate (median of ``runs`` bursts), then latency at 0.5× and 0.9×.
+
+    Returns:
+        ``bursts`` (each :meth:`Rig.run`'s result), ``sustainable_ops_per_s``
+        (their median, operations per second), ``paced`` (fraction -> runs)
+        and ``relay_instances`` (relay processes of the rig).
+    """
     rig = Rig(base, "e2e")
     try:
         rig.run(min(100, burst), None)  # warm-up: connections, JIT-free but caches
@@ -212,7 +282,12 @@ def throughput_and_latency(
             rate = best * fraction
             n = max(20, int(rate * paced_s))
             paced[str(fraction)] = [rig.run(n, rate) for _ in range(runs)]
-        return {"bursts": bursts, "sustainable_ops_per_s": best, "paced": paced}
+        return {
+            "bursts": bursts,
+            "sustainable_ops_per_s": best,
+            "paced": paced,
+            "relay_instances": rig.instances,
+        }
     finally:
         rig.close()
 

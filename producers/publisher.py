@@ -7,7 +7,9 @@ events. ``LedgerPublisher`` is the same class under its former name. Every recor
 validated against its Avro schema before it is sent, produced by an
 idempotent producer with the ``murmur2_random`` partitioner (so Java and
 Python producers agree on co-partitioning), and flushed before the call
-returns. :meth:`LedgerPublisher.wait_for` waits for an operation to reach a
+returns (intents and approvals may be queued instead, ``wait=False``, and
+acknowledged together by :meth:`LedgerPublisher.flush`: a driver publishing
+in bulk). :meth:`LedgerPublisher.wait_for` waits for an operation to reach a
 state (``OUTCOME_VERIFIED`` ...) and raises when it rests in another.
 
 Each publish is a span (``publish <kind>``, a child of the caller's current
@@ -21,12 +23,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from confluent_kafka import KafkaError, Message, Producer
-from opentelemetry.trace import SpanKind, TracerProvider
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from ledger.authn import seal_headers
 from ledger.credentials import Credentials, load_keyring
@@ -310,11 +313,16 @@ class LedgerPublisher:
         self.credentials = credentials or Credentials(settings)
         #: (short topic, partition, offset) of the last record published.
         self.last_position: tuple[str, int, int] | None = None
+        #: records published with ``wait=False`` not yet acknowledged, and the
+        #: broker's refusals among them (reported by :meth:`flush`).
+        self._pending = 0
+        self._failed: list[str] = []
         self.producer = Producer(
             producer_config(settings, **{"client.id": client_id, "linger.ms": 1})
         )
 
-    def _send(self, topic: str, key: str, event: Event, timeout_s: float | None = None) -> Message:
+    def _span(self, topic: str, key: str, event: Event) -> AbstractContextManager[Span]:
+        """The ``publish <kind>`` producer span of one record."""
         attributes: dict[str, str] = {
             "messaging.system": "kafka",
             "messaging.operation.type": "publish",
@@ -324,17 +332,39 @@ class LedgerPublisher:
         operation_id = getattr(event, "operation_id", None)
         if operation_id:
             attributes["ledger.operation_id"] = operation_id
-        with self._tracer.start_as_current_span(
+        return self._tracer.start_as_current_span(
             f"publish {event.KIND}", kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        )
+
+    def _send(self, topic: str, key: str, event: Event, timeout_s: float | None = None) -> Message:
+        with self._span(topic, key, event) as span:
             msg = self._send_traced(topic, key, event, timeout_s)
             span.set_attribute("messaging.destination.partition.id", str(msg.partition() or 0))
             span.set_attribute("messaging.kafka.offset", msg.offset() or 0)
             return msg
 
-    def _send_traced(
-        self, topic: str, key: str, event: Event, timeout_s: float | None = None
-    ) -> Message:
+    def _send_later(self, topic: str, key: str, event: Event) -> None:
+        """Produce one record without waiting; :meth:`flush` reports its delivery."""
+        with self._span(topic, key, event):
+            self._produce(topic, key, event, self._note_delivery)
+        self._pending += 1
+        self.producer.poll(0)  # serve the callbacks of records already delivered
+
+    def _note_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        self._pending -= 1
+        if err is not None:
+            self._failed.append(f"{msg.topic()}: {err}")
+            return
+        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
+        self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
+
+    def _produce(
+        self,
+        topic: str,
+        key: str,
+        event: Event,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
         """Produce one record (its seal and the current span's traceparent in its headers)."""
         value = event.to_bytes()  # validates against the schema first
         if len(value) > MAX_INPUT_BYTES:
@@ -346,14 +376,26 @@ class LedgerPublisher:
             )
         raw_key = key.encode("utf-8")
         sealer = self.credentials.sealer_for(topic, event)
+        headers = with_trace(seal_headers(sealer, topic, raw_key, value))
+        while True:
+            try:
+                self.producer.produce(
+                    self.settings.topic(topic),
+                    key=raw_key,
+                    value=value,
+                    headers=headers,
+                    on_delivery=on_delivery,
+                )
+                return
+            except BufferError:  # the local queue is full: deliver some first
+                self.producer.poll(0.1)
+
+    def _send_traced(
+        self, topic: str, key: str, event: Event, timeout_s: float | None = None
+    ) -> Message:
+        """Produce one record and wait for the broker's acknowledgement."""
         delivered: list[tuple[KafkaError | None, Message]] = []
-        self.producer.produce(
-            self.settings.topic(topic),
-            key=raw_key,
-            value=value,
-            headers=with_trace(seal_headers(sealer, topic, raw_key, value)),
-            on_delivery=lambda err, msg: delivered.append((err, msg)),
-        )
+        self._produce(topic, key, event, lambda err, msg: delivered.append((err, msg)))
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while not delivered:
@@ -368,6 +410,34 @@ class LedgerPublisher:
             raise LedgerError(f"publishing to {self.settings.topic(topic)} failed: {err}")
         self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
         return msg
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every record published with ``wait=False`` is acknowledged.
+
+        Args:
+            timeout_s: how long to wait in all (seconds); default
+                ``send_timeout_s``.
+
+        Raises:
+            LedgerError: some were refused by the broker (the first reasons
+                named; the failures are then forgotten), or not all were
+                acknowledged within ``timeout_s`` (they stay pending).
+        """
+        timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
+        self.producer.flush(timeout_s)
+        failed, self._failed = self._failed, []
+        if failed:
+            raise LedgerError(
+                f"{len(failed)} record(s) were not accepted by the broker: "
+                + "; ".join(failed[:3]),
+                observed=len(failed),
+            )
+        if self._pending:
+            raise LedgerError(
+                f"{self._pending} record(s) not acknowledged after {timeout_s} s; "
+                "is the broker running (ledger broker status)?",
+                observed=self._pending,
+            )
 
     def publish(
         self,
@@ -425,13 +495,32 @@ class LedgerPublisher:
         )
         return self.publish_intent(intent)
 
-    def publish_intent(self, intent: Intent) -> PublishedIntent:
+    @overload
+    def publish_intent(self, intent: Intent, *, wait: Literal[True] = True) -> PublishedIntent: ...
+
+    @overload
+    def publish_intent(self, intent: Intent, *, wait: Literal[False]) -> None: ...
+
+    def publish_intent(self, intent: Intent, *, wait: bool = True) -> PublishedIntent | None:
         """Publish an intent built with :func:`build_intent` (key: its operation ID).
 
+        Args:
+            intent: the intent.
+            wait: wait for the broker's acknowledgement (the default). With
+                ``False`` the record is only queued (the same record, sealed
+                alike): nothing is returned, and :meth:`flush` waits for
+                every queued record and reports a refusal.
+
+        Returns:
+            Where it landed (``None`` when not waited for).
+
         Raises:
-            LedgerError: the broker did not accept it.
+            LedgerError: the broker did not accept it (when waited for).
             SchemaValidationError: the intent does not fit its schema.
         """
+        if not wait:
+            self._send_later("intents", intent.operation_id, intent)
+            return None
         msg = self._send("intents", intent.operation_id, intent)
         return PublishedIntent(
             intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
@@ -480,13 +569,19 @@ class LedgerPublisher:
         )
         return self.publish_intent(intent)
 
-    def publish_approval(self, approval: Approval) -> None:
+    def publish_approval(self, approval: Approval, *, wait: bool = True) -> None:
         """Publish a review decision (key: approval ID).
+
+        Args:
+            approval: the decision (a grant signed by its reviewer).
+            wait: wait for the broker's acknowledgement (the default); with
+                ``False`` it is only queued, and :meth:`flush` reports its
+                delivery (as for :meth:`publish_intent`).
 
         Raises:
             LedgerError: a blank approval ID, reviewer, subject, revoker or
                 optional scope value, a policy version below 1, or the broker
-                did not accept it.
+                did not accept it (when waited for).
         """
         require_name("approval_id", approval.approval_id)
         require_name("reviewer", approval.reviewer)
@@ -498,6 +593,9 @@ class LedgerPublisher:
             value = getattr(approval, field)
             if value is not None:
                 require_name(field, value)
+        if not wait:
+            self._send_later("approvals", approval.approval_id, approval)
+            return
         self._send("approvals", approval.approval_id, approval)
 
     def publish_claim(self, operation_id: str, worker: str, expected_version: int) -> str:

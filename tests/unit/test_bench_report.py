@@ -53,3 +53,43 @@ def test_a_met_target_needs_no_explanation(tmp_path: Path) -> None:
     assert "Where a target is missed" not in text
     lines = report.headlines(_results(6_000.0, 0.9))
     assert "processor / bare loop: 0.60 (target >= 0.5: yes)" in lines
+
+
+def _with_e2e(ledger_ops_per_s: float, dbos_ops_per_s: float | None) -> dict[str, Any]:
+    results = _results(6_000.0, 0.9)
+    results["e2e"] = {
+        "sustainable_ops_per_s": ledger_ops_per_s,
+        "paced": {"0.5": [{"p50_s": 0.2, "p99_s": 0.4, "operations": 50, "target_rate": 5.0}]},
+        "relay_instances": 1,
+        "sink_limit": {
+            "ops_per_s": 200.0,
+            "processes": 1,
+            "requests_per_operation": ["POST /operations", "GET /accounts/{account}"],
+            "runs": [],
+        },
+    }
+    if dbos_ops_per_s is not None:
+        results["peers"] = {"dbos": {"throughput": {"median_ops_per_s": dbos_ops_per_s}}}
+    return results
+
+
+def test_the_end_to_end_figure_is_a_ratio_to_the_sink_only_limit(tmp_path: Path) -> None:
+    results = _with_e2e(150.0, None)
+    r = report.ratios(results)
+    assert r["ledger end to end / sink-only limit"] == 0.75
+    assert r["ledger end to end / DBOS workflow"] is None
+    text = report.write(results, tmp_path).read_text()
+    assert "| ledger end to end / sink-only limit | 0.75 | >= 0.8 | **no** |" in text
+    assert report.LIMITS["ledger end to end / sink-only limit"] in text
+    assert "POST /operations + GET /accounts/{account} per operation from 1" in text
+    assert "No ledger / DBOS ratio" in text  # said, not left blank
+
+
+def test_the_end_to_end_figure_is_a_ratio_to_dbos_on_the_same_gateway(tmp_path: Path) -> None:
+    results = _with_e2e(180.0, 120.0)
+    assert report.ratios(results)["ledger end to end / DBOS workflow"] == 1.5
+    text = report.write(results, tmp_path).read_text()
+    assert "No ledger / DBOS ratio" not in text
+    assert "ledger end to end / sink-only limit: 0.90 (target >= 0.8: yes)" in report.headlines(
+        results
+    )

@@ -106,6 +106,15 @@ COMMIT_BUDGET_S = 60.0
 #: Consecutive aborted transactions after which a stage replaces its producer.
 ABORTS_BEFORE_NEW_PRODUCER = 2
 
+#: Seconds of an outage after which a stage asks, with its producer's own
+#: connections, whether Kafka answers (then its consumer is the one stuck).
+CONSUMER_STUCK_AFTER_S = 30.0
+
+
+class _ConsumerStuck(Exception):
+    """Kafka answers the producer while the consumer's calls keep timing out."""
+
+
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
 
@@ -1044,16 +1053,69 @@ class Stage:
         Asks for the committed offsets of the assignment (or for the first
         input's metadata when nothing is assigned), riding out the outage;
         the answer ends it, with one log line, and clears ``waiting`` from the
-        status file.
+        status file. When Kafka did not answer at first (an outage, a broker
+        restart), the next batch starts with a new producer, as after
+        ``_ALL_BROKERS_DOWN``: a producer that never reported that error can
+        still be left with requests lost with the old connections, and then
+        timed out adding offsets to its transaction for 15 s at a time (seen
+        for 45 s after a broker restart, game day g13).
         """
         assert self.consumer is not None
         consumer = self.consumer
         assignment = consumer.assignment()
-        if assignment:
-            self.retry.call(lambda: consumer.committed(assignment, timeout=10), "Kafka to answer")
-        else:
-            topic = self.settings.topic(self.inputs[0])
-            self.retry.call(lambda: consumer.list_topics(topic, timeout=10), "Kafka to answer")
+        outage = self.retry.down
+        outages_before = self.retry.outages
+        topic = self.settings.topic(self.inputs[0])
+        try:
+            if assignment:
+                self.retry.call(
+                    lambda: consumer.committed(assignment, timeout=10),
+                    "Kafka to answer",
+                    between=self._check_consumer_stuck,
+                )
+            else:
+                self.retry.call(
+                    lambda: consumer.list_topics(topic, timeout=10),
+                    "Kafka to answer",
+                    between=self._check_consumer_stuck,
+                )
+        except _ConsumerStuck:
+            # The outage stays open (status: waiting); the next pass asks the
+            # new consumer, which then joins the group and restores.
+            log.warning(
+                "%s: Kafka answers, but the consumer's calls keep timing out; "
+                "replacing the consumer and the producer",
+                self.component,
+            )
+            self.broker_bounced = True
+            self._rejoin()
+            return
+        if outage or self.retry.outages > outages_before:
+            self.broker_bounced = True
+
+    def _check_consumer_stuck(self, failures: int) -> None:
+        """Between tries of :meth:`_await_kafka`: is it the consumer, not Kafka, that is stuck?
+
+        After :data:`CONSUMER_STUCK_AFTER_S` of an outage, and then every
+        fifth try, the producer (its own connections) asks for the first
+        input's metadata. An answer means Kafka is back while the consumer
+        still times out (seen for more than six minutes after a 90 s broker
+        outage, ``Failed to get committed offsets: Local: Timed out``): a new
+        consumer asks afresh.
+
+        Raises:
+            _ConsumerStuck: Kafka answered the producer.
+        """
+        waiting = self.retry.waiting
+        if self.producer is None or waiting is None or failures % 5:
+            return
+        if time.time() - float(waiting["since"]) < CONSUMER_STUCK_AFTER_S:
+            return
+        try:
+            self.producer.list_topics(self.settings.topic(self.inputs[0]), timeout=5)
+        except KafkaException:
+            return  # Kafka does not answer the producer either: an outage
+        raise _ConsumerStuck
 
     def settled(self) -> bool:
         """True once start-up work after an assignment is done (override to add some)."""

@@ -203,3 +203,85 @@ def test_a_rewind_the_consumer_cannot_do_replaces_the_consumer(
     monkeypatch.setattr(stage, "_rejoin", lambda: rejoined.append(True))
     stage._rewind()
     assert rejoined == [True]
+
+
+class _AnsweringConsumer:
+    """Answers ``committed`` after refusing it ``refusals`` times (broker restarting)."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("t", 0)]
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if self.refusals:
+            self.refusals -= 1
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker restarting"))
+        return partitions
+
+
+@pytest.mark.parametrize(("refusals", "replaced"), [(0, False), (2, True)])
+def test_after_kafka_was_away_the_next_batch_gets_a_new_producer(
+    tmp_path: Path, refusals: int, replaced: bool
+) -> None:
+    """A producer that never reported all brokers down can still hold requests lost with the
+    old connections (game day g13: adding offsets timed out for 45 s after a broker restart)."""
+    stage = _stage(tmp_path, object())
+    stage.consumer = _AnsweringConsumer(refusals)  # type: ignore[assignment]
+    stage.retry = KafkaRetry(
+        "authority-0", RetryPolicy(first_wait_s=0.001, max_wait_s=0.001), sleep=lambda _s: None
+    )
+    stage._await_kafka()
+    assert stage.broker_bounced is replaced
+    assert not stage.retry.down
+
+
+class _TimingOutConsumer(_AnsweringConsumer):
+    """A consumer whose ``committed`` never answers (stuck after a broker restart)."""
+
+    def __init__(self) -> None:
+        super().__init__(refusals=0)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets"))
+
+
+class _MetadataProducer:
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.asked = 0
+
+    def list_topics(self, topic: str, timeout: float) -> object:
+        self.asked += 1
+        if not self.answers:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+        return object()
+
+
+@pytest.mark.parametrize("kafka_answers", [True, False])
+def test_a_consumer_stuck_while_kafka_answers_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kafka_answers: bool
+) -> None:
+    """Seen in CI: the relay's ``committed`` timed out for six minutes after a 90 s outage
+    while the other stages' clients were answered. When the producer is answered, the
+    consumer (and the producer) are replaced; in a real outage the wait goes on."""
+    monkeypatch.setattr("consumers.stage.CONSUMER_STUCK_AFTER_S", 0.0)
+    producer = _MetadataProducer(kafka_answers)
+    stage = _stage(tmp_path, producer)
+    stage.consumer = _TimingOutConsumer()  # type: ignore[assignment]
+    rejoined: list[bool] = []
+    stage._rejoin = lambda: rejoined.append(True)  # type: ignore[method-assign]
+    stage.retry = KafkaRetry(
+        "relay-0",
+        RetryPolicy(first_wait_s=0.001, max_wait_s=0.001, give_up_after_s=0.5),
+        sleep=lambda _s: None,
+    )
+    if kafka_answers:
+        stage._await_kafka()
+        assert rejoined == [True] and stage.broker_bounced
+        assert stage.retry.down  # the outage ends when the new consumer is answered
+    else:
+        with pytest.raises(KafkaException):
+            stage._await_kafka()
+        assert rejoined == [] and producer.asked > 0

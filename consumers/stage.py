@@ -54,7 +54,7 @@ from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
-from ledger.errors import BrokerError, LedgerError
+from ledger.errors import BrokerError, ConsumerStuckError, LedgerError
 from ledger.events import Event, OperatingEvent, RecordHeader, decode_event
 from ledger.identity import MAX_INPUT_BYTES, MAX_KEY_BYTES
 from ledger.kafka import (
@@ -109,10 +109,6 @@ ABORTS_BEFORE_NEW_PRODUCER = 2
 #: Seconds of an outage after which a stage asks, with its producer's own
 #: connections, whether Kafka answers (then its consumer is the one stuck).
 CONSUMER_STUCK_AFTER_S = 30.0
-
-
-class _ConsumerStuck(Exception):
-    """Kafka answers the producer while the consumer's calls keep timing out."""
 
 
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
@@ -1079,7 +1075,7 @@ class Stage:
                     "Kafka to answer",
                     between=self._check_consumer_stuck,
                 )
-        except _ConsumerStuck:
+        except ConsumerStuckError:
             # The outage stays open (status: waiting); the next pass asks the
             # new consumer, which then joins the group and restores.
             log.warning(
@@ -1104,7 +1100,7 @@ class Stage:
         consumer asks afresh.
 
         Raises:
-            _ConsumerStuck: Kafka answered the producer.
+            ConsumerStuckError: Kafka answered the producer.
         """
         waiting = self.retry.waiting
         if self.producer is None or waiting is None or failures % 5:
@@ -1115,7 +1111,7 @@ class Stage:
             self.producer.list_topics(self.settings.topic(self.inputs[0]), timeout=5)
         except KafkaException:
             return  # Kafka does not answer the producer either: an outage
-        raise _ConsumerStuck
+        raise ConsumerStuckError(f"{self.component}: Kafka answers, its consumer does not")
 
     def settled(self) -> bool:
         """True once start-up work after an assignment is done (override to add some)."""

@@ -95,6 +95,17 @@ class BrokerUnavailableError(BrokerError):
     retryable: ClassVar[bool] = True
 
 
+class ConsumerStuckError(LedgerError):
+    """Kafka answers a stage's producer while its consumer's calls keep timing out.
+
+    Raised between tries of a stage's wait for Kafka; the stage replaces the
+    consumer (``consumers.stage.Stage._await_kafka``), and a new one can
+    succeed.
+    """
+
+    retryable: ClassVar[bool] = True
+
+
 class SettingsError(LedgerError):
     """A setting is invalid or unsafe for this process (e.g. the manual clock in a
     production stage); the message names the variable and the remedy."""

@@ -21,6 +21,7 @@ import testbed
 from ledger.errors import (
     BrokerError,
     BrokerUnavailableError,
+    ConsumerStuckError,
     DecodeError,
     ForbiddenTransitionError,
     InputBoundsError,
@@ -53,6 +54,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     LedgerError: False,
     BrokerError: False,  # missing tools, busy ports, failed formats: fix first
     BrokerUnavailableError: True,  # no answer (yet): the broker may be restarting
+    ConsumerStuckError: True,  # a new consumer asks afresh
     TopicConfigError: False,
     SettingsError: False,  # change the setting first
     SchemaError: False,

@@ -110,7 +110,6 @@ ABORTS_BEFORE_NEW_PRODUCER = 2
 #: connections, whether Kafka answers (then its consumer is the one stuck).
 CONSUMER_STUCK_AFTER_S = 30.0
 
-
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
 
@@ -1062,19 +1061,13 @@ class Stage:
         outage = self.retry.down
         outages_before = self.retry.outages
         topic = self.settings.topic(self.inputs[0])
+        ask: Callable[[], object] = (
+            (lambda: consumer.committed(assignment, timeout=10))
+            if assignment
+            else (lambda: consumer.list_topics(topic, timeout=10))
+        )
         try:
-            if assignment:
-                self.retry.call(
-                    lambda: consumer.committed(assignment, timeout=10),
-                    "Kafka to answer",
-                    between=self._check_consumer_stuck,
-                )
-            else:
-                self.retry.call(
-                    lambda: consumer.list_topics(topic, timeout=10),
-                    "Kafka to answer",
-                    between=self._check_consumer_stuck,
-                )
+            self.retry.call(ask, "Kafka to answer", between=self._check_consumer_stuck)
         except ConsumerStuckError:
             # The outage stays open (status: waiting); the next pass asks the
             # new consumer, which then joins the group and restores.

@@ -11,7 +11,8 @@
 #   make mission-chaos  the same on three brokers with broker faults (root: netns)
 #                  (CASES=, INSTANCES=, MODE=ledger|checkpoint-only to change it)
 #   make bench     benchmarks against the bare Kafka limit and against peers
-#                  (Quix Streams, DBOS in .venv-peers): bench/results.json and
+#                  (Quix Streams, DBOS in .venv-peers; Kafka Streams, a Java app
+#                  Maven builds in bench/peers/kstreams): bench/results.json and
 #                  bench/REPORT.md (RUNS=, BENCH_ARGS= to change it)
 #   make kafka     fetch the broker jars into .cache/kafka/libs (Maven, once)
 #   make wheel-check   only the wheel check
@@ -91,11 +92,24 @@ $(PEERS_STAMP): pyproject.toml bench/peers/requirements.txt
 	$(PEERS)/bin/pip install --quiet -e . -r bench/peers/requirements.txt
 	touch $@
 
+# The Kafka Streams peer: its jar is its stamp, rebuilt when its sources change.
+# Without Maven it is skipped and the peer reports an error in the results.
+KSTREAMS_DIR := bench/peers/kstreams
+KSTREAMS_JAR := $(KSTREAMS_DIR)/target/kstreams-peer.jar
+
+$(KSTREAMS_JAR): $(KSTREAMS_DIR)/pom.xml $(shell find $(KSTREAMS_DIR)/src -type f 2>/dev/null)
+	@if command -v mvn > /dev/null; then \
+	  echo "building the Kafka Streams peer ($@) with Maven ..."; \
+	  (cd $(KSTREAMS_DIR) && mvn -q -B package) && touch $@; \
+	else \
+	  echo "no mvn on PATH: the Kafka Streams peer is skipped (it reports an error)"; \
+	fi
+
 $(BENCH_STAMP): $(DEV_STAMP)
 	$(BIN)/pip install --quiet -e '.[testbed,dev,bench]'
 	touch $@
 
-bench: venv kafka $(BENCH_STAMP) $(PEERS_STAMP)
+bench: venv kafka $(BENCH_STAMP) $(PEERS_STAMP) $(KSTREAMS_JAR)
 	$(BIN)/ledger broker start
 	$(BIN)/python -m bench --runs $(RUNS) $(BENCH_ARGS)
 
@@ -161,4 +175,4 @@ clean:
 # Everything generated: also stops our broker, removes the venv, jars and data.
 distclean: clean
 	-[ -x $(BIN)/ledger ] && $(BIN)/ledger broker stop
-	rm -rf $(VENV) $(PEERS) .cache .ledger build $(WHEEL_DIR)
+	rm -rf $(VENV) $(PEERS) .cache .ledger build $(WHEEL_DIR) $(KSTREAMS_DIR)/target

@@ -40,20 +40,37 @@ SECTIONS = (
 )
 
 
+#: The Kafka Streams peer's jar (``make bench`` builds it with Maven).
+KSTREAMS_JAR = BENCH_DIR / "peers" / "kstreams" / "target" / "kstreams-peer.jar"
+
+
 def _peers(bootstrap: str, python: Path, runs: int) -> dict[str, Any]:
-    """Run the peer benchmarks in their own virtualenv; each prints one JSON object."""
+    """Run the peer benchmarks; each prints one JSON object.
+
+    Quix Streams and DBOS run in their own virtualenv (``python``); the Kafka
+    Streams driver needs only the ledger and the jar, so it runs here.
+    """
     out: dict[str, Any] = {}
-    for name, script, extra in (
-        ("quixstreams", "quix_bench.py", ["--runs", str(runs)]),
-        ("dbos", "dbos_bench.py", ["--runs", str(runs)]),
+    for name, script, interpreter, needs in (
+        ("quixstreams", "quix_bench.py", python, python),
+        ("dbos", "dbos_bench.py", python, python),
+        ("kafka_streams", "kstreams_bench.py", Path(sys.executable), KSTREAMS_JAR),
     ):
-        if not python.exists():
-            out[name] = {"error": f"{python} missing (make bench creates it)"}
+        if not needs.exists():
+            how = "builds it with Maven" if needs == KSTREAMS_JAR else "creates it"
+            out[name] = {"error": f"{needs} missing (make bench {how})"}
             continue
         say(f"peer {name} ...")
         started = time.monotonic()
         proc = subprocess.run(
-            [str(python), str(BENCH_DIR / "peers" / script), "--bootstrap", bootstrap, *extra],
+            [
+                str(interpreter),
+                str(BENCH_DIR / "peers" / script),
+                "--bootstrap",
+                bootstrap,
+                "--runs",
+                str(runs),
+            ],
             capture_output=True,
             text=True,
             timeout=900,
@@ -88,7 +105,7 @@ def _peers(bootstrap: str, python: Path, runs: int) -> dict[str, Any]:
     type=click.Path(path_type=Path),
     default=PROJECT_ROOT / ".venv-peers" / "bin" / "python",
     show_default=True,
-    help="Python of the virtualenv holding Quix Streams and DBOS.",
+    help="Python of the virtualenv holding Quix Streams and DBOS (Kafka Streams runs in Java).",
 )
 @click.option(
     "--out",

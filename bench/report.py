@@ -93,6 +93,7 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
     loop = _get(results, "txnloop", "per_s")
     proc = _get(results, "processor", "per_s")
     quix = _get(results, "peers", "quixstreams", "median_records_per_s")
+    kstreams = _get(results, "peers", "kafka_streams", "median_records_per_s")
     dbos = _get(results, "peers", "dbos", "throughput", "median_ops_per_s")
     e2e = _get(results, "e2e", "sustainable_ops_per_s")
     sink = _get(results, "e2e", "sink_limit", "ops_per_s")
@@ -112,6 +113,7 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
         "recovery / fresh": _get(results, "recovery", "ratio"),
         "processor bytes per operation": _get(results, "memory", "bytes_per_operation"),
         "processor / Quix Streams EOS step": proc / quix if proc and quix else None,
+        "processor / Kafka Streams EOS step": proc / kstreams if proc and kstreams else None,
         "ledger end to end / sink-only limit": e2e / sink if e2e and sink else None,
         "ledger end to end / DBOS workflow": e2e / dbos if e2e and dbos else None,
         "end to end, 4 partitions / 1 (best of 1 and 2 instances)": (
@@ -151,6 +153,7 @@ def _plots(results: dict[str, Any], out: Path) -> list[str]:
         ("bare txn loop", _get(results, "txnloop", "per_s")),
         ("ledger processor", _get(results, "processor", "per_s")),
         ("Quix Streams EOS", _get(results, "peers", "quixstreams", "median_records_per_s")),
+        ("Kafka Streams EOS v2", _get(results, "peers", "kafka_streams", "median_records_per_s")),
     ]
     rates = [(n, v) for n, v in rates if v]
     if rates:
@@ -338,6 +341,16 @@ def write(results: dict[str, Any], bench_dir: Path) -> Path:
             "same intents decoded by the ledger's decoder, per-key state in RocksDB, one "
             "output per input; its clock includes the group join, the processor's does "
             "not (`bench/peers/quix_bench.py`)",
+        )
+    kstreams = peers.get("kafka_streams")
+    if kstreams and "error" not in kstreams:
+        row(
+            "9. Kafka Streams EOS v2 step, records/s",
+            kstreams["median_records_per_s"],
+            f"Java, Kafka Streams {kstreams.get('version', '?')}, exactly_once_v2: same intents "
+            "and step as Quix (Avro decoded by Apache Avro to a generic record, no pydantic), "
+            "RocksDB store with changelog, one output per input; same clock rules as Quix, and "
+            "it also includes the JIT's warm-up (`bench/peers/kstreams_bench.py`)",
         )
     dbos = peers.get("dbos")
     if dbos and "error" not in dbos:

@@ -93,3 +93,37 @@ def test_the_end_to_end_figure_is_a_ratio_to_dbos_on_the_same_gateway(tmp_path: 
     assert "ledger end to end / sink-only limit: 0.90 (target >= 0.8: yes)" in report.headlines(
         results
     )
+
+
+def _with_peers(quix_per_s: float, kstreams: dict[str, Any]) -> dict[str, Any]:
+    results = _results(6_000.0, 0.9)
+    results["peers"] = {
+        "quixstreams": {"median_records_per_s": quix_per_s},
+        "kafka_streams": kstreams,
+    }
+    return results
+
+
+def test_the_processor_is_a_ratio_to_each_streams_peer(tmp_path: Path) -> None:
+    results = _with_peers(
+        5_000.0, {"median_records_per_s": 12_000.0, "version": "4.1.1", "all_verified": True}
+    )
+    r = report.ratios(results)
+    assert r["processor / Quix Streams EOS step"] == 1.2
+    assert r["processor / Kafka Streams EOS step"] == 0.5
+    names = list(r)  # the two streams peers' ratios stand side by side
+    assert names.index("processor / Kafka Streams EOS step") == (
+        names.index("processor / Quix Streams EOS step") + 1
+    )
+    text = report.write(results, tmp_path).read_text()
+    assert "| processor / Kafka Streams EOS step | 0.50 |  |  |" in text
+    assert "| 9. Kafka Streams EOS v2 step, records/s | 12,000 | Java, Kafka Streams 4.1.1," in text
+    assert "processor / Kafka Streams EOS step: 0.50" in report.headlines(results)
+
+
+def test_a_kafka_streams_peer_that_could_not_run_is_reported_not_divided(tmp_path: Path) -> None:
+    results = _with_peers(5_000.0, {"error": "kstreams-peer.jar missing (make bench builds it)"})
+    assert report.ratios(results)["processor / Kafka Streams EOS step"] is None
+    text = report.write(results, tmp_path).read_text()
+    assert "| 9. kafka_streams | failed | kstreams-peer.jar missing" in text
+    assert "9. Kafka Streams EOS v2 step" not in text

@@ -105,8 +105,10 @@ def _with_peers(quix_per_s: float, kstreams: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_processor_is_a_ratio_to_each_streams_peer(tmp_path: Path) -> None:
+    runs = [{"first_output_s": s, "records_per_s": 12_000.0} for s in (2.5, 1.25, 4.0)]
     results = _with_peers(
-        5_000.0, {"median_records_per_s": 12_000.0, "version": "4.1.1", "all_verified": True}
+        5_000.0,
+        {"median_records_per_s": 12_000.0, "version": "4.1.1", "all_verified": True, "runs": runs},
     )
     r = report.ratios(results)
     assert r["processor / Quix Streams EOS step"] == 1.2
@@ -118,6 +120,7 @@ def test_the_processor_is_a_ratio_to_each_streams_peer(tmp_path: Path) -> None:
     text = report.write(results, tmp_path).read_text()
     assert "| processor / Kafka Streams EOS step | 0.50 |  |  |" in text
     assert "| 9. Kafka Streams EOS v2 step, records/s | 12,000 | Java, Kafka Streams 4.1.1," in text
+    assert "warm-up; first output 2.5 s after start (`bench/peers/kstreams_bench.py`)" in text
     assert "processor / Kafka Streams EOS step: 0.50" in report.headlines(results)
 
 

@@ -249,12 +249,13 @@ def plot(scale: list[dict[str, Any]], out: Path) -> str | None:
                 * (r["cpu"]["other"] if group == "other" else r["cpu"]["utilisation"].get(group, 0))
                 for r in with_cpu
             ]
-            right.bar(labels, values, bottom=bottom, label=group, color=COLOURS.get(group))
+            label = "other load" if group == "other" else group
+            right.bar(labels, values, bottom=bottom, label=label, color=COLOURS.get(group))
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         right.set_xlabel("partitions x instances")
         right.set_ylabel("% of all cores, measured bursts")
         right.set_ylim(0, 105)
-        right.legend(fontsize="x-small", ncols=2, loc="lower right")
+        right.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(out / "scale.svg")
     plt.close(fig)

@@ -145,8 +145,9 @@ def usage(before: Reading, after: Reading, cores: int) -> dict[str, Any]:
         -> CPU s / (wall s x cores)); ``ours`` (sum of ``utilisation``);
         ``machine_busy`` (busy fraction of every core, all processes);
         ``other`` (``machine_busy - ours``, at least 0: load we did not
-        start); ``busiest`` (the process with the most CPU) and
-        ``busiest_core`` (its CPU s / wall s: 1.0 is one full core).
+        start); ``busiest`` (the process with the most CPU, leaving out
+        the :data:`MULTI_THREADED` groups, which can use more than a core)
+        and ``busiest_core`` (its CPU s / wall s: 1.0 is one full core).
     """
     wall_s = max(after.at_s - before.at_s, 1e-9)
     cpu_s: dict[str, float] = {}
@@ -162,7 +163,8 @@ def usage(before: Reading, after: Reading, cores: int) -> dict[str, Any]:
     total_ticks = after.machine[1] - before.machine[1]
     machine_busy = busy / total_ticks if total_ticks > 0 else 0.0
     ours = sum(utilisation.values())
-    busiest = max(per_process, key=lambda n: per_process[n], default="")
+    single = [n for n, (group, _) in after.processes.items() if group not in MULTI_THREADED]
+    busiest = max(single, key=lambda n: per_process[n], default="")
     return {
         "wall_s": wall_s,
         "cpu_s": cpu_s,

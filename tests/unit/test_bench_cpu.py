@@ -63,6 +63,13 @@ def test_usage_is_cpu_seconds_per_group_over_the_capacity_of_the_window() -> Non
     assert u["busiest_core"] == pytest.approx(0.75)
 
 
+def test_the_busiest_process_is_never_a_broker_jvm_which_can_use_more_than_a_core() -> None:
+    before = _reading(0.0, 0, 100, **{"relay-0": ("relay", 0.0), "broker-1": ("brokers", 0.0)})
+    after = _reading(1.0, 90, 200, **{"relay-0": ("relay", 0.3), "broker-1": ("brokers", 1.5)})
+    u = cpu.usage(before, after, cores=2)
+    assert (u["busiest"], u["busiest_core"]) == ("relay-0", pytest.approx(0.3))
+
+
 def test_a_process_gone_by_the_end_is_left_out() -> None:
     before = _reading(0.0, 0, 100, **{"relay-0": ("relay", 5.0)})
     after = _reading(1.0, 50, 200)

@@ -82,7 +82,7 @@ def _rest_growth(base: dict[str, Any], most: dict[str, Any]) -> str:
     if low is None or high is None:
         return ""
     return (
-        f": the rest load went from {sum(low.values()):.2f} cores at 1 x 1 to "
+        f", and the processes' rest load was {sum(low.values()):.2f} cores at 1 x 1 and "
         f"{sum(high.values()):.2f} at {most['partitions']} x {most['instances']}"
     )
 
@@ -119,12 +119,12 @@ def larger_machine(scale: list[dict[str, Any]], cores: int = LARGER_CORES) -> st
     if saturated:
         best = max(rows, key=lambda r: r["ops_per_s"])
         text.append(
-            f" {len(saturated)} of {len(rows)} points had the cores saturated: there, more "
-            "partitions and instances add processes (each polling, committing and "
-            f"heartbeating on its own{_rest_growth(base, most)}) but no cores; the best "
-            f"point, {best['partitions']} x {best['instances']}, reached "
-            f"{best['ops_per_s'] / base['ops_per_s']:.2f}x the 1 x 1 rate, and CPU per "
-            f"operation ranged from {min(costs):.1f} to {max(costs):.1f} ms over the points."
+            f" {len(saturated)} of {len(rows)} points had the cores saturated, so more "
+            "partitions and instances had no core to run on: the best point, "
+            f"{best['partitions']} x {best['instances']}, reached "
+            f"{best['ops_per_s'] / base['ops_per_s']:.2f}x the 1 x 1 rate; CPU per operation "
+            f"ranged from {min(costs):.1f} to {max(costs):.1f} ms over the points"
+            f"{_rest_growth(base, most)}."
         )
     else:
         text.append(

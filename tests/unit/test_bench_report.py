@@ -161,8 +161,8 @@ def test_the_scale_table_names_the_limit_and_projects_onto_a_larger_machine(
     assert "**What a larger machine would show.**" in text
     assert "at rest its processes use 0.70 cores (brokers 0.50, relay 0.20)" in text
     assert "6 of 9 points had the cores saturated" in text
-    assert "the rest load went from 0.70 cores at 1 x 1 to 0.70 at 6 x 3" in text
     assert "the best point, 6 x 1, reached 1.03x the 1 x 1 rate" in text
+    assert "the processes' rest load was 0.70 cores at 1 x 1 and 0.70 at 6 x 3." in text
     assert "would allow 200/s at 1 x 1 (bound: relay" in text
     assert "and 500/s at 6 x 3 (bound: gateway)" in text
     assert (tmp_path / "plots" / "scale.svg").exists()

@@ -342,30 +342,6 @@ def recovery(
         rig.close()
 
 
-def scale(
-    base: LedgerSettings, n: int, partitions: list[int], instances: list[int], runs: int
-) -> list[dict[str, Any]]:
-    """End-to-end throughput (median of ``runs`` bursts of ``n``) per partitions × instances."""
-    rows = []
-    for parts in partitions:
-        for inst in instances:
-            rig = Rig(base, f"scale-p{parts}-i{inst}", partitions=parts, instances=inst)
-            try:
-                rig.run(min(50, n), None)  # warm-up
-                results = [rig.run(n, None)["ops_per_s"] for _ in range(runs)]
-            finally:
-                rig.close()
-            rows.append(
-                {
-                    "partitions": parts,
-                    "instances": inst,
-                    "runs": results,
-                    "ops_per_s": sorted(results)[len(results) // 2],
-                }
-            )
-    return rows
-
-
 def lost_response(base: LedgerSettings, n: int, every: int = 10) -> dict[str, Any]:
     """The article's lost-response crash against the ledger: duplicate effects.
 

@@ -130,3 +130,83 @@ def test_a_kafka_streams_peer_that_could_not_run_is_reported_not_divided(tmp_pat
     text = report.write(results, tmp_path).read_text()
     assert "| 9. kafka_streams | failed | kstreams-peer.jar missing" in text
     assert "9. Kafka Streams EOS v2 step" not in text
+
+
+def _scale_row(partitions: int, instances: int, ops_per_s: float, busy: float) -> dict[str, Any]:
+    per_op = {"relay": 4.0, "brokers": 3.0, "gateway": 2.0, "processor": 2.0, "driver": 1.0}
+    gross = {g: ms + 1.0 for g, ms in per_op.items()}
+    return {
+        "partitions": partitions,
+        "instances": instances,
+        "cores": 2,
+        "burst": 200,
+        "runs": [ops_per_s] * 3,
+        "ops_per_s": ops_per_s,
+        "brokers": 3,
+        "replication_factor": 3,
+        "min_insync_replicas": 2,
+        "bursts": [],
+        "cpu": {
+            "utilisation": {g: ms * ops_per_s / 2000 for g, ms in gross.items()},
+            "cpu_ms_per_op": gross,
+            "marginal_ms_per_op": per_op,
+            "idle_cores": {"brokers": 0.5, "relay": 0.2},
+            "ours": busy - 0.05,
+            "machine_busy": busy,
+            "other": 0.05,
+            "busiest": "relay-0",
+            "busiest_core": 0.5,
+        },
+        "limit": "CPU: 2 cores saturated" if busy >= 0.85 else "not CPU: cores idle",
+    }
+
+
+def _with_scale() -> dict[str, Any]:
+    results = _results(6_000.0, 0.9)
+    results["scale"] = [
+        _scale_row(p, i, 150.0 + p, 0.97 if p > 1 else 0.6) for p in (1, 3, 6) for i in (1, 2, 3)
+    ]
+    return results
+
+
+def test_the_scale_ratio_is_six_partitions_to_one_best_over_instances() -> None:
+    r = report.ratios(_with_scale())
+    assert r["end to end, 6 partitions / 1 (best over 1, 2, 3 instances)"] == 156.0 / 151.0
+    # rows of the older grid (1, 2, 4 partitions) give no such ratio
+    assert (
+        report.ratios(_results(6_000.0, 0.9))[
+            "end to end, 6 partitions / 1 (best over 1, 2, 3 instances)"
+        ]
+        is None
+    )
+
+
+def test_the_scale_table_names_the_limit_and_projects_onto_a_larger_machine(
+    tmp_path: Path,
+) -> None:
+    text = report.write(_with_scale(), tmp_path).read_text()
+    assert "On 3 brokers (local loopback cluster), replication factor 3" in text
+    assert "the median of 3 bursts of 200 operations" in text
+    # 12 ms/op above a rest load of 0.7 cores: (8 - 0.7) / 0.012 = 608/s on 8 cores;
+    # the relay's 4 ms on one process (0.2 of it at rest) binds first: 0.8 / 0.004 = 200/s;
+    # on three (6 partitions x 3 instances) the gateway's one process: 1 / 0.002 = 500/s
+    assert "| 1 | 1 | 151 | 1.00 | 60 % (55 % + 5 %) | 35 % | 17.0 (12.0) | 200/s (relay) |" in text
+    assert (
+        "| 6 | 3 | 156 | 1.03 | 97 % (92 % + 5 %) | 35 % | 17.0 (12.0) | 500/s (gateway) |" in text
+    )
+    assert "| 500/s (gateway) | CPU: 2 cores saturated |" in text
+    assert "**What a larger machine would show.**" in text
+    assert "at rest its processes use 0.70 cores (brokers 0.50, relay 0.20)" in text
+    assert "6 of 9 points had the cores saturated" in text
+    assert "the best point, 6 x 1, reached 1.03x the 1 x 1 rate" in text
+    assert "the processes' rest load was 0.70 cores at 1 x 1 and 0.70 at 6 x 3." in text
+    assert "would allow 200/s at 1 x 1 (bound: relay" in text
+    assert "and 500/s at 6 x 3 (bound: gateway)" in text
+    assert (tmp_path / "plots" / "scale.svg").exists()
+
+
+def test_scale_rows_without_cpu_figures_still_render(tmp_path: Path) -> None:
+    text = report.write(_results(6_000.0, 0.9), tmp_path).read_text()
+    assert "| 4 | 2 | 80 | 8.00 | n/a | n/a | n/a | n/a | n/a |" in text
+    assert "What a larger machine would show" not in text
+    assert (tmp_path / "plots" / "scale.svg").exists()

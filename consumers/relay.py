@@ -189,7 +189,13 @@ def _say_outcome(d: Dispatch, attempt: int, event: Event) -> None:
     """One INFO line per receipt or readback the relay records for dispatch ``d``."""
     if isinstance(event, EffectReceipt):
         held = " (held as UNKNOWN_OUTCOME)" if event.status in {"AMBIGUOUS", "UNREACHABLE"} else ""
-        _say(d, attempt, "outcome", f"receipt {event.status}{held}: {event.detail}")
+        checked = (
+            ""
+            if event.postcondition_status is None
+            else f"; postcondition {event.postcondition_status} read right after it: "
+            f"{event.postcondition_detail}"
+        )
+        _say(d, attempt, "outcome", f"receipt {event.status}{held}: {event.detail}{checked}")
     elif isinstance(event, Readback):
         held = " (held as UNKNOWN_OUTCOME)" if event.status == "UNKNOWN" else ""
         _say(d, attempt, "outcome", f"{event.kind} readback {event.status}{held}: {event.detail}")

@@ -10,6 +10,14 @@ blindly: it reads the effect back first (or, for an idempotent sink without
 readback, resubmits under the same key while the sink still keeps it), and
 otherwise records an ambiguous outcome.
 
+Where the sink's contract offers a postcondition query, the relay asks it
+right after a committed execution and records the verdict (``MATCH`` or
+``MISMATCH``) in the ``COMMITTED`` receipt itself: one record, one
+transaction, and the processor verifies without a ``VERIFY`` dispatch, a
+round trip through the processor less (``LEDGER_RELAY_INLINE_VERIFY``,
+default on). A query that does not answer leaves the receipt plain, and
+the ``VERIFY`` path verifies as before.
+
 A sink whose contract offers reservations (try-confirm-cancel) is never
 sent a plain submit: the relay reserves a bounded hold, then confirms it
 only while the operation's admission still stands (its approval not
@@ -181,7 +189,13 @@ def _say_outcome(d: Dispatch, attempt: int, event: Event) -> None:
     """One INFO line per receipt or readback the relay records for dispatch ``d``."""
     if isinstance(event, EffectReceipt):
         held = " (held as UNKNOWN_OUTCOME)" if event.status in {"AMBIGUOUS", "UNREACHABLE"} else ""
-        _say(d, attempt, "outcome", f"receipt {event.status}{held}: {event.detail}")
+        checked = (
+            ""
+            if event.postcondition_status is None
+            else f"; postcondition {event.postcondition_status} read right after it: "
+            f"{event.postcondition_detail}"
+        )
+        _say(d, attempt, "outcome", f"receipt {event.status}{held}: {event.detail}{checked}")
     elif isinstance(event, Readback):
         held = " (held as UNKNOWN_OUTCOME)" if event.status == "UNKNOWN" else ""
         _say(d, attempt, "outcome", f"{event.kind} readback {event.status}{held}: {event.detail}")
@@ -993,12 +1007,14 @@ class Relay(Stage):
             )
         if readback_on_resume is not None:
             # Its readback could not be sent before: ask again, never send blindly.
-            return [self._ambiguous(d, client, contract, first, now, on_resume=readback_on_resume)]
-        if not fresh:
+            outcome = self._ambiguous(d, client, contract, first, now, on_resume=readback_on_resume)
+        elif not fresh:
             # A previous run may have sent this dispatch: never send blindly.
-            return [self._ambiguous(d, client, contract, first, now, on_resume=True)]
-        self.hooks.seam("after_dispatch_before_send", d.operation_id)
-        return [self._submit(d, client, contract, first, now, fresh_identity=False)]
+            outcome = self._ambiguous(d, client, contract, first, now, on_resume=True)
+        else:
+            self.hooks.seam("after_dispatch_before_send", d.operation_id)
+            outcome = self._submit(d, client, contract, first, now, fresh_identity=False)
+        return [self._read_postcondition_at_once(d, client, contract, outcome)]
 
     # ------------------------------------------------------------------ reservations
 
@@ -1387,6 +1403,78 @@ class Relay(Stage):
         return self._observation(
             d, "POSTCONDITION", status, source, detail, now, on_resume=d.on_resume
         )
+
+    def _read_postcondition_at_once(
+        self, d: Dispatch, client: SinkClient, contract: EffectContract, outcome: Output
+    ) -> Output:
+        """Read the postcondition right after an effect commits, into its receipt.
+
+        Where ``relay_inline_verify`` is on and the sink's contract offers a
+        postcondition query, a ``COMMITTED`` receipt of this execution takes
+        the verdict of that query (``MATCH`` or ``MISMATCH``, with source,
+        detail and time), so that the receipt and the readback commit in one
+        record of one transaction and the processor verifies without a
+        ``VERIFY`` dispatch (see :class:`~ledger.events.EffectReceipt`).
+
+        Anything else leaves ``outcome`` as it is and the ``VERIFY`` path
+        verifies, as when this is off: no postcondition query offered, an
+        answer that is no verdict (``UNKNOWN``), and a query that failed
+        (not reached, token refused, outside the protocol). The failure is
+        logged; the ``VERIFY`` that follows asks again and records it as
+        that path does. Only a Kafka error passes through.
+
+        Args:
+            d: the execution dispatch.
+            client: the sink's client.
+            contract: the sink's contract.
+            outcome: the output the execution produced.
+
+        Returns:
+            ``outcome``, its receipt carrying the postcondition verdict when
+            one was read.
+        """
+        topic, key, receipt = outcome
+        if (
+            not self.settings.relay_inline_verify
+            or not isinstance(receipt, EffectReceipt)
+            or receipt.status != "COMMITTED"
+        ):
+            return outcome
+        params: dict[str, Any] = json.loads(d.params_json)
+        ask = postcondition_request(contract, params)
+        if not ask.offered:
+            return outcome
+        self.hooks.seam("after_commit_before_verification", d.operation_id)
+        source = f"{d.sink} {postcondition_source(ask.query, ask.subject)}"
+        try:
+            observation = client.postcondition(ask.query, ask.subject)
+            if not observation.sent:
+                raise SinkNotReachedError(
+                    observation.detail, kind="SINK_UNREACHABLE", request="postcondition"
+                )
+            status, detail = judge_postcondition(contract, params, observation, d.operation_id)
+        except KafkaException:
+            raise
+        except Exception as exc:
+            log.warning(
+                "relay: postcondition of %s right after its effect not read (%s: %s); "
+                "it is verified by a VERIFY dispatch",
+                d.dispatch_id,
+                type(exc).__name__,
+                exc,
+            )
+            return outcome
+        if status not in ("MATCH", "MISMATCH"):
+            return outcome
+        checked = receipt.model_copy(
+            update={
+                "postcondition_status": status,
+                "postcondition_source": source,
+                "postcondition_detail": detail,
+                "postcondition_observed_at_ms": self.clock.now_ms(),
+            }
+        )
+        return (topic, key, checked)
 
     def close(self) -> None:
         """Close sink clients and the receipts follower too."""

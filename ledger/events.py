@@ -216,6 +216,14 @@ class EffectReceipt(Event):
     stood, the hold was released, no effect) or ``EXPIRED`` (status
     ``EXPIRED``: the sink released an unconfirmed hold by itself; the relay
     reserved again under the same key, so the operation goes on).
+
+    Postcondition read right after the effect (schema version 4): a
+    ``COMMITTED`` receipt may carry the postcondition readback the relay made
+    at once, before it committed the receipt (``postcondition_status``
+    ``MATCH`` or ``MISMATCH``, with its source, detail and time). The fold
+    then takes the readback's verdict from this one record and dispatches no
+    ``VERIFY``; without it (``None``: no readback made, or none that
+    answered) the operation is verified by a ``VERIFY`` dispatch as before.
     """
 
     KIND: ClassVar[str] = "EffectReceipt"
@@ -239,6 +247,10 @@ class EffectReceipt(Event):
     #: the effect was attempted under: an operation's receipts share its key,
     #: so after compaction it may be the only one left to say so.
     contract_version: int | None = None
+    postcondition_status: Literal["MATCH", "MISMATCH"] | None = None
+    postcondition_source: str | None = None
+    postcondition_detail: str | None = None
+    postcondition_observed_at_ms: int | None = None
 
 
 ReadbackStatus = Literal[

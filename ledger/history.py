@@ -498,7 +498,14 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
             f"receipt {e.status}"
             + (f" (reservation {e.reservation})" if e.reservation else "")
             + f" from {e.sink} for {e.dispatch_id} (fencing token "
-            f"{e.fencing_token}, effect {e.effect_id or 'none'}): {e.detail}; observer {e.observer}"
+            f"{e.fencing_token}, effect {e.effect_id or 'none'}): {e.detail}"
+            + (
+                f"; postcondition {e.postcondition_status} via {e.postcondition_source}: "
+                f"{e.postcondition_detail}"
+                if e.postcondition_status is not None
+                else ""
+            )
+            + f"; observer {e.observer}"
         )
     if isinstance(e, Readback):
         return (
@@ -690,10 +697,17 @@ def _resume(believed: Sequence[HistoryRecord]) -> Answer:
 
 
 def _outcome(believed: Sequence[HistoryRecord], final: OperationState | None) -> Answer:
+    # A postcondition readback is its own record, or carried by the committed
+    # receipt of a relay that read it right after the effect.
     post = [
         r
-        for r in _of(believed, Readback)
-        if r.event.kind == "POSTCONDITION"  # type: ignore[union-attr]
+        for r in believed
+        if (isinstance(r.event, Readback) and r.event.kind == "POSTCONDITION")
+        or (
+            isinstance(r.event, EffectReceipt)
+            and r.event.status == "COMMITTED"
+            and r.event.postcondition_status is not None
+        )
     ]
     if final is None:
         return _answer("outcome", f"{NOT_RECORDED}: no state for this operation", False)
@@ -701,10 +715,17 @@ def _outcome(believed: Sequence[HistoryRecord], final: OperationState | None) ->
     head = f"{final.state} (state version {final.version}): {final.reason}"
     if post:
         p = post[-1].event
-        assert isinstance(p, Readback)
+        if isinstance(p, EffectReceipt):
+            seen = (
+                f"{p.postcondition_status} via {p.postcondition_source} "
+                f"(read right after the effect): {p.postcondition_detail}"
+            )
+        else:
+            assert isinstance(p, Readback)
+            seen = f"{p.status} via {p.source}: {p.detail}"
         return _answer(
             "outcome",
-            f"{head}; postcondition readback {p.status} via {p.source}: {p.detail}",
+            f"{head}; postcondition readback {seen}",
             True,
             *states,
             post[-1],

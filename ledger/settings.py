@@ -93,6 +93,14 @@ class LedgerSettings(BaseSettings):
         relay_mode: ``ledger`` (read back before any second attempt) or
             ``checkpoint-only`` (the negative control: trust the checkpoint,
             retry with a fresh attempt identity).
+        relay_inline_verify: read the postcondition back right after an
+            effect commits, where the sink's contract offers a postcondition
+            query, and record its verdict (``MATCH``/``MISMATCH``) in the
+            committed receipt itself: the processor then verifies without a
+            ``VERIFY`` dispatch (one relay -> processor -> relay round trip
+            less). A readback that does not answer leaves the receipt
+            without it, and the ``VERIFY`` follows as before (default true;
+            false: always verify by a ``VERIFY`` dispatch).
         sinks_file: JSON file naming each sink's URL and effect contract
             (default ``run_dir/sinks.json``).
         release_manifest_file: the release manifest (JSON, see
@@ -165,6 +173,7 @@ class LedgerSettings(BaseSettings):
     sink_retry_max_backoff_s: float = Field(default=30.0, ge=0)
     policy_version: int = Field(default=1, ge=1)
     relay_mode: str = "ledger"
+    relay_inline_verify: bool = True
     sinks_file: Path | None = None
     release_manifest_file: Path | None = None
     trusted_keys_file: Path | None = None

@@ -97,6 +97,7 @@ class GameDay:
                 "run_dir": run_dir_for(root, safe),
                 "clock": "manual",
                 "relay_mode": scenario.mode,
+                "relay_inline_verify": scenario.inline_verify,
                 "policy_version": scenario.policy_version,
                 "sinks_file": None,
                 "trusted_keys_file": None,

@@ -1,8 +1,10 @@
 """Game-day scenario files (``shared/SCENARIOS.md``): parsing and validation.
 
 A scenario is a JSON or YAML object with ``name``, ``format`` (1, the
-default, or 2), ``description``, ``mode``, ``sinks``, ``policy_version``,
-``steps`` and ``expect``. Unknown keys are an
+default, or 2), ``description``, ``mode``, ``inline_verify`` (default
+true: the relay's ``LEDGER_RELAY_INLINE_VERIFY``; false keeps every
+verification on the ``VERIFY`` dispatch path), ``sinks``,
+``policy_version``, ``steps`` and ``expect``. Unknown keys are an
 error naming the key and where it is; so are wrong types and unknown steps.
 """
 
@@ -433,6 +435,7 @@ class Scenario(BaseModel):
     description: str = ""
     format: Literal[1, 2] = 1
     mode: Literal["ledger", "checkpoint-only"] = "ledger"
+    inline_verify: bool = True
     sinks: dict[str, SinkSpec] = Field(default_factory=dict)
     policy_version: PolicyVersion = 1
     steps: list[Step]

@@ -34,7 +34,8 @@ and the evidence):
   be read back, and at most one distinct effect ID recorded per operation;
 * ``consume-once``: no approval admitted two different operations;
 * ``verified-evidence``: every OUTCOME_VERIFIED operation has an effect
-  receipt (or readback) and a postcondition readback;
+  receipt (or readback) and a postcondition readback (or a committed
+  receipt that carries the one the relay read right after the effect);
 * ``recovery-receipt``: every resume produced a recovery receipt, and the
   latest one per operation is present in ``ledger.recovery-receipts``.
 """

@@ -94,7 +94,9 @@ class AuditInput:
             (operations without one are absent).
         effect_evidence: operations with a committed effect receipt, a
             committed effect readback or a ``COMMITTED`` disposition.
-        postconditions: operations with a ``MATCH`` postcondition readback.
+        postconditions: operations with a ``MATCH`` postcondition readback,
+            or a committed effect receipt that carries one (the readback the
+            relay made right after the effect, receipt schema version 4).
         unreadable: journal entries whose recorded input does not decode,
             with the reason (left out of the replay).
         provenance: who wrote the records (``None``: authenticity was not
@@ -172,7 +174,13 @@ def gather(
                 isinstance(event, Readback)
                 and event.kind == "POSTCONDITION"
                 and event.status == "MATCH"
+            ) or (
+                isinstance(event, EffectReceipt)
+                and accepted
+                and event.postcondition_status == "MATCH"
             ):
+                # A committed receipt may carry the postcondition readback the
+                # relay made right after the effect (receipt schema version 4).
                 postconditions.add(op)
         if isinstance(event, Disposition) and event.decision == "COMMITTED":
             effect_evidence.add(op)

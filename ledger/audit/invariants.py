@@ -420,7 +420,9 @@ def verified_evidence(facts: AuditInput, found: Findings) -> None:
     Proves no operation was marked verified on say-so: each operation that
     ``ledger.state`` holds as ``OUTCOME_VERIFIED`` (one fact each) has, in
     the journal, an effect receipt, effect readback or ``COMMITTED``
-    disposition, and a ``MATCH`` postcondition readback.
+    disposition, and a ``MATCH`` postcondition readback (its own record, or
+    carried by the committed receipt of a relay that read the postcondition
+    right after the effect).
 
     Args:
         facts: the audit's facts (``states``, ``effect_evidence``,

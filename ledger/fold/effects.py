@@ -1,8 +1,10 @@
 """Effects: receipts from the relay and readbacks from relay and reconcilers.
 
 An observation of the effect moves the operation: committed (then verified
-by a postcondition readback), unknown (held for reconciliation), or absent
-(the same admitted operation is dispatched again).
+by a postcondition readback, dispatched as a ``VERIFY`` or, when the relay
+read it right after the effect, carried by the committed receipt itself),
+unknown (held for reconciliation), or absent (the same admitted operation is
+dispatched again).
 """
 
 from __future__ import annotations
@@ -80,6 +82,83 @@ def _committed(
         **obs.fields(),
         dispatches=n,
         recovery_receipts=state.recovery_receipts + (1 if obs.on_resume else 0),
+    )
+
+
+def _committed_and_read_back(
+    state: OperationState, r: EffectReceipt, ref: str, obs: Observation
+) -> Decision:
+    """The effect is committed and its postcondition was read back in the same record.
+
+    The relay read the postcondition right after the sink committed and
+    recorded both in one receipt (schema version 4), so no ``VERIFY`` is
+    dispatched. The verdict leads where the ``VERIFY`` path would have led: a
+    ``MATCH`` takes the operation on to OUTCOME_VERIFIED (two hops, each
+    checked: ``EFFECT_PENDING -> EFFECT_COMMITTED -> OUTCOME_VERIFIED``); a
+    ``MISMATCH`` leaves it EFFECT_COMMITTED with a ``POSTCONDITION_MISMATCH``
+    operating event. A resume writes its one recovery receipt here, naming
+    the postcondition it found. An effect already recorded as committed
+    is left as it is (its ``VERIFY`` is already on its way), as on that path.
+    """
+    if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
+        return _noop(state, "effect already recorded as committed")
+    op = state.operation_id
+    check_source = r.postcondition_source or f"{r.sink} postcondition"
+    check_detail = r.postcondition_detail or ""
+    checked_at_ms = (
+        r.postcondition_observed_at_ms
+        if r.postcondition_observed_at_ms is not None
+        else r.observed_at_ms
+    )
+    matched = r.postcondition_status == "MATCH"
+    outputs: list[Output] = []
+    if obs.on_resume:
+        outputs.append(
+            _recovery_receipt(
+                state,
+                ref,
+                obs,
+                action="COMPLETE",
+                effect_id=r.effect_id,
+                postcondition=f"{'verified' if matched else 'mismatch'}: {check_detail}",
+                uncertainty=(
+                    "none"
+                    if matched
+                    else f"the business outcome at {state.sink} does not match the committed "
+                    f"effect: {check_detail}"
+                ),
+                owner=None if matched else "operator",
+                release=None if matched else "a person's review of the mismatch",
+            )
+        )
+    if state.state == S.UNKNOWN_OUTCOME:
+        outputs.append(_reconciliation_done(state))
+    receipts = state.recovery_receipts + (1 if obs.on_resume else 0)
+    if matched:
+        return _move(
+            state,
+            (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED),
+            ref,
+            f"effect committed ({obs.source}) and postcondition verified ({check_source})",
+            outputs,
+            refused="an effect was observed for an operation never admitted",
+            effect_id=r.effect_id,
+            observation_source=check_source,
+            observation_status="VERIFIED",
+            observed_at_ms=checked_at_ms,
+            recovery_receipts=receipts,
+        )
+    outputs.append(_op_event(ref, op, "POSTCONDITION_MISMATCH", f"{check_source}: {check_detail}"))
+    return _move(
+        state,
+        S.EFFECT_COMMITTED,
+        ref,
+        f"effect committed ({obs.source}); postcondition mismatch: {check_detail}",
+        outputs,
+        refused="an effect was observed for an operation never admitted",
+        effect_id=r.effect_id,
+        **obs.fields(),
+        recovery_receipts=receipts,
     )
 
 
@@ -291,12 +370,10 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
     if r.status == "CANCELLED":
         return _reservation_cancelled(state, r, ref, source)
     if r.status == "COMMITTED":
-        return _committed(
-            state,
-            ref,
-            Observation(source, "COMMITTED", r.observed_at_ms, r.on_resume, r.observer),
-            effect_id=r.effect_id,
-        )
+        obs = Observation(source, "COMMITTED", r.observed_at_ms, r.on_resume, r.observer)
+        if r.postcondition_status is not None:
+            return _committed_and_read_back(state, r, ref, obs)
+        return _committed(state, ref, obs, effect_id=r.effect_id)
     if r.status == "REJECTED":
         if state.state != S.EFFECT_PENDING:
             return _noop(state, f"rejection ignored while {state.state}")

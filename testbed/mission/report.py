@@ -58,7 +58,9 @@ class JournalRow:
         entry: the journal entry.
         at_s: the record's Kafka timestamp (Unix seconds).
         claim_id: the claim's ID when the input was a claim.
-        postcondition: the readback status when the input was a postcondition readback.
+        postcondition: the readback status when the input was a postcondition
+            readback, or a committed receipt that carries one (the relay's
+            readback right after the effect).
         receipt_status: the receipt's status when the input was an effect receipt.
         reservation: the reservation end that receipt records, if any.
         contract_version: the contract version the relay acted under (receipts).
@@ -97,6 +99,7 @@ class JournalRow:
                 return cls(
                     event,
                     at_s,
+                    postcondition=receipt.postcondition_status,
                     receipt_status=str(receipt.status),
                     reservation=receipt.reservation,
                     contract_version=receipt.contract_version,

@@ -140,7 +140,8 @@ def test_until_exits_by_where_the_operation_rests_and_the_relay_says_each_reques
     assert "INFO consumers.relay: relay: sending EXECUTE refund:until-ok:v1 at payments" in log
     assert "relay: outcome EXECUTE refund:until-ok:v1 at payments" in log
     assert "receipt COMMITTED" in log and "fencing token " in log
-    assert "relay: outcome VERIFY refund:until-ok:v1 at payments" in log
+    # ... and the postcondition it read right after the effect, in the same receipt.
+    assert "receipt COMMITTED: committed; postcondition MATCH read right after it" in log
 
     # Every stage is live, and the processor has committed past inputs.
     status = _ledger("status", "--json")

@@ -80,14 +80,42 @@ def test_relay_killed_after_the_sink_commits_resumes_with_one_receipt(ledger) ->
     assert current_states(harness.settings)[op].recovery_receipts == 1
 
 
-def test_relay_killed_before_verification_resumes_with_one_receipt(ledger) -> None:
-    harness, pub = ledger
+@pytest.fixture
+def two_hop_ledger(ledger_settings: LedgerSettings) -> Iterator[tuple[Harness, LedgerPublisher]]:
+    """The ledger with every verification through a VERIFY dispatch (no inline readback)."""
+    settings = ledger_settings.model_copy(update={"relay_inline_verify": False})
+    harness = Harness(settings, create=False)
+    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    pub = LedgerPublisher(settings)
+    try:
+        yield harness, pub
+    finally:
+        pub.close()
+        harness.stop()
+
+
+def test_relay_killed_before_verification_resumes_with_one_receipt(two_hop_ledger) -> None:
+    # The committed receipt is in the ledger and its VERIFY dispatched when the relay dies.
+    harness, pub = two_hop_ledger
     op = "refund:rr-verify:v1"
     kill_and_resume(harness, "relay", "after_commit_before_verification", op, pub)
     (r,) = receipts(harness, op)
     filled(r)
     assert r.action == "COMPLETE" and r.postcondition.startswith("verified")
     assert r.uncertainty == "none"
+
+
+def test_relay_killed_before_its_inline_verification_resumes_with_one_receipt(ledger) -> None:
+    # With the postcondition read right after the effect, the seam falls between the
+    # sink's commit and the receipt: the resume reads the effect back, then verifies.
+    harness, pub = ledger
+    op = "refund:rr-inline:v1"
+    kill_and_resume(harness, "relay", "after_commit_before_verification", op, pub)
+    (r,) = receipts(harness, op)
+    filled(r)
+    assert r.action == "COMPLETE" and r.observation_status == "COMMITTED"
+    assert r.effect_id is not None
+    assert current_states(harness.settings)[op].recovery_receipts == 1
 
 
 def test_processor_killed_after_admission_resumes_with_one_receipt(ledger) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -14,7 +15,14 @@ from consumers.processor import Processor
 from consumers.reader import current_states, read_topic
 from consumers.stage import Record, Writer
 from ledger.contracts import PAYMENT_GATEWAY
-from ledger.events import Approval, JournalEntry, OperatingEvent
+from ledger.events import (
+    Approval,
+    Dispatch,
+    EffectReceipt,
+    JournalEntry,
+    OperatingEvent,
+    Readback,
+)
 from ledger.serde import MARKER
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
@@ -90,7 +98,69 @@ def test_intent_to_verified_outcome_with_one_effect(ledger) -> None:
         for r in read_topic(harness.settings, "journal")
         if isinstance(r.event, JournalEntry)
     ]
-    assert kinds[0] == "Intent" and "AdmissionDecision" in kinds and kinds.count("Readback") == 1
+    # Verified by the postcondition the relay read right after the effect,
+    # carried by its receipt: no VERIFY dispatch, no readback record.
+    assert kinds[0] == "Intent" and "AdmissionDecision" in kinds and kinds.count("Readback") == 0
+
+
+def _of(settings: LedgerSettings, topic: str, op: str) -> list[Any]:
+    return [r.event for r in read_topic(settings, topic) if r.key == op and r.event is not None]
+
+
+def test_the_relay_commits_the_effect_and_its_postcondition_in_one_receipt(ledger) -> None:
+    harness, pub = ledger
+    settings = harness.settings
+    op = "refund:inline:v1"
+    approve(pub)
+    publish(pub, op)
+    harness.start_all()
+    harness.wait_quiescent(90)
+    assert current_states(settings)[op].state == S.OUTCOME_VERIFIED
+    assert harness.effects("payments", op) == 1
+    receipts = [e for e in _of(settings, "receipts", op) if isinstance(e, EffectReceipt)]
+    assert [r.status for r in receipts] == ["ATTEMPTED", "COMMITTED"]
+    committed = receipts[1]
+    assert committed.postcondition_status == "MATCH"
+    assert committed.postcondition_source == "payments GET /accounts/acct-1"
+    assert committed.postcondition_observed_at_ms is not None
+    dispatches = [e for e in _of(settings, "dispatches", op) if isinstance(e, Dispatch)]
+    assert [d.kind for d in dispatches] == ["EXECUTE"]  # no VERIFY
+    assert _of(settings, "readbacks", op) == []
+    journal = [e for e in _of(settings, "journal", op) if isinstance(e, JournalEntry)]
+    (folded,) = [j for j in journal if j.kind == "EffectReceipt" and j.outcome == "APPLIED"]
+    assert (folded.from_state, folded.to_state) == ("EFFECT_PENDING", "OUTCOME_VERIFIED")
+    assert folded.hops == (
+        "EFFECT_PENDING->EFFECT_COMMITTED",
+        "EFFECT_COMMITTED->OUTCOME_VERIFIED",
+    )
+
+
+def test_without_inline_verification_the_processor_dispatches_a_verify(
+    ledger_settings: LedgerSettings,
+) -> None:
+    settings = ledger_settings.model_copy(update={"relay_inline_verify": False})
+    harness = Harness(settings, create=False)
+    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    pub = LedgerPublisher(settings)
+    op = "refund:two-hops:v1"
+    try:
+        approve(pub)
+        publish(pub, op)
+        harness.start_all()
+        harness.wait_quiescent(90)
+        assert current_states(settings)[op].state == S.OUTCOME_VERIFIED
+        receipts = [e for e in _of(settings, "receipts", op) if isinstance(e, EffectReceipt)]
+        assert [(r.status, r.postcondition_status) for r in receipts] == [
+            ("ATTEMPTED", None),
+            ("COMMITTED", None),
+        ]
+        dispatches = [e for e in _of(settings, "dispatches", op) if isinstance(e, Dispatch)]
+        assert [d.kind for d in dispatches] == ["EXECUTE", "VERIFY"]
+        (readback,) = [e for e in _of(settings, "readbacks", op) if isinstance(e, Readback)]
+        assert (readback.kind, readback.status) == ("POSTCONDITION", "MATCH")
+    finally:
+        pub.close()
+        harness.stop()
 
 
 def test_bad_input_is_dead_lettered_and_the_partition_keeps_moving(ledger) -> None:

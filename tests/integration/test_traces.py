@@ -276,8 +276,7 @@ def test_one_trace_from_intent_to_verified_outcome(
         ("ledger-relay", "relay Dispatch"),
         ("ledger-relay", "POST /operations"),
         ("ledger-processor", "processor EffectReceipt"),
-        ("ledger-relay", "GET /accounts/{id}"),
-        ("ledger-processor", "processor Readback"),
+        ("ledger-relay", "GET /accounts/{id}"),  # read right after the effect: no VERIFY hop
     } <= names, sorted(names)
 
     # The sink received each operation's trace with the HTTP requests: the submit and the

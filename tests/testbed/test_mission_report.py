@@ -392,3 +392,14 @@ def test_a_stale_dispatch_not_sent_is_not_counted_as_sent() -> None:
     assert not any("stale dispatches refused" in f for f in report["checks"]["failures"])
     refused_not = build(_facts(stale_dispatches=[{**probes[0], "refused": False}]))
     assert any("0/1 stale dispatches refused" in f for f in refused_not["checks"]["failures"])
+
+
+def test_a_receipt_carrying_its_postcondition_counts_as_a_postcondition_readback() -> None:
+    op = "refund:m:v1"
+    i = intent(op)
+    checked = receipt(op, f"{op}#1.1").model_copy(
+        update={"postcondition_status": "MISMATCH", "postcondition_detail": "two credits"}
+    )
+    rows = _journal((i, T0), (admission(i), T0 + 0.1), (checked, T0 + 1.0))
+    assert [r.postcondition for r in rows] == [None, None, "MISMATCH"]
+    assert rows[2].receipt_status == "COMMITTED"

@@ -28,6 +28,7 @@ def step(draw):
                 "admit",
                 "reject",
                 "receipt",
+                "checked",
                 "readback",
                 "post",
                 "claim",
@@ -66,6 +67,16 @@ def build(kind, op, rstatus, bstatus, flag, delta, state: OperationState | None)
         return helpers.admission(i, admitted=False, reason="approval has expired")
     if kind == "receipt":
         return helpers.receipt(op, dispatch, rstatus, on_resume=flag)
+    if kind == "checked":
+        # A committed receipt carrying the postcondition read right after the effect.
+        return helpers.receipt(op, dispatch, "COMMITTED", on_resume=delta == 2).model_copy(
+            update={
+                "postcondition_status": "MATCH" if delta >= 0 else "MISMATCH",
+                "postcondition_source": "payments GET /accounts/acct-1",
+                "postcondition_detail": "seen",
+                "postcondition_observed_at_ms": 2100,
+            }
+        )
     if kind == "readback":
         return helpers.readback(op, dispatch, bstatus, on_resume=flag)
     if kind == "post":

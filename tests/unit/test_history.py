@@ -274,3 +274,26 @@ def test_a_history_shows_both_sides_of_a_compensation_link() -> None:
     assert "compensates: refund:c0:v1" in history_lines(comp)
     assert any("compensates refund:c0:v1" in e.summary for e in comp.entries)
     assert build_history(OP, resumed_ledger().records).compensated_by == ()
+
+
+def test_an_outcome_verified_by_the_receipt_names_its_postcondition() -> None:
+    """The relay read the postcondition right after the effect: the receipt is the evidence."""
+    led = Ledger()
+    i = intent(OP)
+    led.input("intents", i)
+    led.input("admissions", admission(i))
+    checked = receipt(OP, "x").model_copy(
+        update={
+            "postcondition_status": "MATCH",
+            "postcondition_source": "payments GET /accounts/acct-1",
+            "postcondition_detail": "account acct-1 shows one credit",
+            "postcondition_observed_at_ms": 2100,
+        }
+    )
+    led.input("receipts", led.observed(checked))
+    assert led.state is not None and led.state.state == "OUTCOME_VERIFIED"
+    history = build_history(OP, led.records)
+    outcome = history.answer("outcome")
+    assert outcome.recorded and outcome.answer.startswith("OUTCOME_VERIFIED")
+    assert "postcondition readback MATCH via payments GET /accounts/acct-1" in outcome.answer
+    assert any(position.startswith("receipts:") for position in outcome.evidence)

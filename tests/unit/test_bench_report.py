@@ -131,6 +131,7 @@ def test_a_restart_over_a_long_history_names_the_stage_whose_restore_grew(
     assert f"| {report.HISTORY_RATIO} | 3.00 | <= 1.5 | **no** |" in text
     assert "the relay's restore dominates" in text
     assert "relay 0.2 -> 9.0 s" in text
+    assert "The authority's restore is longer" not in text
     assert "| 10. restart over 100,000 settled operations (s) | 30.0 |" in text
     assert "| 11. processor restore, one partition of 1,000,000 operations (s) | 20.0 |" in text
 
@@ -140,3 +141,11 @@ def test_a_restart_bounded_by_the_work_in_flight_needs_no_explanation(tmp_path: 
     text = report.write(results, tmp_path).read_text()
     assert f"| {report.HISTORY_RATIO} | 1.20 | <= 1.5 | yes |" in text
     assert "restore dominates" not in text
+
+
+def test_an_authority_restore_longer_than_the_gating_ones_is_named_too() -> None:
+    results = _with_history(10.0, 30.0)
+    results["history"]["large"]["restore_s"]["authority"] = 60.0
+    text = report.history_limit(results)
+    assert text.startswith("the relay's restore dominates")
+    assert "The authority's restore is longer still" in text

@@ -383,6 +383,7 @@ def write(results: dict[str, Any], bench_dir: Path) -> Path:
                 h["recovery_s"],
                 f"{h['in_flight']:,} in flight, SIGKILL of every stage to the last verified; "
                 f"history {'compacted' if h.get('fill', {}).get('compacted') else 'as written'}; "
+                f"processor and relay restored after {_fmt(h.get('restored_s'), 1)} s; "
                 f"restore per stage (s): {stages}",
                 1,
             )

@@ -232,8 +232,9 @@ def _history(
     say(f"history: restart with {in_flight} in flight over 1,000 and {settled:,} settled x {runs}")
     small = history.restart_over_history(base, 1000, in_flight, runs)
     large = history.restart_over_history(base, settled, in_flight, runs)
-    say(f"history: processor restore of {restore_ops:,} operations in one partition x {runs}")
-    restore = history.processor_restore(base, restore_ops, max(3, runs))
+    restores = max(3, runs)
+    say(f"history: processor restore of {restore_ops:,} operations in one partition x {restores}")
+    restore = history.processor_restore(base, restore_ops, restores)
     return {
         "small": small,
         "large": large,

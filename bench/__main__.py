@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from bench import e2e, replay, report, scaleout, sinklimit, throughput
+from bench import e2e, history, replay, report, scaleout, sinklimit, throughput
 from bench.common import BENCH_DIR, median, say
 from ledger.settings import LedgerSettings
 
@@ -33,6 +33,7 @@ SECTIONS = (
     "auth",
     "e2e",
     "recovery",
+    "history",
     "memory",
     "scale",
     "peers",
@@ -104,6 +105,18 @@ def _peers(bootstrap: str, python: Path, runs: int) -> dict[str, Any]:
     "--memory-ops", default=100_000, show_default=True, help="Operations in state (memory)."
 )
 @click.option(
+    "--history-settled",
+    default=100_000,
+    show_default=True,
+    help="Settled operations under the long-history restart (history).",
+)
+@click.option(
+    "--restore-ops",
+    default=1_000_000,
+    show_default=True,
+    help="Operations in one ledger.state partition for the processor restore (history).",
+)
+@click.option(
     "--peers-python",
     type=click.Path(path_type=Path),
     default=PROJECT_ROOT / ".venv-peers" / "bin" / "python",
@@ -125,6 +138,8 @@ def main(
     scale_burst: int,
     in_flight: int,
     memory_ops: int,
+    history_settled: int,
+    restore_ops: int,
     peers_python: Path,
     out: Path,
 ) -> None:
@@ -203,6 +218,8 @@ def main(
             "raw_per_s": median([r["raw_per_s"] for r in replays]),
             "ratio": median([r["ratio"] for r in replays]),
         }
+    if "history" in sections:
+        results["history"] = _history(base, in_flight, history_settled, restore_ops, runs)
     if "memory" in sections:
         say(f"processor memory with {memory_ops} operations in state x {runs}")
         rows = [replay.memory(base, memory_ops) for _ in range(runs)]
@@ -228,6 +245,24 @@ def main(
     say(f"report:  {path}")
     for line in report.headlines(results):
         print(line)
+
+
+def _history(
+    base: LedgerSettings, in_flight: int, settled: int, restore_ops: int, runs: int
+) -> dict[str, Any]:
+    """Restart over 1,000 and over ``settled`` settled operations; processor restore at scale."""
+    say(f"history: restart with {in_flight} in flight over 1,000 and {settled:,} settled x {runs}")
+    small = history.restart_over_history(base, 1000, in_flight, runs)
+    large = history.restart_over_history(base, settled, in_flight, runs)
+    restores = max(3, runs)
+    say(f"history: processor restore of {restore_ops:,} operations in one partition x {restores}")
+    restore = history.processor_restore(base, restore_ops, restores)
+    return {
+        "small": small,
+        "large": large,
+        "ratio": large["recovery_s"] / small["recovery_s"],
+        "processor_restore": restore,
+    }
 
 
 def _replay(settings: LedgerSettings) -> dict[str, Any]:

@@ -210,3 +210,59 @@ def test_scale_rows_without_cpu_figures_still_render(tmp_path: Path) -> None:
     assert "| 4 | 2 | 80 | 8.00 | n/a | n/a | n/a | n/a | n/a |" in text
     assert "What a larger machine would show" not in text
     assert (tmp_path / "plots" / "scale.svg").exists()
+
+
+def _with_history(small_s: float, large_s: float) -> dict[str, Any]:
+    results = _results(6_000.0, 0.9)
+
+    def size(settled: int, recovery_s: float, relay_s: float) -> dict[str, Any]:
+        return {
+            "settled": settled,
+            "in_flight": 1000,
+            "recovery_s": recovery_s,
+            "restore_s": {"processor": 0.5, "authority": 0.4, "relay": relay_s},
+            "dominating": "relay",
+            "runs": [],
+        }
+
+    results["history"] = {
+        "small": size(1000, small_s, 0.2),
+        "large": size(100_000, large_s, 9.0),
+        "ratio": large_s / small_s,
+        "processor_restore": {
+            "operations": 1_000_000,
+            "seconds": 20.0,
+            "records_per_s": 50_000.0,
+            "runs": [20.0, 21.0, 19.0],
+        },
+    }
+    return results
+
+
+def test_a_restart_over_a_long_history_names_the_stage_whose_restore_grew(
+    tmp_path: Path,
+) -> None:
+    results = _with_history(10.0, 30.0)
+    assert report.ratios(results)[report.HISTORY_RATIO] == 3.0
+    text = report.write(results, tmp_path).read_text()
+    assert f"| {report.HISTORY_RATIO} | 3.00 | <= 1.5 | **no** |" in text
+    assert "the relay's restore dominates" in text
+    assert "relay 0.2 -> 9.0 s" in text
+    assert "The authority's restore is longer" not in text
+    assert "| 6. restart over 100,000 settled operations (s) | 30.0 |" in text
+    assert "| 6. processor restore, one partition of 1,000,000 operations (s) | 20.0 |" in text
+
+
+def test_a_restart_bounded_by_the_work_in_flight_needs_no_explanation(tmp_path: Path) -> None:
+    results = _with_history(10.0, 12.0)
+    text = report.write(results, tmp_path).read_text()
+    assert f"| {report.HISTORY_RATIO} | 1.20 | <= 1.5 | yes |" in text
+    assert "restore dominates" not in text
+
+
+def test_an_authority_restore_longer_than_the_gating_ones_is_named_too() -> None:
+    results = _with_history(10.0, 30.0)
+    results["history"]["large"]["restore_s"]["authority"] = 60.0
+    text = report.history_limit(results)
+    assert text.startswith("the relay's restore dominates")
+    assert "The authority's restore is longer still" in text

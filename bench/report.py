@@ -378,13 +378,7 @@ def write(results: dict[str, Any], bench_dir: Path) -> Path:
             row(
                 f"6. processor restore, one partition of {pr['operations']:,} operations (s)",
                 pr["seconds"],
-                f"{pr['records_per_s']:,.0f} records/s, one sealed state per operation"
-                + (
-                    f"; over the {pr['deadline_s']:g} s deadline of the restore read: "
-                    "a processor with this partition gives up and does not start"
-                    if pr.get("over_deadline")
-                    else ""
-                ),
+                f"{pr['records_per_s']:,.0f} records/s, one sealed state per operation",
                 1,
             )
     mem = results.get("memory")

@@ -1421,7 +1421,9 @@ def read_partition(
         partitions: which partitions (``None``: all).
         handle: called with each decoded record (``None`` when the value does
             not decode, e.g. a tombstone) and the raw message.
-        timeout_s: give up after this many seconds (outages not counted).
+        timeout_s: give up when the read makes no progress for this many
+            seconds (outages not counted); a long read that keeps moving,
+            e.g. a restore of millions of records, is not cut off.
         decode: ``False`` passes ``None`` for every record, leaving the
             decoding (of only the values it keeps) to ``handle``.
         keyring: when given, a record whose seal is missing or wrong is not
@@ -1438,7 +1440,7 @@ def read_partition(
         The number of records read.
 
     Raises:
-        LedgerError: if the end is not reached within ``timeout_s``, or Kafka
+        LedgerError: if the read stops moving for ``timeout_s``, or Kafka
             does not answer for as long as ``retry`` waits.
         BrokerError: the broker refuses this client's principal the read
             (``TOPIC_AUTHORIZATION_FAILED`` ...), at once.
@@ -1473,11 +1475,12 @@ def read_partition(
                 raise waits.no_answer(full, exc) from exc
             raise
 
-    started = time.monotonic()
-    waited_before = retry.waited_s
+    #: when the read last made progress, and the outage time waited by then
+    progress = [time.monotonic(), retry.waited_s]
 
     def overdue() -> bool:
-        return time.monotonic() > started + timeout_s + (waits.waited_s - waited_before)
+        since, waited_then = progress
+        return time.monotonic() > since + timeout_s + (waits.waited_s - waited_then)
 
     def end_of(tp: TopicPartition) -> int:
         _, high = ask(
@@ -1524,7 +1527,8 @@ def read_partition(
         while len(done) < len(ends):
             if overdue():
                 raise LedgerError(
-                    f"reading {full} did not reach its end in {timeout_s} s",
+                    f"reading {full} made no progress for {timeout_s} s"
+                    f" (at {dict(sorted(at.items()))}, ends {dict(sorted(ends.items()))})",
                     expected=ends,
                 )
             for msg in client[0].consume(1000, 0.02):
@@ -1535,6 +1539,10 @@ def read_partition(
                     continue
                 p = msg.partition() or 0
                 if p in done:
+                    continue
+                if keyring is not None and is_reserved_key(msg.key()):
+                    # Never sealed and never meaningful (ledger.topics.COMPACTION_KEY):
+                    # skipped before the seal check, as TableFollower does.
                     continue
                 rec = decode_record(topic, msg) if decode else None
                 if keyring is not None and settings.require_authenticated_records:
@@ -1559,6 +1567,7 @@ def read_partition(
             now = time.monotonic()
             if at != last:
                 last, moved_at = dict(at), now
+                progress[:] = [now, waits.waited_s]
             elif now - moved_at > STALL_S and len(done) < len(ends):
                 # No progress: wait for Kafka if it is away (not counted), then
                 # read on from where this client was with a fresh one.

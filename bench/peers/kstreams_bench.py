@@ -77,7 +77,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,7 @@ from quix_bench import (
     create_topics,
     preload,
     stop_child,
+    time_outputs,
 )
 
 log = logging.getLogger("kstreams_bench")
@@ -101,8 +101,6 @@ SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
 #: The app's store; Kafka Streams names its changelog ``<application.id>-<store>-changelog``.
 STORE = "keyed-step-state"
 
-#: Longest the parent waits for one run's output (seconds).
-RUN_TIMEOUT_S = 120.0
 #: Longest the parent waits for the JVM to build its app and say READY (seconds).
 READY_TIMEOUT_S = 60.0
 
@@ -180,38 +178,7 @@ def one_run(args: argparse.Namespace, index: int, command: list[str]) -> dict[st
         if not line.startswith(b"READY"):
             raise RuntimeError(f"app did not become ready (said {line!r}, rc {proc.poll()})")
         args.version = line.decode().split()[-1]
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while reader.count < args.records:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app exited with status {proc.returncode} mid-run")
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"only {reader.count}/{args.records} outputs after {RUN_TIMEOUT_S} s"
-                )
-            reader.poll(0.05)
-        seconds = time.perf_counter() - t0
-        rc = stop_child(proc)
-        reader.drain()
-        wrong = sum(1 for k, n in per_key.items() if reader.last_version.get(k) != n)
-        verified = reader.count == args.records and wrong == 0 and reader.drift == 0
-        log.info(
-            "run %d: %.3f s, %.0f records/s; output %d records, %d keys with wrong version, "
-            "app exit %s",
-            index,
-            seconds,
-            args.records / seconds,
-            reader.count,
-            wrong,
-            rc,
-        )
-        return {
-            "seconds": round(seconds, 4),
-            "records_per_s": round(args.records / seconds, 1),
-            "first_output_s": round((reader.first_at or t0) - t0, 4),
-            "output_records": reader.count,
-            "verified": verified,
-        }
+        return time_outputs(proc, reader, args.records, per_key, index)
     finally:
         if proc is not None and proc.poll() is None:
             stop_child(proc)

@@ -319,6 +319,66 @@ def stop_child(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
     return proc.wait()
 
 
+def time_outputs(
+    proc: subprocess.Popen[bytes],
+    reader: OutputCounter,
+    records: int,
+    per_key: dict[str, int],
+    index: int,
+) -> dict[str, Any]:
+    """Time a ready app until ``records`` outputs are read, then stop it and check them.
+
+    The clock starts when the app said it is ready and stops at the last
+    output read (the Kafka Streams peer times its app the same way).
+
+    Args:
+        proc: the app, already ready.
+        reader: counts the app's outputs.
+        records: inputs pre-loaded (one output each is expected).
+        per_key: key -> inputs pre-loaded for it (its expected last version).
+        index: the run's number, for the log.
+
+    Returns:
+        ``seconds``, ``records_per_s``, ``first_output_s`` (seconds from the
+        start of the clock), ``output_records`` and ``verified`` (exactly
+        ``records`` outputs, each key's last version right, no drift).
+
+    Raises:
+        RuntimeError: the app exited, or not every output came within
+            :data:`RUN_TIMEOUT_S` seconds.
+    """
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while reader.count < records:
+        if proc.poll() is not None:
+            raise RuntimeError(f"app exited with status {proc.returncode} mid-run")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {reader.count}/{records} outputs after {RUN_TIMEOUT_S} s")
+        reader.poll(0.05)
+    seconds = time.perf_counter() - t0
+    rc = stop_child(proc)
+    reader.drain()
+    wrong = sum(1 for k, n in per_key.items() if reader.last_version.get(k) != n)
+    verified = reader.count == records and wrong == 0 and reader.drift == 0
+    log.info(
+        "run %d: %.3f s, %.0f records/s; output %d records, %d keys with wrong version, "
+        "app exit %s",
+        index,
+        seconds,
+        records / seconds,
+        reader.count,
+        wrong,
+        rc,
+    )
+    return {
+        "seconds": round(seconds, 4),
+        "records_per_s": round(records / seconds, 1),
+        "first_output_s": round((reader.first_at or t0) - t0, 4),
+        "output_records": reader.count,
+        "verified": verified,
+    }
+
+
 def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
     tag = f"qxb{uuid.uuid4().hex[:10]}"
     input_topic, output_topic, group = f"{tag}-in", f"{tag}-out", f"{tag}-group"
@@ -357,38 +417,7 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
         line = proc.stdout.readline() if ready else b""
         if line.strip() != b"READY":
             raise RuntimeError(f"app did not become ready (said {line!r}, rc {proc.poll()})")
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while reader.count < args.records:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app exited with status {proc.returncode} mid-run")
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"only {reader.count}/{args.records} outputs after {RUN_TIMEOUT_S} s"
-                )
-            reader.poll(0.05)
-        seconds = time.perf_counter() - t0
-        rc = stop_child(proc)
-        reader.drain()
-        wrong = sum(1 for k, n in per_key.items() if reader.last_version.get(k) != n)
-        verified = reader.count == args.records and wrong == 0 and reader.drift == 0
-        log.info(
-            "run %d: %.3f s, %.0f records/s; output %d records, %d keys with wrong "
-            "version, app exit %s",
-            index,
-            seconds,
-            args.records / seconds,
-            reader.count,
-            wrong,
-            rc,
-        )
-        return {
-            "seconds": round(seconds, 4),
-            "records_per_s": round(args.records / seconds, 1),
-            "first_output_s": round((reader.first_at or t0) - t0, 4),
-            "output_records": reader.count,
-            "verified": verified,
-        }
+        return time_outputs(proc, reader, args.records, per_key, index)
     finally:
         if proc is not None and proc.poll() is None:
             stop_child(proc)

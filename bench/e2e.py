@@ -292,6 +292,41 @@ def throughput_and_latency(
         rig.close()
 
 
+def kill_every_stage_and_recover(rig: Rig, n: int, timeout_s: float) -> tuple[float, float]:
+    """Put ``n`` operations in EFFECT_PENDING, SIGKILL every stage, restart, time the recovery.
+
+    The relay is paused (SIGSTOP) while the operations are published, so
+    each is admitted and dispatched but not performed; then every instance
+    of every stage is killed and all are started again.
+
+    Args:
+        rig: a running rig.
+        n: operations to leave in flight.
+        timeout_s: how long each wait (in flight, then verified) may take.
+
+    Returns:
+        ``(recovery_s, restarted_at)``: seconds from the restart to the last
+        operation verified, and the wall-clock time (epoch seconds) of the
+        restart, for reading the stages' logs.
+    """
+    rig.harness.pause("relay")
+    ops = []
+    for i in rig.allocate(n):
+        op, _ = rig.publish(i)
+        ops.append(op)
+        rig.poll(0)
+    rig.wait_for(ops, "EFFECT_PENDING", timeout_s)
+    for component in STAGES:
+        for i in range(rig.instances):
+            rig.harness.kill(component, str(i))
+    rig.harness.paused.clear()
+    wall = time.time()
+    started = time.perf_counter()
+    rig.harness.restart()
+    rig.wait_for(ops, "OUTCOME_VERIFIED", timeout_s)
+    return max(rig.verified_at[op] for op in ops) - started, wall
+
+
 def recovery(
     base: LedgerSettings,
     n: int,
@@ -313,22 +348,7 @@ def recovery(
     rig = Rig(base, "recovery")
     try:
         fresh = rig.run(n, None)
-        rig.harness.pause("relay")
-        numbers = rig.allocate(n)
-        ops = []
-        for i in numbers:
-            op, _ = rig.publish(i)
-            ops.append(op)
-            rig.poll(0)
-        rig.wait_for(ops, "EFFECT_PENDING", 300)
-        for component in STAGES:
-            for i in range(rig.instances):
-                rig.harness.kill(component, str(i))
-        rig.harness.paused.clear()
-        started = time.perf_counter()
-        rig.harness.restart()
-        rig.wait_for(ops, "OUTCOME_VERIFIED", 600)
-        recovery_s = max(rig.verified_at[op] for op in ops) - started
+        recovery_s, _ = kill_every_stage_and_recover(rig, n, 600)
         result: dict[str, Any] = {
             "operations": n,
             "fresh_s": fresh["seconds"],

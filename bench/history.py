@@ -46,7 +46,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 
 from bench.common import (
     create,
@@ -57,13 +57,14 @@ from bench.common import (
     say,
     settings_for,
 )
-from bench.e2e import Rig
+from bench.e2e import Rig, kill_every_stage_and_recover
 from bench.replay import verified_state
 from consumers.processor import Processor
+from consumers.stage import Record, read_partition
 from consumers.stages import STAGES
 from ledger.authn import AUTH_HEADER
 from ledger.credentials import stage_sealer
-from ledger.kafka import consumer_config, producer_config
+from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
 
@@ -154,24 +155,12 @@ def rekey(raw: bytes | None, old: bytes, new: bytes) -> bytes | None:
 
 def _read_all(settings: LedgerSettings, short: str) -> list[tuple[bytes, bytes | None, list[Any]]]:
     """Every committed record of a topic: ``(key, value, headers)``."""
-    full = settings.topic(short)
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}.historyread"))
-    ends = {}
-    for p in range(settings.partitions):
-        _, high = consumer.get_watermark_offsets(TopicPartition(full, p), timeout=10)
-        if high > 0:
-            ends[p] = high
-    consumer.assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in ends])
     out: list[tuple[bytes, bytes | None, list[Any]]] = []
-    done: set[int] = set()
-    while len(done) < len(ends):
-        for msg in consumer.consume(1000, 0.05):
-            if msg.error() is None:
-                out.append((msg.key() or b"", msg.value(), list(msg.headers() or [])))
-        for tp in consumer.position([TopicPartition(full, p) for p in ends if p not in done]):
-            if tp.offset >= ends[tp.partition]:
-                done.add(tp.partition)
-    consumer.close()
+
+    def keep(_: Record | None, msg: Message) -> None:
+        out.append((msg.key() or b"", msg.value(), list(msg.headers() or [])))
+
+    read_partition(settings, short, None, keep, decode=False)
     return out
 
 
@@ -264,22 +253,7 @@ def settle(rig: Rig, settled: int, *, compact: bool = True) -> dict[str, Any]:
 
 def _restart_cycle(rig: Rig, in_flight: int) -> dict[str, Any]:
     """Put ``in_flight`` operations in EFFECT_PENDING, SIGKILL every stage, time the recovery."""
-    rig.harness.pause("relay")
-    ops = []
-    for i in rig.allocate(in_flight):
-        op, _ = rig.publish(i)
-        ops.append(op)
-        rig.poll(0)
-    rig.wait_for(ops, "EFFECT_PENDING", 600)
-    for component in STAGES:
-        for i in range(rig.instances):
-            rig.harness.kill(component, str(i))
-    rig.harness.paused.clear()
-    wall = time.time()
-    started = time.perf_counter()
-    rig.harness.restart()
-    rig.wait_for(ops, "OUTCOME_VERIFIED", 900)
-    recovery_s = max(rig.verified_at[op] for op in ops) - started
+    recovery_s, wall = kill_every_stage_and_recover(rig, in_flight, 900)
     logs = rig.settings.run_dir / "logs"
 
     def timelines() -> dict[str, dict[str, Any]]:

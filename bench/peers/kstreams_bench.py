@@ -87,6 +87,7 @@ from quix_bench import (
     _settings,
     cleanup_kafka,
     create_topics,
+    parse_run_options,
     preload,
     stop_child,
     time_outputs,
@@ -194,21 +195,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         description="Kafka Streams exactly-once v2 keyed stateful step over ledger intents "
         "(prints one JSON object on stdout)."
     )
-    p.add_argument(
-        "--bootstrap", default=os.environ.get("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
-    )
-    p.add_argument("--records", type=int, default=20000, help="input records per run")
-    p.add_argument("--partitions", type=int, default=3, help="partitions of input and output")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument(
-        "--operations",
-        type=int,
-        default=None,
-        help="distinct operation IDs (keys); default records // 4",
-    )
-    ns = p.parse_args(argv)
-    ns.operations = ns.operations or max(1, ns.records // 4)
-    return ns
+    return parse_run_options(p, argv)
 
 
 def main(argv: list[str]) -> int:

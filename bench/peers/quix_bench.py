@@ -430,6 +430,29 @@ def one_run(args: argparse.Namespace, index: int) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- CLI
 
 
+def parse_run_options(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Add the options every peer benchmark shares to ``p`` and parse ``argv``.
+
+    ``--bootstrap``, ``--records`` (input records per run), ``--partitions``,
+    ``--runs`` and ``--operations`` (distinct keys; default ``records // 4``).
+    """
+    p.add_argument(
+        "--bootstrap", default=os.environ.get("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+    )
+    p.add_argument("--records", type=int, default=20000, help="input records per run")
+    p.add_argument("--partitions", type=int, default=3, help="partitions of input and output")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument(
+        "--operations",
+        type=int,
+        default=None,
+        help="distinct operation IDs (keys); default records // 4",
+    )
+    ns = p.parse_args(argv)
+    ns.operations = ns.operations or max(1, ns.records // 4)
+    return ns
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     if argv[:1] == ["_app"]:
         p = argparse.ArgumentParser(prog="quix_bench.py _app")
@@ -445,20 +468,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         description="Quix Streams exactly-once keyed stateful step over ledger intents "
         "(prints one JSON object on stdout)."
     )
-    p.add_argument(
-        "--bootstrap", default=os.environ.get("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
-    )
-    p.add_argument("--records", type=int, default=20000, help="input records per run")
-    p.add_argument("--partitions", type=int, default=3, help="partitions of input and output")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument(
-        "--operations",
-        type=int,
-        default=None,
-        help="distinct operation IDs (keys); default records // 4",
-    )
-    ns = p.parse_args(argv)
-    ns.operations = ns.operations or max(1, ns.records // 4)
+    ns = parse_run_options(p, argv)
     ns.mode = "bench"
     return ns
 

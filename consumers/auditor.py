@@ -109,7 +109,7 @@ def scan_topic(
             except Exception as exc:  # reported with its position, never fatal
                 scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
                 return
-        problem = keyring.check(topic, key, value, msg.headers(), event)
+        problem = keyring.check(topic, key, value, msg.headers(), event, msg.partition())
         if problem is not None:
             scan.unauthenticated[where] = problem
             if topic in LATEST:

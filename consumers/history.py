@@ -35,9 +35,9 @@ from ledger.fold.compensation import SETTLED
 from ledger.history import History, HistoryRecord, build_history
 from ledger.settings import LedgerSettings
 from ledger.topics import partitions_for
-from ledger.topology import TOPIC_BY_NAME, TOPICS, is_reserved_key
+from ledger.topology import TOPIC_BY_NAME, TOPICS, is_reserved_key, murmur2, partition_for
 
-__all__ = ["UnknownOperationError", "partition_for", "read_history"]
+__all__ = ["UnknownOperationError", "murmur2", "partition_for", "read_history"]
 
 #: Topics keyed by approval ID (read for the approvals the operation names).
 APPROVAL_TOPICS = ("approvals", "approval-uses", "admission-requests")
@@ -50,47 +50,6 @@ OPERATION_TOPICS = tuple(
 
 class UnknownOperationError(LedgerError):
     """No record on any ledger topic is about this operation."""
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's 32-bit murmur2 hash of ``data`` (the Java client's ``Utils.murmur2``), signed."""
-    m = 0x5BD1E995
-    length = len(data)
-    h = (0x9747B28C ^ length) & 0xFFFFFFFF
-    full = length - length % 4
-    for i in range(0, full, 4):
-        k = int.from_bytes(data[i : i + 4], "little")
-        k = (k * m) & 0xFFFFFFFF
-        k ^= k >> 24
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    rest = length % 4
-    if rest == 3:
-        h ^= data[full + 2] << 16
-    if rest >= 2:
-        h ^= data[full + 1] << 8
-    if rest >= 1:
-        h ^= data[full]
-        h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * m) & 0xFFFFFFFF
-    h ^= h >> 15
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def partition_for(key: str | bytes, partitions: int) -> int:
-    """The partition a keyed record lands on under ``murmur2_random`` (the ledger's partitioner).
-
-    Args:
-        key: the record key.
-        partitions: the topic's partition count (1 or more).
-
-    Returns:
-        ``(murmur2(key) & 0x7fffffff) % partitions``, as the Java client computes it.
-    """
-    raw = key.encode() if isinstance(key, str) else key
-    return (murmur2(raw) & 0x7FFFFFFF) % partitions
 
 
 def read_history(
@@ -223,7 +182,7 @@ def _read_keys(
         except Exception as exc:  # listed as such, never fatal
             problem = f"does not decode: {type(exc).__name__}: {exc}"
         if problem is None:
-            refused = keyring.check(topic, raw_key, value, msg.headers(), event)
+            refused = keyring.check(topic, raw_key, value, msg.headers(), event, msg.partition())
             if refused is not None:
                 problem = f"not authentic: {refused}"
         found.append(

@@ -48,7 +48,6 @@ import logging
 
 from confluent_kafka import Message
 
-from consumers.history import partition_for
 from consumers.metrics import refusal_kind
 from consumers.stage import (
     Record,
@@ -84,7 +83,7 @@ from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
 from ledger.topics import partitions_for
-from ledger.topology import TOPIC_BY_NAME, is_reserved_key
+from ledger.topology import TOPIC_BY_NAME, is_reserved_key, partition_for
 from ledger.tracing import annotate, trace_headers_of
 from ledger.upgrades import schema_versions
 from sinks.registry import RegistryFile
@@ -471,7 +470,7 @@ class Processor(Stage):
                 return
             where = f"journal:{msg.partition()}:{msg.offset()}"
             problem = self.keyring.check(
-                "journal", msg.key() or b"", msg.value(), msg.headers(), None
+                "journal", msg.key() or b"", msg.value(), msg.headers(), None, msg.partition()
             )
             if problem is not None and self.settings.require_authenticated_records:
                 log.error("processor: %s entry for %s not replayed: %s", where, key, problem)

@@ -67,7 +67,7 @@ from ledger.kafka import (
 from ledger.logs import bind_here
 from ledger.settings import LedgerSettings
 from ledger.topics import check_topics
-from ledger.topology import is_reserved_key
+from ledger.topology import is_reserved_key, misplaced
 from ledger.tracing import RecordSpans, with_trace
 
 log = logging.getLogger(__name__)
@@ -626,6 +626,22 @@ class Stage:
                 )
             if not key:
                 raise LedgerError("record has no key; ledger records are keyed by ID")
+            # Refused whatever the authentication setting: a stage that does
+            # not own a key's partition must never decide about it.
+            where = misplaced(topic, msg.key() or b"", msg.partition(), self.settings.partitions)
+            if where is not None:
+                self.forgeries_refused += 1
+                log.error(
+                    "%s: MISPLACED record at %s:%s:%s refused: %s",
+                    self.component,
+                    topic,
+                    msg.partition(),
+                    msg.offset(),
+                    where,
+                )
+                return dead_letter(
+                    self.component, topic, msg, f"not authentic: {where}", kind="UNAUTHENTICATED"
+                )
             if raw is None:
                 # A tombstone is never a stage's input; one that no trusted
                 # writer sealed is a forgery first (README "Trust model").
@@ -1552,6 +1568,7 @@ def read_partition(
                         msg.value(),
                         msg.headers(),
                         rec.event if rec else None,
+                        msg.partition(),
                     )
                     if problem is not None:
                         if on_refused is not None:

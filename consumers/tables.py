@@ -230,7 +230,12 @@ class TableFollower:
         """Check a record's seal; report (once per follow) and refuse one that fails."""
         assert self.keyring is not None
         problem = self.keyring.check(
-            self.topic, msg.key() or b"", msg.value(), msg.headers(), rec.event if rec else None
+            self.topic,
+            msg.key() or b"",
+            msg.value(),
+            msg.headers(),
+            rec.event if rec else None,
+            msg.partition(),
         )
         if problem is None:
             return True

@@ -53,7 +53,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ledger.events import Approval, Disposition, Event, PolicyChange
 from ledger.signing import verify as verify_grant
-from ledger.topology import TOPIC_BY_NAME
+from ledger.topology import TOPIC_BY_NAME, misplaced
 
 #: A record's headers as the Kafka client gives them (a list of pairs, or a mapping).
 Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
@@ -237,12 +237,17 @@ class Keyring:
             is trusted without a restart; returns the fresh keyring, or
             ``None`` to keep the current one (the loader limits how often it
             reads, :func:`ledger.credentials.load_keyring`).
+        partitions: the operation-keyed topics' partition count
+            (``LEDGER_PARTITIONS``): a record read from a partition its key
+            does not name is refused (:func:`ledger.topology.misplaced`);
+            0 checks no placement.
     """
 
     macs: dict[str, bytes] = field(default_factory=dict)
     trusted: dict[str, TrustedKey] = field(default_factory=dict)
     reload: Callable[[], Keyring | None] | None = None
     unsigned_grants_ok: bool = False
+    partitions: int = 0
 
     def add_mac(self, key: MacKey) -> None:
         """Accept seals made with ``key``."""
@@ -268,6 +273,7 @@ class Keyring:
         value: bytes | None,
         headers: Headers,
         event: Event | None = None,
+        partition: int | None = None,
     ) -> str | None:
         """Why a record is not authentic, or ``None`` when it is.
 
@@ -280,6 +286,10 @@ class Keyring:
             headers: the record's headers as consumed.
             event: the decoded value, when there is one: a record that names
                 its writer must be signed by that writer's key.
+            partition: the partition it was read from: with
+                :attr:`partitions` set, a record found on a partition its key
+                does not name is refused whatever its seal (the seal does not
+                cover the partition), on every topic, ``intents`` included.
 
         Returns:
             ``None`` or a reason such as ``no ledger-auth header``,
@@ -287,6 +297,10 @@ class Keyring:
             dispatches are written by stage`` or ``the seal does not match
             the record``.
         """
+        if self.partitions and partition is not None:
+            where = misplaced(topic, key, partition, self.partitions)
+            if where is not None:
+                return where
         spec = TOPIC_BY_NAME.get(topic)
         accept = spec.auth if spec is not None else (ROLE_STAGE,)
         if not accept:

@@ -213,7 +213,10 @@ def load_keyring(
     """
 
     def read() -> Keyring:
-        ring = Keyring(unsigned_grants_ok=not settings.require_signed_approvals)
+        ring = Keyring(
+            unsigned_grants_ok=not settings.require_signed_approvals,
+            partitions=settings.partitions,
+        )
         if create or not missing_ok or (keys_dir(settings) / "deployment.key").exists():
             ring.add_mac(deployment_key(settings, create=create))
         if create:

@@ -192,3 +192,76 @@ def is_reserved_key(key: bytes | str | None) -> bool:
     if isinstance(key, str):
         key = key.encode()
     return key == COMPACTION_KEY
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's 32-bit murmur2 hash of ``data`` (the Java client's ``Utils.murmur2``), signed."""
+    m = 0x5BD1E995
+    length = len(data)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    full = length - length % 4
+    for i in range(0, full, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    rest = length % 4
+    if rest == 3:
+        h ^= data[full + 2] << 16
+    if rest >= 2:
+        h ^= data[full + 1] << 8
+    if rest >= 1:
+        h ^= data[full]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for(key: str | bytes, partitions: int) -> int:
+    """The partition a keyed record lands on under ``murmur2_random`` (the ledger's partitioner).
+
+    Args:
+        key: the record key.
+        partitions: the topic's partition count (1 or more).
+
+    Returns:
+        ``(murmur2(key) & 0x7fffffff) % partitions``, as the Java client computes it.
+    """
+    raw = key.encode() if isinstance(key, str) else key
+    return (murmur2(raw) & 0x7FFFFFFF) % partitions
+
+
+def misplaced(topic: str, key: bytes, partition: int | None, partitions: int) -> str | None:
+    """Why a keyed record is not on the partition its key names, or ``None``.
+
+    A record's seal covers its topic, key and value but not its partition:
+    the partition follows from the key (:func:`partition_for`), and the stage
+    that owns that partition is the only one that may decide about the key.
+    An authentic record copied to another partition would otherwise reach a
+    stage that does not own its operation, which would decide from no state.
+
+    Args:
+        topic: short topic name (a control topic, or one this module does
+            not know, is never misplaced).
+        key: the record key bytes.
+        partition: the partition it was read from (``None``: not known).
+        partitions: the operation-keyed topics' partition count
+            (``LEDGER_PARTITIONS``; 0 or 1 checks nothing).
+
+    Returns:
+        ``None``, or a reason naming both partitions.
+    """
+    spec = TOPIC_BY_NAME.get(topic)
+    if spec is None or spec.single_partition or partitions <= 1 or partition is None:
+        return None
+    home = partition_for(key, partitions)
+    if home == partition:
+        return None
+    return (
+        f"misplaced: its key belongs on partition {home} of {partitions} (murmur2_random), "
+        f"not {partition}; only that partition's owner decides about it"
+    )

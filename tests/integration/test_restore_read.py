@@ -6,7 +6,8 @@ reported. ``force_compaction`` leaves one unsealed tombstone per partition
 under the reserved key ``__compaction__``; it carries no meaning, so a
 restore passes over it without calling it a forgery (else every restart
 after a compaction would raise one UNAUTHENTICATED operating event per
-partition).
+partition). A sealed record found on a partition its key does not name is
+refused too: the seal does not cover the partition.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ledger.authn import AUTH_HEADER
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
-from ledger.topology import COMPACTION_KEY
+from ledger.topology import COMPACTION_KEY, partition_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,14 +33,18 @@ def test_a_restore_read_skips_compaction_tombstones_and_refuses_forgeries(
     seal = stage_sealer(settings, "processor")("state")
     producer = Producer(client_config(settings))
     value = b"not decoded here"
+    home = partition_for(b"op:sealed", settings.partitions)
+    sealed = [(AUTH_HEADER, seal.seal("state", b"op:sealed", value))]
+    producer.produce(topic, key=b"op:sealed", value=value, partition=home, headers=sealed)
+    # The same sealed record, copied to a partition its key does not name.
+    elsewhere = (home + 1) % settings.partitions
+    producer.produce(topic, key=b"op:sealed", value=value, partition=elsewhere, headers=sealed)
     producer.produce(
         topic,
-        key=b"op:sealed",
+        key=b"op:forged",
         value=value,
-        partition=0,
-        headers=[(AUTH_HEADER, seal.seal("state", b"op:sealed", value))],
+        partition=partition_for(b"op:forged", settings.partitions),
     )
-    producer.produce(topic, key=b"op:forged", value=value, partition=0)
     producer.produce(topic, key=COMPACTION_KEY, value=None, partition=0)
     producer.produce(topic, key=COMPACTION_KEY, value=None, partition=1)
     assert producer.flush(10) == 0
@@ -55,13 +60,17 @@ def test_a_restore_read_skips_compaction_tombstones_and_refuses_forgeries(
 
     keyring = load_keyring(settings, create=False, missing_ok=True)
     count = read_partition(
-        settings, "state", {0, 1}, handle, decode=False, keyring=keyring, on_refused=on_refused
+        settings, "state", None, handle, decode=False, keyring=keyring, on_refused=on_refused
     )
     assert handed == [b"op:sealed"]
-    assert [key for key, _ in refused] == [b"op:forged"], refused
+    assert sorted(key for key, _ in refused) == [b"op:forged", b"op:sealed"], refused
+    [misplaced] = [problem for key, problem in refused if key == b"op:sealed"]
+    assert misplaced.startswith(f"misplaced: its key belongs on partition {home}"), misplaced
     assert count == 1
 
     # Without the keyring (a raw reader) the tombstones are read like any record.
     raw: list[bytes] = []
-    read_partition(settings, "state", {0, 1}, lambda _, m: raw.append(m.key() or b""), decode=False)
-    assert sorted(raw) == sorted([b"op:sealed", b"op:forged", b"__compaction__", b"__compaction__"])
+    read_partition(settings, "state", None, lambda _, m: raw.append(m.key() or b""), decode=False)
+    assert sorted(raw) == sorted(
+        [b"op:sealed", b"op:sealed", b"op:forged", b"__compaction__", b"__compaction__"]
+    )

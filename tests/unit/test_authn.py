@@ -214,3 +214,30 @@ def test_a_reviewer_trusted_just_after_the_keys_were_loaded_is_found_at_once(
     # A key no file has is still refused, and asking again at once reads nothing new.
     stranger = ReviewerKey.generate("stranger").sign(_grant())
     assert "unknown key" in (ring.check("approvals", b"ap-1", b"", None, stranger) or "")
+
+
+def test_a_sealed_record_on_a_partition_its_key_does_not_name_is_refused() -> None:
+    """The seal does not cover the partition; the key names it (murmur2_random)."""
+    from dataclasses import replace
+
+    from ledger.topology import partition_for
+
+    ring = replace(RING, partitions=3)
+    home = partition_for(b"op-1", 3)
+    elsewhere = (home + 1) % 3
+    sealed = headers(MAC, "dispatches", b"op-1", b"value")
+    assert ring.check("dispatches", b"op-1", b"value", sealed, None, home) is None
+    problem = ring.check("dispatches", b"op-1", b"value", sealed, None, elsewhere) or ""
+    assert problem.startswith(f"misplaced: its key belongs on partition {home} of 3"), problem
+    # Intents carry no seal, but their placement is checked all the same.
+    assert ring.check("intents", b"op-1", b"v", None, None, home) is None
+    assert "misplaced" in (ring.check("intents", b"op-1", b"v", None, None, elsewhere) or "")
+    # The control topic has one partition; a ring without a count checks nothing.
+    policy = headers(ALEX, "policy", b"current", b"v")
+    assert "misplaced" not in (ring.check("policy", b"current", b"v", policy, None, 0) or "")
+    assert RING.check("dispatches", b"op-1", b"value", sealed, None, elsewhere) is None
+
+
+def test_a_loaded_keyring_checks_placement_over_the_ledgers_partitions(tmp_path: Path) -> None:
+    settings = LedgerSettings(run_dir=tmp_path / "run", trusted_keys_file=None, partitions=4)
+    assert load_keyring(settings).partitions == 4

@@ -28,7 +28,7 @@ from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from tests.helpers import admission, intent, readback, receipt, stage_seal
 
-OP = "refund:c1:v1"
+OP = "refund:c6:v1"  # its key names partition 1 of 3 (murmur2_random)
 PARTITION = 1
 
 

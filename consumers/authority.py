@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from consumers.localfiles import LastGood, LastGoodClock
 from consumers.stage import Record, Stage, Writer, dead_letter, key_text, record_event
-from consumers.tables import TableFollower
+from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import clock_for
 from ledger.errors import LocalFileError
@@ -94,6 +94,8 @@ class AuthorityKernel(Stage):
         self.notes: list[tuple[str, str, Event]] = []
         self.policy_version = self.settings.policy_version
         self._last_catch_up = 0.0
+        # Followed lazily: a restart files every approval and use by key, and
+        # a key's signatures are verified when a request names it (settle).
         self._approvals = TableFollower(
             self.settings,
             "approvals",
@@ -101,6 +103,7 @@ class AuthorityKernel(Stage):
             on_bad=self._bad_table_value,
             keyring=self.keyring,
             retry=self.retry,
+            lazy=True,
         )
         self._uses = TableFollower(
             self.settings,
@@ -109,6 +112,7 @@ class AuthorityKernel(Stage):
             on_bad=self._bad_table_value,
             keyring=self.keyring,
             retry=self.retry,
+            lazy=True,
         )
         self._policy = TableFollower(
             self.settings,
@@ -257,7 +261,11 @@ class AuthorityKernel(Stage):
         self.notes.clear()
         self._approvals.follow(partitions)
         self._uses.follow(partitions)
-        log.info("authority: %d approvals and %d uses loaded", len(self.approvals), len(self.uses))
+        log.info(
+            "authority: approvals of %d IDs and uses of %d IDs filed (checked when asked for)",
+            self._approvals.held,
+            self._uses.held,
+        )
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Drop uncommitted work (the next assignment reloads the table)."""
@@ -282,6 +290,13 @@ class AuthorityKernel(Stage):
         self._uses.catch_up()
         self._policy.catch_up()
         self._last_catch_up = time.monotonic()
+
+    def _settle(self, records: list[Record]) -> None:
+        """Check and apply the held approvals and uses of the batch's approval IDs."""
+        for rec in records:
+            if isinstance(rec.event, AdmissionRequest):
+                self._approvals.settle(rec.event.approval_id)
+                self._uses.settle(rec.event.approval_id)
 
     def _bad_table_value(self, msg: Message, reason: str, kind: str) -> None:
         """An approval, use or policy record that is refused becomes an operating event.
@@ -308,10 +323,19 @@ class AuthorityKernel(Stage):
         self.notes.clear()
 
     def idle(self) -> None:
-        """Catch the tables up now and then; publish what they ask for."""
-        if time.monotonic() - self._last_catch_up < IDLE_CATCH_UP_S or self.producer is None:
+        """Check some filed approvals and uses; catch the tables up now and then.
+
+        Publishes what they ask for (operating events about refused records).
+        """
+        if self.producer is None:
             return
-        self._catch_up()
+        # Every filed record is checked soon after a restart (a refused one
+        # reported), a slice at a time, between requests.
+        for table in (self._approvals, self._uses):
+            if table.held:
+                table.settle_some(IDLE_SETTLE_S)
+        if time.monotonic() - self._last_catch_up >= IDLE_CATCH_UP_S:
+            self._catch_up()
         if self.notes:
             self.producer.begin_transaction()
             self._write_notes(self.writer())
@@ -329,6 +353,7 @@ class AuthorityKernel(Stage):
         kernel opens its own transaction, which would otherwise hold the
         partition back itself.
         """
+        self._settle(records)
         missing = {
             rec.partition
             for rec in records
@@ -338,6 +363,7 @@ class AuthorityKernel(Stage):
         if not missing:
             return
         self._catch_up()
+        self._settle(records)
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000 + 5
         waited = False
         while time.monotonic() < deadline:
@@ -352,12 +378,14 @@ class AuthorityKernel(Stage):
             waited = True
             time.sleep(0.2)
             self._catch_up()
+            self._settle(records)
         if waited:
             log.info("authority: waited for an open transaction on %s", sorted(missing))
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Decide every admission request of the batch."""
         self._catch_up()
+        self._settle(records)
         trusted = self.trusted()
         sinks = self.sinks()
         # Requests are keyed by approval ID: the operation is the request's own.

@@ -93,7 +93,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from consumers.localfiles import LastGood, LastGoodClock
 from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
-from consumers.tables import TableFollower
+from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import admission_withdrawn, merge_approval
 from ledger.clock import clock_for
 from ledger.contracts import (
@@ -321,12 +321,17 @@ class Relay(Stage):
         #: below it is a resume of that owner's work (see :meth:`_resumed`).
         self.handover_below: dict[int, int] = {}
         self.observer = f"relay-{self.instance}"
+        # Lazy: an assignment files the partitions' receipts by operation,
+        # and an operation's are checked and applied when one of its
+        # dispatches is met (or while idle), so a restart over a long history
+        # costs the filing, not a decode and a seal check per receipt.
         self._receipts = TableFollower(
             self.settings,
             "receipts",
             self._apply_receipt,
             keyring=self.keyring,
             retry=self.retry,
+            lazy=True,
         )
         #: Approvals (revocations merged) and the policy version in force, read
         #: (authenticated) only to check that a reservation's admission still
@@ -334,8 +339,15 @@ class Relay(Stage):
         self.approvals: dict[str, Approval] = {}
         self.policy_version = self.settings.policy_version
         self._authority_followed = False
+        # Lazy: every grant's Ed25519 signature is checked only when a
+        # dispatch names it (a restart files the whole topic by key).
         self._approvals = TableFollower(
-            self.settings, "approvals", self._apply_approval, keyring=self.keyring, retry=self.retry
+            self.settings,
+            "approvals",
+            self._apply_approval,
+            keyring=self.keyring,
+            retry=self.retry,
+            lazy=True,
         )
         self._policy = TableFollower(
             self.settings, "policy", self._apply_policy, keyring=self.keyring, retry=self.retry
@@ -364,7 +376,7 @@ class Relay(Stage):
         self.operation_versions.clear()
         self.completed.clear()
         self._receipts.follow(partitions)
-        log.info("relay: %d earlier attempts known", len(self.attempts))
+        log.info("relay: receipts of %d operations filed (applied when met)", self._receipts.held)
         new = partitions - self.ever_held
         self.ever_held |= partitions
         self._note_handover(new)
@@ -576,6 +588,10 @@ class Relay(Stage):
         assert self.producer is not None
         self._retry_due(commit_offsets=False)  # starts a new pass (down_now)
         now = self.clock.now_ms()
+        # What the receipts say about these operations, before anything is decided.
+        for rec in records:
+            if isinstance(rec.event, Dispatch):
+                self._receipts.settle(rec.event.operation_id)
         fresh: list[Dispatch] = []
         for rec in self.spans.each(records):
             d = rec.event
@@ -619,8 +635,15 @@ class Relay(Stage):
                 self.results[at] = self._attempt(d, rec.partition, rec.offset, fresh=fresh_send)
 
     def idle(self) -> None:
-        """Try parked dispatches whose backoff has passed (see :meth:`_retry_due`)."""
+        """Try parked dispatches whose backoff has passed (see :meth:`_retry_due`).
+
+        Then apply some filed receipts and approvals (:data:`IDLE_SETTLE_S`),
+        so that what a restart filed is soon held as compactly as before.
+        """
         self._retry_due(commit_offsets=True)
+        for table in (self._receipts, self._approvals):
+            if table.held:
+                table.settle_some(IDLE_SETTLE_S)
 
     # ------------------------------------------------------------------ unreachable sinks
 
@@ -762,6 +785,7 @@ class Relay(Stage):
         any_done = False
         for p in bound_each(due, lambda p: p.dispatch.operation_id):
             d = p.dispatch
+            self._receipts.settle(d.operation_id)  # refiled by a reassignment meanwhile
             with self.spans.continued(d.operation_id, p.trace, "relay retry Dispatch"):
                 outputs = self._attempt(
                     d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
@@ -1032,6 +1056,8 @@ class Relay(Stage):
         else:
             self._approvals.catch_up()
             self._policy.catch_up()
+        if d.approval_id is not None:
+            self._approvals.settle(d.approval_id)
         approval = self.approvals.get(d.approval_id) if d.approval_id is not None else None
         return admission_withdrawn(d.approval_id, approval, self.policy_version)
 

@@ -7,6 +7,15 @@ The authority kernel uses it for approvals and the policy version; the relay
 for its record of attempts. A broker outage is waited out (with the stage's
 :class:`~consumers.retry.KafkaRetry`, indefinitely), and the time it takes
 does not count against a catch-up's deadline.
+
+A table whose records are expensive to check (Ed25519 signatures on every
+approval and approval use) can be followed *lazily*: a catch-up only files
+each record under its key, and :meth:`TableFollower.settle` decodes, checks
+and applies a key's records, in offset order, when the stage is about to
+consult that key. A key's row then comes out exactly as an eager follow
+would have made it (every rule a table applies is per key and in order),
+but a restart reads a long history at the cost of filing it, and the
+signatures of approvals nobody asks about again are never verified.
 """
 
 from __future__ import annotations
@@ -28,6 +37,11 @@ from ledger.topology import is_reserved_key
 
 log = logging.getLogger(__name__)
 
+#: Seconds a stage spends settling filed records per idle turn
+#: (:meth:`TableFollower.settle_some`): short, so a request that arrives
+#: meanwhile waits little.
+IDLE_SETTLE_S = 0.02
+
 
 class TableFollower:
     """Follow partitions of one topic and feed every record to ``apply``.
@@ -48,6 +62,10 @@ class TableFollower:
         retry: how retriable errors and outages are ridden out (a stage
             passes its own, which waits indefinitely; default: for
             ``takeover_wait_s`` at a time).
+        lazy: file records by key on catch-up and decode, check and apply
+            a key's records only on :meth:`settle` (the stage must settle a
+            key before it reads its row); ``on_bad`` then hears of a refused
+            record when its key is settled.
     """
 
     def __init__(
@@ -58,8 +76,12 @@ class TableFollower:
         on_bad: Callable[[Message, str, str], None] | None = None,
         keyring: Keyring | None = None,
         retry: KafkaRetry | None = None,
+        lazy: bool = False,
     ) -> None:
         self.settings = settings
+        self.lazy = lazy
+        #: key -> its records not yet settled, in offset order (lazy only).
+        self._held: dict[str, list[Message]] = {}
         self.topic = topic
         self.full = settings.topic(topic)
         self.apply = apply
@@ -140,6 +162,7 @@ class TableFollower:
         await_settled(self.settings, self.topic, set(partitions), retry=self.retry)
         self.partitions = set(partitions)
         self._reported.clear()
+        self._held.clear()
         self._resume_at = {}
         self.consumer.assign(
             [TopicPartition(self.full, p, OFFSET_BEGINNING) for p in sorted(self.partitions)]
@@ -205,14 +228,52 @@ class TableFollower:
                 key = key_text(msg)
                 if is_reserved_key(key):
                     continue
-                # A record over the input bounds is never decoded (nor copied).
-                rec = None if oversized(msg) else decode_record(self.topic, msg)
-                if rec is None and msg.value() is not None:
-                    self._bad(msg)
-                elif self.keyring is not None and not self._authentic(msg, rec):
+                if self.lazy and not oversized(msg):
+                    self._held.setdefault(key, []).append(msg)
+                elif not self._take_one(key, msg):
                     continue
-                self.apply(key, rec)
                 count += 1
+
+    def _take_one(self, key: str, msg: Message) -> bool:
+        """Decode, check and apply one record; False when it was refused (not applied)."""
+        # A record over the input bounds is never decoded (nor copied).
+        rec = None if oversized(msg) else decode_record(self.topic, msg)
+        if rec is None and msg.value() is not None:
+            self._bad(msg)
+        elif self.keyring is not None and not self._authentic(msg, rec):
+            return False
+        self.apply(key, rec)
+        return True
+
+    def settle(self, key: str) -> None:
+        """Decode, check and apply the records of ``key`` filed since its last settle.
+
+        A no-op for an eager follower, or a key with nothing held. Refused
+        records are reported (``on_bad``) and skipped, as on an eager
+        catch-up; the records are applied in offset order.
+        """
+        for msg in self._held.pop(key, ()):
+            self._take_one(key, msg)
+
+    def settle_some(self, budget_s: float) -> int:
+        """Settle held keys, oldest filed first, for about ``budget_s`` seconds.
+
+        A stage calls it when idle, so that every filed record is checked
+        (and a refused one reported) soon after a restart, without holding
+        up the work that asked for none of them.
+
+        Returns:
+            How many keys are still held.
+        """
+        until = time.monotonic() + budget_s
+        while self._held and time.monotonic() < until:
+            self.settle(next(iter(self._held)))
+        return len(self._held)
+
+    @property
+    def held(self) -> int:
+        """How many keys have records waiting for :meth:`settle` (0 when eager)."""
+        return len(self._held)
 
     def _take(self) -> list[Message]:
         """What the consumer holds (up to 1,000), or else the first record within 5 ms.

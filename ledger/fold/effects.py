@@ -43,14 +43,26 @@ MAX_UNAVAILABLE = 5
 MAX_ABSENT_RETRIES = 5
 
 
-def _committed(
+def _committed_opening(
     state: OperationState,
     ref: str,
     obs: Observation,
     *,
     effect_id: str | None,
-) -> Decision:
-    """The effect is observed committed: record it and dispatch its verification."""
+    postcondition: str,
+    uncertainty: str = "none",
+    owner: str | None = None,
+    release: str | None = None,
+) -> Decision | list[Output]:
+    """How every observation of a committed effect opens.
+
+    Returns:
+        The no-op :class:`Decision` when the effect is already recorded as
+        committed; else the first outputs: the resume's recovery receipt
+        (``action="COMPLETE"``, with the given postcondition, uncertainty,
+        owner and release) when ``obs`` is a resume, and the end of
+        reconciliation when the outcome was unknown.
+    """
     if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
         return _noop(state, "effect already recorded as committed")
     outputs: list[Output] = []
@@ -62,11 +74,30 @@ def _committed(
                 obs,
                 action="COMPLETE",
                 effect_id=effect_id,
-                postcondition="pending: verification dispatched",
+                postcondition=postcondition,
+                uncertainty=uncertainty,
+                owner=owner,
+                release=release,
             )
         )
     if state.state == S.UNKNOWN_OUTCOME:
         outputs.append(_reconciliation_done(state))
+    return outputs
+
+
+def _committed(
+    state: OperationState,
+    ref: str,
+    obs: Observation,
+    *,
+    effect_id: str | None,
+) -> Decision:
+    """The effect is observed committed: record it and dispatch its verification."""
+    outputs = _committed_opening(
+        state, ref, obs, effect_id=effect_id, postcondition="pending: verification dispatched"
+    )
+    if isinstance(outputs, Decision):
+        return outputs
     # The resume's recovery receipt is the one above: the verification that
     # follows is the operation's ordinary one (one receipt per resume).
     verify, n = _dispatch(state, "VERIFY")
@@ -100,8 +131,6 @@ def _committed_and_read_back(
     the postcondition it found. An effect already recorded as committed
     is left as it is (its ``VERIFY`` is already on its way), as on that path.
     """
-    if state.state in (S.EFFECT_COMMITTED, S.OUTCOME_VERIFIED):
-        return _noop(state, "effect already recorded as committed")
     op = state.operation_id
     check_source = r.postcondition_source or f"{r.sink} postcondition"
     check_detail = r.postcondition_detail or ""
@@ -111,28 +140,23 @@ def _committed_and_read_back(
         else r.observed_at_ms
     )
     matched = r.postcondition_status == "MATCH"
-    outputs: list[Output] = []
-    if obs.on_resume:
-        outputs.append(
-            _recovery_receipt(
-                state,
-                ref,
-                obs,
-                action="COMPLETE",
-                effect_id=r.effect_id,
-                postcondition=f"{'verified' if matched else 'mismatch'}: {check_detail}",
-                uncertainty=(
-                    "none"
-                    if matched
-                    else f"the business outcome at {state.sink} does not match the committed "
-                    f"effect: {check_detail}"
-                ),
-                owner=None if matched else "operator",
-                release=None if matched else "a person's review of the mismatch",
-            )
-        )
-    if state.state == S.UNKNOWN_OUTCOME:
-        outputs.append(_reconciliation_done(state))
+    outputs = _committed_opening(
+        state,
+        ref,
+        obs,
+        effect_id=r.effect_id,
+        postcondition=f"{'verified' if matched else 'mismatch'}: {check_detail}",
+        uncertainty=(
+            "none"
+            if matched
+            else f"the business outcome at {state.sink} does not match the committed "
+            f"effect: {check_detail}"
+        ),
+        owner=None if matched else "operator",
+        release=None if matched else "a person's review of the mismatch",
+    )
+    if isinstance(outputs, Decision):
+        return outputs
     receipts = state.recovery_receipts + (1 if obs.on_resume else 0)
     if matched:
         return _move(

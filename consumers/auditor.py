@@ -37,7 +37,7 @@ from ledger.events import (
 )
 from ledger.settings import LedgerSettings
 from ledger.signing import load_trusted, verify
-from ledger.topology import TOPICS, is_reserved_key
+from ledger.topology import MISPLACED, TOPICS, is_reserved_key
 from sinks.client import SinkClient
 from sinks.registry import load_sinks
 
@@ -112,7 +112,7 @@ def scan_topic(
         problem = keyring.check(topic, key, value, msg.headers(), event, msg.partition())
         if problem is not None:
             scan.unauthenticated[where] = problem
-            if topic in LATEST:
+            if topic in LATEST and not problem.startswith(MISPLACED):  # a copy elsewhere
                 scan.displaced[key_text(msg)] = (where, f"not authentic: {problem}")
             return
         if event is not None:

@@ -83,7 +83,7 @@ from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
 from ledger.topics import partitions_for
-from ledger.topology import TOPIC_BY_NAME, is_reserved_key, partition_for
+from ledger.topology import MISPLACED, TOPIC_BY_NAME, is_reserved_key, partition_for
 from ledger.tracing import annotate, trace_headers_of
 from ledger.upgrades import schema_versions
 from sinks.registry import RegistryFile
@@ -367,7 +367,10 @@ class Processor(Stage):
         def refused(msg: Message, problem: str) -> None:
             self._refused_state(msg, problem)
             key = key_text(msg)
-            if not is_reserved_key(key):
+            # A record off its key's partition is no record of the operation:
+            # a copy there must not stand for (nor hide) the record that
+            # displaced its state on its own partition, whose journal rebuilds it.
+            if not is_reserved_key(key) and not problem.startswith(MISPLACED):
                 why = f"not authentic: {problem}"
                 displaced[key] = (msg.partition() or 0, msg.offset() or 0, why)
 
@@ -472,7 +475,7 @@ class Processor(Stage):
             problem = self.keyring.check(
                 "journal", msg.key() or b"", msg.value(), msg.headers(), None, msg.partition()
             )
-            if problem is not None and self.settings.require_authenticated_records:
+            if self.keyring.refuses(problem, self.settings.require_authenticated_records):
                 log.error("processor: %s entry for %s not replayed: %s", where, key, problem)
                 return
             try:

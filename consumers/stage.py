@@ -1561,7 +1561,7 @@ def read_partition(
                     # skipped before the seal check, as TableFollower does.
                     continue
                 rec = decode_record(topic, msg) if decode else None
-                if keyring is not None and settings.require_authenticated_records:
+                if keyring is not None:
                     problem = keyring.check(
                         topic,
                         msg.key() or b"",
@@ -1570,7 +1570,9 @@ def read_partition(
                         rec.event if rec else None,
                         msg.partition(),
                     )
-                    if problem is not None:
+                    if problem is not None and keyring.refuses(
+                        problem, settings.require_authenticated_records
+                    ):
                         if on_refused is not None:
                             on_refused(msg, problem)
                         continue

@@ -298,9 +298,9 @@ class TableFollower:
             rec.event if rec else None,
             msg.partition(),
         )
-        if problem is None:
-            return True
-        if not self.settings.require_authenticated_records:
+        if problem is None or not self.keyring.refuses(
+            problem, self.settings.require_authenticated_records
+        ):
             return True
         where = (msg.partition() or 0, msg.offset() or 0)
         if where in self._reported:

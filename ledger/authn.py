@@ -53,7 +53,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ledger.events import Approval, Disposition, Event, PolicyChange
 from ledger.signing import verify as verify_grant
-from ledger.topology import TOPIC_BY_NAME, misplaced
+from ledger.topology import MISPLACED, TOPIC_BY_NAME, misplaced
 
 #: A record's headers as the Kafka client gives them (a list of pairs, or a mapping).
 Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
@@ -330,6 +330,23 @@ class Keyring:
                     f"{seal.key_id!r} ({role})"
                 )
         return None
+
+    @staticmethod
+    def refuses(problem: str | None, require_authenticated: bool) -> bool:
+        """Whether a reader refuses a record :meth:`check` found ``problem`` with.
+
+        Args:
+            problem: what :meth:`check` returned.
+            require_authenticated: ``LEDGER_REQUIRE_AUTHENTICATED_RECORDS``.
+
+        Returns:
+            True for any problem while authentication is required; with it
+            off, still True for a misplaced record (placement is ownership,
+            not a seal: no setting lets a stage decide about another's key).
+        """
+        if problem is None:
+            return False
+        return require_authenticated or problem.startswith(MISPLACED)
 
     def _check_grant(self, grant: Approval) -> str | None:
         """A review grant is authenticated by its own signature (:mod:`ledger.signing`).

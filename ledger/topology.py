@@ -235,6 +235,11 @@ def partition_for(key: str | bytes, partitions: int) -> int:
     return (murmur2(raw) & 0x7FFFFFFF) % partitions
 
 
+#: How the reason of a misplaced record begins (:func:`misplaced`): such a record is
+#: refused even where ``LEDGER_REQUIRE_AUTHENTICATED_RECORDS=false`` lets unsealed ones by.
+MISPLACED = "misplaced:"
+
+
 def misplaced(topic: str, key: bytes, partition: int | None, partitions: int) -> str | None:
     """Why a keyed record is not on the partition its key names, or ``None``.
 
@@ -262,6 +267,6 @@ def misplaced(topic: str, key: bytes, partition: int | None, partitions: int) ->
     if home == partition:
         return None
     return (
-        f"misplaced: its key belongs on partition {home} of {partitions} (murmur2_random), "
+        f"{MISPLACED} its key belongs on partition {home} of {partitions} (murmur2_random), "
         f"not {partition}; only that partition's owner decides about it"
     )

@@ -10,6 +10,12 @@ that held those partitions decided from no state: it wrote a sealed
 kernel again. Now each copy is refused where it arrives, with an operating
 event naming it; the refund's state, dispatches and effects do not move,
 and the audit stays clean.
+
+A copy must not stand for the operation on the restore either: when a
+forged record has displaced a settled state on its own partition (see
+``test_forged_state.py``), copies of it on the other partitions are refused
+as misplaced and leave the displacing record, and the journal partition the
+state is rebuilt from, where they are.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from ledger.events import AdmissionRequest, Dispatch, Intent, OperatingEvent
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from ledger.topology import partition_for
+from ledger.topics import force_compaction
+from ledger.topology import COMPACTION_KEY, partition_for
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
 from tests.integration.test_stages import approve, publish
@@ -111,6 +118,101 @@ def test_an_intent_copied_to_another_partition_is_refused_there(
         # The audit is clean: the refused copies were handled.
         report = run_audit(settings, read_sinks=True)
         assert report.violations == [], report.violations
+    finally:
+        pub.close()
+        harness.stop()
+
+
+def _write_state(settings: LedgerSettings, key: bytes, value: bytes, partition: int) -> int:
+    """Write to ``ledger.state`` as an outsider (no seal); returns the offset."""
+    producer = Producer(client_config(settings))
+    landed: list[int] = []
+    producer.produce(
+        settings.topic("state"),
+        key=key,
+        value=value,
+        partition=partition,
+        on_delivery=lambda err, msg: landed.append(msg.offset() or 0),
+    )
+    assert producer.flush(10) == 0 and landed
+    return landed[0]
+
+
+def test_copies_of_a_displacing_state_do_not_hide_it_from_the_rebuild(
+    ledger_settings: LedgerSettings,
+) -> None:
+    settings = ledger_settings
+    op = "refund:misplaced-displaced:v1"
+    home = partition_for(op, settings.partitions)
+    harness = Harness(settings, create=False)
+    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    pub = LedgerPublisher(settings)
+    try:
+        approve(pub, "ap-1")
+        publish(pub, op, approval="ap-1")
+        harness.start_all()
+        harness.wait_quiescent(90)
+        verified = current_states(settings)[op]
+        assert verified.state == S.OUTCOME_VERIFIED
+        requests = [
+            r.event
+            for r in read_topic(settings, "admission-requests")
+            if getattr(r.event, "operation_id", None) == op
+        ]
+
+        # An unsealed in-flight state displaces the verified one on its own
+        # partition (compaction removes the authentic records) ...
+        harness.kill("processor")
+        forged = verified.model_copy(
+            update={"state": S.NOT_ADMITTED, "version": verified.version + 1, "reason": "x"}
+        ).to_bytes()
+        displacing = _write_state(settings, op.encode(), forged, home)
+        force_compaction(settings, names=["state"])
+        # ... and copies of it go to every other partition, read after the
+        # home partition (behind records of the reserved key, which restores
+        # pass over), so that the last refused record of the key is a copy.
+        copies = []
+        for other in range(settings.partitions):
+            if other != home:
+                for _ in range(4):
+                    _write_state(settings, COMPACTION_KEY, b"x" * 800_000, other)
+                copies.append((other, _write_state(settings, op.encode(), forged, other)))
+
+        harness.restart("processor")
+        harness.wait_quiescent(90)
+
+        # The state is rebuilt from the journal of its own partition, and the
+        # event names the record that displaced it, not a copy.
+        events = [
+            r.event
+            for r in read_topic(settings, "operating-events")
+            if isinstance(r.event, OperatingEvent) and r.event.operation_id == op
+        ]
+        [rebuilt] = [e for e in events if e.kind == "STATE_REBUILT"]
+        assert (rebuilt.source_topic, rebuilt.source_partition, rebuilt.source_offset) == (
+            "state",
+            home,
+            displacing,
+        )
+        refused = {
+            (e.source_partition, e.source_offset)
+            for e in events
+            if e.kind == "UNAUTHENTICATED" and e.source_topic == "state"
+        }
+        assert refused == {(home, displacing), *copies}
+
+        # The intent published again is a duplicate: nothing is readmitted,
+        # and the rebuilt state is written back with it.
+        publish(pub, op, approval="ap-1")
+        harness.wait_quiescent(90)
+        assert [
+            r.event
+            for r in read_topic(settings, "admission-requests")
+            if getattr(r.event, "operation_id", None) == op
+        ] == requests
+        assert harness.effects("payments", op) == 1
+        assert current_states(settings)[op] == verified
+        assert run_audit(settings, read_sinks=True).violations == []
     finally:
         pub.close()
         harness.stop()

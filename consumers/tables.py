@@ -14,8 +14,9 @@ each record under its key, and :meth:`TableFollower.settle` decodes, checks
 and applies a key's records, in offset order, when the stage is about to
 consult that key. A key's row then comes out exactly as an eager follow
 would have made it (every rule a table applies is per key and in order),
-but a restart reads a long history at the cost of filing it, and the
-signatures of approvals nobody asks about again are never verified.
+but a restart reads a long history at the cost of filing it: the keys
+nobody asks about are checked later, a slice at a time while the stage is
+idle (:meth:`TableFollower.settle_some`), off the path of the work.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
     bounded by the work in flight (issue target: at most 1.5). Each stage's
     log says when it was running, when its partitions were assigned and when
     its restore ended (processor: ``restored N state records``; authority:
-    ``N approvals and N uses loaded``; relay: ``N earlier attempts known``),
+    ``N approvals and N uses filed``; relay: ``N receipts filed``),
     so the result names the stage whose restore dominates.
 
     The settled history is synthesized, because running 100,000 operations
@@ -77,8 +77,8 @@ TEMPLATES = 8
 #: The log line that ends each stage's restore (after "assigned partitions").
 RESTORE_DONE = {
     "processor": re.compile(r"processor restored (\d+) state records"),
-    "authority": re.compile(r"authority: (\d+) approvals and (\d+) uses loaded"),
-    "relay": re.compile(r"relay: (\d+) earlier attempts known"),
+    "authority": re.compile(r"authority: (\d+) approvals and (\d+) uses (?:loaded|filed)"),
+    "relay": re.compile(r"relay: (\d+) (?:earlier attempts known|receipts filed)"),
 }
 
 #: Longest wait (seconds) after the recovery for every stage's restore line.

@@ -259,12 +259,12 @@ class AuthorityKernel(Stage):
         self.approvals.clear()
         self.uses.clear()
         self.notes.clear()
-        self._approvals.follow(partitions)
-        self._uses.follow(partitions)
+        approvals = self._approvals.follow(partitions)
+        uses = self._uses.follow(partitions)
         log.info(
-            "authority: approvals of %d IDs and uses of %d IDs filed (checked when asked for)",
-            self._approvals.held,
-            self._uses.held,
+            "authority: %d approvals and %d uses filed (each checked when asked for)",
+            approvals,
+            uses,
         )
 
     def on_revoke(self, partitions: set[int]) -> None:

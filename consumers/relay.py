@@ -375,8 +375,8 @@ class Relay(Stage):
         self.attempt_versions.clear()
         self.operation_versions.clear()
         self.completed.clear()
-        self._receipts.follow(partitions)
-        log.info("relay: receipts of %d operations filed (applied when met)", self._receipts.held)
+        filed = self._receipts.follow(partitions)
+        log.info("relay: %d receipts filed (applied when their operation is met)", filed)
         new = partitions - self.ever_held
         self.ever_held |= partitions
         self._note_handover(new)

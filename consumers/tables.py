@@ -152,8 +152,10 @@ class TableFollower:
             ]
         )
 
-    def follow(self, partitions: set[int]) -> None:
+    def follow(self, partitions: set[int]) -> int:
         """(Re)start following exactly ``partitions`` from the beginning.
+
+        Returns the number of records read (applied, or filed when lazy).
 
         Waits first until no open transaction holds the partitions back
         (:func:`consumers.stage.await_settled`), so that a stage taking over
@@ -168,7 +170,7 @@ class TableFollower:
         self.consumer.assign(
             [TopicPartition(self.full, p, OFFSET_BEGINNING) for p in sorted(self.partitions)]
         )
-        self.catch_up()
+        return self.catch_up()
 
     def catch_up(self, timeout_s: float | None = None) -> int:
         """Read until every followed partition reaches its current last stable offset.

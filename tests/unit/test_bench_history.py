@@ -18,7 +18,7 @@ LOG = [
     "2026-12-02 15:00:10,000 INFO consumers.stage: relay-0 running (pid 2, group g, ...)",
     "2026-12-02 15:00:11,500 INFO consumers.stage: relay-0 assigned partitions [0, 1, 2]",
     "a traceback line without a timestamp",
-    "2026-12-02 15:00:14,000 INFO consumers.relay: relay: 4278 earlier attempts known",
+    "2026-12-02 15:00:14,000 INFO consumers.relay: relay: 4278 receipts filed (applied when ...)",
 ]
 
 
@@ -38,7 +38,7 @@ def test_a_missing_restore_line_leaves_the_restore_unknown() -> None:
 
 def test_the_authority_counts_approvals_and_uses() -> None:
     line = (
-        "2026-12-02 15:00:12,000 INFO consumers.authority: authority: 7 approvals and 5 uses loaded"
+        "2026-12-02 15:00:12,000 INFO consumers.authority: authority: 7 approvals and 5 uses filed"
     )
     t = stage_timeline("authority", [line], _at("2026-12-02 15:00:09,000"))
     assert t["records"] == 12

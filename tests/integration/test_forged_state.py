@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Message, Producer
 
 from consumers.auditor import run_audit
-from consumers.reader import current_states, read_topic
+from consumers.reader import current_states
 from consumers.stage import Record, read_partition
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import (
@@ -36,7 +36,7 @@ from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
-from tests.integration.test_stages import approve, publish
+from tests.integration.test_stages import approve, of_operation, publish
 
 pytestmark = pytest.mark.integration
 
@@ -72,14 +72,6 @@ def _replay_admission_request(settings: LedgerSettings) -> None:
     assert producer.flush(10) == 0
 
 
-def _of_op(settings: LedgerSettings, topic: str, kind: type) -> list:
-    return [
-        r.event
-        for r in read_topic(settings, topic)
-        if isinstance(r.event, kind) and getattr(r.event, "operation_id", None) == OP
-    ]
-
-
 def test_a_forged_state_that_displaced_a_verified_refund_does_not_readmit_it(
     ledger_settings: LedgerSettings,
 ) -> None:
@@ -97,9 +89,11 @@ def test_a_forged_state_that_displaced_a_verified_refund_does_not_readmit_it(
         assert harness.effects("payments", OP) == 1
         with sink.client() as client:
             submits = client.stats()["submits"]
-        executes = [d for d in _of_op(settings, "dispatches", Dispatch) if d.kind == "EXECUTE"]
-        requests = _of_op(settings, "admission-requests", AdmissionRequest)
-        admissions = _of_op(settings, "admissions", AdmissionDecision)
+        executes = [
+            d for d in of_operation(settings, OP, "dispatches", Dispatch) if d.kind == "EXECUTE"
+        ]
+        requests = of_operation(settings, OP, "admission-requests", AdmissionRequest)
+        admissions = of_operation(settings, OP, "admissions", AdmissionDecision)
         assert len(executes) == 1 and len(requests) == 1 and len(admissions) == 1
 
         # The attacker: an unsealed in-flight state under the refund's key,
@@ -132,11 +126,11 @@ def test_a_forged_state_that_displaced_a_verified_refund_does_not_readmit_it(
         with sink.client() as client:
             assert client.stats()["submits"] == submits
         assert [
-            d for d in _of_op(settings, "dispatches", Dispatch) if d.kind == "EXECUTE"
+            d for d in of_operation(settings, OP, "dispatches", Dispatch) if d.kind == "EXECUTE"
         ] == executes
-        assert _of_op(settings, "admission-requests", AdmissionRequest) == requests
-        assert _of_op(settings, "admissions", AdmissionDecision) == admissions
-        last = _of_op(settings, "journal", JournalEntry)[-1]
+        assert of_operation(settings, OP, "admission-requests", AdmissionRequest) == requests
+        assert of_operation(settings, OP, "admissions", AdmissionDecision) == admissions
+        last = of_operation(settings, OP, "journal", JournalEntry)[-1]
         assert (last.kind, last.outcome) == ("Intent", "NOOP"), last
 
         # The settled state is back on ledger.state, rebuilt from the journal.
@@ -144,7 +138,7 @@ def test_a_forged_state_that_displaced_a_verified_refund_does_not_readmit_it(
         assert isinstance(now, OperationState) and now == verified
 
         # An operating event names the forged record.
-        events = _of_op(settings, "operating-events", OperatingEvent)
+        events = of_operation(settings, OP, "operating-events", OperatingEvent)
         rebuilt = [e for e in events if e.kind == "STATE_REBUILT"]
         assert rebuilt, [(e.kind, e.reason) for e in events]
         assert {(e.source_topic, e.source_partition, e.source_offset) for e in rebuilt} == {
@@ -167,12 +161,12 @@ def test_a_forged_state_that_displaced_a_verified_refund_does_not_readmit_it(
         # under its redelivery rule, and the processor, which knows, ignores it.
         _replay_admission_request(settings)
         harness.wait_quiescent(90)
-        readmitted = _of_op(settings, "admissions", AdmissionDecision)
+        readmitted = of_operation(settings, OP, "admissions", AdmissionDecision)
         assert len(readmitted) == 2 and readmitted[-1].admitted
-        last = _of_op(settings, "journal", JournalEntry)[-1]
+        last = of_operation(settings, OP, "journal", JournalEntry)[-1]
         assert (last.kind, last.outcome) == ("AdmissionDecision", "NOOP"), last
         assert [
-            d for d in _of_op(settings, "dispatches", Dispatch) if d.kind == "EXECUTE"
+            d for d in of_operation(settings, OP, "dispatches", Dispatch) if d.kind == "EXECUTE"
         ] == executes
         assert harness.effects("payments", OP) == 1
         assert current_states(settings)[OP] == verified

@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import Message, Producer
 
 from consumers.auditor import run_audit
-from consumers.reader import current_states, read_topic
+from consumers.reader import current_states
 from consumers.stage import Record, read_partition
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import AdmissionRequest, Dispatch, Intent, OperatingEvent
@@ -35,19 +35,11 @@ from ledger.topics import force_compaction
 from ledger.topology import COMPACTION_KEY, partition_for
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
-from tests.integration.test_stages import approve, publish
+from tests.integration.test_stages import approve, of_operation, publish
 
 pytestmark = pytest.mark.integration
 
 OP = "refund:misplaced:v1"
-
-
-def _of_op(settings: LedgerSettings, topic: str, kind: type) -> list:
-    return [
-        r.event
-        for r in read_topic(settings, topic)
-        if isinstance(r.event, kind) and getattr(r.event, "operation_id", None) == OP
-    ]
 
 
 def test_an_intent_copied_to_another_partition_is_refused_there(
@@ -66,8 +58,8 @@ def test_an_intent_copied_to_another_partition_is_refused_there(
         verified = current_states(settings)[OP]
         assert verified.state == S.OUTCOME_VERIFIED
         assert harness.effects("payments", OP) == 1
-        dispatches = _of_op(settings, "dispatches", Dispatch)
-        requests = _of_op(settings, "admission-requests", AdmissionRequest)
+        dispatches = of_operation(settings, OP, "dispatches", Dispatch)
+        requests = of_operation(settings, OP, "admission-requests", AdmissionRequest)
 
         # The attacker: the authentic intent, bytes and headers as read, on
         # every partition but its own.
@@ -99,7 +91,7 @@ def test_an_intent_copied_to_another_partition_is_refused_there(
         # Each copy was refused where it arrived, and named.
         refused = {
             (e.source_partition, e.source_offset): e.reason
-            for e in _of_op(settings, "operating-events", OperatingEvent)
+            for e in of_operation(settings, OP, "operating-events", OperatingEvent)
             if e.kind == "UNAUTHENTICATED" and e.source_topic == "intents"
         }
         assert set(refused) == set(landed), refused
@@ -110,8 +102,8 @@ def test_an_intent_copied_to_another_partition_is_refused_there(
         # Nothing about the refund moved: no state written over it, no new
         # admission request, no dispatch, no effect.
         assert current_states(settings)[OP] == verified
-        assert _of_op(settings, "dispatches", Dispatch) == dispatches
-        assert _of_op(settings, "admission-requests", AdmissionRequest) == requests
+        assert of_operation(settings, OP, "dispatches", Dispatch) == dispatches
+        assert of_operation(settings, OP, "admission-requests", AdmissionRequest) == requests
         assert harness.effects("payments", OP) == 1
         assert not harness.crashed() and not harness.failed()
 
@@ -154,11 +146,7 @@ def test_copies_of_a_displacing_state_do_not_hide_it_from_the_rebuild(
         harness.wait_quiescent(90)
         verified = current_states(settings)[op]
         assert verified.state == S.OUTCOME_VERIFIED
-        requests = [
-            r.event
-            for r in read_topic(settings, "admission-requests")
-            if getattr(r.event, "operation_id", None) == op
-        ]
+        requests = of_operation(settings, op, "admission-requests", AdmissionRequest)
 
         # An unsealed in-flight state displaces the verified one on its own
         # partition (compaction removes the authentic records) ...
@@ -183,11 +171,7 @@ def test_copies_of_a_displacing_state_do_not_hide_it_from_the_rebuild(
 
         # The state is rebuilt from the journal of its own partition, and the
         # event names the record that displaced it, not a copy.
-        events = [
-            r.event
-            for r in read_topic(settings, "operating-events")
-            if isinstance(r.event, OperatingEvent) and r.event.operation_id == op
-        ]
+        events = of_operation(settings, op, "operating-events", OperatingEvent)
         [rebuilt] = [e for e in events if e.kind == "STATE_REBUILT"]
         assert (rebuilt.source_topic, rebuilt.source_partition, rebuilt.source_offset) == (
             "state",
@@ -205,11 +189,7 @@ def test_copies_of_a_displacing_state_do_not_hide_it_from_the_rebuild(
         # and the rebuilt state is written back with it.
         publish(pub, op, approval="ap-1")
         harness.wait_quiescent(90)
-        assert [
-            r.event
-            for r in read_topic(settings, "admission-requests")
-            if getattr(r.event, "operation_id", None) == op
-        ] == requests
+        assert of_operation(settings, op, "admission-requests", AdmissionRequest) == requests
         assert harness.effects("payments", op) == 1
         assert current_states(settings)[op] == verified
         assert run_audit(settings, read_sinks=True).violations == []

@@ -37,6 +37,15 @@ pytestmark = pytest.mark.integration
 PARAMS = {"account": "acct-1", "amount_minor": 5000, "currency": "GBP"}
 
 
+def of_operation(settings: LedgerSettings, op: str, topic: str, kind: type) -> list[Any]:
+    """The events of ``kind`` on ``topic`` about operation ``op``, in the order read."""
+    return [
+        r.event
+        for r in read_topic(settings, topic)
+        if isinstance(r.event, kind) and getattr(r.event, "operation_id", None) == op
+    ]
+
+
 def publish(pub: LedgerPublisher, op: str, amount: int = 5000, approval: str = "ap-1") -> None:
     pub.publish(
         operation_id=op,

@@ -687,11 +687,19 @@ class Mission:
                 self.reservation_expiries += 1
 
     def _chaos(self) -> None:
-        component = self.rng.choice(list(STAGES))
-        instance = str(self.rng.randrange(self.options.instances))
-        name = f"{component}-{instance}"
-        if name in self.harness.paused or not self.harness.alive(component, instance):
+        # Among the stage processes running now: one a seam has just killed
+        # (not restarted yet) or a zombie already paused is not a target.
+        running = [
+            (component, str(i))
+            for component in STAGES
+            for i in range(self.options.instances)
+            if f"{component}-{i}" not in self.harness.paused
+            and self.harness.alive(component, str(i))
+        ]
+        if not running:
             return
+        component, instance = self.rng.choice(running)
+        name = f"{component}-{instance}"
         # With several instances every other chaos event makes a zombie.
         if self.options.instances > 1 and self._chaos_done % 2 == 0:
             at = time.time()

@@ -860,7 +860,18 @@ class Relay(Stage):
         self._commit()
 
     def _mark_attempted(self, dispatches: list[Dispatch], now: int) -> None:
-        """Commit ATTEMPTED receipts: from here on these dispatches may have left."""
+        """Commit ATTEMPTED receipts: from here on these dispatches may have left.
+
+        The markers' transaction carries the batch's start offsets
+        (:meth:`~consumers.stage.Stage._prove_membership`), so a relay that
+        lost its partitions while paused (a zombie, whose successor read the
+        receipts without these markers and may have sent the same dispatches)
+        cannot commit them, and so sends nothing.
+
+        Raises:
+            KafkaException: the transaction failed (a zombie: abortable); the
+                stage loop recovers and nothing was sent.
+        """
         if not dispatches:
             return
         assert self.producer is not None
@@ -869,6 +880,7 @@ class Relay(Stage):
         for d in dispatches:
             with self.spans.of_operation(d.operation_id):  # the marker continues its trace
                 out.write("receipts", d.operation_id, self._attempt_marker(d, now))
+        self._prove_membership()
         self._commit()
         for d in dispatches:
             self.attempts[d.dispatch_id] = now

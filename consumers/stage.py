@@ -360,6 +360,11 @@ class Stage:
         self._ready_reported = False
         self._assignment_seen = False
         self._committed_positions: dict[tuple[str, int], int] = {}
+        #: Where the batch being processed starts in each of its partitions
+        #: (everything before is handled): offsets a transaction opened
+        #: before the batch's own may commit to prove this member still
+        #: belongs to its group (see :meth:`_prove_membership`).
+        self.batch_starts: list[TopicPartition] = []
         #: a client reported a retriable error since the loop last checked Kafka.
         self._kafka_suspect = False
         #: one span per input record, current while it is handled (ledger.tracing):
@@ -711,6 +716,11 @@ class Stage:
             log.warning("%s: the broker was unreachable; replacing the producer", self.component)
             self.producer = self._new_producer()
         self.spans.end("the batch's transaction did not commit")  # left by a failed batch
+        starts: dict[tuple[str, int], int] = {}
+        for msg in msgs:
+            where = (msg.topic() or "", msg.partition() or 0)
+            starts[where] = min(starts.get(where, msg.offset() or 0), msg.offset() or 0)
+        self.batch_starts = [TopicPartition(t, p, o) for (t, p), o in sorted(starts.items())]
         records: list[Record] = []
         dead: list[tuple[str, OperatingEvent]] = []
         for msg in msgs:
@@ -768,6 +778,29 @@ class Stage:
         self._send_offsets(positions)
         self._commit()
         self._committed_positions = current
+
+    def _prove_membership(self) -> None:
+        """Put the batch's start offsets into the open transaction: a zombie's commit fails.
+
+        A transaction that carries consumer offsets is checked by the group
+        coordinator against the member's generation (KIP-447): a member
+        that lost its partitions while paused or cut off (a zombie) gets
+        ``ILLEGAL_GENERATION``, ``UNKNOWN_MEMBER_ID`` or ``FENCED_INSTANCE_ID``
+        and its transaction must abort. A transaction with no offsets is
+        checked by nobody: another instance of the stage has its own
+        transactional ID, so it does not fence this one's producer. A stage
+        that commits something before its batch's own transaction (the
+        relay's ``ATTEMPTED`` markers, after which a request may leave) calls
+        this inside that transaction; the offsets are where the batch starts
+        (see :attr:`batch_starts`), so a commit moves no position past a
+        record not yet handled.
+
+        Raises:
+            KafkaException: as :meth:`_send_offsets` (abortable when this
+                member is a zombie).
+        """
+        if self.batch_starts:
+            self._send_offsets(self.batch_starts)
 
     def _send_offsets(
         self, offsets: list[TopicPartition], timeout_s: float = 30.0, grace_s: float = 5.0

@@ -1538,28 +1538,29 @@ def read_partition(
         )
         return int(high)
 
+    def settled_end_of(p: int) -> int:
+        """:func:`end_of`, asked again with a fresh client while it is not overdue."""
+        while True:
+            try:
+                return end_of(TopicPartition(full, p))
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() in REFUSAL_CODES:
+                    raise _refused(full, exc.args[0]) from exc
+                # A client that asked before the partition was known (or just
+                # after a broker restart) may keep answering "unknown
+                # partition": a fresh one asks again.
+                if overdue():
+                    raise LedgerError(f"cannot read the end of {full}[{p}]: {exc.args[0]}") from exc
+                time.sleep(0.2)
+                renew()
+
     try:
         if partitions is None:
             meta = ask(lambda c: c.list_topics(full, timeout=30), f"metadata of {full}")
             partitions = set(meta.topics[full].partitions)
         ends: dict[int, int] = {}
         for p in partitions:
-            while True:
-                try:
-                    high = end_of(TopicPartition(full, p))
-                    break
-                except KafkaException as exc:
-                    if exc.args and exc.args[0].code() in REFUSAL_CODES:
-                        raise _refused(full, exc.args[0]) from exc
-                    # A client that asked before the partition was known (or
-                    # just after a broker restart) may keep answering "unknown
-                    # partition": a fresh one asks again.
-                    if overdue():
-                        raise LedgerError(
-                            f"cannot read the end of {full}[{p}]: {exc.args[0]}"
-                        ) from exc
-                    time.sleep(0.2)
-                    renew()
+            high = settled_end_of(p)
             if ends_out is not None:
                 ends_out[p] = high
             if high > 0:
@@ -1624,7 +1625,9 @@ def read_partition(
                 # No progress: wait for Kafka if it is away (not counted), then
                 # read on from where this client was with a fresh one.
                 rest = sorted(p for p in ends if p not in done)
-                end_of(TopicPartition(full, rest[0]))
+                # (just after a broker restart the answer can be "unknown
+                # partition" for a while: asked again, as at the start)
+                settled_end_of(rest[0])
                 client[0].close()
                 client[0] = reader()
                 client[0].assign(

@@ -781,6 +781,8 @@ class Relay(Stage):
         due = sorted((p for p in self.parked.values() if p.next_at <= now), key=lambda p: p.next_at)
         if not due or self.producer is None:
             return
+        if not self._still_a_member(between_batches=commit_offsets):
+            return
         finished: list[tuple[Parked, list[Output]]] = []
         any_done = False
         for p in bound_each(due, lambda p: p.dispatch.operation_id):
@@ -818,6 +820,42 @@ class Relay(Stage):
         self.spans.end()
         for p, _ in finished:
             self._done(p.dispatch)
+
+    def _still_a_member(self, *, between_batches: bool) -> bool:
+        """Prove this relay still belongs to its group before parked dispatches are tried again.
+
+        A relay paused past its session (a zombie) may hold parked
+        dispatches its successor has since read back and sent again under
+        the same fencing token: only an idempotency key would then keep a
+        second effect out. An offsets-only transaction
+        (:meth:`~consumers.stage.Stage._prove_membership`) is refused by the
+        group coordinator from such a member, and then nothing is sent. The
+        offsets are where the current batch starts, or between batches the
+        consumer's positions (both held back at parked dispatches).
+
+        Returns:
+            ``False`` when there is nothing to prove it with (no position:
+            nothing assigned), and no retry should be made.
+
+        Raises:
+            KafkaException: the transaction failed (a zombie: abortable); the
+                stage loop recovers and nothing was sent.
+        """
+        assert self.producer is not None
+        offsets: list[TopicPartition] | None = None
+        if between_batches:
+            if self.consumer is None:
+                return False
+            positions = self.consumer.position(self.consumer.assignment())
+            offsets = [tp for tp in positions if tp.offset >= 0]
+            if not offsets:
+                return False
+        elif not self.batch_starts:
+            return False
+        self.producer.begin_transaction()
+        self._prove_membership(offsets)
+        self._commit()
+        return True
 
     def _done(self, d: Dispatch) -> None:
         """A parked dispatch's outcome is committed: a redelivery of it is skipped."""

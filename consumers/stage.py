@@ -365,6 +365,8 @@ class Stage:
         #: before the batch's own may commit to prove this member still
         #: belongs to its group (see :meth:`_prove_membership`).
         self.batch_starts: list[TopicPartition] = []
+        #: partitions revoked or lost so far (see :meth:`_next_batch`).
+        self._revokes = 0
         #: a client reported a retriable error since the loop last checked Kafka.
         self._kafka_suspect = False
         #: one span per input record, current while it is handled (ledger.tracing):
@@ -558,6 +560,7 @@ class Stage:
 
     def _revoke_cb(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         parts = {tp.partition for tp in partitions}
+        self._revokes += 1
         log.info("%s-%s revoked partitions %s", self.component, self.instance, sorted(parts))
         self.assigned -= {(self._short(tp.topic), tp.partition) for tp in partitions}
         self.on_revoke(parts)
@@ -711,6 +714,18 @@ class Stage:
 
     def _process(self, msgs: list[Message]) -> None:
         assert self.producer is not None and self.consumer is not None
+        mine = [m for m in msgs if (self._short(m.topic() or ""), m.partition()) in self.assigned]
+        if len(mine) < len(msgs):
+            # Records of partitions no longer assigned: their new owner handles them.
+            log.info(
+                "%s-%s: %d records of partitions no longer assigned left to their owner",
+                self.component,
+                self.instance,
+                len(msgs) - len(mine),
+            )
+            msgs = mine
+            if not msgs:
+                return
         self.producer.poll(0)  # serve error callbacks before deciding on the producer
         if self.broker_bounced:
             log.warning("%s: the broker was unreachable; replacing the producer", self.component)
@@ -779,7 +794,7 @@ class Stage:
         self._commit()
         self._committed_positions = current
 
-    def _prove_membership(self) -> None:
+    def _prove_membership(self, offsets: list[TopicPartition] | None = None) -> None:
         """Put the batch's start offsets into the open transaction: a zombie's commit fails.
 
         A transaction that carries consumer offsets is checked by the group
@@ -795,12 +810,17 @@ class Stage:
         (see :attr:`batch_starts`), so a commit moves no position past a
         record not yet handled.
 
+        Args:
+            offsets: the offsets to commit instead (a stage proving its
+                membership between batches passes its positions).
+
         Raises:
             KafkaException: as :meth:`_send_offsets` (abortable when this
                 member is a zombie).
         """
-        if self.batch_starts:
-            self._send_offsets(self.batch_starts)
+        chosen = self.batch_starts if offsets is None else offsets
+        if chosen:
+            self._send_offsets(chosen)
 
     def _send_offsets(
         self, offsets: list[TopicPartition], timeout_s: float = 30.0, grace_s: float = 5.0
@@ -1044,6 +1064,7 @@ class Stage:
                     # e.g. a static member fenced after a coordinator restart
                     log.error("%s: fatal consumer error (%s); rejoining", self.component, err)
                     self._rejoin()
+                    real = []  # the new member reads them again from the committed offsets
                     break
                 elif err.code() == KafkaError._PARTITION_EOF:
                     continue
@@ -1089,7 +1110,23 @@ class Stage:
         first = self.consumer.consume(1, self.settings.commit_interval_ms / 1000)
         if not first or self.batch_size <= 1:
             return first
-        return first + self.consumer.consume(self.batch_size - 1, 0)
+        revokes = self._revokes
+        rest = self.consumer.consume(self.batch_size - 1, 0)
+        if self._revokes != revokes:
+            # The revocation was served inside the second call: the records
+            # taken before it are no longer this member's to handle (their
+            # new owner reads them from the committed offsets, and so does
+            # this member if it is given them again), and handling them would
+            # commit outputs with no offsets for the group to check.
+            log.info(
+                "%s-%s: partitions were revoked while a batch was read; its %d records "
+                "are left to their next owner",
+                self.component,
+                self.instance,
+                len(first) + len(rest),
+            )
+            return []
+        return first + rest
 
     def _await_kafka(self) -> None:
         """A client reported Kafka unreachable: check, and wait until it answers.

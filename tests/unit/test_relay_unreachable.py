@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.relay import Relay
 from ledger.contracts import PAYMENT_GATEWAY
@@ -185,8 +186,27 @@ class FakeProducer:
     def poll(self, timeout: float) -> int:
         return 0
 
+    def send_offsets_to_transaction(
+        self, offsets: list[Any], metadata: object, timeout: float
+    ) -> None:
+        if self.refuse_offsets:
+            raise KafkaException(KafkaError(KafkaError.FENCED_INSTANCE_ID))
+        self.transactions[-1] += [
+            ("offsets", f"{tp.partition}@{tp.offset}".encode()) for tp in offsets
+        ]
+
     def commit_transaction(self, timeout: float) -> None:
         pass
+
+    #: the group coordinator refuses this member's offsets (a zombie)
+    refuse_offsets = False
+
+
+class FakeMember:
+    """The relay's consumer as far as a membership proof needs it."""
+
+    def consumer_group_metadata(self) -> object:
+        return object()
 
 
 def test_due_retries_commit_their_outcomes(tmp_path: Path) -> None:
@@ -218,9 +238,41 @@ def test_due_retries_commit_their_outcomes(tmp_path: Path) -> None:
         p.next_at = 0.0  # due now
     fake = FakeProducer()
     relay.producer = fake  # type: ignore[assignment]
+    relay.consumer = FakeMember()  # type: ignore[assignment]
+    relay.batch_starts = [TopicPartition(relay.settings.topic("dispatches"), 0, 9)]
     relay._retry_due(commit_offsets=False)
     assert relay.parked == {}
     assert {refund.dispatch_id, mail.dispatch_id} <= relay.completed
     receipts = relay.settings.topic("receipts")
-    # The mail's receipt alone in its own transaction, then the refund's.
-    assert fake.transactions == [[(receipts, b"mail:1:v1")], [(receipts, b"refund:1:v1")]]
+    # First the proof that the relay is still in its group (the batch's start,
+    # held back at the parked dispatch's offset), then the mail's receipt
+    # alone in its own transaction, then the refund's.
+    assert fake.transactions == [
+        [("offsets", b"0@7")],
+        [(receipts, b"mail:1:v1")],
+        [(receipts, b"refund:1:v1")],
+    ]
+
+
+def test_a_zombie_tries_no_parked_dispatch_again(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def committed(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        return httpx.Response(
+            201, json={"status": "committed", "effect_id": "e", "committed_ms": 0}
+        )
+
+    relay = _relay(tmp_path, Sink(), attempts=3)
+    d = _dispatch()
+    assert relay._attempt(d, 0, 7, fresh=True) == []
+    relay.clients["payments"] = SinkClient(URL, transport=httpx.MockTransport(committed))
+    relay.parked[d.dispatch_id].next_at = 0.0
+    fake = FakeProducer()
+    fake.refuse_offsets = True  # the group moved on while this relay was paused
+    relay.producer = fake  # type: ignore[assignment]
+    relay.consumer = FakeMember()  # type: ignore[assignment]
+    relay.batch_starts = [TopicPartition(relay.settings.topic("dispatches"), 0, 7)]
+    with pytest.raises(KafkaException):
+        relay._retry_due(commit_offsets=False)
+    assert calls == [] and d.dispatch_id in relay.parked

@@ -54,3 +54,55 @@ def test_nothing_pending_waits_one_interval_and_returns_nothing(tmp_path: Path) 
     stage = _stage(tmp_path, queue)
     assert stage._next_batch() == []
     assert queue.calls == [(1, 0.1)]
+
+
+class _RevokedMidBatch(_Queue):
+    """The second call serves a revocation (as ``consume`` does with a rebalance queued)."""
+
+    def __init__(self, n: int, stage_box: list[Processor]) -> None:
+        super().__init__(n)
+        self.stage_box = stage_box
+
+    def consume(self, num: int, timeout: float) -> list[int]:
+        taken = super().consume(num, timeout)
+        if len(self.calls) == 2:
+            self.stage_box[0]._revokes += 1  # what _revoke_cb counts
+        return taken
+
+
+def test_a_batch_read_across_a_revocation_is_left_to_the_next_owner(tmp_path: Path) -> None:
+    box: list[Processor] = []
+    queue = _RevokedMidBatch(5, box)
+    stage = _stage(tmp_path, queue)
+    box.append(stage)
+    assert stage._next_batch() == []  # records taken before the revocation are not handled
+    assert stage._next_batch() == []  # (the fake has nothing left: they were taken)
+    assert len(queue.calls) == 3
+
+
+def test_a_revocation_before_the_first_record_keeps_the_batch(tmp_path: Path) -> None:
+    stage = _stage(tmp_path, _Queue(3))
+    stage._revokes += 1  # served before this batch was read
+    assert stage._next_batch() == [0, 1, 2]
+
+
+class _Msg:
+    def __init__(self, topic: str, partition: int) -> None:
+        self._topic, self._partition = topic, partition
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+
+def test_records_of_partitions_no_longer_assigned_are_not_processed(tmp_path: Path) -> None:
+    stage = _stage(tmp_path, _Queue(0))
+    stage.producer = object()  # type: ignore[assignment]  # never used: nothing is processed
+    stage.assigned = {("intents", 1)}
+    topic = stage.settings.topic("intents")
+    decoded: list[object] = []
+    stage._decode = decoded.append  # type: ignore[method-assign,assignment]
+    stage._process([_Msg(topic, 0), _Msg(topic, 2)])  # type: ignore[list-item]
+    assert decoded == []

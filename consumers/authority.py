@@ -29,7 +29,7 @@ from confluent_kafka import Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from consumers.localfiles import LastGood, LastGoodClock
-from consumers.stage import Record, Stage, Writer, dead_letter, key_text, record_event
+from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
 from ledger.clock import clock_for
@@ -301,21 +301,12 @@ class AuthorityKernel(Stage):
     def _bad_table_value(self, msg: Message, reason: str, kind: str) -> None:
         """An approval, use or policy record that is refused becomes an operating event.
 
-        It does not decode (``BAD_INPUT``) or is not authentic
-        (``UNAUTHENTICATED``, tombstones included): it is treated as absent
-        (an intent relying on it is refused: approval not found; a forged
-        use or tombstone changes nothing), and the event keeps its original
-        bytes while they are within the input bounds
-        (:func:`consumers.stage.dead_letter`).
+        It is treated as absent (an intent relying on it is refused: approval
+        not found; a forged use or tombstone changes nothing); see
+        :meth:`consumers.stage.Stage.table_refusal`.
         """
-        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
-        if kind == "UNAUTHENTICATED":
-            self.forgeries_refused += 1
-            what = f"{topic} record {key_text(msg)[:200]!r} refused, {reason}"
-        else:
-            what = f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}"
-        key, event = dead_letter("authority", topic, msg, what, keyed_by_operation=False, kind=kind)
-        self.notes.append(("operating-events", key or "(no key)", event))
+        key, event = self.table_refusal(msg, reason, kind, keyed_by_operation=False)
+        self.notes.append(("operating-events", key, event))
 
     def _write_notes(self, out: Writer) -> None:
         for topic, key, event in self.notes:

@@ -88,7 +88,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
 from consumers.localfiles import LastGood, LastGoodClock
 from consumers.metrics import dispatch_outcome
@@ -276,6 +276,11 @@ class Relay(Stage):
         self.mode = self.settings.relay_mode
         #: operating events about local files, written with the next batch.
         self.notes: list[OperatingEvent] = []
+        #: (key, operating event) about receipts its table refused (forged or
+        #: undecodable), written with the next batch or, when idle, in a
+        #: transaction of their own. A refused approval or policy record is
+        #: reported by the authority kernel, which follows those tables too.
+        self.table_notes: list[tuple[str, OperatingEvent]] = []
         self.clock = LastGoodClock(
             clock_for(self.settings.clock, self.settings.run_dir),
             component="relay",
@@ -329,6 +334,7 @@ class Relay(Stage):
             self.settings,
             "receipts",
             self._apply_receipt,
+            on_bad=self._bad_table_value,
             keyring=self.keyring,
             retry=self.retry,
             lazy=True,
@@ -644,6 +650,25 @@ class Relay(Stage):
         for table in (self._receipts, self._approvals):
             if table.held:
                 table.settle_some(IDLE_SETTLE_S)
+        if self.table_notes and self.producer is not None:
+            # Operating events only: no offsets, no authority in them.
+            self.producer.begin_transaction()
+            self._write_table_notes(self.writer())
+            self._commit()
+
+    def _bad_table_value(self, msg: Message, reason: str, kind: str) -> None:
+        """A receipt the relay's table refuses becomes an operating event.
+
+        The table treats it as absent: a forged receipt completes nothing,
+        a forged tombstone forgets no attempt (see
+        :meth:`consumers.stage.Stage.table_refusal`).
+        """
+        self.table_notes.append(self.table_refusal(msg, reason, kind, keyed_by_operation=True))
+
+    def _write_table_notes(self, out: Writer) -> None:
+        for key, event in self.table_notes:
+            out.write("operating-events", key, event)
+        self.table_notes.clear()
 
     # ------------------------------------------------------------------ unreachable sinks
 
@@ -932,6 +957,7 @@ class Relay(Stage):
         for note in self.notes:
             out.write("operating-events", "local-file", note)
         self.notes.clear()
+        self._write_table_notes(out)
         for rec in self.spans.each(records):
             if not isinstance(rec.event, Dispatch):
                 out.write(

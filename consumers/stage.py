@@ -707,6 +707,38 @@ class Stage:
         self.forgeries_refused += 1
         return True
 
+    def table_refusal(
+        self, msg: Message, reason: str, kind: str, *, keyed_by_operation: bool
+    ) -> tuple[str, OperatingEvent]:
+        """The operating event of a record one of this stage's tables refused, and its key.
+
+        For a :class:`consumers.tables.TableFollower`'s ``on_bad``: the
+        record does not decode (``BAD_INPUT``) or is not authentic
+        (``UNAUTHENTICATED``, tombstones included, counted in
+        :attr:`forgeries_refused`); the table treats it as absent. The event
+        keeps the record's bytes while they are within the input bounds
+        (:func:`dead_letter`).
+
+        Args:
+            msg: the refused record as consumed.
+            reason: why the table refused it.
+            kind: ``BAD_INPUT`` or ``UNAUTHENTICATED``.
+            keyed_by_operation: the table's keys are operation IDs.
+
+        Returns:
+            ``(key, OperatingEvent)`` to write to ``operating-events``.
+        """
+        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
+        if kind == "UNAUTHENTICATED":
+            self.forgeries_refused += 1
+            what = f"{topic} record {key_text(msg)[:200]!r} refused, {reason}"
+        else:
+            what = f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}"
+        key, event = dead_letter(
+            self.component, topic, msg, what, keyed_by_operation=keyed_by_operation, kind=kind
+        )
+        return key or "(no key)", event
+
     def writer(self) -> Writer:
         """A writer into the open transaction that seals with this stage's keys."""
         assert self.producer is not None

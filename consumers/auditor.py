@@ -189,10 +189,18 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     report.started_at_ms = started_ms
     report.took_s = time.monotonic() - started
     report.offsets = {t: dict(scan.ends) for t, scan in scans.items()}
+    mismatched = {
+        e.operation_id: e.reason
+        for e in scans["operating-events"].records
+        if isinstance(e, OperatingEvent)
+        and e.kind == "POSTCONDITION_MISMATCH"
+        and e.operation_id is not None
+    }
     report.open_items = open_items(
         states,  # type: ignore[arg-type]
         scans["state"].written_ms,
         started_ms,
+        mismatched,
     )
     return report
 

@@ -31,7 +31,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from consumers.localfiles import LastGood, LastGoodClock
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
-from ledger.authority import REASON_ADMITTED, evaluate, merge_approval
+from ledger.authority import (
+    LEGACY_POLICY_KEY,
+    REASON_ADMITTED,
+    evaluate,
+    merge_approval,
+    policy_key,
+    supersedes,
+)
 from ledger.clock import clock_for
 from ledger.errors import LocalFileError
 from ledger.events import (
@@ -93,6 +100,8 @@ class AuthorityKernel(Stage):
         self.pending: dict[str, ApprovalUse] = {}
         self.notes: list[tuple[str, str, Event]] = []
         self.policy_version = self.settings.policy_version
+        #: The policy change in force (``None``: the configured version).
+        self.policy_change: PolicyChange | None = None
         self._last_catch_up = 0.0
         # Followed lazily: a restart files every approval and use by key, and
         # a key's signatures are verified when a request names it (settle).
@@ -230,10 +239,13 @@ class AuthorityKernel(Stage):
         self.uses.setdefault(key, rec.event)  # the first use stands
 
     def _apply_policy(self, key: str, rec: Record | None) -> None:
-        # The policy topic has one row, keyed 'current'.
-        if rec is None or self._misplaced(
-            rec, PolicyChange.KIND, "current" if isinstance(rec.event, PolicyChange) else None, key
-        ):
+        # A change is keyed by itself (policy_key); earlier releases wrote one
+        # row keyed 'current'. The latest effective change is in force.
+        named = None
+        if isinstance(rec.event if rec else None, PolicyChange):
+            assert rec is not None and isinstance(rec.event, PolicyChange)
+            named = key if key == LEGACY_POLICY_KEY else policy_key(rec.event)
+        if rec is None or self._misplaced(rec, PolicyChange.KIND, named, key):
             return
         assert isinstance(rec.event, PolicyChange)
         if rec.event.version < 1:
@@ -243,16 +255,32 @@ class AuthorityKernel(Stage):
                 f"policy change to version {rec.event.version} by {rec.event.set_by!r} refused: "
                 f"policy versions count from 1; version {self.policy_version} stays in force"
             )
-            log.error("authority: %s", reason)
-            self.notes.append(
-                (
-                    "operating-events",
-                    key,
-                    record_event("authority", rec, "BAD_INPUT", reason, id_suffix="POLICY"),
-                )
+            self._refuse_policy(rec, key, reason)
+            return
+        if not supersedes(rec.event, self.policy_change):
+            shown = self.policy_change
+            assert shown is not None
+            reason = (
+                f"policy change to version {rec.event.version} by {rec.event.set_by!r}, effective "
+                f"at {rec.event.effective_at_ms} ms, refused: not later than version "
+                f"{shown.version} in force since {shown.effective_at_ms} ms (a replayed "
+                "change? set the version again to change it)"
             )
+            self._refuse_policy(rec, key, reason)
             return
         self.policy_version = rec.event.version
+        self.policy_change = rec.event
+
+    def _refuse_policy(self, rec: Record, key: str, reason: str) -> None:
+        """A policy change that does not take over: logged, and a ``BAD_INPUT`` operating event."""
+        log.error("authority: %s", reason)
+        self.notes.append(
+            (
+                "operating-events",
+                key,
+                record_event("authority", rec, "BAD_INPUT", reason, id_suffix="POLICY"),
+            )
+        )
 
     def on_assign(self, partitions: set[int]) -> None:
         """Follow the approvals and uses of the assigned partitions from the beginning."""

@@ -9,8 +9,9 @@ from confluent_kafka import Message
 from consumers.stage import Record, decode_record, key_text, read_partition
 from consumers.tables import TableFollower
 from ledger.authn import Keyring
+from ledger.authority import takes_over
 from ledger.credentials import load_keyring
-from ledger.events import JournalEntry, OperationState
+from ledger.events import JournalEntry, OperationState, PolicyChange
 from ledger.settings import LedgerSettings
 
 
@@ -136,3 +137,41 @@ def wait_for_decision(
     finally:
         follower.close()
     return found[0] if found else None
+
+
+def policy_in_force(settings: LedgerSettings, timeout_s: float = 60.0) -> PolicyChange | None:
+    """The authentic policy change in force, as the authority kernel holds it.
+
+    Reads the ``policy`` topic and keeps, of its authentic records, the
+    latest by effective time that takes over (:func:`ledger.authority.takes_over`);
+    ``None`` when no change was ever published (the configured version is
+    in force).
+
+    Raises:
+        LedgerError: if the end is not reached in time.
+    """
+    in_force: PolicyChange | None = None
+    for rec in read_topic(settings, "policy", timeout_s):
+        if isinstance(rec.event, PolicyChange) and takes_over(rec.key, rec.event, in_force):
+            in_force = rec.event
+    return in_force
+
+
+def policy_effective_at(settings: LedgerSettings, now_ms: int) -> tuple[int, PolicyChange | None]:
+    """When a policy change published now takes effect, and the change in force.
+
+    ``now_ms``, or one millisecond after the change in force when that is
+    not earlier (a clock behind the one that set it): stages order changes
+    by effective time (:func:`ledger.authority.supersedes`), so a new change
+    must be later than the one it replaces.
+
+    Returns:
+        ``(effective_at_ms, in_force)``.
+
+    Raises:
+        LedgerError: if the policy topic's end is not reached in time.
+    """
+    in_force = policy_in_force(settings)
+    if in_force is not None and in_force.effective_at_ms >= now_ms:
+        return in_force.effective_at_ms + 1, in_force
+    return now_ms, in_force

@@ -94,7 +94,7 @@ from consumers.localfiles import LastGood, LastGoodClock
 from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
-from ledger.authority import admission_withdrawn, merge_approval
+from ledger.authority import admission_withdrawn, merge_approval, takes_over
 from ledger.clock import clock_for
 from ledger.contracts import (
     EffectContract,
@@ -344,6 +344,8 @@ class Relay(Stage):
         #: stands before it is confirmed; followed from the first reservation on.
         self.approvals: dict[str, Approval] = {}
         self.policy_version = self.settings.policy_version
+        #: The policy change in force (``None``: the configured version).
+        self.policy_change: PolicyChange | None = None
         self._authority_followed = False
         # Lazy: every grant's Ed25519 signature is checked only when a
         # dispatch names it (a restart files the whole topic by key).
@@ -1142,8 +1144,14 @@ class Relay(Stage):
             self.approvals[key] = merge_approval(self.approvals.get(key), rec.event).approval
 
     def _apply_policy(self, key: str, rec: Record | None) -> None:
-        if rec is not None and isinstance(rec.event, PolicyChange) and rec.event.version >= 1:
+        # The kernel's rules; the kernel reports what they refuse.
+        if (
+            rec is not None
+            and isinstance(rec.event, PolicyChange)
+            and takes_over(key, rec.event, self.policy_change)
+        ):
             self.policy_version = rec.event.version
+            self.policy_change = rec.event
 
     def _reserve(self, d: Dispatch, client: SinkClient, contract: EffectContract) -> HoldResult:
         """Take (or take again) the hold for dispatch ``d`` under the operation's key."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ledger.events import AdmissionDecision, AdmissionRequest, Approval, ApprovalUse
+from ledger.events import AdmissionDecision, AdmissionRequest, Approval, ApprovalUse, PolicyChange
 from ledger.signing import verify
 
 REASON_ADMITTED = "admitted"
@@ -218,9 +218,14 @@ def evaluate(
 
     Returns:
         The decision and, when admitted for the first time, the use to record.
-        An operation that already consumed this approval is admitted again
-        (redelivery), even after expiry: admission happened while the
-        approval was current.
+        An operation that already consumed this approval (the same
+        operation and digest: a redelivered request, or the operation asking
+        again after a reservation was cancelled) is not refused as consumed,
+        but every check that time or a person changes (revocation, expiry,
+        policy version) applies again: the use record does not say which
+        request consumed the approval, so a request after the approval
+        lapsed is refused whatever its history. A true redelivery finds the
+        operation past admission and its decision is ignored.
     """
 
     def result(admitted: bool, reason: str, new: ApprovalUse | None = None) -> Admission:
@@ -255,23 +260,28 @@ def evaluate(
         problem = compensation_problem(approval, request, consequence)
     if problem is not None:
         return result(False, problem)
-    # A redelivered request of the consuming operation skips only the checks
-    # that time can change (revocation, expiry, policy): it was admitted while
-    # the approval was current.
-    if (
+    # The consuming operation asking again is not refused as consumed; the
+    # checks that time or a person can change apply to it as to any request.
+    # (Skipping them let anyone who can publish intents steer an operation
+    # whose reservation was cancelled back to its own revoked or expired
+    # approval and have it admitted again.)
+    again = (
         use is not None
         and use.operation_id == request.operation_id
         and use.parameter_digest == request.parameter_digest
-    ):
-        return result(True, REASON_ADMITTED)
+    )
     if approval.status == "REVOKED":
         return result(False, REASON_REVOKED)
-    if use is not None or approval.status == "CONSUMED" or approval.consumed_by is not None:
+    if not again and (
+        use is not None or approval.status == "CONSUMED" or approval.consumed_by is not None
+    ):
         return result(False, REASON_CONSUMED)
     if now_ms >= approval.expires_at_ms:
         return result(False, REASON_EXPIRED)
     if approval.policy_version != policy_version:
         return result(False, REASON_POLICY)
+    if again:
+        return result(True, REASON_ADMITTED)
     consumed = ApprovalUse(
         approval_id=request.approval_id,
         operation_id=request.operation_id,
@@ -419,3 +429,62 @@ def admission_withdrawn(
             f"(admitted under policy {approval.policy_version}, now {policy_version})"
         )
     return None
+
+
+#: The key of the policy topic's one row in releases before per-change keys;
+#: such a record is still read (and ordered by its effective time like any).
+LEGACY_POLICY_KEY = "current"
+
+
+def policy_key(change: PolicyChange) -> str:
+    """The record key of a policy change: ``v{version}@{effective_at_ms}``.
+
+    Each change has its own key, so compaction keeps every change (they are
+    few) and a replayed copy of an old change lands on that change's own key:
+    it cannot displace, under compaction, the change that superseded it.
+    """
+    return f"v{change.version}@{change.effective_at_ms}"
+
+
+def supersedes(incoming: PolicyChange, in_force: PolicyChange | None) -> bool:
+    """Whether a policy change takes over from the one in force.
+
+    Changes are ordered by their effective time (ledger milliseconds, signed
+    with the change), then by version, never by where they were found: an
+    authentic change appended again later (a replay by anyone who can write
+    the topic) is older than what superseded it and changes nothing. Setting
+    an earlier version again is a new change with a new effective time.
+
+    Args:
+        incoming: a policy change (authenticated by the caller).
+        in_force: the change in force, or ``None`` (the configured version).
+
+    Returns:
+        ``True`` when ``incoming`` is later than ``in_force``.
+    """
+    if in_force is None:
+        return True
+    return (incoming.effective_at_ms, incoming.version) > (
+        in_force.effective_at_ms,
+        in_force.version,
+    )
+
+
+def takes_over(key: str, change: PolicyChange, in_force: PolicyChange | None) -> bool:
+    """Whether an authentic policy record found under ``key`` becomes the policy in force.
+
+    It must be keyed by itself (:func:`policy_key`, or the legacy
+    ``current``), name a version of 1 or more and be later than the change
+    in force (:func:`supersedes`). The authority kernel reports a record
+    that fails; other readers skip it.
+
+    Args:
+        key: the record's key.
+        change: the authenticated change.
+        in_force: the change in force so far, or ``None``.
+    """
+    return (
+        change.version >= 1
+        and key in (LEGACY_POLICY_KEY, policy_key(change))
+        and supersedes(change, in_force)
+    )

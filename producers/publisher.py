@@ -32,6 +32,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from opentelemetry.trace import Span, SpanKind, TracerProvider
 
 from ledger.authn import seal_headers
+from ledger.authority import policy_key
 from ledger.credentials import Credentials, load_keyring
 from ledger.errors import InputBoundsError, LedgerError
 from ledger.events import (
@@ -317,6 +318,9 @@ class LedgerPublisher:
         #: broker's refusals among them (reported by :meth:`flush`).
         self._pending = 0
         self._failed: list[str] = []
+        #: operation ID -> the parameter digest this publisher last published
+        #: for it (what :meth:`wait_for` checks the state against).
+        self._published: dict[str, str] = {}
         self.producer = Producer(
             producer_config(settings, **{"client.id": client_id, "linger.ms": 1})
         )
@@ -522,6 +526,7 @@ class LedgerPublisher:
             self._send_later("intents", intent.operation_id, intent)
             return None
         msg = self._send("intents", intent.operation_id, intent)
+        self._published[intent.operation_id] = intent.parameter_digest
         return PublishedIntent(
             intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
         )
@@ -619,7 +624,12 @@ class LedgerPublisher:
         return claim_id
 
     def publish_policy(self, version: int, set_by: str, effective_at_ms: int) -> None:
-        """Publish the policy version now in force.
+        """Publish the policy version now in force, keyed by the change itself.
+
+        The stages order changes by ``effective_at_ms`` (ledger milliseconds),
+        not by offset (:func:`ledger.authority.supersedes`): it must be later
+        than the change in force, or the change is refused as a replay
+        (``ledger policy set`` sees to it).
 
         Raises:
             LedgerError: a version below 1, a blank ``set_by``, or the broker
@@ -627,11 +637,8 @@ class LedgerPublisher:
         """
         require_policy_version(version)
         require_name("set_by", set_by)
-        self._send(
-            "policy",
-            "current",
-            PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms),
-        )
+        change = PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms)
+        self._send("policy", policy_key(change), change)
 
     def publish_disposition(self, disposition: Disposition) -> None:
         """Publish an attributable disposition of an unknown outcome (key: operation ID).
@@ -659,6 +666,7 @@ class LedgerPublisher:
         operation_id: str,
         states: Iterable[RecoveryState | str],
         timeout_s: float = 60.0,
+        parameter_digest: str | None = None,
     ) -> OperationState:
         """Wait until the ledger holds ``operation_id`` in one of ``states``.
 
@@ -676,6 +684,11 @@ class LedgerPublisher:
             operation_id: the operation, e.g. ``refund:1842:v3``.
             states: the states to wait for, e.g. ``{"OUTCOME_VERIFIED"}``.
             timeout_s: how long to wait, in seconds.
+            parameter_digest: the digest of the intent waited on; default:
+                the digest this publisher last published for the operation
+                (none: not checked). A state bound to another digest means
+                the intent was refused as parameter drift, so its state is
+                not an answer.
 
         Returns:
             The operation's :class:`~ledger.events.OperationState` (its
@@ -685,6 +698,8 @@ class LedgerPublisher:
             LedgerError: ``states`` is empty or names no recovery state.
             OperationEndedElsewhereError: it rests in another state
                 (``observed`` names it).
+            ParameterDriftError: the operation is bound to another parameter
+                digest (``expected`` is the intent's, ``observed`` the state's).
             WaitTimeoutError: none of ``states`` within ``timeout_s``
                 (retryable; ``observed`` is the state last seen, or ``None``).
             LocalFileError: a key file is unreadable.
@@ -698,7 +713,8 @@ class LedgerPublisher:
         keyring = (
             load_keyring(self.settings) if self.settings.require_authenticated_records else None
         )
-        return wait_for_state(self.settings, operation_id, wanted, timeout_s, keyring)
+        digest = parameter_digest or self._published.get(operation_id)
+        return wait_for_state(self.settings, operation_id, wanted, timeout_s, keyring, digest)
 
     def close(self) -> None:
         """Flush outstanding records."""

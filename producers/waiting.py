@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 
 from ledger.authn import Keyring
-from ledger.errors import OperationEndedElsewhereError, WaitTimeoutError
+from ledger.errors import OperationEndedElsewhereError, ParameterDriftError, WaitTimeoutError
 from ledger.events import OperationState, decode_event
+from ledger.identity import digest_version
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RESTING, RecoveryState
@@ -43,22 +44,43 @@ def parse_states(text: str) -> frozenset[RecoveryState]:
 
 
 def verdict(
-    state: OperationState | None, wanted: frozenset[RecoveryState]
+    state: OperationState | None,
+    wanted: frozenset[RecoveryState],
+    parameter_digest: str | None = None,
 ) -> OperationState | None:
     """Decide on the latest state read: reached, ended elsewhere, or not yet.
 
     Args:
         state: the operation's latest state, or ``None`` when none was read.
         wanted: the states waited for.
+        parameter_digest: the digest of the intent the caller published, or
+            ``None``; a state bound to another digest (of the same digest
+            version) is another request's, and the caller's was refused.
 
     Returns:
         ``state`` when it is one of ``wanted``; ``None`` to wait on.
 
     Raises:
         OperationEndedElsewhereError: ``state`` is resting and not wanted.
+        ParameterDriftError: ``state`` is bound to another parameter digest.
     """
     if state is None:
         return None
+    if (
+        parameter_digest is not None
+        and digest_version(parameter_digest) == digest_version(state.parameter_digest)
+        and parameter_digest != state.parameter_digest
+    ):
+        raise ParameterDriftError(
+            f"operation {state.operation_id} is bound to parameter digest "
+            f"{state.parameter_digest[:15]}..., not this intent's {parameter_digest[:15]}...: "
+            f"the processor refused the intent (PARAMETER_DRIFT) and its state "
+            f"({state.state}) is the earlier request's; use a new operation ID for a "
+            "different request",
+            operation_id=state.operation_id,
+            expected=parameter_digest,
+            observed=state.parameter_digest,
+        )
     if state.state in wanted:
         return state
     if state.state in RESTING:
@@ -78,6 +100,7 @@ def wait_for_state(
     states: Iterable[RecoveryState | str],
     timeout_s: float,
     keyring: Keyring | None,
+    parameter_digest: str | None = None,
 ) -> OperationState:
     """Wait until an operation is in one of ``states``; see :meth:`LedgerPublisher.wait_for`.
 
@@ -87,6 +110,7 @@ def wait_for_state(
         states: the states to wait for (names or :class:`RecoveryState`).
         timeout_s: how long to wait, in seconds.
         keyring: checks each state record's seal; ``None`` reads them unchecked.
+        parameter_digest: the digest of the intent waited on (see :func:`verdict`).
 
     Returns:
         The operation's state record once its state is one of ``states``.
@@ -94,11 +118,16 @@ def wait_for_state(
     Raises:
         OperationEndedElsewhereError: it rests in another state
             (:data:`ledger.states.RESTING`).
+        ParameterDriftError: it is bound to another parameter digest.
         WaitTimeoutError: none of ``states`` within ``timeout_s`` (the
             processor is not running, the broker does not answer, or the
             operation is still on its way).
     """
     wanted = frozenset(RecoveryState(s) for s in states)
+
+    def decided(latest: OperationState | None) -> OperationState | None:
+        return verdict(latest, wanted, parameter_digest)
+
     full = settings.topic("state")
     consumer = Consumer(
         consumer_config(
@@ -121,13 +150,13 @@ def wait_for_state(
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     at_end.add(msg.partition() or 0)
-                    if at_end >= partitions and (found := verdict(latest, wanted)):
+                    if at_end >= partitions and (found := decided(latest)):
                         return found
                 continue
             state = _state_of(msg, operation_id, keyring)
             if state is not None:
                 latest = state
-                if at_end >= partitions and (found := verdict(latest, wanted)):
+                if at_end >= partitions and (found := decided(latest)):
                     return found
     finally:
         consumer.close()

@@ -26,8 +26,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from consumers.reader import read_latest
+from consumers.reader import policy_in_force, read_latest
 from ledger.authn import AUTH_HEADER, ROLE_STAGE, SCHEME_ED25519, SCHEME_MAC, Seal
+from ledger.authority import LEGACY_POLICY_KEY, policy_key
 from ledger.credentials import AUTHORITY_KEY_ID, deployment_key
 from ledger.errors import LedgerError
 from ledger.events import (
@@ -247,10 +248,11 @@ def build(
         revoked = base.model_copy(update={"status": "REVOKED", "revoked_by": base.reviewer})
         return ("approvals", approval, revoked, base.reviewer)
     if record == "policy":
-        current = _latest(settings, "policy", "current")
-        version = current.version if isinstance(current, PolicyChange) else settings.policy_version
-        change = PolicyChange(version=version + 1, set_by="admin", effective_at_ms=now_ms)
-        return ("policy", "current", change, "admin")
+        current = policy_in_force(settings)
+        version = current.version if current is not None else settings.policy_version
+        later = max(now_ms, current.effective_at_ms + 1 if current is not None else 0)
+        change = PolicyChange(version=version + 1, set_by="admin", effective_at_ms=later)
+        return ("policy", policy_key(change), change, "admin")
     if record == "state":
         op = need_op()
         if state is not None:
@@ -311,8 +313,11 @@ def forge(
                 f"forge: tombstone needs a topic (short name); topics: {', '.join(TOPIC_BY_NAME)}"
             )
         key = operation_id or approval_id
+        if key is None and topic == "policy":
+            in_force = policy_in_force(settings)
+            key = policy_key(in_force) if in_force is not None else LEGACY_POLICY_KEY
         if key is None:
-            key = "current" if topic == "policy" else ""
+            key = ""
         if not key:
             raise LedgerError("forge: tombstone needs operation_id or approval_id")
         value = None

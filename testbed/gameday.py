@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.auditor import run_audit
-from consumers.reader import current_states, read_topic
+from consumers.reader import current_states, policy_effective_at, read_topic
 from ledger.errors import LedgerError
 from ledger.events import (
     Approval,
@@ -223,7 +223,8 @@ class GameDay:
 
     def _step_policy(self, p: Policy) -> None:
         can_sign(self.publisher, self.settings, "gameday")
-        self.publisher.publish_policy(p.version, "gameday", self.harness.clock.now_ms())
+        at_ms, _ = policy_effective_at(self.settings, self.harness.clock.now_ms())
+        self.publisher.publish_policy(p.version, "gameday", at_ms)
 
     def _step_intent(self, i: IntentStep) -> None:
         if i.operation_id not in self.ledger.operation_ids:

@@ -13,6 +13,9 @@ from ledger.events import OperationState
 #: States an operator must look at: held unknown outcomes, operations waiting
 #: for a new approval, and operations given up.
 OPEN_STATES: tuple[str, ...] = ("UNKNOWN_OUTCOME", "NEEDS_REAUTHORISATION", "ABANDONED")
+#: An operation resting in EFFECT_COMMITTED is open only when its sink's
+#: postcondition contradicted the committed effect (listed after the above).
+MISMATCHED = "EFFECT_COMMITTED"
 
 
 #: Coverage words: sinks read back and at least one fact checked against them.
@@ -100,7 +103,8 @@ class OpenItem:
 
     Attributes:
         operation_id: the operation.
-        state: ``UNKNOWN_OUTCOME``, ``NEEDS_REAUTHORISATION`` or ``ABANDONED``.
+        state: ``UNKNOWN_OUTCOME``, ``NEEDS_REAUTHORISATION``, ``ABANDONED``, or
+            ``EFFECT_COMMITTED`` with a postcondition mismatch.
         sink: its sink.
         reason: the reason of its latest transition.
         since_ms: when its latest state record was written (Kafka timestamp,
@@ -135,28 +139,44 @@ class OpenItem:
 
 
 def open_items(
-    states: Mapping[str, OperationState], since_ms: Mapping[str, int], now_ms: int
+    states: Mapping[str, OperationState],
+    since_ms: Mapping[str, int],
+    now_ms: int,
+    mismatched: Mapping[str, str] | None = None,
 ) -> list[OpenItem]:
-    """The operations in an open state, oldest first.
+    """The operations an operator must look at, oldest first.
 
     Args:
         states: latest state per operation.
         since_ms: operation -> when its latest state record was written
             (milliseconds, the same clock as ``now_ms``); missing: unknown.
         now_ms: the audit's start on that clock.
+        mismatched: operation -> the detail of a ``POSTCONDITION_MISMATCH``
+            operating event about it: such an operation resting in
+            EFFECT_COMMITTED (e.g. committed by a disposition that the
+            sink's postcondition then contradicted) is open too, since
+            nothing in the ledger will move it on.
 
     Returns:
-        One item per operation in :data:`OPEN_STATES`, ordered by state (as
-        listed there), then oldest first, then by operation ID.
+        One item per operation in :data:`OPEN_STATES` (and per mismatched
+        one in EFFECT_COMMITTED), ordered by state (as listed there, the
+        mismatched last), then oldest first, then by operation ID.
     """
+    order = (*OPEN_STATES, MISMATCHED)
     items: list[OpenItem] = []
     for op, st in states.items():
-        if st.state not in OPEN_STATES:
+        reason = st.reason
+        if st.state == MISMATCHED and mismatched and op in mismatched:
+            reason = (
+                f"postcondition mismatch after the effect was recorded committed "
+                f"({st.reason}): {mismatched[op]}; nothing moves it on, so look at the sink"
+            )
+        elif st.state not in OPEN_STATES:
             continue
         since = since_ms.get(op)
         age = max(0.0, (now_ms - since) / 1000) if since is not None else None
-        items.append(OpenItem(op, str(st.state), st.sink, st.reason, since, age))
-    items.sort(key=lambda i: (OPEN_STATES.index(i.state), -(i.age_s or 0.0), i.operation_id))
+        items.append(OpenItem(op, str(st.state), st.sink, reason, since, age))
+    items.sort(key=lambda i: (order.index(i.state), -(i.age_s or 0.0), i.operation_id))
     return items
 
 

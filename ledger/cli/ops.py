@@ -428,8 +428,9 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
     "--policy-version",
     type=POLICY_VERSION,
     default=None,
-    help="Policy version granted under, 1 or more (default: LEDGER_POLICY_VERSION). An approval "
-    "granted under another version than the one in force admits nothing.",
+    help="Policy version granted under, 1 or more (default: the version in force on the ledger, "
+    "`ledger policy show`). An approval granted under another version than the one in force "
+    "admits nothing.",
 )
 @click.option(
     "--action",
@@ -502,6 +503,7 @@ def approve_cmd(
         --subject customer-1842 --max-amount-minor 5000 \\
         --currency GBP --action refund --sink payments
     """
+    from consumers.reader import policy_in_force
     from ledger.clock import clock_for
     from ledger.events import Approval
 
@@ -509,13 +511,19 @@ def approve_cmd(
     _ready(settings)
     key = _reviewer_key(settings, reviewer)
     now = clock_for(settings.clock, settings.run_dir).now_ms()
+    in_force = policy_in_force(settings)
+    current = in_force.version if in_force is not None else settings.policy_version
+    if policy_version is not None and policy_version != current:
+        click.echo(
+            f"warning: policy {current} is in force; an approval under policy {policy_version} "
+            "admits nothing until that version is set (`ledger policy set`)",
+            err=True,
+        )
     approval = key.sign(
         Approval(
             approval_id=approval_id,
             reviewer=reviewer,
-            policy_version=policy_version
-            if policy_version is not None
-            else settings.policy_version,
+            policy_version=policy_version if policy_version is not None else current,
             expires_at_ms=now + int(expires_in_s * 1000),
             scope_subject=subject,
             scope_max_amount_minor=max_amount_minor,
@@ -590,6 +598,42 @@ def policy_group() -> None:
     """The policy version in force (approvals under older versions admit nothing new)."""
 
 
+@policy_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+def policy_show(as_json: bool) -> None:
+    """Show the policy version in force, who set it and since when.
+
+    Read from the ledger's policy topic as the authority kernel reads it
+    (authentic changes, the latest by effective time); with none published,
+    the configured LEDGER_POLICY_VERSION is in force.
+    """
+    from consumers.reader import policy_in_force
+    from ledger.clock import clock_for
+
+    settings = current_settings()
+    _ready(settings)
+    in_force = policy_in_force(settings)
+    now = clock_for(settings.clock, settings.run_dir).now_ms()
+    if as_json:
+        shown = (
+            {"version": settings.policy_version, "set_by": None, "effective_at_ms": None}
+            if in_force is None
+            else in_force.model_dump(include={"version", "set_by", "effective_at_ms"})
+        )
+        echo_json(shown)
+    elif in_force is None:
+        click.echo(
+            f"policy {settings.policy_version} in force "
+            "(LEDGER_POLICY_VERSION; no change published)"
+        )
+    else:
+        click.echo(
+            f"policy {in_force.version} in force, set by {in_force.set_by} at "
+            + instant_text(in_force.effective_at_ms, now)
+            + " on the ledger clock"
+        )
+
+
 @policy_group.command("set")
 @click.argument("version", type=POLICY_VERSION)
 @click.option(
@@ -602,14 +646,27 @@ def policy_set(version: int, by: str) -> None:
     """Publish VERSION (1 or more) as the policy in force.
 
     Approvals granted under any other version admit nothing new from then on.
+    Setting an earlier version again is a new change. Changes take effect in
+    order of their effective time (now, or just after the change in force),
+    so a copy of an old change appended to the topic changes nothing.
     """
+    from consumers.reader import policy_effective_at
     from ledger.clock import clock_for
 
     settings = current_settings()
     _ready(settings)
+    now_ms = clock_for(settings.clock, settings.run_dir).now_ms()
+    effective_at_ms, in_force = policy_effective_at(settings, now_ms)
+    if in_force is not None and effective_at_ms != now_ms:
+        click.echo(
+            f"note: policy {in_force.version} in force since {in_force.effective_at_ms} ms, "
+            f"not before this clock's {now_ms} ms; this change takes effect at "
+            f"{effective_at_ms} ms",
+            err=True,
+        )
     pub = _publisher(settings)
     try:
-        pub.publish_policy(version, by, clock_for(settings.clock, settings.run_dir).now_ms())
+        pub.publish_policy(version, by, effective_at_ms)
     finally:
         pub.close()
     click.echo(f"policy {version} in force")
@@ -864,7 +921,7 @@ def reconcile_run() -> None:
 @click.argument("operation_id")
 @click.option(
     "--decision",
-    type=click.Choice(["committed", "absent", "abandon"]),
+    type=click.Choice(["committed", "absent", "abandon"], case_sensitive=False),
     required=True,
     help="committed: the effect happened; absent: it did not (the same admitted operation "
     "is executed again); abandon: give the operation up.",

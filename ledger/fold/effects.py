@@ -319,8 +319,8 @@ def _absent_budget_spent(state: OperationState, ref: str, obs: Observation) -> D
         f"the effect at {state.sink} was observed absent again after {state.absent_retries} "
         f"re-executions of the same admitted operation (last: {obs.source}); every attempt "
         "ended without an outcome, so it is not sent again automatically. Find why (the relay's "
-        "log and operating events), then 'ledger reconcile dispose --decision ABSENT' to "
-        "execute it again or '--decision ABANDON'"
+        "log and operating events), then 'ledger reconcile dispose --decision absent' to "
+        "execute it again or '--decision abandon'"
     )
     event = _op_event(ref, op, "ABSENT_RETRIES_EXHAUSTED", f"{op}: {why}")
     if state.state == S.UNKNOWN_OUTCOME:
@@ -427,7 +427,7 @@ def _receipt(state: OperationState, r: EffectReceipt, ref: str) -> Decision:
                 f"the admission under approval {state.admitted_approval_id} stands: start the "
                 "sink or fix its entry in the sink registry, then 'ledger reconcile run' (a "
                 "readback that finds it absent executes the same admitted operation), or "
-                "'ledger reconcile dispose --decision ABSENT' (execute it) or '--decision ABANDON'"
+                "'ledger reconcile dispose --decision absent' (execute it) or '--decision abandon'"
             ),
         )
     if r.status == "KEY_REUSED":

@@ -43,7 +43,7 @@ from typing import Any, cast
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.auditor import run_audit
-from consumers.reader import current_states
+from consumers.reader import current_states, policy_effective_at
 from consumers.reconciler import reconcile_once
 from consumers.stage import FENCED_MARKER, Record, read_partition
 from consumers.stages import STAGES
@@ -595,7 +595,8 @@ class Mission:
         if self.policy_changed_at is None and n >= total // 2:
             self.policy_version = 2
             can_sign(self.publisher, self.settings, "mission")
-            self.publisher.publish_policy(2, "mission", self.harness.clock.now_ms())
+            at_ms, _ = policy_effective_at(self.settings, self.harness.clock.now_ms())
+            self.publisher.publish_policy(2, "mission", at_ms)
             self.policy_changed_at = n
             self.say(f"policy version 2 in force after {n} cases")
         if (

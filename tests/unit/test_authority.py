@@ -74,10 +74,23 @@ def test_a_use_naming_an_operation_never_carries_it_outside_the_scope() -> None:
     assert decide(helpers.approval(), drifted, use=use).decision.reason == REASON_CONSUMED
 
 
-def test_redelivered_request_of_the_consuming_operation_stays_admitted_after_expiry() -> None:
+def test_the_consuming_operation_asking_again_is_admitted_only_while_the_approval_stands() -> None:
+    """Not refused as consumed, and no second use; but expiry and policy apply again.
+
+    The use does not say which request consumed the approval, so an operation
+    steered back to its own approval after it lapsed (intents are unsealed)
+    must not be readmitted; a true redelivery finds the operation past
+    admission and its decision is ignored by the processor.
+    """
     use = decide(helpers.approval(), request()).use
-    again = decide(helpers.approval(), request(), now_ms=99_999, use=use)
+    assert use is not None
+    again = decide(helpers.approval(), request(), use=use)
     assert again.decision.admitted and again.use is None
+    expired = decide(helpers.approval(), request(), now_ms=99_999, use=use)
+    assert not expired.decision.admitted and expired.decision.reason == REASON_EXPIRED
+    assert expired.use is None
+    changed = decide(helpers.approval(), request(), use=use, policy=2)
+    assert not changed.decision.admitted and changed.decision.reason == REASON_POLICY
 
 
 @pytest.mark.parametrize(
@@ -162,13 +175,14 @@ def test_same_decision_twice_is_one_approval_and_a_grant_never_unrevokes() -> No
     assert merge_approval(table, other).note is not None
 
 
-def test_revocation_keeps_the_admitted_operation() -> None:
+def test_a_revoked_approval_admits_nothing_more() -> None:
     grant = KEY.sign(helpers.approval())
     use = decide(grant, request()).use
     revoked = merge_approval(
         grant, grant.model_copy(update={"status": "REVOKED", "revoked_by": "boss"})
     ).approval
     assert revoked.status == "REVOKED"
-    assert decide(revoked, request(), use=use).decision.admitted  # redelivery of the admitted op
+    # The consuming operation asking again after the revocation is refused too.
+    assert decide(revoked, request(), use=use).decision.reason == REASON_REVOKED
     refused = decide(revoked, request())
     assert refused.decision.reason == REASON_REVOKED

@@ -22,6 +22,7 @@ from ledger.errors import (
     BrokerUnavailableError,
     LedgerError,
     OperationEndedElsewhereError,
+    ParameterDriftError,
     TopicConfigError,
 )
 from ledger.events import OperationState
@@ -96,6 +97,20 @@ def test_verdict_returns_a_wanted_state_waits_through_others_and_fails_on_restin
     # A resting state that is asked for is reached, not "elsewhere".
     held = _state(S.UNKNOWN_OUTCOME)
     assert verdict(held, frozenset({S.UNKNOWN_OUTCOME, S.OUTCOME_VERIFIED})) is held
+
+
+def test_verdict_refuses_a_state_bound_to_another_digest_than_the_intent_waited_on() -> None:
+    """A reused operation ID with other parameters is refused as drift; the earlier
+    request's OUTCOME_VERIFIED is not an answer to it."""
+    wanted = frozenset({S.OUTCOME_VERIFIED})
+    earlier = _state(S.OUTCOME_VERIFIED).model_copy(update={"parameter_digest": "v2:" + "a" * 64})
+    with pytest.raises(ParameterDriftError) as caught:
+        verdict(earlier, wanted, "v2:" + "b" * 64)
+    assert caught.value.observed == earlier.parameter_digest
+    assert "PARAMETER_DRIFT" in caught.value.message
+    assert verdict(earlier, wanted, earlier.parameter_digest) is earlier
+    # A digest of another version cannot be compared here: not refused.
+    assert verdict(earlier, wanted, "b" * 64) is earlier
 
 
 def test_ages_are_never_negative() -> None:

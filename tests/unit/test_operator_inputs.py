@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from consumers import reader
 from ledger.cli import main, ops
 from ledger.errors import LedgerError
-from ledger.events import Approval, Disposition
+from ledger.events import Approval, Disposition, PolicyChange
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, load_trusted, trust, verify
 from producers.publisher import LedgerPublisher, build_intent
@@ -44,6 +45,8 @@ class FakePublisher:
 
     def __init__(self) -> None:
         self.approvals: list[Approval] = []
+        #: the policy change the ledger holds in force (``None``: none published).
+        self.policy: PolicyChange | None = None
 
     def publish_approval(self, approval: Approval) -> None:
         self.approvals.append(approval)
@@ -58,6 +61,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePublisher]:
     fake = FakePublisher()
     monkeypatch.setattr(ops, "_ready", lambda settings: None)
     monkeypatch.setattr(ops, "_publisher", lambda settings: fake)
+    monkeypatch.setattr(reader, "policy_in_force", lambda settings: fake.policy)
     yield fake
 
 
@@ -108,6 +112,20 @@ def test_an_explicit_policy_version_is_kept_and_the_default_is_the_setting(
     assert ledger(*APPROVE).exit_code == 0
     assert ledger(*APPROVE, "--policy-version", "2").exit_code == 0
     assert [a.policy_version for a in published.approvals] == [4, 2]
+
+
+def test_approve_defaults_to_the_policy_in_force_on_the_ledger_and_warns_of_another(
+    run_dir: Path, published: FakePublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After `ledger policy set 3`, a new approval is granted under 3, not the setting."""
+    ledger("reviewer", "add", "alice")
+    monkeypatch.setenv("LEDGER_POLICY_VERSION", "1")
+    published.policy = PolicyChange(version=3, set_by="ops", effective_at_ms=5)
+    assert ledger(*APPROVE).exit_code == 0
+    other = ledger(*APPROVE, "--policy-version", "1")
+    assert other.exit_code == 0
+    assert "policy 3 is in force" in other.output
+    assert [a.policy_version for a in published.approvals] == [3, 1]
 
 
 def test_a_policy_version_setting_below_one_is_an_error_naming_the_variable(
@@ -355,6 +373,57 @@ def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher
         assert "policy versions count from 1" in event.reason  # type: ignore[attr-defined]
     finally:
         kernel.close()
+
+
+def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) -> None:
+    """Changes are ordered by effective time, not offset: a copy of an old, authentic
+    change appended after a newer one (a replay) changes nothing in the kernel or the
+    relay, and the kernel reports it; setting the old version again is a new change."""
+    from consumers.authority import AuthorityKernel
+    from consumers.relay import Relay
+    from consumers.stage import Record
+    from ledger.authority import policy_key
+    from ledger.events import PolicyChange
+
+    settings = LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1")
+    kernel, relay = AuthorityKernel(settings), Relay(settings)
+    try:
+
+        def change(version: int, at_ms: int, offset: int, key: str | None = None) -> Record:
+            event = PolicyChange(version=version, set_by="ops", effective_at_ms=at_ms)
+            return Record("policy", 0, offset, key or policy_key(event), event.to_bytes(), event)
+
+        records = [
+            change(1, 1_000, 0, key="current"),  # written by an earlier release
+            change(2, 2_000, 1),
+            change(1, 1_000, 2),  # the attacker's copy of the first change
+            change(1, 1_000, 3, key="current"),
+        ]
+        for stage in (kernel, relay):
+            for rec in records:
+                stage._apply_policy(rec.key, rec)
+            assert stage.policy_version == 2, stage
+        refused = [e for _, _, e in kernel.notes]
+        assert [(e.kind, e.source_offset) for e in refused] == [  # type: ignore[attr-defined]
+            ("BAD_INPUT", 2),
+            ("BAD_INPUT", 3),
+        ]
+        assert "not later than version 2" in refused[0].reason  # type: ignore[attr-defined]
+
+        again = change(1, 3_000, 4)  # an operator sets version 1 again
+        for stage in (kernel, relay):
+            stage._apply_policy(again.key, again)
+            assert stage.policy_version == 1, stage
+        # A change under another change's key is not a row of the table.
+        kernel.notes.clear()
+        moved = change(5, 4_000, 5, key="v2@2000")
+        kernel._apply_policy(moved.key, moved)
+        relay._apply_policy(moved.key, moved)
+        assert kernel.policy_version == relay.policy_version == 1
+        assert [e.kind for _, _, e in kernel.notes] == ["BAD_INPUT"]  # type: ignore[attr-defined]
+    finally:
+        kernel.close()
+        relay.close()
 
 
 def test_gameday_run_checks_every_file_first_and_runs_nothing_when_one_is_malformed(

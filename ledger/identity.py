@@ -267,9 +267,10 @@ def amount_of(params: Mapping[str, Any]) -> int:
     """The amount (minor units) in an operation's parameters; 0 when absent.
 
     Raises:
-        LedgerError: if ``amount_minor`` is present but not a non-negative int.
+        InputBoundsError: if ``amount_minor`` is present but not a non-negative int.
     """
     amount = params.get("amount_minor", 0)
     if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
-        raise LedgerError("amount_minor must be a non-negative integer", observed=amount)
+        # The text is journaled in refusals: replay compares it, so it stays.
+        raise InputBoundsError("amount_minor must be a non-negative integer", observed=amount)
     return amount

@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import click
 from pydantic import ValidationError
 
-from ledger.errors import BrokerUnavailableError, LedgerError, TopicConfigError
+from ledger.errors import BrokerUnavailableError, InputBoundsError, LedgerError, TopicConfigError
 from ledger.logs import configure_logging
 from ledger.settings import LedgerSettings
 
@@ -33,7 +33,8 @@ EXIT_OK = 0
 #: The work failed with a LedgerError, the processor refused the input, or
 #: the audit found a violation.
 EXIT_ERROR = 1
-#: Bad input: an unknown option, a value of the wrong form (click's usage error).
+#: Bad input: an unknown option, a value of the wrong form (click's usage error, or
+#: an InputBoundsError: an operation ID outside the grammar, a negative amount).
 EXIT_USAGE = 2
 #: What was waited for did not happen in time: no decision within --wait-s,
 #: no state of --until within --timeout, a broker that does not run
@@ -70,10 +71,15 @@ def exit_code_for(error: LedgerError) -> int:
 
     Returns:
         :data:`EXIT_BROKER_UNREACHABLE` for a broker that does not answer,
-        :data:`EXIT_TOPICS_MISSING` for topics not created, else :data:`EXIT_ERROR`.
+        :data:`EXIT_TOPICS_MISSING` for topics not created, :data:`EXIT_USAGE`
+        for an input of the wrong form (:class:`~ledger.errors.InputBoundsError`:
+        an operation ID outside the grammar, a negative amount, a record
+        over the bounds), else :data:`EXIT_ERROR`.
     """
     if isinstance(error, BrokerUnavailableError):
         return EXIT_BROKER_UNREACHABLE
+    if isinstance(error, InputBoundsError):
+        return EXIT_USAGE
     if isinstance(error, TopicConfigError) and error.config == "existence":
         return EXIT_TOPICS_MISSING
     return EXIT_ERROR

@@ -221,6 +221,8 @@ def intent_publish(
         --actor svc --subject customer-1842 --purpose remediation \\
         --decision-version 3 --approval-id review-1842 --until OUTCOME_VERIFIED
     """
+    from ledger.errors import LedgerError
+    from ledger.identity import amount_of, operation_id_problem
     from sinks.registry import load_sinks
 
     try:
@@ -229,6 +231,14 @@ def intent_publish(
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--params") from exc
     if not isinstance(params, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--params")
+    # Values of the wrong form are bad input (exit 2), said before Kafka is asked.
+    problem = operation_id_problem(operation_id)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint="--operation-id")
+    try:
+        amount_of(params)
+    except LedgerError as exc:
+        raise click.BadParameter(exc.message, param_hint="--params") from exc
     settings = current_settings()
     _ready(settings)
     if sink not in load_sinks(settings.sinks_path()):

@@ -14,12 +14,14 @@ from ledger.cli.common import (
     EXIT_CODES,
     EXIT_ERROR,
     EXIT_TOPICS_MISSING,
+    EXIT_USAGE,
     bootstrap_in_force,
     exit_code_for,
 )
 from ledger.clock import age_s
 from ledger.errors import (
     BrokerUnavailableError,
+    InputBoundsError,
     LedgerError,
     OperationEndedElsewhereError,
     ParameterDriftError,
@@ -58,6 +60,21 @@ def test_exit_codes_are_distinct_and_each_error_kind_has_its_own() -> None:
     assert exit_code_for(missing) == EXIT_TOPICS_MISSING
     assert exit_code_for(TopicConfigError("bad policy", config="cleanup.policy")) == EXIT_ERROR
     assert exit_code_for(LedgerError("other")) == EXIT_ERROR
+    # A value of the wrong form (an operation ID outside the grammar) is bad input.
+    assert exit_code_for(InputBoundsError("refund 5001")) == EXIT_USAGE
+
+
+def test_an_operation_id_outside_the_grammar_exits_as_bad_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEDGER_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    args = ["intent", "publish", "--operation-id", "refund 5001", "--sink", "payments"]
+    args += ["--action", "refund", "--params", '{"amount_minor": 1}', "--actor", "svc"]
+    args += ["--subject", "c", "--purpose", "p", "--decision-version", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "U+0020" in result.output, result.output
 
 
 def test_help_lists_every_exit_code() -> None:

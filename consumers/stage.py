@@ -369,6 +369,9 @@ class Stage:
         self._revokes = 0
         #: a client reported a retriable error since the loop last checked Kafka.
         self._kafka_suspect = False
+        # Set when the consumer's own OffsetFetch kept failing while Kafka
+        # answered (see _committed): the loop replaces it at a safe point.
+        self._consumer_stuck = False
         #: one span per input record, current while it is handled (ledger.tracing):
         #: ``for rec in self.spans.each(records)`` in the stages' loops.
         self.spans = RecordSpans(self.component)
@@ -526,16 +529,14 @@ class Stage:
             deadline = time.monotonic() + budget_s
             started = time.monotonic()
             asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
-            consumer = self.consumer
             while True:
                 try:
                     # Retriable errors (the coordinator moving, the broker
                     # down) are ridden out; others are retried until the deadline.
-                    self.retry.call(
-                        lambda: consumer.committed(
-                            asked, timeout=max(5.0, deadline - time.monotonic())
-                        ),
+                    self._committed(
+                        asked,
                         "stable committed offsets of the assigned partitions",
+                        max(5.0, deadline - time.monotonic()),
                     )
                     break
                 except KafkaException as exc:
@@ -587,6 +588,69 @@ class Stage:
             on_lost=self._revoke_cb,
         )
 
+    def _committed(
+        self, partitions: list[TopicPartition], what: str, timeout_s: float
+    ) -> list[TopicPartition]:
+        """The group's committed offsets of ``partitions`` (``read_committed``: stable ones).
+
+        Asked by the stage's consumer, riding out retriable errors. A
+        consumer can be left asking a coordinator that is no longer one:
+        its ``OffsetFetch`` then fails with ``NOT_COORDINATOR`` for as long
+        as it lives (librdkafka#2630, #5586; seen for minutes after a broker
+        restart in the three-broker chaos mission) while Kafka answers every
+        other client. After :data:`CONSUMER_STUCK_AFTER_S` of failures, when
+        the producer gets an answer, the question goes to a new client of the
+        same group (not subscribed: ``OffsetFetch`` needs no membership),
+        and ``_consumer_stuck`` asks the loop to replace the consumer at its
+        next pass (it cannot be closed inside a rebalance callback).
+
+        Args:
+            partitions: ``TopicPartition`` (topic, partition) pairs.
+            what: what is asked, for the log and the status.
+            timeout_s: seconds each try may take.
+
+        Returns:
+            One ``TopicPartition`` per partition with its committed offset
+            (negative when the group has none).
+
+        Raises:
+            KafkaException: a non-retriable error (e.g. the member was fenced).
+        """
+        assert self.consumer is not None
+        asker: list[Consumer] = [self.consumer]  # the client asked: the consumer, then new ones
+        fresh: Consumer | None = None
+
+        def ask() -> list[TopicPartition]:
+            answer: list[TopicPartition] = asker[0].committed(partitions, timeout=timeout_s)
+            return answer
+
+        try:
+            while True:
+                try:
+                    return self.retry.call(
+                        ask,
+                        what,
+                        between=self._check_consumer_stuck,
+                    )
+                except ConsumerStuckError:
+                    log.warning(
+                        "%s-%s: %s: the %s keeps failing while Kafka answers; "
+                        "asking with a new client (the consumer is replaced next)",
+                        self.component,
+                        self.instance,
+                        what,
+                        "consumer" if fresh is None else "new client",
+                    )
+                    self._consumer_stuck = True
+                    self.broker_bounced = True
+                    if fresh is not None:
+                        fresh.close()
+                    fresh = Consumer(consumer_config(self.settings, self.group_id))
+                    asker[0] = fresh
+        finally:
+            if fresh is not None:
+                fresh.close()
+
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset.
 
@@ -604,9 +668,9 @@ class Stage:
             assignment = consumer.assignment()
             if not assignment:
                 return
-            committed = self.retry.call(
-                lambda: consumer.committed(assignment, timeout=30), "committed offsets (rewind)"
-            )
+            committed = self._committed(assignment, "committed offsets (rewind)", 30.0)
+            if self._consumer_stuck:
+                return  # the loop replaces the consumer: the new one starts from them
             for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
                 self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
@@ -814,10 +878,9 @@ class Stage:
         current = {(tp.topic, tp.partition): tp.offset for tp in positions}
         if not positions or current == self._committed_positions:
             return
-        consumer = self.consumer
-        committed = self.retry.call(
-            lambda: consumer.committed(positions, timeout=10), "committed offsets"
-        )
+        committed = self._committed(positions, "committed offsets", 10.0)
+        if self._consumer_stuck:
+            return  # the loop replaces the consumer before anything else
         if all(tp.offset >= current[(tp.topic, tp.partition)] for tp in committed):
             self._committed_positions = current
             return
@@ -1086,6 +1149,12 @@ class Stage:
             self.metrics.beat()
             if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                 break
+            if self._consumer_stuck:
+                self._consumer_stuck = False
+                log.warning(
+                    "%s: replacing the consumer that could not read offsets", self.component
+                )
+                self._rejoin()
             msgs = self._next_batch()
             real = []
             for msg in msgs:

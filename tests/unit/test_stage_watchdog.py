@@ -285,3 +285,98 @@ def test_a_consumer_stuck_while_kafka_answers_is_replaced(
         with pytest.raises(KafkaException):
             stage._await_kafka()
         assert rejoined == [] and producer.asked > 0
+
+
+class _NotCoordinatorConsumer(_AnsweringConsumer):
+    """Asks a coordinator that is no longer one, for as long as it lives (librdkafka#5586)."""
+
+    def __init__(self) -> None:
+        super().__init__(refusals=0)
+        self.seeks: list[TopicPartition] = []
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        raise KafkaException(
+            KafkaError(KafkaError.NOT_COORDINATOR, "Failed to get committed offsets")
+        )
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append(tp)
+
+
+class _FreshClient:
+    """A new client of the group: answers the committed offsets (offset 7), is closed."""
+
+    made: list[_FreshClient] = []
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.closed = False
+        _FreshClient.made.append(self)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _stuck_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kafka_answers: bool
+) -> tuple[Processor, _NotCoordinatorConsumer, _MetadataProducer]:
+    monkeypatch.setattr("consumers.stage.CONSUMER_STUCK_AFTER_S", 0.0)
+    monkeypatch.setattr("consumers.stage.Consumer", _FreshClient)
+    _FreshClient.made = []
+    producer = _MetadataProducer(kafka_answers)
+    stage = _stage(tmp_path, producer)
+    consumer = _NotCoordinatorConsumer()
+    stage.consumer = consumer  # type: ignore[assignment]
+    stage.retry = KafkaRetry(
+        "relay-0",
+        RetryPolicy(first_wait_s=0.001, max_wait_s=0.001, give_up_after_s=0.5),
+        sleep=lambda _s: None,
+    )
+    return stage, consumer, producer
+
+
+def test_offsets_a_stuck_consumer_cannot_read_are_asked_by_a_new_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in the three-broker chaos mission (CI): the relay's rewind asked for its committed
+    offsets against NOT_COORDINATOR for minutes while every other client was answered, and
+    the mission never finished. The offsets now come from a new client of the group, and the
+    consumer is marked for replacement (it cannot be closed inside a rebalance callback)."""
+    stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch, kafka_answers=True)
+    got = stage._committed([TopicPartition("t", 0)], "committed offsets (rewind)", 30.0)
+    assert [(tp.partition, tp.offset) for tp in got] == [(0, 7)]
+    assert len(_FreshClient.made) == 1 and _FreshClient.made[0].closed
+    assert _FreshClient.made[0].config["group.id"] == stage.group_id
+    assert stage._consumer_stuck and stage.broker_bounced
+    assert not stage.retry.down  # the answer ends the outage
+
+
+def test_a_rewind_by_a_stuck_consumer_leaves_it_to_the_replacement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch, kafka_answers=True)
+    stage._rewind()
+    assert consumer.seeks == []  # the new consumer starts from the committed offsets
+    assert stage._consumer_stuck
+
+
+def test_a_restore_by_a_stuck_consumer_goes_on_with_the_new_clients_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage, _, _ = _stuck_stage(tmp_path, monkeypatch, kafka_answers=True)
+    restored: list[set[int]] = []
+    monkeypatch.setattr(stage, "on_assign", restored.append)
+    stage._restore([TopicPartition("t", 0), TopicPartition("t", 1)])
+    assert restored == [{0, 1}] and stage._consumer_stuck
+
+
+def test_in_a_real_outage_no_new_client_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage, _, producer = _stuck_stage(tmp_path, monkeypatch, kafka_answers=False)
+    with pytest.raises(KafkaException):
+        stage._committed([TopicPartition("t", 0)], "committed offsets", 10.0)
+    assert producer.asked > 0 and _FreshClient.made == [] and not stage._consumer_stuck

@@ -38,6 +38,7 @@ from ledger.authority import (
     merge_approval,
     policy_key,
     supersedes,
+    version_in_force,
 )
 from ledger.clock import clock_for
 from ledger.errors import LocalFileError
@@ -99,7 +100,6 @@ class AuthorityKernel(Stage):
         self.uses: dict[str, ApprovalUse] = {}
         self.pending: dict[str, ApprovalUse] = {}
         self.notes: list[tuple[str, str, Event]] = []
-        self.policy_version = self.settings.policy_version
         #: The policy change in force (``None``: the configured version).
         self.policy_change: PolicyChange | None = None
         self._last_catch_up = 0.0
@@ -131,6 +131,11 @@ class AuthorityKernel(Stage):
             keyring=self.keyring,
             retry=self.retry,
         )
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version in force (derived from :attr:`policy_change`)."""
+        return version_in_force(self.policy_change, self.settings.policy_version)
 
     def on_start(self) -> None:
         """Read the local files (waiting while one is corrupted); load the policy in force."""
@@ -268,7 +273,6 @@ class AuthorityKernel(Stage):
             )
             self._refuse_policy(rec, key, reason)
             return
-        self.policy_version = rec.event.version
         self.policy_change = rec.event
 
     def _refuse_policy(self, rec: Record, key: str, reason: str) -> None:

@@ -94,7 +94,7 @@ from consumers.localfiles import LastGood, LastGoodClock
 from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
-from ledger.authority import admission_withdrawn, merge_approval, takes_over
+from ledger.authority import admission_withdrawn, merge_approval, takes_over, version_in_force
 from ledger.clock import clock_for
 from ledger.contracts import (
     EffectContract,
@@ -343,7 +343,6 @@ class Relay(Stage):
         #: (authenticated) only to check that a reservation's admission still
         #: stands before it is confirmed; followed from the first reservation on.
         self.approvals: dict[str, Approval] = {}
-        self.policy_version = self.settings.policy_version
         #: The policy change in force (``None``: the configured version).
         self.policy_change: PolicyChange | None = None
         self._authority_followed = False
@@ -362,6 +361,11 @@ class Relay(Stage):
         )
 
     # ------------------------------------------------------------------ state
+
+    @property
+    def policy_version(self) -> int:
+        """The policy version in force (derived from :attr:`policy_change`)."""
+        return version_in_force(self.policy_change, self.settings.policy_version)
 
     def _apply_receipt(self, key: str, rec: Record | None) -> None:
         if rec is not None and isinstance(rec.event, EffectReceipt):
@@ -1150,7 +1154,6 @@ class Relay(Stage):
             and isinstance(rec.event, PolicyChange)
             and takes_over(key, rec.event, self.policy_change)
         ):
-            self.policy_version = rec.event.version
             self.policy_change = rec.event
 
     def _reserve(self, d: Dispatch, client: SinkClient, contract: EffectContract) -> HoldResult:

@@ -470,6 +470,16 @@ def supersedes(incoming: PolicyChange, in_force: PolicyChange | None) -> bool:
     )
 
 
+def version_in_force(in_force: PolicyChange | None, configured: int) -> int:
+    """The policy version in force: the change in force's, else the configured one.
+
+    Args:
+        in_force: the policy change in force (see :func:`takes_over`), or ``None``.
+        configured: the version the settings name (``LEDGER_POLICY_VERSION``).
+    """
+    return in_force.version if in_force is not None else configured
+
+
 def takes_over(key: str, change: PolicyChange, in_force: PolicyChange | None) -> bool:
     """Whether an authentic policy record found under ``key`` becomes the policy in force.
 

@@ -274,13 +274,13 @@ class Relay(Stage):
                 f"unknown relay mode {self.settings.relay_mode!r}: use ledger or checkpoint-only"
             )
         self.mode = self.settings.relay_mode
-        #: operating events about local files, written with the next batch.
-        self.notes: list[OperatingEvent] = []
-        #: (key, operating event) about receipts its table refused (forged or
-        #: undecodable), written with the next batch or, when idle, in a
-        #: transaction of their own. A refused approval or policy record is
-        #: reported by the authority kernel, which follows those tables too.
-        self.table_notes: list[tuple[str, OperatingEvent]] = []
+        #: (key, operating event) to write with the next batch or, when idle,
+        #: in a transaction of their own: local-file problems (key
+        #: ``local-file``) and receipts its table refused (forged or
+        #: undecodable; keyed by operation). A refused approval or policy
+        #: record is reported by the authority kernel, which follows those
+        #: tables too.
+        self.notes: list[tuple[str, OperatingEvent]] = []
         self.clock = LastGoodClock(
             clock_for(self.settings.clock, self.settings.run_dir),
             component="relay",
@@ -472,11 +472,14 @@ class Relay(Stage):
     def _local_file_problem(self, exc: LocalFileError) -> None:
         """A corrupted local file becomes a ``LOCAL_FILE`` operating event (once per problem)."""
         self.notes.append(
-            OperatingEvent(
-                event_id=f"relay-{self.instance}:LOCAL_FILE:{uuid.uuid4().hex[:12]}",
-                component="relay",
-                kind="LOCAL_FILE",
-                reason=exc.message,
+            (
+                "local-file",
+                OperatingEvent(
+                    event_id=f"relay-{self.instance}:LOCAL_FILE:{uuid.uuid4().hex[:12]}",
+                    component="relay",
+                    kind="LOCAL_FILE",
+                    reason=exc.message,
+                ),
             )
         )
 
@@ -656,10 +659,10 @@ class Relay(Stage):
         for table in (self._receipts, self._approvals):
             if table.held:
                 table.settle_some(IDLE_SETTLE_S)
-        if self.table_notes and self.producer is not None:
+        if self.notes and self.producer is not None:
             # Operating events only: no offsets, no authority in them.
             self.producer.begin_transaction()
-            self._write_table_notes(self.writer())
+            self._write_notes(self.writer())
             self._commit()
 
     def _bad_table_value(self, msg: Message, reason: str, kind: str) -> None:
@@ -669,12 +672,12 @@ class Relay(Stage):
         a forged tombstone forgets no attempt (see
         :meth:`consumers.stage.Stage.table_refusal`).
         """
-        self.table_notes.append(self.table_refusal(msg, reason, kind, keyed_by_operation=True))
+        self.notes.append(self.table_refusal(msg, reason, kind, keyed_by_operation=True))
 
-    def _write_table_notes(self, out: Writer) -> None:
-        for key, event in self.table_notes:
+    def _write_notes(self, out: Writer) -> None:
+        for key, event in self.notes:
             out.write("operating-events", key, event)
-        self.table_notes.clear()
+        self.notes.clear()
 
     # ------------------------------------------------------------------ unreachable sinks
 
@@ -960,10 +963,7 @@ class Relay(Stage):
 
     def handle(self, records: list[Record], out: Writer) -> None:
         """Write the receipts and readbacks gathered by :meth:`before_transaction`."""
-        for note in self.notes:
-            out.write("operating-events", "local-file", note)
-        self.notes.clear()
-        self._write_table_notes(out)
+        self._write_notes(out)
         for rec in self.spans.each(records):
             if not isinstance(rec.event, Dispatch):
                 out.write(

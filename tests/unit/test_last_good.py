@@ -132,7 +132,7 @@ def test_the_relay_keeps_its_sinks_and_clock_through_a_corruption(tmp_path: Path
     assert relay._endpoint("payments") == endpoint
     assert relay._endpoint("mailer") is None  # not known before the corruption
     assert relay.clock.now_ms() == 7000
-    assert sorted(e.kind for e in relay.notes) == ["LOCAL_FILE", "LOCAL_FILE"]
+    assert sorted(e.kind for _, e in relay.notes) == ["LOCAL_FILE", "LOCAL_FILE"]
     # A sink the last good registry does not name is not reached: the relay
     # parks the dispatch (retried with backoff), naming the registry's problem.
     with pytest.raises(SinkNotReachedError, match="unreadable"):

@@ -12,9 +12,11 @@ from ledger.events import (
     Claim,
     EffectReceipt,
     Intent,
+    OperationState,
     Readback,
 )
 from ledger.identity import amount_of, canonical_json, parameter_digest
+from ledger.states import RecoveryState
 
 #: The checkout: the folder that holds ``pyproject.toml``.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +117,32 @@ def admission(
         approval_expires_at_ms=10_000,
         reviewer="rev",
         decided_by="authority-0",
+    )
+
+
+def state(
+    op: str = "refund:1:v1",
+    state: RecoveryState = RecoveryState.EFFECT_PENDING,
+    *,
+    version: int = 3,
+    reason: str = "",
+) -> OperationState:
+    """An operation's state record: a refund of 100 minor units at epoch 1."""
+    return OperationState(
+        operation_id=op,
+        state=state,
+        version=version,
+        epoch=1,
+        parameter_digest="0" * 64,
+        sink="payments",
+        action="refund",
+        params_json="{}",
+        actor="svc",
+        subject="customer-1",
+        purpose="remediation",
+        decision_version=1,
+        amount_minor=100,
+        reason=reason,
     )
 
 

@@ -24,6 +24,7 @@ from ledger.events import OperationState
 from ledger.kafka import client_config, producer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState
+from tests import helpers
 from tests.helpers import stage_seal
 
 pytestmark = pytest.mark.integration
@@ -35,21 +36,7 @@ PARTITION = 0
 def _state(
     op: str, version: int, state: RecoveryState = RecoveryState.EFFECT_PENDING
 ) -> OperationState:
-    return OperationState(
-        operation_id=op,
-        state=state,
-        version=version,
-        epoch=1,
-        parameter_digest="0" * 64,
-        sink="payments",
-        action="refund",
-        params_json="{}",
-        actor="svc",
-        subject="customer-1",
-        purpose="fee remediation",
-        decision_version=1,
-        amount_minor=100,
-    )
+    return helpers.state(op, state, version=version)
 
 
 def _open_transaction(

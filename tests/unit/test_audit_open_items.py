@@ -5,25 +5,11 @@ from __future__ import annotations
 from ledger.audit import open_items
 from ledger.events import OperationState
 from ledger.states import RecoveryState as S
+from tests import helpers
 
 
 def _state(op: str, state: S, reason: str = "r") -> OperationState:
-    return OperationState(
-        operation_id=op,
-        state=state,
-        version=3,
-        epoch=1,
-        parameter_digest="0" * 64,
-        sink="payments",
-        action="refund",
-        params_json="{}",
-        actor="svc",
-        subject="customer-1",
-        purpose="remediation",
-        decision_version=1,
-        amount_minor=100,
-        reason=reason,
-    )
+    return helpers.state(op, state, reason=reason)
 
 
 def test_a_committed_effect_the_postcondition_contradicted_is_open() -> None:

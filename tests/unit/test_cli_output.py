@@ -30,27 +30,13 @@ from ledger.errors import (
 from ledger.events import OperationState
 from ledger.states import RESTING, TERMINAL, TRANSITIONS, RecoveryState
 from producers.waiting import parse_states, verdict
+from tests import helpers
 
 S = RecoveryState
 
 
 def _state(state: RecoveryState) -> OperationState:
-    return OperationState(
-        operation_id="refund:1:v1",
-        state=state,
-        version=3,
-        epoch=1,
-        parameter_digest="0" * 64,
-        sink="payments",
-        action="refund",
-        params_json="{}",
-        actor="svc",
-        subject="customer-1",
-        purpose="remediation",
-        decision_version=1,
-        amount_minor=100,
-        reason="because",
-    )
+    return helpers.state(state=state, reason="because")
 
 
 def test_exit_codes_are_distinct_and_each_error_kind_has_its_own() -> None:

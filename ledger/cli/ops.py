@@ -423,7 +423,7 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
 )
 @click.option(
     "--expires-in-s",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, min_open=True),
     default=3600.0,
     show_default=True,
     help="Expiry, seconds after now on the ledger clock.",

@@ -171,6 +171,17 @@ def test_a_parameter_digest_scope_must_look_like_one(
     assert published.approvals == []
 
 
+@pytest.mark.parametrize("seconds", ["0", "-5"])
+def test_an_approval_that_would_expire_at_once_is_refused(
+    run_dir: Path, published: FakePublisher, seconds: str
+) -> None:
+    """New-user trial: ``--expires-in-s 0`` granted an approval no operation could use."""
+    ledger("reviewer", "add", "alice")
+    result = ledger(*APPROVE, "--expires-in-s", seconds)
+    refused(result, "--expires-in-s")
+    assert result.exit_code == 2 and published.approvals == []
+
+
 def _publisher() -> LedgerPublisher:
     """A publisher aimed at nothing: every record here is refused before it is sent."""
     return LedgerPublisher(LedgerSettings(bootstrap_servers="127.0.0.1:1"))

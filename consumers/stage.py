@@ -514,7 +514,9 @@ class Stage:
         (``OffsetFetch`` with ``require_stable``, KIP-447: librdkafka retries
         ``UNSTABLE_OFFSET_COMMIT`` until the transaction ends, at most the
         transaction timeout), and a stage reading a table waits for it to
-        settle as well (:func:`await_settled`).
+        settle as well (:func:`await_settled`). A consumer found stuck
+        meanwhile (see :meth:`_committed`) restores nothing: the loop replaces
+        it before handling any record, and the new member restores.
 
         Raises:
             LedgerError: if the offsets stay unreadable with a non-retriable
@@ -522,6 +524,8 @@ class Stage:
                 unstable offsets included, are waited out).
         """
         assert self.consumer is not None
+        if self._consumer_stuck:
+            return  # the loop replaces the consumer first; the new member restores
         self.metrics.restoring()
         parts = {tp.partition for tp in partitions}
         if partitions:
@@ -533,7 +537,7 @@ class Stage:
                 try:
                     # Retriable errors (the coordinator moving, the broker
                     # down) are ridden out; others are retried until the deadline.
-                    self._committed(
+                    answer = self._committed(
                         asked,
                         "stable committed offsets of the assigned partitions",
                         max(5.0, deadline - time.monotonic()),
@@ -556,6 +560,11 @@ class Stage:
                     self.instance,
                     waited,
                 )
+            if answer is None:
+                # Its partitions are left unrestored: the loop replaces the
+                # consumer before handling anything, and the new member
+                # restores them (takeover bookkeeping included).
+                return
         self.on_assign(parts)
         self.metrics.restored()
 
@@ -590,7 +599,7 @@ class Stage:
 
     def _committed(
         self, partitions: list[TopicPartition], what: str, timeout_s: float
-    ) -> list[TopicPartition]:
+    ) -> list[TopicPartition] | None:
         """The group's committed offsets of ``partitions`` (``read_committed``: stable ones).
 
         Asked by the stage's consumer, riding out retriable errors. A
@@ -599,10 +608,12 @@ class Stage:
         as it lives (librdkafka#2630, #5586; seen for minutes after a broker
         restart in the three-broker chaos mission) while Kafka answers every
         other client. After :data:`CONSUMER_STUCK_AFTER_S` of failures, when
-        the producer gets an answer, the question goes to a new client of the
-        same group (not subscribed: ``OffsetFetch`` needs no membership),
-        and ``_consumer_stuck`` asks the loop to replace the consumer at its
-        next pass (it cannot be closed inside a rebalance callback).
+        the producer gets an answer, a new client of the group (not
+        subscribed: ``OffsetFetch`` needs no membership) asks once. Answered,
+        the consumer is stuck: ``_consumer_stuck`` tells the loop to replace
+        it before it handles anything (it cannot be closed inside a
+        rebalance callback) and ``None`` is returned. Not answered, the
+        group's coordinator is away and the wait goes on.
 
         Args:
             partitions: ``TopicPartition`` (topic, partition) pairs.
@@ -611,45 +622,58 @@ class Stage:
 
         Returns:
             One ``TopicPartition`` per partition with its committed offset
-            (negative when the group has none).
+            (negative when the group has none), or ``None`` when the
+            consumer is stuck (its replacement reads them afresh).
 
         Raises:
             KafkaException: a non-retriable error (e.g. the member was fenced).
         """
         assert self.consumer is not None
-        asker: list[Consumer] = [self.consumer]  # the client asked: the consumer, then new ones
-        fresh: Consumer | None = None
-
-        def ask() -> list[TopicPartition]:
-            answer: list[TopicPartition] = asker[0].committed(partitions, timeout=timeout_s)
-            return answer
-
-        try:
-            while True:
-                try:
-                    return self.retry.call(
-                        ask,
-                        what,
-                        between=self._check_consumer_stuck,
-                    )
-                except ConsumerStuckError:
+        if self._consumer_stuck:
+            return None
+        consumer = self.consumer
+        while True:
+            try:
+                answer: list[TopicPartition] = self.retry.call(
+                    lambda: consumer.committed(partitions, timeout=timeout_s),
+                    what,
+                    between=self._check_consumer_stuck,
+                )
+                return answer
+            except ConsumerStuckError:
+                if self._group_answers(partitions):
                     log.warning(
-                        "%s-%s: %s: the %s keeps failing while Kafka answers; "
-                        "asking with a new client (the consumer is replaced next)",
+                        "%s-%s: %s: the consumer keeps failing while a new client of the "
+                        "group is answered; replacing the consumer",
                         self.component,
                         self.instance,
                         what,
-                        "consumer" if fresh is None else "new client",
                     )
                     self._consumer_stuck = True
-                    self.broker_bounced = True
-                    if fresh is not None:
-                        fresh.close()
-                    fresh = Consumer(consumer_config(self.settings, self.group_id))
-                    asker[0] = fresh
+                    self.broker_bounced = True  # and the next batch gets a new producer
+                    return None
+
+    def _group_answers(self, partitions: list[TopicPartition]) -> bool:
+        """Whether a new client of this stage's group gets the committed offsets (one try)."""
+        try:
+            client = Consumer(consumer_config(self.settings, self.group_id))
+        except (KafkaException, LedgerError) as exc:
+            log.warning("%s: cannot make a client to ask Kafka: %s", self.component, exc)
+            return False
+        try:
+            client.committed(partitions, timeout=10)
+            return True
+        except KafkaException as exc:
+            log.info(
+                "%s: a new client of the group is not answered either: %s", self.component, exc
+            )
+            return False
         finally:
-            if fresh is not None:
-                fresh.close()
+            bounded_call(
+                client.close,
+                self.settings.stop_timeout_s,
+                f"{self.component}-{self.instance}: closing a client of the group",
+            )
 
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset.
@@ -669,7 +693,7 @@ class Stage:
             if not assignment:
                 return
             committed = self._committed(assignment, "committed offsets (rewind)", 30.0)
-            if self._consumer_stuck:
+            if committed is None:
                 return  # the loop replaces the consumer: the new one starts from them
             for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
@@ -869,7 +893,7 @@ class Stage:
         """
         assert self.consumer is not None and self.producer is not None
         now = time.monotonic()
-        if now - self._last_skip_check < 1.0 or not self.assigned:
+        if now - self._last_skip_check < 1.0 or not self.assigned or self._consumer_stuck:
             return
         self._last_skip_check = now
         positions = [
@@ -879,7 +903,7 @@ class Stage:
         if not positions or current == self._committed_positions:
             return
         committed = self._committed(positions, "committed offsets", 10.0)
-        if self._consumer_stuck:
+        if committed is None:
             return  # the loop replaces the consumer before anything else
         if all(tp.offset >= current[(tp.topic, tp.partition)] for tp in committed):
             self._committed_positions = current
@@ -1156,6 +1180,8 @@ class Stage:
                 )
                 self._rejoin()
             msgs = self._next_batch()
+            if self._consumer_stuck:
+                continue  # read by a member about to be replaced: its successor reads them
             real = []
             for msg in msgs:
                 err = msg.error()

@@ -303,17 +303,21 @@ class _NotCoordinatorConsumer(_AnsweringConsumer):
         self.seeks.append(tp)
 
 
-class _FreshClient:
-    """A new client of the group: answers the committed offsets (offset 7), is closed."""
+class _NewClient:
+    """A new client of the group: answers (or not) the committed offsets once, is closed."""
 
-    made: list[_FreshClient] = []
+    made: list[_NewClient] = []
+    #: how many new clients are refused before one is answered
+    refusals = 0
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.closed = False
-        _FreshClient.made.append(self)
+        _NewClient.made.append(self)
 
     def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        if len(_NewClient.made) <= _NewClient.refusals:
+            raise KafkaException(KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "away"))
         return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
 
     def close(self) -> None:
@@ -321,11 +325,15 @@ class _FreshClient:
 
 
 def _stuck_stage(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kafka_answers: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_answers: bool = True,
+    new_client_refusals: int = 0,
 ) -> tuple[Processor, _NotCoordinatorConsumer, _MetadataProducer]:
     monkeypatch.setattr("consumers.stage.CONSUMER_STUCK_AFTER_S", 0.0)
-    monkeypatch.setattr("consumers.stage.Consumer", _FreshClient)
-    _FreshClient.made = []
+    monkeypatch.setattr("consumers.stage.Consumer", _NewClient)
+    monkeypatch.setattr(_NewClient, "made", [])
+    monkeypatch.setattr(_NewClient, "refusals", new_client_refusals)
     producer = _MetadataProducer(kafka_answers)
     stage = _stage(tmp_path, producer)
     consumer = _NotCoordinatorConsumer()
@@ -338,39 +346,51 @@ def _stuck_stage(
     return stage, consumer, producer
 
 
-def test_offsets_a_stuck_consumer_cannot_read_are_asked_by_a_new_client(
+def test_a_consumer_stuck_on_a_stale_coordinator_is_marked_for_replacement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seen in the three-broker chaos mission (CI): the relay's rewind asked for its committed
     offsets against NOT_COORDINATOR for minutes while every other client was answered, and
-    the mission never finished. The offsets now come from a new client of the group, and the
-    consumer is marked for replacement (it cannot be closed inside a rebalance callback)."""
-    stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch, kafka_answers=True)
-    got = stage._committed([TopicPartition("t", 0)], "committed offsets (rewind)", 30.0)
-    assert [(tp.partition, tp.offset) for tp in got] == [(0, 7)]
-    assert len(_FreshClient.made) == 1 and _FreshClient.made[0].closed
-    assert _FreshClient.made[0].config["group.id"] == stage.group_id
+    the mission never finished. A new client of the group (same group ID, read_committed so
+    that its answer waits for open transactions) asks once; answered, the consumer is marked
+    for replacement and the caller gets no offsets."""
+    stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch)
+    assert stage._committed([TopicPartition("t", 0)], "committed offsets (rewind)", 30.0) is None
+    (client,) = _NewClient.made
+    assert client.closed
+    assert client.config["group.id"] == stage.group_id
+    assert client.config["isolation.level"] == "read_committed"
     assert stage._consumer_stuck and stage.broker_bounced
-    assert not stage.retry.down  # the answer ends the outage
+
+
+def test_while_new_clients_are_not_answered_either_the_wait_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's coordinator is away, not only for the consumer: the consumer keeps asking
+    (and a new client is tried again later) until a new client is answered."""
+    stage, _, _ = _stuck_stage(tmp_path, monkeypatch, new_client_refusals=2)
+    assert stage._committed([TopicPartition("t", 0)], "committed offsets", 10.0) is None
+    assert len(_NewClient.made) == 3 and all(c.closed for c in _NewClient.made)
+    assert stage._consumer_stuck
 
 
 def test_a_rewind_by_a_stuck_consumer_leaves_it_to_the_replacement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch, kafka_answers=True)
+    stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch)
     stage._rewind()
     assert consumer.seeks == []  # the new consumer starts from the committed offsets
     assert stage._consumer_stuck
 
 
-def test_a_restore_by_a_stuck_consumer_goes_on_with_the_new_clients_answer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    stage, _, _ = _stuck_stage(tmp_path, monkeypatch, kafka_answers=True)
+def test_a_stuck_consumer_restores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its partitions are restored by the member that replaces it, takeover bookkeeping
+    included (the relay's handover, the processor's resumes)."""
+    stage, _, _ = _stuck_stage(tmp_path, monkeypatch)
     restored: list[set[int]] = []
     monkeypatch.setattr(stage, "on_assign", restored.append)
     stage._restore([TopicPartition("t", 0), TopicPartition("t", 1)])
-    assert restored == [{0, 1}] and stage._consumer_stuck
+    assert restored == [] and stage._consumer_stuck
 
 
 def test_in_a_real_outage_no_new_client_is_made(
@@ -379,4 +399,43 @@ def test_in_a_real_outage_no_new_client_is_made(
     stage, _, producer = _stuck_stage(tmp_path, monkeypatch, kafka_answers=False)
     with pytest.raises(KafkaException):
         stage._committed([TopicPartition("t", 0)], "committed offsets", 10.0)
-    assert producer.asked > 0 and _FreshClient.made == [] and not stage._consumer_stuck
+    assert producer.asked > 0 and _NewClient.made == [] and not stage._consumer_stuck
+
+
+class _Record:
+    def error(self) -> None:
+        return None
+
+
+class _StuckDuringConsume:
+    """A consume whose rebalance callback found the consumer stuck, and returns a record."""
+
+    def __init__(self, stage: Processor) -> None:
+        self.stage = stage
+        self.calls = 0
+
+    def consume(self, num: int, timeout: float) -> list[_Record]:
+        self.calls += 1
+        if self.calls == 1:
+            self.stage._consumer_stuck = True  # as _restore does inside the assign callback
+        return [_Record()] if num == 1 else []
+
+
+def test_the_loop_replaces_a_stuck_consumer_before_handling_what_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stage = _stage(tmp_path, object())
+    stage.consumer = _StuckDuringConsume(stage)  # type: ignore[assignment]
+    events: list[str] = []
+
+    def rejoin() -> None:
+        events.append("rejoin")
+        stage.stopping = True
+
+    monkeypatch.setattr(stage, "_rejoin", rejoin)
+    monkeypatch.setattr(stage, "_process", lambda msgs: events.append("process"))
+    monkeypatch.setattr(stage, "idle", lambda: events.append("idle"))
+    stage._loop(None)
+    # What the stuck member read is left to its replacement; the next batch is handled.
+    assert events == ["rejoin", "process"]
+    assert not stage._consumer_stuck

@@ -385,6 +385,17 @@ class Credentials:
                 self._people[name] = signer
                 return signer
             errors.append(f"`ledger {role} add {name}`")
+        other = [
+            role
+            for role in (ROLE_REVIEWER, ROLE_OPERATOR)
+            if role not in allowed and person_key_path(self.settings, role, name).exists()
+        ]
+        if other:
+            raise LedgerError(
+                f"{name!r} is a {other[0]} here, and a {topic} record is signed by "
+                f"{' or '.join(f'an {r}' if r[0] in 'aeiou' else f'a {r}' for r in allowed)}: "
+                f"name one (`ledger {allowed[0]} add NAME` makes one; one name holds one role)"
+            )
         raise LedgerError(
             f"{name!r} has no signing key here, so the {topic} record cannot be signed; "
             f"create one with {' or '.join(errors)}"

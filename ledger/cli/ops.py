@@ -109,6 +109,17 @@ def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+def _in_grammar(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Refuse an operation ID outside the grammar (exit 2, before Kafka is asked)."""
+    from ledger.identity import operation_id_problem
+
+    if value is not None:
+        problem = operation_id_problem(value)
+        if problem is not None:
+            raise click.BadParameter(problem)
+    return value
+
+
 #: A policy version as an operator gives it: 1 or more (0 is refused, never "the default").
 POLICY_VERSION = click.IntRange(min=1)
 
@@ -185,7 +196,7 @@ def intent_group() -> None:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="With --until: how long to wait for one of its states, in seconds.",
@@ -686,7 +697,7 @@ def policy_set(version: int, by: str) -> None:
 
 
 @click.command("state")
-@click.argument("operation_id", required=False)
+@click.argument("operation_id", required=False, callback=_in_grammar)
 @click.option(
     "--json", "as_json", is_flag=True, help="Print every operation as JSON (one is always JSON)."
 )
@@ -756,7 +767,7 @@ def _no_authentic_state(settings: LedgerSettings) -> None:
 
 
 @click.command("claim")
-@click.argument("operation_id")
+@click.argument("operation_id", callback=_in_grammar)
 @click.option(
     "--worker", required=True, callback=_non_blank, help="Who claims ownership of the resume."
 )
@@ -928,7 +939,7 @@ def reconcile_run() -> None:
 
 
 @reconcile_group.command("dispose")
-@click.argument("operation_id")
+@click.argument("operation_id", callback=_in_grammar)
 @click.option(
     "--decision",
     type=click.Choice(["committed", "absent", "abandon"], case_sensitive=False),
@@ -947,12 +958,24 @@ def reconcile_run() -> None:
 def reconcile_dispose(
     operation_id: str, decision: str, by: str, evidence: str, wait_s: float
 ) -> None:
-    """Record an attributable disposition of an unknown outcome."""
+    """Record an attributable disposition of an unknown outcome.
+
+    The operation must be in the ledger (exit 5 otherwise, nothing published);
+    the processor refuses a disposition of an operation that is not in
+    UNKNOWN_OUTCOME (exit 1 with --wait-s).
+    """
+    from consumers.reader import current_states
     from ledger.clock import clock_for
     from producers.publisher import build_disposition
 
     settings = current_settings()
     _ready(settings)
+    if operation_id not in current_states(settings):
+        fail(
+            f"no operation {operation_id!r} in the ledger (topic prefix "
+            f"{settings.topic_prefix!r}); nothing was published",
+            EXIT_UNKNOWN_OPERATION,
+        )
     pub = _publisher(settings)
     try:
         now = clock_for(settings.clock, settings.run_dir).now_ms()

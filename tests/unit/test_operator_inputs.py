@@ -45,11 +45,17 @@ class FakePublisher:
 
     def __init__(self) -> None:
         self.approvals: list[Approval] = []
+        self.dispositions: list[Disposition] = []
+        #: where the last record went (none: nothing is waited for)
+        self.last_position: Any = None
         #: the policy change the ledger holds in force (``None``: none published).
         self.policy: PolicyChange | None = None
 
     def publish_approval(self, approval: Approval) -> None:
         self.approvals.append(approval)
+
+    def publish_disposition(self, disposition: Disposition) -> None:
+        self.dispositions.append(disposition)
 
     def close(self) -> None:
         pass
@@ -180,6 +186,62 @@ def test_an_approval_that_would_expire_at_once_is_refused(
     result = ledger(*APPROVE, "--expires-in-s", seconds)
     refused(result, "--expires-in-s")
     assert result.exit_code == 2 and published.approvals == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["state", "bad id"],
+        ["claim", "bad id", "--worker", "w1"],
+        ["reconcile", "dispose", "bad id", "--decision", "absent", "--by", "ops"]
+        + ["--evidence", "bank statement"],
+    ],
+)
+def test_an_operation_id_outside_the_grammar_is_bad_input(
+    run_dir: Path, published: FakePublisher, args: list[str]
+) -> None:
+    """New-user trial: such IDs said "no operation" (exit 5) after asking Kafka."""
+    result = ledger(*args)
+    refused(result, "OPERATION_ID", "position")
+    assert result.exit_code == 2 and published.dispositions == []
+
+
+def test_waiting_zero_seconds_for_a_state_is_bad_input(run_dir: Path) -> None:
+    """New-user trial: --timeout 0 said the operation was "not in the ledger yet" (exit 3)."""
+    result = ledger(
+        *["intent", "publish", "--operation-id", "refund:7:v1", "--sink", "payments"],
+        *["--action", "refund", "--params", "{}", "--actor", "a", "--subject", "s"],
+        *["--purpose", "p", "--decision-version", "1", "--until", "OUTCOME_VERIFIED"],
+        *["--timeout", "0"],
+    )
+    refused(result, "--timeout")
+    assert result.exit_code == 2
+
+
+def test_a_disposition_of_an_operation_not_in_the_ledger_is_not_published(
+    run_dir: Path, published: FakePublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New-user trial: it was signed and published, then refused by the processor (exit 1)."""
+    ledger("operator", "add", "ops")
+    monkeypatch.setattr(reader, "current_states", lambda settings: {})
+    args = ["reconcile", "dispose", "refund:nosuch:v1", "--decision", "absent", "--by", "ops"]
+    result = ledger(*args, "--evidence", "bank statement")
+    refused(result, "no operation 'refund:nosuch:v1'", "nothing was published")
+    assert result.exit_code == 5 and published.dispositions == []
+    monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:nosuch:v1": object()})
+    assert ledger(*args, "--evidence", "bank statement").exit_code == 0
+    assert [d.operation_id for d in published.dispositions] == ["refund:nosuch:v1"]
+
+
+def test_a_reviewer_named_where_an_operator_signs_is_told_so(
+    run_dir: Path, published: FakePublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New-user trial: "'alice' has no signing key here" although alice holds a reviewer key."""
+    ledger("reviewer", "add", "alice")
+    monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:1:v1": object()})
+    monkeypatch.setattr(ops, "_publisher", LedgerPublisher)
+    args = ["reconcile", "dispose", "refund:1:v1", "--decision", "absent", "--by", "alice"]
+    refused(ledger(*args, "--evidence", "bank statement"), "'alice' is a reviewer", "an operator")
 
 
 def _publisher() -> LedgerPublisher:

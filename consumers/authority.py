@@ -287,10 +287,13 @@ class AuthorityKernel(Stage):
         )
 
     def on_assign(self, partitions: set[int]) -> None:
-        """Follow the approvals and uses of the assigned partitions from the beginning."""
+        """Follow the approvals and uses of the assigned partitions from the beginning.
+
+        Operating events still to write stay (a policy change refused while
+        :meth:`on_start` read the policy is reported once, by this kernel).
+        """
         self.approvals.clear()
         self.uses.clear()
-        self.notes.clear()
         approvals = self._approvals.follow(partitions)
         uses = self._uses.follow(partitions)
         log.info(

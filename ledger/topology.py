@@ -30,11 +30,16 @@ class TopicSpec:
             instance) rather than an operation-keyed, co-partitioned one.
         writers: who writes it (prose, for ``ledger topics list`` and the README).
         roles: the writer roles, one entry each (``("relay", "reconcilers")``).
-        tables: the components that rebuild a table from this topic (a
-            compacted topic they read whole). Such a topic must have one
-            writer role: compaction keeps only the latest record of a key, so
-            a second writer's record would erase the first's evidence
-            (DESIGN.md "Kafka layout"; a test holds every entry to it).
+        tables: the components that rebuild a table from this topic (read
+            whole). Such a topic must have one writer role: compaction keeps
+            only the latest record of a key, so a second writer's record
+            would erase the first's evidence (DESIGN.md "Kafka layout"; a
+            test holds every entry to it). The tables of authority
+            (``approvals``, ``approval-uses``, ``policy``) are never
+            compacted: Kafka's cleaner does not check seals, so a forged
+            tombstone or a replayed genuine record, refused by every reader,
+            would still make compaction delete the authentic record under
+            it (a use, a revocation, the policy in force).
         auth: the key roles whose seal a reader accepts on this topic's
             records (:mod:`ledger.authn`): ``stage`` (the deployment MAC),
             ``authority`` (the kernel's signature), ``operator`` or
@@ -67,7 +72,7 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(
         "approvals",
         "approval ID",
-        "compact",
+        "delete",
         writers="review systems (grants, revocations)",
         roles=("review systems",),
         tables=("authority kernel", "relay"),
@@ -76,7 +81,7 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(
         "approval-uses",
         "approval ID",
-        "compact",
+        "delete",
         writers="authority kernel only",
         roles=("authority kernel",),
         tables=("authority kernel",),
@@ -162,8 +167,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     ),
     TopicSpec(
         "policy",
-        "'current'",
-        "compact",
+        "'v{version}@{effective_at_ms}' (earlier releases: 'current')",
+        "delete",
         single_partition=True,
         writers="policy administrators (ledger policy set)",
         roles=("policy administrators",),

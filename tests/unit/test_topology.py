@@ -16,11 +16,23 @@ from ledger.topology import TOPIC_BY_NAME, TOPICS
 def test_a_topic_a_table_is_rebuilt_from_has_one_writer_role(spec) -> None:
     assert spec.roles, f"{spec.name}: name its writer roles"
     if spec.tables:
-        assert spec.cleanup == "compact", f"{spec.name}: a table is rebuilt from a compacted topic"
+        assert spec.cleanup == "compact" or spec.retention_ms == -1, (
+            f"{spec.name}: a table is rebuilt from a topic that keeps each key's latest record"
+        )
         assert len(spec.roles) == 1, (
             f"{spec.name} is rebuilt as a table by {spec.tables} but written by {spec.roles}: "
             "compaction would let one writer's record erase another's"
         )
+
+
+@pytest.mark.parametrize("name", ["approvals", "approval-uses", "policy"])
+def test_the_tables_of_authority_are_never_compacted(name: str) -> None:
+    """Attacker trial: a forged tombstone (or a replayed grant) on these topics is refused by
+    every reader, yet compaction deleted the authentic use, revocation or policy change under
+    it, and after a restart an approval paid twice, a revoked one paid, the policy rolled
+    back. Kafka's cleaner does not check seals: these topics keep every record."""
+    spec = TOPIC_BY_NAME[name]
+    assert spec.cleanup == "delete" and spec.retention_ms == -1 and spec.audited
 
 
 def test_consumption_has_its_own_topic_that_only_the_kernel_writes() -> None:

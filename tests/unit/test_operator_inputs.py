@@ -448,6 +448,26 @@ def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher
         kernel.close()
 
 
+def test_a_policy_change_refused_at_start_up_is_still_reported_after_the_assignment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attacker trial: a replay read while the kernel started was logged but never reported
+    (the assignment that follows start-up dropped the pending operating event)."""
+    from consumers.authority import AuthorityKernel
+    from consumers.stage import Record
+
+    kernel = AuthorityKernel(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    try:
+        event = PolicyChange(version=0, set_by="mallory", effective_at_ms=0)
+        kernel._apply_policy("current", Record("policy", 0, 7, "current", event.to_bytes(), event))
+        monkeypatch.setattr(kernel._approvals, "follow", lambda partitions: 0)
+        monkeypatch.setattr(kernel._uses, "follow", lambda partitions: 0)
+        kernel.on_assign({0, 1})
+        assert [e.source_offset for _, _, e in kernel.notes] == [7]  # type: ignore[attr-defined]
+    finally:
+        kernel.close()
+
+
 def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) -> None:
     """Changes are ordered by effective time, not offset: a copy of an old, authentic
     change appended after a newer one (a replay) changes nothing in the kernel or the

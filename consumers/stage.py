@@ -893,7 +893,7 @@ class Stage:
         """
         assert self.consumer is not None and self.producer is not None
         now = time.monotonic()
-        if now - self._last_skip_check < 1.0 or not self.assigned or self._consumer_stuck:
+        if now - self._last_skip_check < 1.0 or not self.assigned:
             return
         self._last_skip_check = now
         positions = [

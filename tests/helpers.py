@@ -191,6 +191,27 @@ def claim(op: str, worker: str, version: int) -> Claim:
     return Claim(claim_id=f"c-{worker}", operation_id=op, worker=worker, expected_version=version)
 
 
+def replay(settings: Any, topic: str, msg: Any) -> tuple[int, int]:
+    """Append a message again as it was read (key, value, headers, partition), as an
+    attacker copying an authentic record would; returns where it landed (partition, offset)."""
+    from confluent_kafka import Producer
+
+    from ledger.kafka import producer_config
+
+    landed: list[tuple[int, int]] = []
+    producer = Producer(producer_config(settings))
+    producer.produce(
+        settings.topic(topic),
+        key=msg.key(),
+        value=msg.value(),
+        headers=msg.headers(),
+        partition=msg.partition() or 0,
+        on_delivery=lambda err, out: landed.append((out.partition() or 0, out.offset() or 0)),
+    )
+    assert producer.flush(30) == 0
+    return landed[0]
+
+
 def stage_seal(settings: Any, topic: str, key: str, value: bytes | None) -> list[Any]:
     """Headers sealing a hand-made record as a stage would (the deployment key).
 

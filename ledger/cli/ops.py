@@ -155,7 +155,12 @@ def intent_group() -> None:
 
 
 @intent_group.command("publish")
-@click.option("--operation-id", required=True, help="Stable operation ID, e.g. refund:1842:v3.")
+@click.option(
+    "--operation-id",
+    required=True,
+    callback=_in_grammar,
+    help="Stable operation ID, e.g. refund:1842:v3.",
+)
 @click.option("--sink", required=True, help="Sink name, as registered in the sink registry.")
 @click.option("--action", required=True, help="Action, e.g. refund.")
 @click.option(
@@ -233,7 +238,7 @@ def intent_publish(
         --decision-version 3 --approval-id review-1842 --until OUTCOME_VERIFIED
     """
     from ledger.errors import LedgerError
-    from ledger.identity import amount_of, operation_id_problem
+    from ledger.identity import amount_of
     from sinks.registry import load_sinks
 
     try:
@@ -242,10 +247,8 @@ def intent_publish(
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--params") from exc
     if not isinstance(params, dict):
         raise click.BadParameter("must be a JSON object", param_hint="--params")
-    # Values of the wrong form are bad input (exit 2), said before Kafka is asked.
-    problem = operation_id_problem(operation_id)
-    if problem is not None:
-        raise click.BadParameter(problem, param_hint="--operation-id")
+    # A value of the wrong form is bad input (exit 2), said before Kafka is asked
+    # (the operation ID's grammar is checked as the option is parsed: _in_grammar).
     try:
         amount_of(params)
     except LedgerError as exc:

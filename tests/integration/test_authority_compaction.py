@@ -14,13 +14,12 @@ policy in force all still stand.
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message
 
 from consumers.reader import current_states, latest_by_key, policy_in_force, read_topic
 from consumers.stage import read_partition
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval
-from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
@@ -28,6 +27,7 @@ from producers.publisher import LedgerPublisher
 from testbed.forge import forge
 from testbed.harness import Harness
 from testbed.people import can_sign
+from tests.helpers import replay
 from tests.integration.test_stages import approve, publish
 
 pytestmark = pytest.mark.integration
@@ -42,18 +42,6 @@ def _messages(settings: LedgerSettings, topic: str, key: str) -> list[Message]:
         lambda rec, msg: found.append(msg) if msg.key() == key.encode() else None,
     )
     return found
-
-
-def _replay(settings: LedgerSettings, topic: str, msg: Message) -> None:
-    producer = Producer(producer_config(settings))
-    producer.produce(
-        settings.topic(topic),
-        key=msg.key(),
-        value=msg.value(),
-        headers=msg.headers(),
-        partition=msg.partition() or 0,
-    )
-    assert producer.flush(30) == 0
 
 
 def test_forged_tombstones_and_replayed_grants_erase_nothing_through_compaction(
@@ -82,7 +70,7 @@ def test_forged_tombstones_and_replayed_grants_erase_nothing_through_compaction(
 
         # The attack: the grant replayed after its revocation, forged tombstones on the use
         # and on the policy change in force; then compaction, and a restart of every stage.
-        _replay(settings, "approvals", grant)
+        replay(settings, "approvals", grant)
         forge(settings, "tombstone", topic="approval-uses", approval_id="ap-used")
         forge(settings, "tombstone", topic="policy", approval_id="v2@2000")
         harness.wait_quiescent(90)

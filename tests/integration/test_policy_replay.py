@@ -14,19 +14,19 @@ let the copy displace the newer change either.
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Message, Producer
+from confluent_kafka import Message
 
 from consumers.reader import current_states, policy_in_force, read_topic
 from consumers.stage import Record, read_partition
 from ledger.authority import policy_key
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import OperatingEvent, PolicyChange
-from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
 from testbed.people import can_sign
+from tests.helpers import replay
 from tests.integration.test_stages import approve, publish
 
 pytestmark = pytest.mark.integration
@@ -45,22 +45,6 @@ def _changes(settings: LedgerSettings) -> list[tuple[PolicyChange, Message]]:
 
     read_partition(settings, "policy", None, keep)
     return found
-
-
-def _replay(settings: LedgerSettings, msg: Message) -> tuple[int, int]:
-    """Append the message's value, key and headers again, as they were."""
-    landed: list[tuple[int, int]] = []
-    producer = Producer(producer_config(settings))
-    producer.produce(
-        settings.topic("policy"),
-        key=msg.key(),
-        value=msg.value(),
-        headers=msg.headers(),
-        partition=0,
-        on_delivery=lambda err, out: landed.append((out.partition() or 0, out.offset() or 0)),
-    )
-    assert producer.flush(30) == 0
-    return landed[0]
 
 
 def test_a_replayed_old_policy_change_does_not_bring_its_approvals_back(
@@ -84,7 +68,7 @@ def test_a_replayed_old_policy_change_does_not_bring_its_approvals_back(
         first, message = next((c, m) for c, m in changes if c.version == 1)
         assert message.key() == policy_key(first).encode()
         assert policy_key(first) != policy_key(changes[-1][0])  # compaction keeps both
-        at = _replay(settings, message)
+        at = replay(settings, "policy", message)
 
         # The copy is authentic but older than the change in force: refused.
         publish(pub, AFTER, approval="ap-policy-1")

@@ -48,6 +48,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from consumers.fetchwatch import FetchWatch
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.metrics import StageMetrics
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
@@ -109,6 +110,14 @@ ABORTS_BEFORE_NEW_PRODUCER = 2
 #: Seconds of an outage after which a stage asks, with its producer's own
 #: connections, whether Kafka answers (then its consumer is the one stuck).
 CONSUMER_STUCK_AFTER_S = 30.0
+
+#: Seconds an assigned partition may stay behind its last stable offset, its
+#: position unmoved, before a fresh reader checks whether the stage's consumer
+#: stopped fetching it (see :meth:`Stage._check_fetching`).
+FETCH_STALL_S = 30.0
+
+#: Seconds between two samples of the assigned partitions' positions and ends.
+FETCH_CHECK_EVERY_S = 5.0
 
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
@@ -372,6 +381,15 @@ class Stage:
         # Set when the consumer's own OffsetFetch kept failing while Kafka
         # answered (see _committed): the loop replaces it at a safe point.
         self._consumer_stuck = False
+        #: partitions stalled with records waiting (see _check_fetching).
+        self._fetch_watch = FetchWatch(FETCH_STALL_S)
+        self._next_fetch_check = 0.0
+        #: partition -> committed offset it was assigned (or rewound) at.
+        self._assigned_at: dict[tuple[str, int], int] = {}
+        #: asks the assigned partitions' ends; never fetches nor joins the group.
+        self._ends_client: Consumer | None = None
+        #: consumers replaced because they stopped fetching (since start).
+        self.fetch_stalls = 0
         #: one span per input record, current while it is handled (ledger.tracing):
         #: ``for rec in self.spans.each(records)`` in the stages' loops.
         self.spans = RecordSpans(self.component)
@@ -565,6 +583,7 @@ class Stage:
                 # consumer before handling anything, and the new member
                 # restores them (takeover bookkeeping included).
                 return
+            self._note_assigned_at(answer)
         self.on_assign(parts)
         self.metrics.restored()
 
@@ -698,6 +717,7 @@ class Stage:
             for tp in committed:
                 offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
                 self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+            self._note_assigned_at(committed)
         except KafkaException as exc:
             log.warning(
                 "%s-%s: cannot rewind to the committed offsets (%s); rejoining the group",
@@ -1179,6 +1199,7 @@ class Stage:
                     "%s: replacing the consumer that could not read offsets", self.component
                 )
                 self._rejoin()
+            self._check_fetching()
             msgs = self._next_batch()
             if self._consumer_stuck:
                 continue  # read by a member about to be replaced: its successor reads them
@@ -1295,6 +1316,112 @@ class Stage:
         if outage or self.retry.outages > outages_before:
             self.broker_bounced = True
 
+    def _note_assigned_at(self, committed: list[TopicPartition]) -> None:
+        """Remember where each partition starts: a position until one is delivered."""
+        self._fetch_watch.reset()
+        for tp in committed:
+            self._assigned_at[(tp.topic, tp.partition)] = tp.offset
+
+    def _check_fetching(self) -> None:
+        """Replace a consumer that stopped fetching a partition with records waiting.
+
+        Every :data:`FETCH_CHECK_EVERY_S` seconds, at the top of the loop (no
+        transaction open), the assigned partitions' positions are compared
+        with their last stable offsets, asked by a client of their own. A
+        partition behind, its position unmoved for :data:`FETCH_STALL_S`
+        seconds, is read by a fresh reader from that position: a record
+        there means the consumer stopped fetching (see
+        :mod:`consumers.fetchwatch`) and it is replaced as after a fatal
+        error (the new member restores and starts from the committed
+        offsets, so nothing is skipped); nothing there (a transaction marker
+        before the end) starts the wait afresh. Skipped during an outage (the
+        retry paths handle it) and when Kafka does not answer the check.
+        """
+        now = time.monotonic()
+        if now < self._next_fetch_check or self.consumer is None:
+            return
+        self._next_fetch_check = now + FETCH_CHECK_EVERY_S
+        if self.retry.down or self.retry.waiting is not None:
+            return
+        assignment = self.consumer.assignment()
+        if not assignment:
+            self._fetch_watch.reset()
+            return
+        try:
+            if self._ends_client is None:
+                self._ends_client = Consumer(consumer_config(self.settings, self.group_id))
+            positions: dict[tuple[str, int], int] = {}
+            ends: dict[tuple[str, int], int] = {}
+            for tp in self.consumer.position(assignment):
+                key = (tp.topic, tp.partition)
+                low, high = self._ends_client.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=2, cached=False
+                )
+                ends[key] = int(high)
+                # Nothing delivered since the assignment: it starts at the
+                # committed offset, or (none yet) at the partition's start.
+                at = tp.offset if tp.offset >= 0 else self._assigned_at.get(key, -1)
+                positions[key] = at if at >= 0 else int(low)
+        except KafkaException as exc:
+            log.debug("%s: fetch check skipped: %s", self.component, exc)
+            self._drop_ends_client()
+            return
+        stalled = self._fetch_watch.observe(positions, ends, now)
+        waiting = [k for k in stalled if self._record_at(k, positions[k])]
+        for key in stalled:
+            if key not in waiting:
+                self._fetch_watch.forgive(key, now)
+        if not waiting:
+            return
+        self.fetch_stalls += 1
+        log.warning(
+            "%s-%s: the consumer fetched nothing from %s for %.0f s while records wait "
+            "there (ends %s); replacing the consumer",
+            self.component,
+            self.instance,
+            ", ".join(f"{self._short(t)}[{p}]@{positions[(t, p)]}" for t, p in waiting),
+            FETCH_STALL_S,
+            {f"{self._short(t)}[{p}]": ends[(t, p)] for t, p in waiting},
+        )
+        self._fetch_watch.reset()
+        self.broker_bounced = True  # and the next batch gets a new producer
+        self._rejoin()
+
+    def _record_at(self, key: tuple[str, int], offset: int) -> bool:
+        """Whether a fresh ``read_committed`` reader gets a record from ``offset`` on (one try)."""
+        topic, partition = key
+        try:
+            reader = Consumer(consumer_config(self.settings, self.group_id))
+        except (KafkaException, LedgerError) as exc:
+            log.debug("%s: cannot make a reader to check a partition: %s", self.component, exc)
+            return False
+        try:
+            reader.assign([TopicPartition(topic, partition, offset)])
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                for msg in reader.consume(10, 0.5):
+                    if msg.error() is None:
+                        return True
+            return False
+        except KafkaException as exc:
+            log.debug("%s: checking %s[%d]: %s", self.component, topic, partition, exc)
+            return False
+        finally:
+            bounded_call(
+                reader.close,
+                self.settings.stop_timeout_s,
+                f"{self.component}-{self.instance}: closing a partition check reader",
+            )
+
+    def _drop_ends_client(self) -> None:
+        client, self._ends_client = self._ends_client, None
+        if client is not None:
+            bounded_call(
+                client.close,
+                self.settings.stop_timeout_s,
+                f"{self.component}-{self.instance}: closing the ends client",
+            )
+
     def _check_consumer_stuck(self, failures: int) -> None:
         """Between tries of :meth:`_await_kafka`: is it the consumer, not Kafka, that is stuck?
 
@@ -1389,6 +1516,7 @@ class Stage:
         if self.consumer is not None:
             consumer, self.consumer = self.consumer, None
             bounded_call(consumer.close, limit, f"{name}: consumer close")
+        self._drop_ends_client()
         if self.producer is not None:
             producer, self.producer = self.producer, None
             bounded_call(lambda: producer.flush(min(10.0, limit)), limit, f"{name}: producer flush")

@@ -420,6 +420,48 @@ class Harness:
             f"behind: {behind}; logs in {self.run_dir / 'logs'}"
         )
 
+    def held_back(self, topics: list[str]) -> dict[str, tuple[int, int]]:
+        """Partitions whose last stable offset is below their high watermark.
+
+        An open (or hanging) transaction holds a partition's last stable
+        offset back: no ``read_committed`` reader sees past it, so every
+        stage looks quiet while nothing moves. For the error a stalled run
+        reports; one try, errors are reported in the answer.
+
+        Args:
+            topics: full topic names.
+
+        Returns:
+            ``"topic[p]" -> (last stable offset, high watermark)`` for each
+            partition held back, or ``{"error": (0, 0)}``-style entries
+            naming what could not be read.
+        """
+        stable_reader = Consumer(
+            consumer_config(self.settings, f"{self.settings.topic_prefix}.harness")
+        )
+        high_reader = Consumer(
+            consumer_config(
+                self.settings, f"{self.settings.topic_prefix}.harness", isolation="read_uncommitted"
+            )
+        )
+        held: dict[str, tuple[int, int]] = {}
+        try:
+            for topic in topics:
+                for p in range(self.settings.partitions):
+                    tp = TopicPartition(topic, p)
+                    try:
+                        _, stable = stable_reader.get_watermark_offsets(tp, 10, cached=False)
+                        _, high = high_reader.get_watermark_offsets(tp, 10, cached=False)
+                    except KafkaException as exc:
+                        held[f"{topic}[{p}] unreadable: {exc.args[0]}"] = (-1, -1)
+                        continue
+                    if stable < high:
+                        held[f"{topic}[{p}]"] = (int(stable), int(high))
+        finally:
+            stable_reader.close()
+            high_reader.close()
+        return held
+
     def _drop_clients(self) -> None:
         for consumer in self._group_consumers.values():
             consumer.close()

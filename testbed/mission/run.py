@@ -845,7 +845,8 @@ class Mission:
                     behind = f"unknown ({exc})"
                 raise LedgerError(
                     f"no operation changed state for {NO_PROGRESS_S:.0f} s with "
-                    f"{total - self._settled()} cases open; stages behind: {behind}\n"
+                    f"{total - self._settled()} cases open; stages behind: {behind}; "
+                    f"{self._stall_report()}\n"
                     f"{self.harness.log_tail(10)}"
                 )
             in_flight = self.started_cases - self._settled()
@@ -875,6 +876,30 @@ class Mission:
                     and self._chaos_over()
                 ):
                     return
+
+    def _stall_report(self) -> str:
+        """What a stalled run looks like from outside the stages (for its error)."""
+        parts = []
+        try:
+            held = self.harness.held_back([self.settings.topic(t.name) for t in TOPICS])
+            parts.append(f"partitions held back by open transactions: {held or 'none'}")
+        except Exception as exc:  # noqa: BLE001 - the report must still be given
+            parts.append(f"open transactions unknown ({exc})")
+        follower = self._follower
+        if follower is not None:
+            try:
+                at = {
+                    tp.partition: tp.offset
+                    for tp in follower.consumer.position(
+                        [TopicPartition(follower.full, p) for p in sorted(follower.partitions)]
+                    )
+                }
+                parts.append(f"mission's state reader at {at}")
+            except Exception as exc:  # noqa: BLE001
+                parts.append(f"mission's state reader position unknown ({exc})")
+        open_cases = [r.case.refund_op for r in self.runs[: self._next_case] if not r.settled]
+        parts.append(f"open cases: {open_cases[:10]}")
+        return "; ".join(parts)
 
     def _chaos_over(self) -> bool:
         """True when no broker fault is due any more (every one has run and healed)."""

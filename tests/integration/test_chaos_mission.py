@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -36,6 +37,17 @@ PORT = int(os.environ.get("LEDGER_KAFKA_PORT", "19092")) + 20
 
 def _measure(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(m for m in report["measures"] if m["name"] == name)
+
+
+def _why(stderr: str) -> str:
+    """A failed mission's own lines (its progress and its error, stage log tails left
+    out), then the end of everything it printed."""
+    own = [
+        line
+        for line in stderr.splitlines()
+        if line and not re.match(r"(\[?\d{4}-\d\d-\d\d |--- \S+\.log$)", line)
+    ]
+    return "\n".join(own[-60:])[-6000:] + "\n--- end of stderr\n" + stderr[-2500:]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +93,7 @@ def chaos_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     (root / "mission.err").write_text(done.stderr)
     path = root / "run" / "missions" / f"ledger-seed{SEED}-{CASES}c-1i" / "report.json"
-    assert path.exists(), f"no report (exit {done.returncode}):\n{done.stderr[-4000:]}"
+    assert path.exists(), f"no report (exit {done.returncode}):\n{_why(done.stderr)}"
     report: dict[str, Any] = json.loads(path.read_text())
     report["_exit"] = done.returncode
     report["_home"] = str(home)

@@ -26,17 +26,27 @@ Key = tuple[str, int]
 class FetchWatch:
     """Which partitions stayed behind, position unmoved, for ``stall_s`` seconds.
 
+    Only time the stage spent idle counts: it samples when a poll returned
+    nothing, and a gap of more than ``max_gap_s`` since the previous sample
+    (the loop was busy handling records, which a partition's position does
+    not show while another partition's batch is handled) starts every wait
+    afresh.
+
     Args:
         stall_s: seconds a partition may stay behind its end with the same
             position before it is named.
+        max_gap_s: longest gap between two samples that still counts as
+            waiting (default: no limit).
 
     No clock of its own: every call is given ``now`` (monotonic seconds).
     """
 
-    def __init__(self, stall_s: float) -> None:
+    def __init__(self, stall_s: float, max_gap_s: float = float("inf")) -> None:
         self.stall_s = stall_s
+        self.max_gap_s = max_gap_s
         #: partition -> (position, since when it has been behind at it).
         self._behind: dict[Key, tuple[int, float]] = {}
+        self._last_sample: float | None = None
 
     def observe(self, positions: dict[Key, int], ends: dict[Key, int], now: float) -> list[Key]:
         """Record one sample; return the partitions stalled for ``stall_s`` seconds.
@@ -51,6 +61,9 @@ class FetchWatch:
             The stalled partitions, sorted. A partition caught up, moved or
             unknown starts afresh.
         """
+        if self._last_sample is not None and now - self._last_sample > self.max_gap_s:
+            self._behind = {}  # busy meanwhile: that time says nothing about fetching
+        self._last_sample = now
         behind: dict[Key, tuple[int, float]] = {}
         for key, end in ends.items():
             at = positions.get(key, -1)
@@ -70,3 +83,4 @@ class FetchWatch:
     def reset(self) -> None:
         """Forget every partition (a new consumer, a new assignment)."""
         self._behind = {}
+        self._last_sample = None

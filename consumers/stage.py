@@ -116,8 +116,12 @@ CONSUMER_STUCK_AFTER_S = 30.0
 #: stopped fetching it (see :meth:`Stage._check_fetching`).
 FETCH_STALL_S = 30.0
 
-#: Seconds between two samples of the assigned partitions' positions and ends.
+#: Seconds between two samples of the assigned partitions' positions and ends
+#: (taken while the stage is idle).
 FETCH_CHECK_EVERY_S = 5.0
+
+#: Seconds one sample may spend asking the assigned partitions' ends.
+FETCH_CHECK_BUDGET_S = 10.0
 
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
@@ -382,7 +386,7 @@ class Stage:
         # answered (see _committed): the loop replaces it at a safe point.
         self._consumer_stuck = False
         #: partitions stalled with records waiting (see _check_fetching).
-        self._fetch_watch = FetchWatch(FETCH_STALL_S)
+        self._fetch_watch = FetchWatch(FETCH_STALL_S, max_gap_s=2 * FETCH_CHECK_EVERY_S)
         self._next_fetch_check = 0.0
         #: partition -> committed offset it was assigned (or rewound) at.
         self._assigned_at: dict[tuple[str, int], int] = {}
@@ -597,10 +601,21 @@ class Stage:
     def _rejoin(self) -> None:
         """Replace a consumer that hit a fatal error: drop state, join again."""
         assert self.consumer is not None
-        try:
-            self.consumer.close()
-        except Exception as exc:  # the old consumer is unusable anyway
-            log.warning("%s: closing the failed consumer: %s", self.component, exc)
+        consumer = self.consumer
+
+        def close() -> None:
+            try:
+                consumer.close()
+            except Exception as exc:  # the old consumer is unusable anyway
+                log.warning("%s: closing the failed consumer: %s", self.component, exc)
+
+        # A consumer being replaced is the kind whose close can hang
+        # (confluent-kafka-python#1667): it is left behind after stop_timeout_s.
+        bounded_call(
+            close,
+            self.settings.stop_timeout_s,
+            f"{self.component}-{self.instance}: closing the replaced consumer",
+        )
         self.on_revoke({p for _, p in self.assigned})
         self.assigned = set()
         self.rebuild()
@@ -1199,7 +1214,6 @@ class Stage:
                     "%s: replacing the consumer that could not read offsets", self.component
                 )
                 self._rejoin()
-            self._check_fetching()
             msgs = self._next_batch()
             if self._consumer_stuck:
                 continue  # read by a member about to be replaced: its successor reads them
@@ -1231,6 +1245,7 @@ class Stage:
                     self._report_ready()
                 except KafkaException as exc:
                     self._recover(exc)
+                self._check_fetching()
                 continue
             try:
                 self._process(real)
@@ -1325,20 +1340,25 @@ class Stage:
     def _check_fetching(self) -> None:
         """Replace a consumer that stopped fetching a partition with records waiting.
 
-        Every :data:`FETCH_CHECK_EVERY_S` seconds, at the top of the loop (no
-        transaction open), the assigned partitions' positions are compared
-        with their last stable offsets, asked by a client of their own. A
-        partition behind, its position unmoved for :data:`FETCH_STALL_S`
-        seconds, is read by a fresh reader from that position: a record
-        there means the consumer stopped fetching (see
-        :mod:`consumers.fetchwatch`) and it is replaced as after a fatal
-        error (the new member restores and starts from the committed
-        offsets, so nothing is skipped); nothing there (a transaction marker
-        before the end) starts the wait afresh. Skipped during an outage (the
-        retry paths handle it) and when Kafka does not answer the check.
+        Called when a poll returned nothing (the loop is idle, no
+        transaction open), at most every :data:`FETCH_CHECK_EVERY_S` seconds:
+        the assigned partitions' positions are compared with their last
+        stable offsets, asked by a client of their own. A partition behind,
+        its position unmoved over :data:`FETCH_STALL_S` seconds of idle
+        samples (time spent handling records does not count, see
+        :class:`~consumers.fetchwatch.FetchWatch`), is read by a fresh reader
+        from that position: a record there means the consumer stopped
+        fetching (see :mod:`consumers.fetchwatch`) and it is replaced as
+        after a fatal error (the new member restores and starts from the
+        committed offsets, so nothing is skipped); nothing there (a
+        transaction marker before the end) starts the wait afresh. Skipped
+        during an outage (the retry paths handle it) and when Kafka does not
+        answer the check; the ends are asked within
+        :data:`FETCH_CHECK_BUDGET_S` seconds in all, and the probing stops
+        at the first record found.
         """
         now = time.monotonic()
-        if now < self._next_fetch_check or self.consumer is None:
+        if now < self._next_fetch_check or self.consumer is None or self.stopping:
             return
         self._next_fetch_check = now + FETCH_CHECK_EVERY_S
         if self.retry.down or self.retry.waiting is not None:
@@ -1347,12 +1367,17 @@ class Stage:
         if not assignment:
             self._fetch_watch.reset()
             return
+        budget_ends = now + FETCH_CHECK_BUDGET_S
         try:
             if self._ends_client is None:
                 self._ends_client = Consumer(consumer_config(self.settings, self.group_id))
+            self._ends_client.poll(0)  # serves its log and error events (never records)
             positions: dict[tuple[str, int], int] = {}
             ends: dict[tuple[str, int], int] = {}
             for tp in self.consumer.position(assignment):
+                if time.monotonic() > budget_ends:
+                    log.debug("%s: fetch check skipped: the ends came too slowly", self.component)
+                    return
                 key = (tp.topic, tp.partition)
                 low, high = self._ends_client.get_watermark_offsets(
                     TopicPartition(tp.topic, tp.partition), timeout=2, cached=False
@@ -1367,21 +1392,28 @@ class Stage:
             self._drop_ends_client()
             return
         stalled = self._fetch_watch.observe(positions, ends, now)
-        waiting = [k for k in stalled if self._record_at(k, positions[k])]
+        found = None
         for key in stalled:
-            if key not in waiting:
-                self._fetch_watch.forgive(key, now)
-        if not waiting:
+            if self.stopping:
+                return
+            if self._record_at(key, positions[key]):
+                found = key
+                break
+            self._fetch_watch.forgive(key, now)
+        if found is None:
             return
         self.fetch_stalls += 1
+        topic, partition = found
         log.warning(
-            "%s-%s: the consumer fetched nothing from %s for %.0f s while records wait "
-            "there (ends %s); replacing the consumer",
+            "%s-%s: the consumer fetched nothing from %s[%d] (at %d, end %d) for %.0f s while "
+            "records wait there; replacing the consumer",
             self.component,
             self.instance,
-            ", ".join(f"{self._short(t)}[{p}]@{positions[(t, p)]}" for t, p in waiting),
-            FETCH_STALL_S,
-            {f"{self._short(t)}[{p}]": ends[(t, p)] for t, p in waiting},
+            self._short(topic),
+            partition,
+            positions[found],
+            ends[found],
+            self._fetch_watch.stall_s,
         )
         self._fetch_watch.reset()
         self.broker_bounced = True  # and the next batch gets a new producer

@@ -40,6 +40,16 @@ def test_a_moving_caught_up_or_unknown_partition_is_not_named() -> None:
     assert watch.observe({A: -1001}, {A: 9}, now=200.0) == []
 
 
+def test_time_spent_busy_between_samples_does_not_count_as_a_stall() -> None:
+    watch = FetchWatch(30.0, max_gap_s=10.0)
+    watch.observe({A: 5}, {A: 9}, now=0.0)
+    # The loop handled another partition's batch for 45 s: A's wait starts again.
+    assert watch.observe({A: 5}, {A: 9}, now=45.0) == []
+    for now in (50.0, 55.0, 60.0, 65.0, 70.0):
+        assert watch.observe({A: 5}, {A: 9}, now=now) == []
+    assert watch.observe({A: 5}, {A: 9}, now=75.0) == [A]
+
+
 def test_forgiven_and_reset_partitions_wait_afresh() -> None:
     watch = FetchWatch(10.0)
     watch.observe({A: 1, B: 1}, {A: 2, B: 2}, now=0.0)
@@ -65,6 +75,9 @@ class _Ends:
     def __init__(self, ends: dict[int, tuple[int, int]]) -> None:
         self.ends = ends
         self.asked = 0
+
+    def poll(self, timeout: float) -> None:
+        return None
 
     def get_watermark_offsets(self, tp: TopicPartition, **_: Any) -> tuple[int, int]:
         self.asked += 1
@@ -132,4 +145,42 @@ def test_no_check_during_an_outage_nor_before_it_is_due(
     stage._next_fetch_check = 0.0
     stage._check_fetching()
     assert rejoined == ["rejoined"]
-    assert stage_module.FETCH_STALL_S > stage_module.FETCH_CHECK_EVERY_S
+
+
+def test_probing_stops_at_the_first_record_found(tmp_path: Path) -> None:
+    stage, rejoined, probed, _ = _stage(
+        tmp_path, {0: 1, 1: 1, 2: 1}, {p: (0, 4) for p in range(3)}, True
+    )
+    stage._check_fetching()
+    assert probed == [(("ledger.intents", 0), 1)]
+    assert rejoined == ["rejoined"]
+
+
+def test_the_stage_samples_only_when_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch handled means a loop that is busy, not stalled: no check on that pass."""
+    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    checks: list[int] = []
+    batches = iter([["record"], [], ["record"]])
+
+    def next_batch() -> list[Any]:
+        try:
+            return next(batches)
+        except StopIteration:
+            stage.stopping = True
+            return []
+
+    class _Msg:
+        def error(self) -> None:
+            return None
+
+    stage.consumer = object()  # type: ignore[assignment]
+    stage.producer = type("P", (), {"poll": lambda self, t: 0})()
+    monkeypatch.setattr(stage, "_next_batch", lambda: [_Msg() for _ in next_batch()])
+    monkeypatch.setattr(stage, "_process", lambda msgs: None)
+    monkeypatch.setattr(stage, "_commit_skipped", lambda: None)
+    monkeypatch.setattr(stage, "idle", lambda: None)
+    monkeypatch.setattr(stage, "_report_ready", lambda: None)
+    monkeypatch.setattr(stage, "_check_fetching", lambda: checks.append(1))
+    stage._loop(None)
+    assert len(checks) == 2  # the empty pass and the last one, not the two batches
+    assert stage_module.FETCH_CHECK_EVERY_S < stage_module.FETCH_STALL_S

@@ -426,19 +426,20 @@ class Harness:
         An open (or hanging) transaction holds a partition's last stable
         offset back: no ``read_committed`` reader sees past it, so every
         stage looks quiet while nothing moves. For the error a stalled run
-        reports; one try, errors are reported in the answer.
+        reports (one try; the stable ends are asked as :meth:`lagging` asks them).
 
         Args:
             topics: full topic names.
 
         Returns:
             ``"topic[p]" -> (last stable offset, high watermark)`` for each
-            partition held back, or ``{"error": (0, 0)}``-style entries
-            naming what could not be read.
+            partition held back.
+
+        Raises:
+            KafkaException: an end could not be read.
         """
-        stable_reader = Consumer(
-            consumer_config(self.settings, f"{self.settings.topic_prefix}.harness")
-        )
+        tps = [TopicPartition(t, p) for t in topics for p in range(self.settings.partitions)]
+        stable = self._ends(tps)
         high_reader = Consumer(
             consumer_config(
                 self.settings, f"{self.settings.topic_prefix}.harness", isolation="read_uncommitted"
@@ -446,19 +447,11 @@ class Harness:
         )
         held: dict[str, tuple[int, int]] = {}
         try:
-            for topic in topics:
-                for p in range(self.settings.partitions):
-                    tp = TopicPartition(topic, p)
-                    try:
-                        _, stable = stable_reader.get_watermark_offsets(tp, 10, cached=False)
-                        _, high = high_reader.get_watermark_offsets(tp, 10, cached=False)
-                    except KafkaException as exc:
-                        held[f"{topic}[{p}] unreadable: {exc.args[0]}"] = (-1, -1)
-                        continue
-                    if stable < high:
-                        held[f"{topic}[{p}]"] = (int(stable), int(high))
+            for tp in tps:
+                _, high = high_reader.get_watermark_offsets(tp, 10, cached=False)
+                if stable[(tp.topic, tp.partition)] < high:
+                    held[f"{tp.topic}[{tp.partition}]"] = (stable[(tp.topic, tp.partition)], high)
         finally:
-            stable_reader.close()
             high_reader.close()
         return held
 

@@ -888,13 +888,7 @@ class Mission:
         follower = self._follower
         if follower is not None:
             try:
-                at = {
-                    tp.partition: tp.offset
-                    for tp in follower.consumer.position(
-                        [TopicPartition(follower.full, p) for p in sorted(follower.partitions)]
-                    )
-                }
-                parts.append(f"mission's state reader at {at}")
+                parts.append(f"mission's state reader at {follower._positions()}")
             except Exception as exc:  # noqa: BLE001
                 parts.append(f"mission's state reader position unknown ({exc})")
         open_cases = [r.case.refund_op for r in self.runs[: self._next_case] if not r.settled]

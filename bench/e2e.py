@@ -125,7 +125,9 @@ class Rig:
         """
         intent = sample_intent(i)
         now_ms = int(time.time() * 1000)
-        self.publisher.publish_approval(self.key.sign(sample_approval(intent, now_ms)))
+        self.publisher.publish_approval(
+            self.key.sign(sample_approval(intent, now_ms), ledger_id=self.settings.ledger_identity)
+        )
         at = time.perf_counter()
         self.publisher.publish_intent(intent)
         return intent.operation_id, at
@@ -190,7 +192,9 @@ class Rig:
         intents = [sample_intent(i) for i in numbers]
         now_ms = int(time.time() * 1000)
         for intent in intents:
-            grant = self.key.sign(sample_approval(intent, now_ms))
+            grant = self.key.sign(
+                sample_approval(intent, now_ms), ledger_id=self.settings.ledger_identity
+            )
             self.publisher.publish_approval(grant, wait=False)
         self.publisher.flush()
         started = time.perf_counter()

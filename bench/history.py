@@ -204,7 +204,9 @@ def settle(rig: Rig, settled: int, *, compact: bool = True) -> dict[str, Any]:
     sealer = stage_sealer(rig.settings, "authority")  # authority key for its topics, else MAC
     now_ms = int(time.time() * 1000)
     for k, j in enumerate(new_numbers):  # approvals: signed grants, as the driver publishes
-        grant = rig.key.sign(sample_approval(sample_intent(j), now_ms))
+        grant = rig.key.sign(
+            sample_approval(sample_intent(j), now_ms), ledger_id=rig.settings.ledger_identity
+        )
         rig.publisher.publish_approval(grant, wait=False)
         if k % 5000 == 4999:
             rig.publisher.flush()

@@ -161,7 +161,7 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     """
     started_ms = int(time.time() * 1000)
     started = time.monotonic()
-    keyring = load_keyring(settings, create=False, missing_ok=True)  # reads, creates nothing
+    keyring = load_keyring(settings, missing_ok=True)  # reads, creates nothing
     topics = [t.name for t in TOPICS if t.audited and t.auth]
     # Topics are read at once (each reader waits on the broker in librdkafka,
     # outside the GIL).
@@ -232,7 +232,9 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
     }
     trusted = load_trusted(settings.trusted_keys_path())
     check: Callable[[Approval], str | None] = (
-        (lambda a: verify(a, trusted)) if settings.require_signed_approvals else (lambda a: None)
+        (lambda a: verify(a, trusted, settings.ledger_identity))
+        if settings.require_signed_approvals
+        else (lambda a: None)
     )
     grants = {
         k: check(e)

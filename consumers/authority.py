@@ -34,6 +34,7 @@ from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import (
     LEGACY_POLICY_KEY,
     REASON_ADMITTED,
+    REASON_UNVERIFIABLE,
     evaluate,
     merge_approval,
     policy_key,
@@ -102,6 +103,12 @@ class AuthorityKernel(Stage):
         self.notes: list[tuple[str, str, Event]] = []
         #: The policy change in force (``None``: the configured version).
         self.policy_change: PolicyChange | None = None
+        #: approval ID -> what about it cannot be verified (a use or a
+        #: revocation sealed by a key this kernel does not hold): held, never
+        #: admitted, until the kernel restarts with the key.
+        self.unverifiable: dict[str, str] = {}
+        #: a policy record this kernel cannot verify: every request is held.
+        self.unverifiable_policy: str | None = None
         self._last_catch_up = 0.0
         # Followed lazily: a restart files every approval and use by key, and
         # a key's signatures are verified when a request names it (settle).
@@ -113,6 +120,7 @@ class AuthorityKernel(Stage):
             keyring=self.keyring,
             retry=self.retry,
             lazy=True,
+            on_unverifiable=self._unverifiable_row,
         )
         self._uses = TableFollower(
             self.settings,
@@ -122,6 +130,7 @@ class AuthorityKernel(Stage):
             keyring=self.keyring,
             retry=self.retry,
             lazy=True,
+            on_unverifiable=self._unverifiable_row,
         )
         self._policy = TableFollower(
             self.settings,
@@ -130,6 +139,7 @@ class AuthorityKernel(Stage):
             on_bad=self._bad_table_value,
             keyring=self.keyring,
             retry=self.retry,
+            on_unverifiable=self._unverifiable_policy,
         )
 
     @property
@@ -294,6 +304,7 @@ class AuthorityKernel(Stage):
         """
         self.approvals.clear()
         self.uses.clear()
+        self.unverifiable.clear()
         approvals = self._approvals.follow(partitions)
         uses = self._uses.follow(partitions)
         log.info(
@@ -311,6 +322,7 @@ class AuthorityKernel(Stage):
         self.pending.clear()
         self.approvals.clear()
         self.uses.clear()
+        self.unverifiable.clear()
         self.notes.clear()
         self._approvals.follow(self._approvals.partitions)
         self._uses.follow(self._uses.partitions)
@@ -332,6 +344,33 @@ class AuthorityKernel(Stage):
             if isinstance(rec.event, AdmissionRequest):
                 self._approvals.settle(rec.event.approval_id)
                 self._uses.settle(rec.event.approval_id)
+
+    def _unverifiable_row(self, key: str, msg: Message, problem: str) -> None:
+        """An approval or use record sealed by a key this kernel does not hold holds its approval.
+
+        It may be authentic evidence (a use made before the keys were lost):
+        reading it as absent would let a consumed approval pay again. The
+        record itself is reported once, as an ``UNVERIFIABLE`` operating
+        event, by :meth:`_bad_table_value`.
+        """
+        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
+        self.unverifiable.setdefault(key, f"{topic}:{msg.partition()}:{msg.offset()} {problem}")
+
+    def _unverifiable_policy(self, key: str, msg: Message, problem: str) -> None:
+        """A policy record this kernel cannot verify holds every request (fail closed)."""
+        if self.unverifiable_policy is None:
+            self.unverifiable_policy = f"policy:{msg.partition()}:{msg.offset()} {problem}"
+            log.error(
+                "authority: %s: every admission is held until the key is restored",
+                self.unverifiable_policy,
+            )
+
+    def unverifiable_held(self) -> dict[str, str]:
+        """What this kernel holds for evidence it cannot verify (key -> the record and reason)."""
+        held = dict(self.unverifiable)
+        if self.unverifiable_policy is not None:
+            held["(policy: every approval)"] = self.unverifiable_policy
+        return held
 
     def _bad_table_value(self, msg: Message, reason: str, kind: str) -> None:
         """An approval, use or policy record that is refused becomes an operating event.
@@ -447,6 +486,8 @@ class AuthorityKernel(Stage):
                 amount_field=endpoint.contract.amount_field if endpoint is not None else None,
                 sink_registered=endpoint is not None,
                 consequence=endpoint.contract.consequence if endpoint is not None else None,
+                ledger_id=self.settings.ledger_identity,
+                unverifiable=self.unverifiable.get(request.approval_id) or self.unverifiable_policy,
             )
             out.write("admissions", request.operation_id, result.decision)
             if result.use is not None:
@@ -459,7 +500,9 @@ class AuthorityKernel(Stage):
                     record_event(
                         "authority",
                         rec,
-                        "ADMISSION_REFUSED",
+                        "UNVERIFIABLE"
+                        if result.decision.reason.startswith(REASON_UNVERIFIABLE)
+                        else "ADMISSION_REFUSED",
                         f"{request.approval_id}: {result.decision.reason}",
                         operation_id=request.operation_id,
                         id_suffix="REFUSED",

@@ -75,7 +75,7 @@ def read_history(
         LedgerError: a topic could not be read to its end in time.
         LocalFileError: a key file is unreadable.
     """
-    keyring = load_keyring(settings, create=False, missing_ok=True)  # reads, creates nothing
+    keyring = load_keyring(settings, missing_ok=True)  # reads, creates nothing
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="history-read") as pool:
         futures = [
             pool.submit(_read_keys, settings, keyring, t, {operation_id}, timeout_s)

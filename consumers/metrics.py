@@ -62,6 +62,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ledger_consumer_lag": ("gauge", ("topic", "partition")),
     "ledger_stage_ready": ("gauge", ()),
     "ledger_stage_waiting_for_kafka": ("gauge", ()),
+    "ledger_unverifiable_held": ("gauge", ()),
     "ledger_loop_age_seconds": ("gauge", ()),
 }
 
@@ -218,6 +219,12 @@ class _Live(Collector):
             labels=["stage"],
         )
         yield GaugeMetricFamily(
+            "ledger_unverifiable_held",
+            "Keys (operations, approvals) held because evidence about them cannot be "
+            "verified with this stage's keys",
+            labels=["stage"],
+        )
+        yield GaugeMetricFamily(
             "ledger_loop_age_seconds",
             "Seconds since the stage's loop last went round (0 before it starts)",
             labels=["stage"],
@@ -227,13 +234,14 @@ class _Live(Collector):
         """The current values."""
         m = self.metrics
         stage = m.component
-        lag, ready, waiting, age = self._families()
+        lag, ready, waiting, held, age = self._families()
         for (topic, partition), value in sorted(m.lag.items()):
             lag.add_metric([stage, topic, str(partition)], value)
         ready.add_metric([stage], 1.0 if m.readiness()[0] else 0.0)
         waiting.add_metric([stage], 1.0 if m.waiting() else 0.0)
+        held.add_metric([stage], float(len(m._held())))
         age.add_metric([stage], m.loop_age_s())
-        return [lag, ready, waiting, age]
+        return [lag, ready, waiting, held, age]
 
 
 class StageMetrics:
@@ -246,6 +254,10 @@ class StageMetrics:
         ready: True once the stage has its partitions and restored them.
         waiting: what the stage waits for while Kafka does not answer
             (``None`` when it does not wait).
+        held: what the stage holds for evidence it cannot verify (key ->
+            record and reason, :meth:`consumers.stage.Stage.unverifiable_held`):
+            ``/readyz`` answers 503 and ``/healthz`` says so while it is not
+            empty, and the ``ledger_unverifiable_held`` gauge counts it.
     """
 
     def __init__(
@@ -256,8 +268,10 @@ class StageMetrics:
         stall_s: float = 120.0,
         ready: Callable[[], bool] = lambda: False,
         waiting: Callable[[], object] = lambda: None,
+        held: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.component = component
+        self._held = held
         self.instance = instance
         self.stall_s = stall_s
         self._ready = ready
@@ -456,7 +470,15 @@ class StageMetrics:
             state = "running"
         else:
             state = "stalled"
-        body = {"state": state, "loop_age_s": round(age, 3), "stall_s": self.stall_s}
+        body: dict[str, Any] = {
+            "state": state,
+            "loop_age_s": round(age, 3),
+            "stall_s": self.stall_s,
+        }
+        held = self._held()
+        if held:
+            body["unverifiable_held"] = len(held)
+            body["unverifiable"] = dict(sorted(held.items())[:10])
         return state != "stalled", body
 
     def readiness(self) -> Verdict:
@@ -467,6 +489,14 @@ class StageMetrics:
             return False, {"state": "waiting for Kafka", "waiting": self._waiting()}
         if not self._ready():
             return False, {"state": "not assigned or not restored yet"}
+        held = self._held()
+        if held:
+            return False, {
+                "state": f"holding {len(held)} key(s) on evidence its keys cannot verify "
+                "(restore the keys folder this ledger's records were sealed with, then restart)",
+                "unverifiable_held": len(held),
+                "unverifiable": dict(sorted(held.items())[:10]),
+            }
         return True, {"state": "ready"}
 
     # ------------------------------------------------------------------ serving

@@ -59,6 +59,7 @@ from consumers.stage import (
     read_partition,
     record_event,
 )
+from ledger.authn import unverifiable
 from ledger.contracts import postcondition_request
 from ledger.errors import LedgerError, LocalFileError
 from ledger.events import (
@@ -151,6 +152,13 @@ class Processor(Stage):
         self._unchecked_logged = False
         #: operations in UNKNOWN_OUTCOME on the assigned partitions (committed states).
         self.unknown_open: set[str] = set()
+        #: op -> (partition, the state record and why): operations whose
+        #: latest state record is sealed by a key this processor does not
+        #: hold. Nothing is decided for them (their inputs are reported as
+        #: ``UNVERIFIABLE`` and left undecided) until the processor restarts
+        #: with the key: reading such a record as absent would take a settled
+        #: operation for a new one and act on it again.
+        self.held: dict[str, tuple[int, str]] = {}
         self.metrics.unknown_outcomes.labels(self.component).set_function(
             lambda: len(self.unknown_open)
         )
@@ -340,6 +348,7 @@ class Processor(Stage):
             if rec is not None and isinstance(rec.event, OperationState):
                 keep(rec.key, rec.event, rec.raw, rec.partition)
                 displaced.pop(rec.key, None)
+                self.held.pop(rec.key, None)  # a later authentic state supersedes it
                 if restored[rec.key][0]:  # kept only for what may be resumed
                     traces[rec.key] = trace_headers_of(msg.headers())
                 else:
@@ -367,6 +376,9 @@ class Processor(Stage):
         def refused(msg: Message, problem: str) -> None:
             self._refused_state(msg, problem)
             key = key_text(msg)
+            if unverifiable(problem) and not is_reserved_key(key):
+                where = f"state:{msg.partition()}:{msg.offset()}"
+                self.held[key] = (msg.partition() or 0, f"{where} {problem}")
             # A record off its key's partition is no record of the operation:
             # a copy there must not stand for (nor hide) the record that
             # displaced its state on its own partition, whose journal rebuilds it.
@@ -389,6 +401,9 @@ class Processor(Stage):
             retry=self.retry,
         )
         log.info("processor restored %d state records for partitions %s", n, sorted(partitions))
+        for op, (_, why) in sorted(self.held.items()):
+            if self.partition_of.get(op) is None or self.partition_of[op] in partitions:
+                log.error("processor: %s held: its state cannot be verified (%s)", op, why)
         if displaced:
             rebuilt = self._rebuild_from_journal(
                 {p for p, _, _ in displaced.values()}, set(displaced)
@@ -514,21 +529,29 @@ class Processor(Stage):
         the operation. The operating event is written with the next
         transaction.
         """
-        self.forgeries_refused += 1
+        doubt = unverifiable(problem)
+        kind = "UNVERIFIABLE" if doubt else "UNAUTHENTICATED"
+        self.forgeries_refused += not doubt
         log.error(
-            "processor: UNAUTHENTICATED state record at state:%s:%s not restored: %s",
+            "processor: %s state record at state:%s:%s not restored: %s",
+            kind,
             msg.partition(),
             msg.offset(),
             problem,
         )
+        verdict = "cannot be verified here (its operation is held)" if doubt else "not authentic"
         self.notes.append(
-            dead_letter(
-                "processor", "state", msg, f"not authentic: {problem}", kind="UNAUTHENTICATED"
-            )
+            dead_letter("processor", "state", msg, f"{verdict}: {problem}", kind=kind)
         )
+
+    def unverifiable_held(self) -> dict[str, str]:
+        """Operations held because their latest state record cannot be verified (op -> why)."""
+        return {op: why for op, (_, why) in self.held.items()}
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Forget the operations of revoked partitions."""
+        for op in [op for op, (p, _) in self.held.items() if p in partitions]:
+            self.held.pop(op, None)
         for op in [op for op, p in self.partition_of.items() if p in partitions]:
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
@@ -659,6 +682,10 @@ class Processor(Stage):
             op = getattr(rec.event, "operation_id", None)
             if op != rec.key:
                 out.write("operating-events", rec.key, _bad_key(rec, op))
+                continue
+            if op in self.held:
+                out.write("operating-events", op, _held_event(rec, op, self.held[op][1]))
+                log.error("%s: %s not decided: held on unverifiable state", op, rec.event.KIND)
                 continue
             state = self.current(op)
             ref = ref_of(rec.topic, rec.partition, rec.offset)
@@ -802,6 +829,27 @@ def _rebuilt_event(
         source_partition=partition,
         source_offset=offset,
     )
+
+
+def _held_event(rec: Record, op: str, why: str) -> OperatingEvent:
+    """The ``UNVERIFIABLE`` operating event of an input left undecided (its bytes kept).
+
+    Args:
+        rec: the input (authentic) that was not decided.
+        op: its operation, held.
+        why: the state record that cannot be verified, and why.
+    """
+    event = record_event(
+        "processor",
+        rec,
+        "UNVERIFIABLE",
+        f"{rec.event.KIND} for {op} not decided: the operation's latest state record "
+        f"cannot be verified with this processor's keys ({why}); restore the keys folder "
+        "the ledger's records were sealed with and restart the processor",
+        operation_id=op,
+        id_suffix="HELD",
+    )
+    return event
 
 
 def _bad_key(rec: Record, op: str | None) -> OperatingEvent:

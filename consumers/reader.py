@@ -17,7 +17,7 @@ from ledger.settings import LedgerSettings
 
 def _keyring(settings: LedgerSettings, authentic: bool) -> Keyring | None:
     # A reader writes nothing: no key is created here (the stages create them).
-    return load_keyring(settings, create=False, missing_ok=True) if authentic else None
+    return load_keyring(settings, missing_ok=True) if authentic else None
 
 
 def read_topic(

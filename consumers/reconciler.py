@@ -66,7 +66,7 @@ def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> lis
         "reconciliation",
         None,
         seen,
-        keyring=load_keyring(settings, create=False, missing_ok=True),
+        keyring=load_keyring(settings, missing_ok=True),
         retry=retry,
     )
     states = current_states(settings)
@@ -116,7 +116,7 @@ def attempted_versions(
         "receipts",
         None,
         seen,
-        keyring=load_keyring(settings, create=False, missing_ok=True),
+        keyring=load_keyring(settings, missing_ok=True),
         retry=retry,
     )
     return versions

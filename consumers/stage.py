@@ -411,7 +411,10 @@ class Stage:
             stall_s=settings.health_stall_s,
             ready=lambda: self._ready_reported and self.consumer is not None,
             waiting=lambda: self.retry.waiting,
+            held=self.unverifiable_held,
         )
+        #: how many keys :meth:`unverifiable_held` named at the last status write.
+        self._held_written = 0
         self.metrics.describe_stage(self.group_id, self.transactional_id)
 
     # ------------------------------------------------------------------ hooks
@@ -845,15 +848,17 @@ class Stage:
         Args:
             msg: the refused record as consumed.
             reason: why the table refused it.
-            kind: ``BAD_INPUT`` or ``UNAUTHENTICATED``.
+            kind: ``BAD_INPUT``, ``UNAUTHENTICATED`` or ``UNVERIFIABLE`` (sealed
+                by a key this stage does not hold: counted in
+                :attr:`unverifiable_refused`, not as a forgery).
             keyed_by_operation: the table's keys are operation IDs.
 
         Returns:
             ``(key, OperatingEvent)`` to write to ``operating-events``.
         """
         topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
-        if kind == "UNAUTHENTICATED":
-            self.forgeries_refused += 1
+        if kind in ("UNAUTHENTICATED", "UNVERIFIABLE"):
+            self.forgeries_refused += kind == "UNAUTHENTICATED"
             what = f"{topic} record {key_text(msg)[:200]!r} refused, {reason}"
         else:
             what = f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}"
@@ -1486,15 +1491,38 @@ class Stage:
         """Where this instance says it is ready: ``run_dir/status/{component}-{instance}``."""
         return self.run_dir / "status" / f"{self.component}-{self.instance}.json"
 
+    def unverifiable_held(self) -> dict[str, str]:
+        """What this stage holds because evidence about it cannot be verified here.
+
+        A record sealed by a key the stage does not hold may be authentic
+        evidence (made with a key this host lost or never had): the stage
+        stops deciding for what it covers instead of reading it as absent,
+        and says so in its status file, ``/healthz``, ``/readyz`` (503) and
+        the ``ledger_unverifiable_held`` gauge. Stages override this.
+
+        Returns:
+            key (an operation or approval ID) -> the record (``topic:partition:offset``)
+            and why it cannot be verified; empty when nothing is held.
+        """
+        return {}
+
     def _report_ready(self) -> None:
         """Tell harnesses this process has its partitions and nothing left from start-up."""
+        held = len(self.unverifiable_held())
+        if held != self._held_written:
+            self._held_written = held
+            self._write_status()
         if self._ready_reported or not self._assignment_seen or not self.settled():
             return
         self._ready_reported = True
         self._write_status()
 
     def _write_status(self) -> None:
-        """Write :meth:`status_path`: ``{"pid", "ready", "waiting", "metrics_port"}``.
+        """Write :meth:`status_path`: ``{"pid", "ready", "waiting", "metrics_port", ...}``.
+
+        The rest: ``unverifiable_held`` (up to 50 keys held for evidence the
+        stage cannot verify, key -> record and reason) and its full count
+        ``unverifiable_held_count`` (:meth:`unverifiable_held`).
 
         ``ready`` says the process has its partitions and nothing left from
         start-up; ``waiting`` is ``None``, or what it waits for while Kafka
@@ -1511,6 +1539,9 @@ class Stage:
             # where this process serves /metrics, /healthz, /readyz (None: not
             # serving); `ledger console` probes it on this host
             "metrics_port": self.metrics.port,
+            # keys held for evidence this stage cannot verify (key -> record, reason)
+            "unverifiable_held": dict(sorted(self.unverifiable_held().items())[:50]),
+            "unverifiable_held_count": len(self.unverifiable_held()),
         }
         tmp.write_text(json.dumps(status))
         os.replace(tmp, path)

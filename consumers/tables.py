@@ -29,7 +29,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
 from consumers.stage import Record, await_settled, decode_record, key_text, oversized
-from ledger.authn import Keyring
+from ledger.authn import Keyring, unverifiable
 from ledger.errors import LedgerError
 from ledger.events import decode_event
 from ledger.kafka import consumer_config
@@ -67,6 +67,12 @@ class TableFollower:
             a key's records only on :meth:`settle` (the stage must settle a
             key before it reads its row); ``on_bad`` then hears of a refused
             record when its key is settled.
+        on_unverifiable: called with the key, the record and the reason each
+            time a record is refused because its seal names a key this
+            reader does not hold (:func:`ledger.authn.unverifiable`), every
+            follow (not once like ``on_bad``, whose kind is then
+            ``UNVERIFIABLE``): such a record may be authentic evidence, so a
+            stage must hold what it covers instead of reading it as absent.
     """
 
     def __init__(
@@ -78,9 +84,11 @@ class TableFollower:
         keyring: Keyring | None = None,
         retry: KafkaRetry | None = None,
         lazy: bool = False,
+        on_unverifiable: Callable[[str, Message, str], None] | None = None,
     ) -> None:
         self.settings = settings
         self.lazy = lazy
+        self.on_unverifiable = on_unverifiable
         #: key -> its records not yet settled, in offset order (lazy only).
         self._held: dict[str, list[Message]] = {}
         self.topic = topic
@@ -305,15 +313,20 @@ class TableFollower:
             problem, self.settings.require_authenticated_records
         ):
             return True
+        doubt = unverifiable(problem)
+        if doubt and self.on_unverifiable is not None:
+            self.on_unverifiable(key_text(msg), msg, problem)
         where = (msg.partition() or 0, msg.offset() or 0)
         if where in self._reported:
             return False
         self._reported.add(where)
         self.unauthenticated += 1
         what = "tombstone" if msg.value() is None else "record"
-        log.error("%s[%d]@%d: UNAUTHENTICATED %s refused: %s", self.full, *where, what, problem)
+        kind = "UNVERIFIABLE" if doubt else "UNAUTHENTICATED"
+        log.error("%s[%d]@%d: %s %s refused: %s", self.full, *where, kind, what, problem)
         if self.on_bad is not None:
-            self.on_bad(msg, f"not authentic ({what}): {problem}", "UNAUTHENTICATED")
+            verdict = "cannot be verified here" if doubt else "not authentic"
+            self.on_bad(msg, f"{verdict} ({what}): {problem}", kind)
         return False
 
     def _bad(self, msg: Message) -> None:

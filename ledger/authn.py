@@ -6,10 +6,11 @@ writes carries one Kafka record header, ``ledger-auth``, whose value is::
 
     <scheme>;<key ID>;<base64 tag>
 
-over the bytes of :func:`sealed_message` -- the topic's short name, the
+over the bytes of :func:`sealed_message` -- the ledger's identity
+(``LEDGER_ID``, by default the topic prefix), the topic's short name, the
 record key and the value (or the absence of one: a tombstone is sealed too),
-each length-prefixed, so a seal cannot be moved to another topic, key or
-value. Two schemes:
+each length-prefixed, so a seal cannot be moved to another ledger, topic,
+key or value. Two schemes:
 
 * ``hmac-sha256`` (RFC 2104 HMAC with SHA-256): the stages' deployment key, a
   secret every stage loads from a file. It authenticates the records stages
@@ -28,6 +29,14 @@ itself (:mod:`ledger.signing`), which is what authenticates it. Records that
 name their writer (a revocation's ``revoked_by``, a policy change's
 ``set_by``, a disposition's ``by``) must be signed by the key of that name:
 a trusted operator cannot sign in another's name.
+
+A reader tells two kinds of refusal apart (:func:`unverifiable`): a record
+whose seal names a key the reader does not hold *cannot be verified* -- it
+may be authentic evidence made with a key this host lost or never had --
+and a reader must never read it as absent (the authority kernel holds what
+it covers, the auditor reports it); a record that is misplaced, unsealed,
+sealed for another topic, role or ledger, or whose tag does not match a key
+the reader holds is *not authentic* and is refused as if it were not there.
 
 This module is pure (no files, no clock): keys are loaded by
 :mod:`ledger.credentials`.
@@ -52,6 +61,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ledger.events import Approval, Disposition, Event, PolicyChange
+from ledger.signing import GRANT_UNKNOWN_KEY
 from ledger.signing import verify as verify_grant
 from ledger.topology import MISPLACED, TOPIC_BY_NAME, misplaced
 
@@ -71,29 +81,88 @@ ROLES = (ROLE_STAGE, ROLE_AUTHORITY, ROLE_OPERATOR, ROLE_REVIEWER)
 SCHEME_MAC = "hmac-sha256"
 SCHEME_ED25519 = "ed25519"
 
-#: Domain separation: the first field of every sealed message.
-_DOMAIN = b"ledger-record/v1"
+#: Domain separation: the first field of every sealed message. Version 2
+#: added the ledger identity (records sealed as ``ledger-record/v1`` name no
+#: ledger and are not accepted).
+_DOMAIN = b"ledger-record/v2"
 _LENGTH = struct.Struct(">I").pack
 _DOMAIN_FIELD = _LENGTH(len(_DOMAIN)) + _DOMAIN
 _TOMBSTONE_FIELD = _LENGTH(1) + b"\x00"
 
+#: The ledger identity of a keyring or key made without one (unit tests and
+#: the default deployment, whose topic prefix is ``ledger``).
+DEFAULT_LEDGER_ID = "ledger"
 
-def sealed_message(topic: str, key: bytes, value: bytes | None) -> bytes:
+#: How :meth:`Keyring.check` starts the reason for a seal that names a key
+#: the reader does not hold: see :func:`unverifiable`.
+UNKNOWN_KEY = "sealed by unknown key"
+
+#: Key IDs of the authority kernel's signing keys start with this
+#: (``authority-kernel-`` and 12 hex digits of the public key's SHA-256).
+AUTHORITY_KEY_PREFIX = "authority-kernel"
+
+
+def authority_key_id(public_raw: bytes) -> str:
+    """The key ID of an authority kernel's key: its public key's fingerprint.
+
+    A kernel key made anew (lost keys, a hand-made key) has another ID, so a
+    record signed by the old one names a key nobody holds -- *unverifiable*,
+    never mistaken for a forgery and dropped (:func:`unverifiable`).
+
+    Args:
+        public_raw: the 32 raw bytes of the Ed25519 public key.
+
+    Returns:
+        ``authority-kernel-`` followed by 12 hex digits.
+    """
+    return f"{AUTHORITY_KEY_PREFIX}-{hashlib.sha256(public_raw).hexdigest()[:12]}"
+
+
+def unverifiable(problem: str | None) -> bool:
+    """Whether a refusal means "cannot be verified here" rather than "not authentic".
+
+    Args:
+        problem: what :meth:`Keyring.check` returned.
+
+    Returns:
+        True when the record's seal (or a grant's signature) names a key
+        this reader does not hold: the record may be authentic evidence made
+        with a key this host lost or never had, so it must not be read as
+        absent (DESIGN.md "Trust boundary"; issue: lost keys fail open).
+    """
+    return problem is not None and problem.startswith((UNKNOWN_KEY, GRANT_UNKNOWN_KEY))
+
+
+def sealed_message(
+    topic: str, key: bytes, value: bytes | None, ledger_id: str = DEFAULT_LEDGER_ID
+) -> bytes:
     """The bytes a seal covers.
 
     Args:
-        topic: the topic's short name (``dispatches``), not the prefixed one,
-            so a ledger moved to another prefix keeps its seals.
+        topic: the topic's short name (``dispatches``), not the prefixed one.
         key: the record key as written.
         value: the record value, or ``None`` for a tombstone.
+        ledger_id: the ledger's identity (``LEDGER_ID``, by default its
+            topic prefix): a record sealed for one ledger does not verify in
+            another, even where both hold the same keys.
 
     Returns:
-        ``domain | topic | key | value``, each preceded by its length (4
-        bytes, big-endian); a tombstone's value field is the single byte 0,
-        a value's is 1 followed by the value, so the two cannot collide.
+        ``domain | ledger | topic | key | value``, each preceded by its
+        length (4 bytes, big-endian); a tombstone's value field is the single
+        byte 0, a value's is 1 followed by the value, so the two cannot
+        collide.
     """
     name = topic.encode("utf-8")
-    head = (_DOMAIN_FIELD, _LENGTH(len(name)), name, _LENGTH(len(key)), key)
+    ledger = ledger_id.encode("utf-8")
+    head = (
+        _DOMAIN_FIELD,
+        _LENGTH(len(ledger)),
+        ledger,
+        _LENGTH(len(name)),
+        name,
+        _LENGTH(len(key)),
+        key,
+    )
     if value is None:
         return b"".join((*head, _TOMBSTONE_FIELD))
     return b"".join((*head, _LENGTH(len(value) + 1), b"\x01", value))
@@ -139,10 +208,13 @@ class MacKey:
 
     Attributes:
         secret: 32 random bytes.
+        role: always ``stage``.
+        ledger_id: the ledger its seals are made for.
     """
 
     secret: bytes
     role: str = ROLE_STAGE
+    ledger_id: str = DEFAULT_LEDGER_ID
 
     @cached_property
     def key_id(self) -> str:
@@ -155,7 +227,7 @@ class MacKey:
 
     def seal(self, topic: str, key: bytes, value: bytes | None) -> bytes:
         """The ``ledger-auth`` header value for one record (as :meth:`Seal.encode` gives it)."""
-        tag = hmac.digest(self.secret, sealed_message(topic, key, value), "sha256")
+        tag = hmac.digest(self.secret, sealed_message(topic, key, value, self.ledger_id), "sha256")
         return self._prefix + binascii.b2a_base64(tag, newline=False)
 
 
@@ -167,11 +239,13 @@ class SigningKey:
         key_id: the name (a reviewer's or operator's name, or the kernel's ID).
         private: the private key.
         role: ``reviewer``, ``operator`` or ``authority``.
+        ledger_id: the ledger its seals are made for.
     """
 
     key_id: str
     private: Ed25519PrivateKey
     role: str
+    ledger_id: str = DEFAULT_LEDGER_ID
 
     def public_b64(self) -> str:
         """The raw public key, base64."""
@@ -180,7 +254,7 @@ class SigningKey:
 
     def seal(self, topic: str, key: bytes, value: bytes | None) -> bytes:
         """The ``ledger-auth`` header value for one record."""
-        tag = self.private.sign(sealed_message(topic, key, value))
+        tag = self.private.sign(sealed_message(topic, key, value, self.ledger_id))
         return Seal(SCHEME_ED25519, self.key_id, tag).encode()
 
 
@@ -241,6 +315,8 @@ class Keyring:
             (``LEDGER_PARTITIONS``): a record read from a partition its key
             does not name is refused (:func:`ledger.topology.misplaced`);
             0 checks no placement.
+        ledger_id: the ledger this reader belongs to: a seal or grant made
+            for another ledger does not verify.
     """
 
     macs: dict[str, bytes] = field(default_factory=dict)
@@ -248,6 +324,7 @@ class Keyring:
     reload: Callable[[], Keyring | None] | None = None
     unsigned_grants_ok: bool = False
     partitions: int = 0
+    ledger_id: str = DEFAULT_LEDGER_ID
 
     def add_mac(self, key: MacKey) -> None:
         """Accept seals made with ``key``."""
@@ -314,9 +391,9 @@ class Keyring:
             seal = Seal.parse(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             return f"malformed {AUTH_HEADER} header ({exc})"
-        message = sealed_message(topic, key, value)
+        message = sealed_message(topic, key, value, self.ledger_id)
         problem = self._verify(seal, message, accept)
-        if problem is not None and problem.startswith("sealed by unknown key") and self._refresh():
+        if unverifiable(problem) and self._refresh():
             problem = self._verify(seal, message, accept)
         if problem is not None:
             return problem
@@ -359,8 +436,8 @@ class Keyring:
         problem: str | None = None
         for attempt in (0, 1):
             reviewers = {k: t.public for k, t in self.trusted.items() if t.role == ROLE_REVIEWER}
-            problem = verify_grant(grant, reviewers)
-            if problem is None or "unknown key" not in problem or attempt or not self._refresh():
+            problem = verify_grant(grant, reviewers, self.ledger_id)
+            if not unverifiable(problem) or attempt or not self._refresh():
                 return problem
         return problem
 
@@ -368,7 +445,7 @@ class Keyring:
         if seal.scheme == SCHEME_MAC:
             secret = self.macs.get(seal.key_id)
             if secret is None:
-                return f"sealed by unknown key {seal.key_id}"
+                return f"{UNKNOWN_KEY} {seal.key_id}"
             if ROLE_STAGE not in accept:
                 return f"sealed by a stage key; this topic is written by {', '.join(accept)}"
             expected = hmac.digest(secret, message, "sha256")
@@ -377,7 +454,7 @@ class Keyring:
             return None
         trusted = self.trusted.get(seal.key_id)
         if trusted is None:
-            return f"sealed by unknown key {seal.key_id}"
+            return f"{UNKNOWN_KEY} {seal.key_id}"
         if trusted.role not in accept:
             return (
                 f"key {seal.key_id} is trusted as {trusted.role}; "
@@ -411,9 +488,13 @@ def seal_headers(
     return [(AUTH_HEADER, sealer.seal(topic, key, value))]
 
 
-def keyring_of(macs: Iterable[MacKey] = (), signers: Iterable[SigningKey] = ()) -> Keyring:
+def keyring_of(
+    macs: Iterable[MacKey] = (),
+    signers: Iterable[SigningKey] = (),
+    ledger_id: str = DEFAULT_LEDGER_ID,
+) -> Keyring:
     """A keyring trusting the given keys (tests and single-process tools)."""
-    ring = Keyring()
+    ring = Keyring(ledger_id=ledger_id)
     for mac in macs:
         ring.add_mac(mac)
     for signer in signers:

@@ -17,11 +17,15 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ledger.authn import DEFAULT_LEDGER_ID
 from ledger.events import AdmissionDecision, AdmissionRequest, Approval, ApprovalUse, PolicyChange
 from ledger.signing import verify
 
 REASON_ADMITTED = "admitted"
 REASON_NOT_FOUND = "approval not found"
+#: The start of the reason a request is held for: evidence about its approval
+#: (a use, a revocation, a policy change) that the kernel cannot verify.
+REASON_UNVERIFIABLE = "held: evidence about this approval cannot be verified"
 REASON_REVOKED = "approval was revoked"
 REASON_CONSUMED = "approval was consumed by another operation"
 REASON_EXPIRED = "approval has expired"
@@ -190,6 +194,8 @@ def evaluate(
     amount_field: str | None = DEFAULT_AMOUNT_FIELD,
     sink_registered: bool = True,
     consequence: str | None = None,
+    ledger_id: str = DEFAULT_LEDGER_ID,
+    unverifiable: str | None = None,
 ) -> Admission:
     """Decide whether ``request`` may be admitted under ``approval`` at ``now_ms``.
 
@@ -215,6 +221,13 @@ def evaluate(
         consequence: the consequence class of the request's sink contract
             (``None``: unknown); decides what a compensation needs (see
             :func:`compensation_problem`).
+        ledger_id: the kernel's ledger: a grant signed for another ledger
+            does not verify (:func:`ledger.signing.verify`).
+        unverifiable: what the kernel could not verify about this approval
+            or the policy (a use, revocation or policy record sealed by a key
+            it does not hold), or ``None``. Such evidence is never read as
+            absent: the request is refused with :data:`REASON_UNVERIFIABLE`
+            and the description, whatever else holds (fail closed).
 
     Returns:
         The decision and, when admitted for the first time, the use to record.
@@ -246,10 +259,12 @@ def evaluate(
             new,
         )
 
+    if unverifiable is not None:
+        return result(False, f"{REASON_UNVERIFIABLE} ({unverifiable})")
     if approval is None:
         return result(False, REASON_NOT_FOUND)
     if trusted is not None:
-        problem = verify(approval, dict(trusted))
+        problem = verify(approval, dict(trusted), ledger_id)
         if problem is not None:
             return result(False, problem)
     # Scope never depends on time: it is checked for every request, a

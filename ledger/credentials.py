@@ -7,16 +7,26 @@ noted), each written with mode 0600 when it holds a secret:
   Every stage, reconciler and resumer (``ledger claim``) holds it.
 * ``authority.key`` / ``authority.pub`` -- the authority kernel's Ed25519
   key pair. Only the kernel needs the private half; every reader needs the
-  public one.
+  public one. Its key ID is its fingerprint
+  (:func:`ledger.authn.authority_key_id`).
+* ``ledgers.json`` -- the ledgers these keys serve (``{"ledgers": [ID ...]}``,
+  by ``LEDGER_ID``, default the topic prefix): a process of another ledger
+  refuses to use them, so separate ledgers never share keys unless an
+  operator says so (``ledger keys init --share``).
 * ``LEDGER_RUN_DIR/reviewers/NAME.key`` and ``LEDGER_RUN_DIR/operators/NAME.key``
   -- people's Ed25519 keys (``ledger reviewer add``, ``ledger operator add``),
   whose public halves are trusted by role in ``trusted_keys.json``.
 
-On one host, the first process that needs the deployment or authority key
-creates it (atomically: concurrent starters end up with the same key). On
-several hosts, run ``ledger keys init`` once and copy the files: the
-deployment key to every stage host, the authority key to the kernel's host
-only, ``authority.pub`` and ``trusted_keys.json`` everywhere.
+Keys are provisioned, never invented: only ``ledger keys init`` (which
+refuses while the ledger's topics already hold evidence) and the testbed
+call :func:`provision_keys`. A stage, command or service that lacks a key it
+needs stops with a :class:`MissingKeyError` naming the key, the folder and
+the command that provisions it -- a process that made a fresh key instead
+would read the evidence sealed with the lost one as absent (a consumed
+approval paid twice) or refuse every genuine record. On several hosts, run
+``ledger keys init`` once and copy the files: the deployment key to every
+stage host, the authority key to the kernel's host only, ``authority.pub``,
+``ledgers.json`` and ``trusted_keys.json`` everywhere.
 """
 
 from __future__ import annotations
@@ -28,13 +38,16 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ledger.authn import (
+    AUTHORITY_KEY_PREFIX,
     ROLE_AUTHORITY,
     ROLE_OPERATOR,
     ROLE_REVIEWER,
@@ -43,6 +56,7 @@ from ledger.authn import (
     MacKey,
     Sealer,
     SigningKey,
+    authority_key_id,
     claimed_writer,
 )
 from ledger.errors import LedgerError, LocalFileError
@@ -56,8 +70,21 @@ log = logging.getLogger(__name__)
 #: Seconds between re-reads of the key files when a seal names an unknown key.
 RELOAD_EVERY_S = 1.0
 
-#: Key ID of the authority kernel's signing key.
-AUTHORITY_KEY_ID = "authority-kernel"
+#: Name prefix of the authority kernel's key IDs (the rest is its fingerprint).
+AUTHORITY_KEY_ID = AUTHORITY_KEY_PREFIX
+
+#: The file that says which ledgers a keys folder serves.
+LEDGERS_FILE = "ledgers.json"
+
+
+class MissingKeyError(LocalFileError):
+    """A key the process needs is not there; the message names the key, the
+    folder and the command that provisions it. Nothing is created instead."""
+
+
+class KeysOfAnotherLedgerError(LocalFileError):
+    """The keys folder serves other ledgers (its ``ledgers.json``); separate
+    ledgers never share keys unless told to (``ledger keys init --share``)."""
 
 
 def keys_dir(settings: LedgerSettings) -> Path:
@@ -97,23 +124,84 @@ def _read_json(path: Path, what: str, remedy: str) -> dict[str, str]:
         ) from exc
 
 
-def deployment_key(settings: LedgerSettings, *, create: bool = True) -> MacKey:
-    """The stages' deployment key, created on first use when ``create``.
+def _missing(settings: LedgerSettings, name: str, who: str) -> MissingKeyError:
+    folder = keys_dir(settings)
+    return MissingKeyError(
+        f"no {name} in {folder} (LEDGER_KEYS_DIR), and {who} needs it: copy the keys folder "
+        f"from the host where ledger {settings.ledger_identity!r}'s keys were made (or restore "
+        f"it from a backup); for a new ledger with no records yet, run `ledger keys init`. "
+        "Nothing was created: a fresh key would read the evidence sealed with the lost one "
+        "as absent",
+        expected=str(folder / name),
+        observed="absent",
+    )
+
+
+def bound_ledgers(settings: LedgerSettings) -> list[str] | None:
+    """The ledgers the keys folder serves (``ledgers.json``); ``None`` if it has no such file.
 
     Raises:
-        LocalFileError: the file is unreadable, or absent and ``create`` is
-            false.
+        LocalFileError: the file is unreadable.
+    """
+    path = keys_dir(settings) / LEDGERS_FILE
+    if not path.exists():
+        return None
+    raw = _read_json(path, "ledgers", "restore it from another stage host")
+    ledgers = raw.get("ledgers")
+    if not isinstance(ledgers, list) or not all(isinstance(x, str) for x in ledgers):
+        raise LocalFileError(
+            f"the ledgers file {path} has no list of ledger IDs under 'ledgers'; restore it "
+            "from another stage host",
+            observed=str(raw)[:200],
+        )
+    return list(ledgers)
+
+
+def check_binding(settings: LedgerSettings) -> None:
+    """Refuse a keys folder that serves other ledgers, or none.
+
+    Raises:
+        KeysOfAnotherLedgerError: ``ledgers.json`` does not list this ledger,
+            or the folder holds keys but no ``ledgers.json`` (an earlier
+            release's folder: ``ledger keys init`` binds it).
+        LocalFileError: ``ledgers.json`` is unreadable.
+    """
+    folder = keys_dir(settings)
+    me = settings.ledger_identity
+    ledgers = bound_ledgers(settings)
+    if ledgers is None:
+        if (folder / "deployment.key").exists() or (folder / "authority.pub").exists():
+            raise KeysOfAnotherLedgerError(
+                f"the keys in {folder} name no ledger (no {LEDGERS_FILE}, an earlier release's "
+                f"folder); if they are ledger {me!r}'s, bind them with `ledger keys init`",
+                expected=me,
+                observed="no ledgers.json",
+            )
+        return
+    if me not in ledgers:
+        raise KeysOfAnotherLedgerError(
+            f"the keys in {folder} serve ledger(s) {', '.join(map(repr, ledgers))}, not {me!r} "
+            f"(LEDGER_ID, default the topic prefix): give this ledger its own folder "
+            "(LEDGER_KEYS_DIR) and run `ledger keys init` there, or share these keys on "
+            "purpose with `ledger keys init --share`",
+            expected=me,
+            observed=",".join(ledgers),
+        )
+
+
+def deployment_key(settings: LedgerSettings) -> MacKey:
+    """The stages' deployment key, bound to this ledger; never created here.
+
+    Raises:
+        MissingKeyError: there is no ``deployment.key`` (the message names
+            the folder and ``ledger keys init``).
+        KeysOfAnotherLedgerError: the folder serves another ledger.
+        LocalFileError: the file is unreadable.
     """
     path = keys_dir(settings) / "deployment.key"
     if not path.exists():
-        if not create:
-            raise LocalFileError(
-                f"no deployment key at {path}; copy it from the host where the ledger's "
-                "keys were made, or run `ledger keys init` for a new ledger"
-            )
-        secret = base64.b64encode(secrets.token_bytes(32)).decode()
-        if _create_once(path, json.dumps({"secret": secret})):
-            log.warning("created a new deployment key at %s (every stage must share it)", path)
+        raise _missing(settings, "deployment.key", "every stage, resumer and reader")
+    check_binding(settings)
     raw = _read_json(path, "deployment key", "restore it from another stage host")
     try:
         secret_bytes = base64.b64decode(raw["secret"], validate=True)
@@ -125,47 +213,42 @@ def deployment_key(settings: LedgerSettings, *, create: bool = True) -> MacKey:
             "restore it from another stage host",
             observed=str(exc),
         ) from exc
-    return MacKey(secret_bytes)
+    return MacKey(secret_bytes, ledger_id=settings.ledger_identity)
 
 
-def authority_key(settings: LedgerSettings, *, create: bool = True) -> SigningKey:
-    """The authority kernel's signing key (and its ``authority.pub``), created on first use.
+def authority_key(settings: LedgerSettings) -> SigningKey:
+    """The authority kernel's signing key, bound to this ledger; never created here.
 
     Raises:
-        LocalFileError: the file is unreadable, or absent and ``create`` is
-            false.
+        MissingKeyError: there is no ``authority.key``.
+        KeysOfAnotherLedgerError: the folder serves another ledger.
+        LocalFileError: the file is unreadable.
     """
     path = keys_dir(settings) / "authority.key"
     if not path.exists():
-        if not create:
-            raise LocalFileError(f"no authority key at {path}; run `ledger keys init`")
-        fresh = ReviewerKey.generate(AUTHORITY_KEY_ID)
-        raw_private = fresh.private.private_bytes_raw()
-        content = {
-            "key_id": AUTHORITY_KEY_ID,
-            "private_key": base64.b64encode(raw_private).decode(),
-        }
-        if _create_once(path, json.dumps(content)):
-            log.warning("created a new authority key at %s", path)
+        raise _missing(settings, "authority.key", "the authority kernel")
+    check_binding(settings)
     try:
         key = ReviewerKey.from_file(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LocalFileError(
-            f"the authority key file {path} is unreadable ({exc}); restore it, or run "
-            "`ledger keys init --force` for a new ledger (records signed by the old key "
-            "are then refused)",
+            f"the authority key file {path} is unreadable ({exc}); restore it from a backup "
+            "(records the kernel signed can only be verified with its key)",
             observed=str(exc),
         ) from exc
+    raw_public = key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
     public = keys_dir(settings) / "authority.pub"
     if not public.exists() or public.read_text().strip() != key.public_b64():
         tmp = public.with_name(f".authority.pub.{os.getpid()}")
         tmp.write_text(key.public_b64() + "\n")
         os.replace(tmp, public)
-    return SigningKey(key.key_id, key.private, ROLE_AUTHORITY)
+    return SigningKey(
+        authority_key_id(raw_public), key.private, ROLE_AUTHORITY, settings.ledger_identity
+    )
 
 
-def authority_public(settings: LedgerSettings) -> Ed25519PublicKey | None:
-    """The authority kernel's public key from ``authority.pub`` (``None`` if absent).
+def authority_public(settings: LedgerSettings) -> tuple[str, Ed25519PublicKey] | None:
+    """The authority kernel's key ID and public key from ``authority.pub`` (``None`` if absent).
 
     Raises:
         LocalFileError: the file is unreadable.
@@ -174,9 +257,8 @@ def authority_public(settings: LedgerSettings) -> Ed25519PublicKey | None:
     if not path.exists():
         return None
     try:
-        return Ed25519PublicKey.from_public_bytes(
-            base64.b64decode(path.read_text().strip(), validate=True)
-        )
+        raw = base64.b64decode(path.read_text().strip(), validate=True)
+        return authority_key_id(raw), Ed25519PublicKey.from_public_bytes(raw)
     except (OSError, ValueError) as exc:
         raise LocalFileError(
             f"the authority public key {path} is unreadable ({exc}); copy it from the "
@@ -185,47 +267,128 @@ def authority_public(settings: LedgerSettings) -> Ed25519PublicKey | None:
         ) from exc
 
 
-def load_keyring(
-    settings: LedgerSettings, *, create: bool = True, missing_ok: bool = False
-) -> Keyring:
-    """Every key a reader checks seals against, re-read on demand.
+@dataclass(frozen=True)
+class Provisioned:
+    """What :func:`provision_keys` found or made.
 
-    With ``create`` (the default, one-host deployments: the stages),
-    missing deployment and authority keys are created first, so processes
-    that start together agree on them. A reader that only looks (``ledger
-    state``, ``history``, ``audit`` ...) passes ``create=False,
-    missing_ok=True``: it writes nothing, and without a deployment key its
-    ring has none, so every sealed record is refused as unauthenticated
-    until the key appears (a stage creates it). When a seal names a key it
-    does not know, the keyring re-reads the files: at once if one of them
-    changed since it last read them (a reviewer added a moment ago), else at
-    most once a second.
+    Attributes:
+        folder: the keys folder.
+        deployment_key_id: the deployment key's ID.
+        authority_key_id: the authority kernel's key ID.
+        created: the files this call created (names), empty when all were there.
+        ledgers: the ledgers the folder serves now.
+    """
+
+    folder: Path
+    deployment_key_id: str
+    authority_key_id: str
+    created: tuple[str, ...]
+    ledgers: tuple[str, ...]
+
+
+def provision_keys(settings: LedgerSettings, *, share: bool = False) -> Provisioned:
+    """Create the ledger's missing deployment and authority keys and bind the folder.
+
+    Only ``ledger keys init`` (after it has checked that the ledger's topics
+    hold no evidence) and the testbed call this. Keys that exist are kept;
+    concurrent callers end up with the same keys.
 
     Args:
-        settings: where the keys are (``keys_dir``, ``trusted_keys_file``).
-        create: create missing deployment and authority keys.
-        missing_ok: with ``create`` false, a missing deployment key leaves
-            the ring without one instead of raising.
+        settings: the ledger (``ledger_identity``) and its keys folder.
+        share: add this ledger to a folder that already serves another one
+            (the operator says the ledgers share keys; seals still name their
+            ledger, so nothing moves between them).
+
+    Returns:
+        What is there now, and what was created.
 
     Raises:
-        LocalFileError: a key file is unreadable, or (``create`` and
-            ``missing_ok`` false) the deployment key is missing.
+        KeysOfAnotherLedgerError: the folder serves other ledgers and
+            ``share`` is false.
+        LocalFileError: a key file is unreadable.
+    """
+    folder = keys_dir(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    me = settings.ledger_identity
+    ledgers = bound_ledgers(settings)
+    created: list[str] = []
+    if ledgers is not None and me not in ledgers and not share:
+        check_binding(settings)  # raises, naming the ledgers it serves
+    if ledgers is None or me not in ledgers:
+        updated = sorted({*(ledgers or []), me})
+        tmp = folder / f".{LEDGERS_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp.write_text(json.dumps({"ledgers": updated}) + "\n")
+        os.replace(tmp, folder / LEDGERS_FILE)
+        created.append(LEDGERS_FILE)
+    secret = base64.b64encode(secrets.token_bytes(32)).decode()
+    if _create_once(folder / "deployment.key", json.dumps({"secret": secret})):
+        created.append("deployment.key")
+        log.warning("created a new deployment key in %s (every stage must share it)", folder)
+    # A host that holds authority.pub without authority.key is not the kernel's:
+    # a key made here would replace the public key every reader trusts.
+    if not (folder / "authority.pub").exists():
+        fresh = ReviewerKey.generate(AUTHORITY_KEY_ID)
+        content = {
+            "key_id": AUTHORITY_KEY_ID,
+            "private_key": base64.b64encode(fresh.private.private_bytes_raw()).decode(),
+        }
+        if _create_once(folder / "authority.key", json.dumps(content)):
+            created.append("authority.key")
+            log.warning("created a new authority key in %s", folder)
+    mac = deployment_key(settings)
+    if (folder / "authority.key").exists():
+        kernel_id = authority_key(settings).key_id
+    else:
+        public = authority_public(settings)
+        kernel_id = public[0] if public is not None else ""
+    return Provisioned(
+        folder, mac.key_id, kernel_id, tuple(created), tuple(bound_ledgers(settings) or ())
+    )
+
+
+def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyring:
+    """Every key a reader checks seals against, re-read on demand; creates nothing.
+
+    A stage (the default) needs the deployment key and the authority
+    kernel's public key: without either it stops here, before it joins its
+    group, since it could not authenticate its inputs. A reader that only
+    looks (``ledger state``, ``history``, ``audit`` ...) passes
+    ``missing_ok=True``: without a deployment key its ring has none, and
+    every sealed record reads as unverifiable (the auditor says so). When a
+    seal names a key it does not know, the keyring re-reads the files: at
+    once if one of them changed since it last read them (a reviewer added a
+    moment ago), else at most once a second; keys that vanish meanwhile are
+    not replaced (the ring keeps what it had).
+
+    Args:
+        settings: where the keys are (``keys_dir``, ``trusted_keys_file``)
+            and the ledger they must serve.
+        missing_ok: a missing deployment or authority public key leaves the
+            ring without it instead of raising.
+
+    Raises:
+        MissingKeyError: (``missing_ok`` false) the deployment key or
+            ``authority.pub`` is missing; the message names the folder and
+            the command that provisions them.
+        KeysOfAnotherLedgerError: the keys folder serves other ledgers.
+        LocalFileError: a key file is unreadable.
     """
 
     def read() -> Keyring:
         ring = Keyring(
             unsigned_grants_ok=not settings.require_signed_approvals,
             partitions=settings.partitions,
+            ledger_id=settings.ledger_identity,
         )
-        if create or not missing_ok or (keys_dir(settings) / "deployment.key").exists():
-            ring.add_mac(deployment_key(settings, create=create))
-        if create:
-            authority_key(settings)
+        if not missing_ok or (keys_dir(settings) / "deployment.key").exists():
+            ring.add_mac(deployment_key(settings))
         public = authority_public(settings)
+        if public is None and not missing_ok:
+            raise _missing(settings, "authority.pub", "every stage (to check the kernel's records)")
         if public is not None:
-            ring.add_public(AUTHORITY_KEY_ID, ROLE_AUTHORITY, public)
+            ring.add_public(public[0], ROLE_AUTHORITY, public[1])
         for key_id, (role, key) in load_trusted_roles(settings.trusted_keys_path()).items():
-            if key_id != AUTHORITY_KEY_ID:
+            if not key_id.startswith(AUTHORITY_KEY_ID):
                 ring.add_public(key_id, role, key)
         return ring
 
@@ -287,7 +450,7 @@ def add_person(settings: LedgerSettings, role: str, name: str) -> tuple[Reviewer
     if path.exists():
         raise LedgerError(f"{role} {name!r} already has a key at {path}")
     known = load_trusted_roles(settings.trusted_keys_path())
-    if name in known or name == AUTHORITY_KEY_ID:
+    if name in known or name.startswith(AUTHORITY_KEY_ID):
         other = known[name][0] if name in known else ROLE_AUTHORITY
         raise LedgerError(
             f"{name!r} is already trusted as {other}; one name holds one role, so choose "
@@ -320,7 +483,7 @@ def person_key(settings: LedgerSettings, role: str, name: str) -> SigningKey:
             f"key under a new name with `ledger {role} add`",
             observed=str(exc),
         ) from exc
-    return SigningKey(key.key_id, key.private, role)
+    return SigningKey(key.key_id, key.private, role, settings.ledger_identity)
 
 
 class Credentials:
@@ -336,19 +499,22 @@ class Credentials:
       refused.
 
     Args:
-        settings: where the key files are.
-        create: create a missing deployment key (one-host deployments).
+        settings: where the key files are, and the ledger the seals name.
     """
 
-    def __init__(self, settings: LedgerSettings, *, create: bool = True) -> None:
+    def __init__(self, settings: LedgerSettings) -> None:
         self.settings = settings
-        self.create = create
         self._people: dict[str, SigningKey] = {}
         self._mac: MacKey | None = None
 
     def add(self, key: ReviewerKey | SigningKey, role: str = ROLE_REVIEWER) -> None:
         """Sign records that name ``key.key_id`` with ``key`` (held in memory)."""
-        signer = key if isinstance(key, SigningKey) else SigningKey(key.key_id, key.private, role)
+        signer = SigningKey(
+            key.key_id,
+            key.private,
+            key.role if isinstance(key, SigningKey) else role,
+            self.settings.ledger_identity,
+        )
         self._people[signer.key_id] = signer
 
     def sealer_for(self, topic: str, event: Event | None) -> Sealer | None:
@@ -365,7 +531,7 @@ class Credentials:
             return None
         if ROLE_STAGE in roles:
             if self._mac is None:
-                self._mac = deployment_key(self.settings, create=self.create)
+                self._mac = deployment_key(self.settings)
             return self._mac
         if roles == (ROLE_AUTHORITY,):
             raise LedgerError(f"only the authority kernel writes {topic}")
@@ -411,6 +577,7 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
         everything else.
 
     Raises:
+        MissingKeyError: a key it needs is missing (nothing is created).
         LocalFileError: a key file is unreadable.
     """
     mac = deployment_key(settings)
@@ -430,6 +597,12 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
 __all__ = [
     "AUTHORITY_KEY_ID",
     "Credentials",
+    "KeysOfAnotherLedgerError",
+    "MissingKeyError",
+    "Provisioned",
+    "bound_ledgers",
+    "check_binding",
+    "provision_keys",
     "add_person",
     "authority_key",
     "authority_public",

@@ -33,6 +33,11 @@ class LedgerSettings(BaseSettings):
             neither is set, the local broker: ``127.0.0.1:{kafka_port}``).
         topic_prefix: prefix of every ledger topic (``{prefix}.intents`` ...);
             tests and demo cases use their own prefix for isolation.
+        id: the ledger's identity, covered by every record's seal and
+            every review grant's signature, so nothing authentic in one
+            ledger is accepted by another (``LEDGER_ID``; default: the topic
+            prefix). Set it only to keep a ledger's identity when its topics
+            move to another prefix.
         partitions: partition count of every operation-keyed topic (all are
             co-partitioned, so they share it).
         replication_factor: replicas of every ledger topic
@@ -152,6 +157,7 @@ class LedgerSettings(BaseSettings):
         default_factory=lambda: os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
     )
     topic_prefix: str = "ledger"
+    id: str | None = Field(default=None, min_length=1, max_length=249)
     partitions: int = 3
     replication_factor: int | None = Field(default=None, ge=1)
     min_insync_replicas: int | None = Field(default=None, ge=1)
@@ -202,6 +208,11 @@ class LedgerSettings(BaseSettings):
         """Where the sink registry lives (``sinks_file`` or ``run_dir/sinks.json``)."""
         return self.sinks_file or self.run_dir / "sinks.json"
 
+    @property
+    def ledger_identity(self) -> str:
+        """The ledger's identity: ``id`` (``LEDGER_ID``), else the topic prefix."""
+        return self.id or self.topic_prefix
+
     def topic(self, name: str) -> str:
         """Full topic name for a short name, e.g. ``intents`` -> ``ledger.intents``."""
         return f"{self.topic_prefix}.{name}"
@@ -213,6 +224,7 @@ _UNSET_MEANS: dict[str, str] = {
     "min_insync_replicas": "2 when the replication factor is 3 or more, else 1",
     "instance": "per stage: --instance, else the host name's trailing ordinal, else 0",
     "kafka_config_file": "none: no client properties file",
+    "id": "the topic prefix",
 }
 
 

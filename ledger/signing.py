@@ -45,16 +45,28 @@ OPTIONAL_SIGNED_FIELDS = (
 )
 
 
-def signed_body(approval: Approval) -> bytes:
+#: How :func:`verify` starts the reason for a grant signed by a key the
+#: reader does not hold (:func:`ledger.authn.unverifiable` knows it).
+GRANT_UNKNOWN_KEY = "approval signed by unknown key"
+
+
+def signed_body(approval: Approval, ledger_id: str) -> bytes:
     """The bytes a reviewer signs: the grant's fields, canonical JSON (UTF-8).
 
-    The body always holds the nine fields of the first release (ID, reviewer,
-    policy version, expiry, grant time, key ID, subject, amount cap, bound
-    operation) and, of :data:`OPTIONAL_SIGNED_FIELDS`, those that are set:
-    the reviewer's signature covers every constraint the approval carries,
-    and approvals signed before those fields existed keep verifying.
+    The body holds the ledger the grant is made for (``ledger``: a grant
+    copied to another ledger does not verify there), the nine fields of the
+    first release (ID, reviewer, policy version, expiry, grant time, key ID,
+    subject, amount cap, bound operation) and, of
+    :data:`OPTIONAL_SIGNED_FIELDS`, those that are set: the reviewer's
+    signature covers every constraint the approval carries.
+
+    Args:
+        approval: the grant.
+        ledger_id: the ledger's identity (``LEDGER_ID``, by default its topic
+            prefix).
     """
     body: dict[str, object] = {
+        "ledger": ledger_id,
         "approval_id": approval.approval_id,
         "expires_at_ms": approval.expires_at_ms,
         "granted_at_ms": approval.granted_at_ms,
@@ -127,10 +139,17 @@ class ReviewerKey:
         raw = self.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         return base64.b64encode(raw).decode()
 
-    def sign(self, approval: Approval) -> Approval:
-        """Return ``approval`` with ``key_id`` and ``signature`` set."""
+    def sign(self, approval: Approval, *, ledger_id: str) -> Approval:
+        """Return ``approval`` with ``key_id`` and ``signature`` set.
+
+        Args:
+            approval: the grant to sign.
+            ledger_id: the ledger it is granted in (``settings.ledger_identity``):
+                the signature verifies in that ledger only.
+        """
         unsigned = approval.model_copy(update={"key_id": self.key_id, "signature": None})
-        return unsigned.model_copy(update={"signature": self.private.sign(signed_body(unsigned))})
+        signature = self.private.sign(signed_body(unsigned, ledger_id))
+        return unsigned.model_copy(update={"signature": signature})
 
 
 def load_trusted_roles(path: Path) -> dict[str, tuple[str, Ed25519PublicKey]]:
@@ -207,21 +226,28 @@ def trust(path: Path, key: ReviewerKey, role: str = "reviewer") -> None:
         os.replace(tmp, path)
 
 
-def verify(approval: Approval, trusted: dict[str, Ed25519PublicKey]) -> str | None:
+def verify(approval: Approval, trusted: dict[str, Ed25519PublicKey], ledger_id: str) -> str | None:
     """Check an approval's signature.
+
+    Args:
+        approval: the grant.
+        trusted: reviewer key ID -> public key.
+        ledger_id: the reader's ledger: a grant signed for another ledger
+            does not verify.
 
     Returns:
         ``None`` when it is signed by a trusted key, else the reason it is
         refused: ``approval is not signed``, ``approval signed by unknown key
-        K`` or ``approval signature is invalid``.
+        K`` or ``approval signature is invalid (forged, altered, or made for
+        another ledger)``.
     """
     if approval.signature is None or approval.key_id is None:
         return "approval is not signed"
     public = trusted.get(approval.key_id)
     if public is None:
-        return f"approval signed by unknown key {approval.key_id}"
+        return f"{GRANT_UNKNOWN_KEY} {approval.key_id}"
     try:
-        public.verify(approval.signature, signed_body(approval))
+        public.verify(approval.signature, signed_body(approval, ledger_id))
     except InvalidSignature:
-        return "approval signature is invalid"
+        return "approval signature is invalid (forged, altered, or made for another ledger)"
     return None

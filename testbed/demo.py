@@ -155,7 +155,8 @@ class Case:
                     scope_max_amount_minor=max_amount_minor,
                     scope_operation_id=operation_id,
                     granted_at_ms=self.harness.clock.now_ms(),
-                )
+                ),
+                ledger_id=self.settings.ledger_identity,
             )
         )
 

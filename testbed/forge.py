@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from consumers.reader import policy_in_force, read_latest
 from ledger.authn import AUTH_HEADER, ROLE_STAGE, SCHEME_ED25519, SCHEME_MAC, Seal
 from ledger.authority import LEGACY_POLICY_KEY, policy_key
-from ledger.credentials import AUTHORITY_KEY_ID, deployment_key
+from ledger.credentials import AUTHORITY_KEY_ID, authority_public, deployment_key
 from ledger.errors import LedgerError
 from ledger.events import (
     AdmissionDecision,
@@ -94,6 +94,9 @@ def _plausible_seal(settings: LedgerSettings, topic: str, writer: str | None) ->
         key_id = deployment_key(settings).key_id
         return Seal(SCHEME_MAC, key_id, secrets.token_bytes(32)).encode()
     key_id = writer or AUTHORITY_KEY_ID
+    if key_id == AUTHORITY_KEY_ID:  # the kernel's real key ID is its key's fingerprint
+        found = authority_public(settings)
+        key_id = found[0] if found is not None else key_id
     return Seal(SCHEME_ED25519, key_id, secrets.token_bytes(64)).encode()
 
 

@@ -207,7 +207,8 @@ class GameDay:
                 scope_account=a.scope.account,
                 scope_purpose=a.scope.purpose,
                 scope_parameter_digest=a.scope.parameter_digest,
-            )
+            ),
+            ledger_id=self.settings.ledger_identity,
         )
         self.approvals[a.approval_id] = approval
         self.publisher.publish_approval(approval)

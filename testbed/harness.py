@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from consumers.stages import STAGES
 from ledger.clock import ManualClock
 from ledger.contracts import EffectContract
+from ledger.credentials import provision_keys
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
 from ledger.kafka import consumer_config
@@ -57,6 +58,9 @@ def settings_env(settings: LedgerSettings) -> dict[str, str]:
 class Harness:
     """One ledger's processes.
 
+    The testbed provisions the ledger's keys (:func:`ledger.credentials.provision_keys`)
+    when its keys folder has none: stages never create keys themselves.
+
     Args:
         settings: the ledger's settings (its own ``topic_prefix`` and
             ``run_dir``).
@@ -82,6 +86,7 @@ class Harness:
         #: component -> environment variables of its processes on top of the
         #: settings' (e.g. its own ``LEDGER_KAFKA_CONFIG_FILE``: one principal per stage).
         self.stage_env: dict[str, dict[str, str]] = {}
+        provision_keys(settings)
         if create:
             create_topics(settings)
 

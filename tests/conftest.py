@@ -36,6 +36,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from ledger import topics
+from ledger.credentials import provision_keys
 from ledger.errors import BrokerError
 from ledger.settings import LedgerSettings
 from testbed import broker
@@ -176,7 +177,8 @@ def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSett
     """Settings with a fresh topic prefix whose topics exist; deleted afterwards.
 
     partitions=3, run_dir=tmp_path/"run", clock="manual" and testbed=True
-    (tests are a testbed: stages accept the manual clock).
+    (tests are a testbed: stages accept the manual clock); its keys are
+    provisioned (:func:`ledger.credentials.provision_keys`).
     """
     settings = LedgerSettings(
         bootstrap_servers=kafka_bootstrap,
@@ -188,6 +190,7 @@ def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSett
         kafka_home=LOCAL_KAFKA_HOME,
     )
     settings.run_dir.mkdir(parents=True, exist_ok=True)
+    provision_keys(settings)  # the testbed provisions keys; stages never make them
     topics.create_topics(settings)
     yield settings
     # Keep the session broker small: drop this test's topics (best effort).

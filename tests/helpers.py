@@ -187,6 +187,17 @@ def readback(
     )
 
 
+def keyed(settings: Any) -> Any:
+    """``settings``, with its ledger's keys provisioned in its keys folder (as the testbed does).
+
+    Stages never create keys; a test that builds one provisions them first.
+    """
+    from ledger.credentials import provision_keys
+
+    provision_keys(settings)
+    return settings
+
+
 def claim(op: str, worker: str, version: int) -> Claim:
     return Claim(claim_id=f"c-{worker}", operation_id=op, worker=worker, expected_version=version)
 
@@ -220,9 +231,9 @@ def stage_seal(settings: Any, topic: str, key: str, value: bytes | None) -> list
     left unsealed are refused as UNAUTHENTICATED.
     """
     from ledger.authn import seal_headers
-    from ledger.credentials import deployment_key, stage_sealer
+    from ledger.credentials import provision_keys, stage_sealer
 
-    deployment_key(settings)
+    provision_keys(settings)
     sealer = stage_sealer(
         settings, "authority" if topic in ("admissions", "approval-uses") else "test"
     )

@@ -16,7 +16,7 @@ import re
 
 import click
 
-from ledger.cli.common import current_settings
+from ledger.cli.common import EXIT_ERROR, current_settings, fail
 
 #: Reviewer and operator names: they become file names under LEDGER_RUN_DIR/.
 PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -88,22 +88,76 @@ def keys_group() -> None:
 
 
 @keys_group.command("init")
-def keys_init() -> None:
-    """Create the deployment and authority keys if they do not exist yet.
+@click.option(
+    "--share",
+    is_flag=True,
+    help="Add this ledger to a keys folder that already serves another ledger "
+    "(seals still name their ledger, so nothing moves between them).",
+)
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Do not ask Kafka whether the ledger already holds records (a host that "
+    "cannot reach it; you vouch that the ledger is new).",
+)
+def keys_init(share: bool, offline: bool) -> None:
+    """Provision this ledger's deployment and authority keys; never over existing evidence.
 
-    On one host the first stage creates them by itself; run this once before
-    you copy the keys to several hosts: deployment.key to every stage host
-    (processor, relay, reconcilers, resumers), authority.key to the authority
-    kernel's host only, authority.pub and trusted_keys.json everywhere.
+    Keys are made only here (and by the testbed): a stage, command or service
+    that lacks a key stops and says so, since a fresh key would read the
+    evidence sealed with the lost one as absent. Keys already in the folder
+    are kept (run it again to bind a folder made by an earlier release). When
+    a key is missing and the ledger's topics already hold sealed records, it
+    refuses: restore the keys folder instead.
+
+    Then copy the folder to the other hosts: deployment.key to every stage
+    host (processor, relay, reconcilers, resumers), authority.key to the
+    authority kernel's host only, authority.pub, ledgers.json and
+    trusted_keys.json everywhere.
+
+    \b
+      ledger keys init                      # a new ledger (LEDGER_TOPIC_PREFIX)
+      LEDGER_TOPIC_PREFIX=b ledger keys init --share   # ledger b uses the same keys
     """
-    from ledger.credentials import authority_key, deployment_key, keys_dir
+    from ledger.credentials import keys_dir, provision_keys
+    from ledger.errors import BrokerUnavailableError
+    from ledger.topics import non_empty_topics
+    from ledger.topology import TOPICS
 
     settings = current_settings()
-    mac = deployment_key(settings)
-    signer = authority_key(settings)
     folder = keys_dir(settings)
-    click.echo(f"deployment key {mac.key_id}: {folder / 'deployment.key'}")
-    click.echo(f"authority key {signer.key_id}: {folder / 'authority.key'} (+ authority.pub)")
+    missing = [n for n in ("deployment.key", "authority.pub") if not (folder / n).exists()]
+    if missing and not offline:
+        sealed = [spec.name for spec in TOPICS if spec.auth]
+        try:
+            held = non_empty_topics(settings, sealed)
+        except BrokerUnavailableError as exc:
+            raise BrokerUnavailableError(
+                f"{exc.message}; `ledger keys init` asks Kafka whether ledger "
+                f"{settings.ledger_identity!r} already holds records before it makes keys "
+                "(--offline skips that, for a ledger you know is new)",
+                expected=exc.expected,
+                observed=exc.observed,
+            ) from exc
+        if held:
+            fail(
+                f"ledger {settings.ledger_identity!r} already holds sealed records "
+                f"({', '.join(held)}) and {folder} has no {' or '.join(missing)}: keys made now "
+                "could not verify that evidence. Restore the keys folder from a backup or "
+                "another stage host (LEDGER_KEYS_DIR), or start a new ledger under another "
+                "LEDGER_TOPIC_PREFIX",
+                EXIT_ERROR,
+            )
+    done = provision_keys(settings, share=share)
+    verb = f"created {', '.join(done.created)}" if done.created else "all keys were there"
+    click.echo(f"keys of ledger {settings.ledger_identity!r} in {done.folder}: {verb}")
+    click.echo(f"deployment key {done.deployment_key_id}: {done.folder / 'deployment.key'}")
+    if done.authority_key_id:
+        click.echo(
+            f"authority key {done.authority_key_id}: {done.folder / 'authority.pub'}"
+            + (" (+ authority.key)" if (done.folder / "authority.key").exists() else "")
+        )
+    click.echo(f"serves ledger(s): {', '.join(done.ledgers)}")
 
 
 @keys_group.command("show")
@@ -113,7 +167,7 @@ def keys_show(as_json: bool) -> None:
     from ledger.credentials import load_keyring
 
     settings = current_settings()
-    ring = load_keyring(settings, create=False)
+    ring = load_keyring(settings, missing_ok=True)
     rows = [{"key_id": k, "role": "stage", "kind": "hmac-sha256"} for k in sorted(ring.macs)] + [
         {"key_id": k, "role": t.role, "kind": "ed25519"} for k, t in sorted(ring.trusted.items())
     ]

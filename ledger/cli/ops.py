@@ -559,7 +559,8 @@ def approve_cmd(
             scope_account=account,
             scope_purpose=purpose,
             scope_parameter_digest=parameter_digest,
-        )
+        ),
+        ledger_id=settings.ledger_identity,
     )
     pub = _publisher(settings)
     try:

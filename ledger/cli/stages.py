@@ -112,7 +112,7 @@ def run_stage(
     if current.kafka_debug:
         CLIENT_LOGGER.propagate = True
         CLIENT_LOGGER.setLevel(logging.DEBUG)
-    # Before the stage is built: building it creates missing key files.
+    # Before the stage is built (which stops on a missing key, creating none).
     check_stage_clock(current.clock, testbed=current.testbed)
     chosen, source = resolve_instance(instance, current.instance, socket.gethostname())
     # From here on every line names the stage and instance (LEDGER_LOG_FORMAT=json).

@@ -335,7 +335,8 @@ class Mission:
                     scope_max_amount_minor=amount,
                     scope_operation_id=op,
                     granted_at_ms=now,
-                )
+                ),
+                ledger_id=self.settings.ledger_identity,
             )
         )
         if expiring:

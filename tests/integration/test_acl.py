@@ -118,7 +118,8 @@ def _approve(ledger: SecuredLedger) -> None:
                     scope_subject="customer-1",
                     scope_max_amount_minor=9000,
                     granted_at_ms=0,
-                )
+                ),
+                ledger_id=reviewer.ledger_identity,
             )
         )
     finally:

@@ -158,7 +158,9 @@ def valid_record(topic: str, op: str, ctx: Ledger) -> Event:
             amount_minor=1,
             state_version=1,
         ),
-        "approvals": REVIEWER.sign(helpers.approval(approval_id=op)),
+        "approvals": REVIEWER.sign(
+            helpers.approval(approval_id=op), ledger_id=ctx.settings.ledger_identity
+        ),
         "approval-uses": ApprovalUse(
             approval_id=op,
             operation_id=op,

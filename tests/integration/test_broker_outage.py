@@ -65,7 +65,8 @@ def _approve(pub: LedgerPublisher, approval_id: str) -> None:
                 scope_subject="customer-1",
                 scope_max_amount_minor=9000,
                 granted_at_ms=0,
-            )
+            ),
+            ledger_id=pub.settings.ledger_identity,
         )
     )
 

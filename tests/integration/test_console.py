@@ -114,7 +114,8 @@ def _approve(pub: LedgerPublisher, op: str) -> None:
                 scope_max_amount_minor=9000,
                 scope_operation_id=op,
                 granted_at_ms=0,
-            )
+            ),
+            ledger_id=pub.settings.ledger_identity,
         )
     )
 

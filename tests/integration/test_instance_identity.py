@@ -45,7 +45,8 @@ def _approve_and_publish(pub: LedgerPublisher, ops: list[str]) -> None:
                     scope_max_amount_minor=9000,
                     scope_operation_id=op,
                     granted_at_ms=0,
-                )
+                ),
+                ledger_id=pub.settings.ledger_identity,
             )
         )
         publish(pub, op, approval=f"ap-{op}")

@@ -58,7 +58,7 @@ def test_a_restore_read_skips_compaction_tombstones_and_refuses_forgeries(
     def on_refused(msg: Message, problem: str) -> None:
         refused.append((msg.key() or b"", problem))
 
-    keyring = load_keyring(settings, create=False, missing_ok=True)
+    keyring = load_keyring(settings, missing_ok=True)
     count = read_partition(
         settings, "state", None, handle, decode=False, keyring=keyring, on_refused=on_refused
     )

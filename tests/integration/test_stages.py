@@ -76,7 +76,8 @@ def approve(pub: LedgerPublisher, approval_id: str = "ap-1", max_amount: int = 9
                 scope_subject="customer-1",
                 scope_max_amount_minor=max_amount,
                 granted_at_ms=0,
-            )
+            ),
+            ledger_id=pub.settings.ledger_identity,
         )
     )
 
@@ -455,7 +456,8 @@ def test_two_instances_of_each_stage_survive_kills_without_duplicates(
                         scope_max_amount_minor=9000,
                         scope_operation_id=op,
                         granted_at_ms=0,
-                    )
+                    ),
+                    ledger_id=pub.settings.ledger_identity,
                 )
             )
             publish(pub, op, approval=f"ap-{op}")

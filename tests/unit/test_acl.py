@@ -24,6 +24,7 @@ from ledger.cli.acl import compare, concerns, from_binding, to_binding
 from ledger.errors import LedgerError
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
+from tests.helpers import keyed
 
 PREFIX = "tacl"
 PLAN = acl.plan(PREFIX)
@@ -107,7 +108,7 @@ def _stage(component: str, settings: LedgerSettings, instance: str) -> Any:
 def test_transactional_ids_groups_and_inputs_match_the_stages(
     component: str, tmp_path: Path
 ) -> None:
-    settings = LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX)
+    settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     assert acl.STAGE_COMPONENTS[component] == STAGES[component].component
     grant = PLAN.grant(component)
     for instance in ("0", "relay-7", "2"):
@@ -153,7 +154,7 @@ def test_the_table_groups_are_the_ones_the_followers_name(
         return real(settings, group, *args, **kwargs)
 
     monkeypatch.setattr(consumers.tables, "consumer_config", spy)
-    settings = LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX)
+    settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     for component in ("authority", "relay"):
         named.clear()
         stage = _stage(component, settings, "0")
@@ -180,7 +181,7 @@ def test_partition_readers_name_the_reader_and_settle_groups(
         raise _Refused
 
     monkeypatch.setattr(consumers.stage, "Consumer", fake_consumer)
-    settings = LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX)
+    settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     with pytest.raises(_Refused):
         consumers.stage.read_partition(settings, "state", None, lambda r, m: None)
     with pytest.raises(_Refused):
@@ -200,7 +201,9 @@ def test_the_auditor_reads_exactly_what_the_audit_replays(
         return TopicScan(topic)
 
     monkeypatch.setattr(auditor, "scan_topic", scan)
-    auditor.run_audit(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX), read_sinks=False)
+    auditor.run_audit(
+        keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX)), read_sinks=False
+    )
     assert set(scanned) == set(PLAN.grant("auditor").reads) == set(acl.auditor_topics())
     assert not PLAN.grant("auditor").writes
 

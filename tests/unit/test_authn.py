@@ -21,10 +21,12 @@ from ledger.authn import (
 )
 from ledger.credentials import (
     Credentials,
+    MissingKeyError,
     add_person,
     authority_key,
     deployment_key,
     load_keyring,
+    provision_keys,
     stage_sealer,
 )
 from ledger.errors import LedgerError, LocalFileError
@@ -116,7 +118,7 @@ def _grant(**kw: object) -> Approval:
 
 
 def test_a_grant_is_authenticated_by_its_signature_and_a_revocation_by_a_seal() -> None:
-    grant = REVIEWER.sign(_grant())
+    grant = REVIEWER.sign(_grant(), ledger_id="ledger")
     assert RING.check("approvals", b"ap-1", grant.to_bytes(), None, grant) is None
     assert RING.check("approvals", b"ap-1", b"", None, _grant()) == "approval is not signed"
     tampered = grant.model_copy(update={"scope_max_amount_minor": 999_999})
@@ -140,14 +142,19 @@ def test_a_key_added_while_running_is_found_by_reloading() -> None:
     )
 
 
-def _settings(tmp_path: Path) -> LedgerSettings:
-    return LedgerSettings(run_dir=tmp_path / "run", trusted_keys_file=None)
+def _settings(tmp_path: Path, **fields: object) -> LedgerSettings:
+    """Settings of a ledger whose keys are provisioned (as `ledger keys init` does)."""
+    settings = LedgerSettings(run_dir=tmp_path / "run", trusted_keys_file=None, **fields)
+    provision_keys(settings)
+    return settings
 
 
 def test_key_files_are_made_once_and_read_back(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
+    again = provision_keys(settings)
+    assert again.created == ()  # keys that exist are kept
     first, second = deployment_key(settings), deployment_key(settings)
-    assert first == second
+    assert first == second and first.key_id == again.deployment_key_id
     assert (settings.run_dir / "keys" / "deployment.key").stat().st_mode & 0o777 == 0o600
     kernel = authority_key(settings)
     ring = load_keyring(settings)
@@ -161,11 +168,11 @@ def test_key_files_are_made_once_and_read_back(tmp_path: Path) -> None:
 
 
 def test_corrupted_or_missing_key_files_name_the_file_and_the_remedy(tmp_path: Path) -> None:
+    bare = LedgerSettings(run_dir=tmp_path / "bare")
+    with pytest.raises(MissingKeyError, match="ledger keys init"):
+        deployment_key(bare)
     settings = _settings(tmp_path)
-    with pytest.raises(LocalFileError, match="ledger keys init"):
-        deployment_key(settings, create=False)
     path = settings.run_dir / "keys" / "deployment.key"
-    path.parent.mkdir(parents=True)
     path.write_text("{not json")
     with pytest.raises(LocalFileError, match=str(path)):
         deployment_key(settings)
@@ -209,10 +216,10 @@ def test_a_reviewer_trusted_just_after_the_keys_were_loaded_is_found_at_once(
     ring = load_keyring(settings)
     late = ReviewerKey.generate("late-reviewer")
     trust(settings.trusted_keys_path(), late)
-    grant = late.sign(_grant())
+    grant = late.sign(_grant(), ledger_id=settings.ledger_identity)
     assert ring.check("approvals", b"ap-1", grant.to_bytes(), None, grant) is None
     # A key no file has is still refused, and asking again at once reads nothing new.
-    stranger = ReviewerKey.generate("stranger").sign(_grant())
+    stranger = ReviewerKey.generate("stranger").sign(_grant(), ledger_id=settings.ledger_identity)
     assert "unknown key" in (ring.check("approvals", b"ap-1", b"", None, stranger) or "")
 
 
@@ -239,5 +246,5 @@ def test_a_sealed_record_on_a_partition_its_key_does_not_name_is_refused() -> No
 
 
 def test_a_loaded_keyring_checks_placement_over_the_ledgers_partitions(tmp_path: Path) -> None:
-    settings = LedgerSettings(run_dir=tmp_path / "run", trusted_keys_file=None, partitions=4)
+    settings = _settings(tmp_path, partitions=4)
     assert load_keyring(settings).partitions == 4

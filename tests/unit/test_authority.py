@@ -134,7 +134,7 @@ TRUSTED = {KEY.key_id: KEY.private.public_key()}
 
 def test_signed_approval_admits_under_trusted_key() -> None:
     result = evaluate(
-        KEY.sign(helpers.approval()),
+        KEY.sign(helpers.approval(), ledger_id="ledger"),
         request(),
         now_ms=1,
         policy_version=1,
@@ -148,9 +148,14 @@ def test_signed_approval_admits_under_trusted_key() -> None:
     "approval, reason",
     [
         (helpers.approval(), "approval is not signed"),
-        (ReviewerKey.generate("stranger").sign(helpers.approval()), "unknown key stranger"),
         (
-            KEY.sign(helpers.approval()).model_copy(update={"scope_max_amount_minor": 10**9}),
+            ReviewerKey.generate("stranger").sign(helpers.approval(), ledger_id="ledger"),
+            "unknown key stranger",
+        ),
+        (
+            KEY.sign(helpers.approval(), ledger_id="ledger").model_copy(
+                update={"scope_max_amount_minor": 10**9}
+            ),
             "approval signature is invalid",
         ),
     ],
@@ -165,18 +170,18 @@ def test_unsigned_forged_or_tampered_approvals_are_refused(approval, reason) -> 
 
 
 def test_same_decision_twice_is_one_approval_and_a_grant_never_unrevokes() -> None:
-    grant = KEY.sign(helpers.approval())
+    grant = KEY.sign(helpers.approval(), ledger_id="ledger")
     table = merge_approval(None, grant).approval
     again = merge_approval(table, grant)
     assert again.approval == grant and again.note is None
     revoked = merge_approval(table, grant.model_copy(update={"status": "REVOKED"})).approval
     assert merge_approval(revoked, grant).approval.status == "REVOKED"
-    other = KEY.sign(helpers.approval(max_amount=1))
+    other = KEY.sign(helpers.approval(max_amount=1), ledger_id="ledger")
     assert merge_approval(table, other).note is not None
 
 
 def test_a_revoked_approval_admits_nothing_more() -> None:
-    grant = KEY.sign(helpers.approval())
+    grant = KEY.sign(helpers.approval(), ledger_id="ledger")
     use = decide(grant, request()).use
     revoked = merge_approval(
         grant, grant.model_copy(update={"status": "REVOKED", "revoked_by": "boss"})

@@ -208,17 +208,18 @@ def _files(folder: Path) -> list[Path]:
 
 def test_a_reader_keyring_creates_no_key_and_trusts_no_seal(tmp_path: Path) -> None:
     from consumers.reader import _keyring
-    from ledger.credentials import load_keyring
+    from ledger.credentials import MissingKeyError, load_keyring
 
     settings = LedgerSettings(run_dir=tmp_path / "run")
-    ring = load_keyring(settings, create=False, missing_ok=True)
+    ring = load_keyring(settings, missing_ok=True)
     assert ring.macs == {} and ring.trusted == {}
     reader_ring = _keyring(settings, True)
     assert reader_ring is not None and reader_ring.macs == {}
     assert _files(tmp_path) == []
-    # A stage's keyring still creates the keys it needs.
-    assert load_keyring(settings).macs
-    assert (settings.run_dir / "keys" / "deployment.key").exists()
+    # A stage's keyring stops without the keys it needs, naming the remedy, and makes none.
+    with pytest.raises(MissingKeyError, match="ledger keys init"):
+        load_keyring(settings)
+    assert _files(tmp_path) == []
 
 
 @pytest.fixture
@@ -273,9 +274,10 @@ def test_state_with_records_none_authentic_says_the_run_folder_is_another(
     read_env: dict[str, Any], tmp_path: Path
 ) -> None:
     from ledger.cli.common import EXIT_ERROR
-    from ledger.credentials import deployment_key
+    from ledger.credentials import provision_keys
 
-    deployment_key(LedgerSettings(run_dir=tmp_path / "wrong"))  # another ledger's key
+    # keys made anew for this prefix: none of the ledger's records is sealed by them
+    provision_keys(LedgerSettings(run_dir=tmp_path / "wrong", topic_prefix="demo-race-abc123"))
     before = _files(tmp_path)
     read_env["non_empty"] = ["state"]
     result = CliRunner().invoke(main, ["state"])

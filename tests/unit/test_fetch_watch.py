@@ -18,6 +18,7 @@ from consumers import stage as stage_module
 from consumers.fetchwatch import FetchWatch
 from consumers.processor import Processor
 from ledger.settings import LedgerSettings
+from tests.helpers import keyed
 
 A = ("t", 0)
 B = ("t", 1)
@@ -87,7 +88,7 @@ class _Ends:
 def _stage(
     tmp_path: Path, offsets: dict[int, int], ends: dict[int, tuple[int, int]], found: bool
 ) -> tuple[Processor, list[str], list[tuple[tuple[str, int], int]], _Ends]:
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stage.consumer = _Consumer(offsets)  # type: ignore[assignment]
     client = _Ends(ends)
     stage._ends_client = client  # type: ignore[assignment]
@@ -158,7 +159,7 @@ def test_probing_stops_at_the_first_record_found(tmp_path: Path) -> None:
 
 def test_the_stage_samples_only_when_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch handled means a loop that is busy, not stalled: no check on that pass."""
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     checks: list[int] = []
     batches = iter([["record"], [], ["record"]])
 

@@ -13,6 +13,7 @@ from ledger.contracts import PAYMENT_GATEWAY
 from ledger.errors import LocalFileError, SinkNotReachedError
 from ledger.signing import ReviewerKey, load_trusted, trust
 from sinks.registry import SinkEndpoint, load_sinks, save_sinks
+from tests.helpers import keyed
 
 
 def registry(tmp_path: Path) -> tuple[Path, LastGood[dict[str, SinkEndpoint]], list[str]]:
@@ -120,7 +121,7 @@ def test_the_relay_keeps_its_sinks_and_clock_through_a_corruption(tmp_path: Path
     from ledger.settings import LedgerSettings
     from tests.unit.test_relay_containment import _dispatch
 
-    relay = Relay(LedgerSettings(run_dir=tmp_path, clock="manual"))
+    relay = Relay(keyed(LedgerSettings(run_dir=tmp_path, clock="manual")))
     endpoint = SinkEndpoint(url="http://127.0.0.1:9", contract=PAYMENT_GATEWAY)
     save_sinks(tmp_path / "sinks.json", {"payments": endpoint})
     ManualClock(tmp_path / "clock").set_ms(7000)
@@ -147,7 +148,7 @@ def test_a_relay_stopped_while_waiting_for_its_registry_ends_without_an_error(
     from ledger.settings import LedgerSettings
 
     (tmp_path / "sinks.json").write_text("[")
-    relay = Relay(LedgerSettings(run_dir=tmp_path))
+    relay = Relay(keyed(LedgerSettings(run_dir=tmp_path)))
     relay.stopping = True  # SIGTERM arrived while it waited
     relay.on_start()
     assert not relay._registry.loaded and relay._registry.problem is not None

@@ -23,7 +23,7 @@ from ledger.logs import (
     make_handler,
 )
 from ledger.settings import LedgerSettings
-from tests.helpers import intent, receipt
+from tests.helpers import intent, keyed, receipt
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_configure_logging_names_the_stage_on_every_line_of_every_logger(
     root_restored: logging.Logger,
 ) -> None:
     buffer = io.StringIO()
-    settings = LedgerSettings(log_format="json")
+    settings = keyed(LedgerSettings(log_format="json"))
     assert configure_logging(settings, "authority", "1", stream=buffer, force=True) is not None
     logging.getLogger("consumers.somewhere").info("hello")
     (line,) = _lines(buffer)
@@ -150,7 +150,7 @@ def test_an_unknown_format_is_refused() -> None:
     with pytest.raises(ValueError, match="neither text nor json"):
         make_handler("xml")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="log_format"):
-        LedgerSettings(log_format="xml")  # type: ignore[arg-type]
+        keyed(LedgerSettings(log_format="xml"))  # type: ignore[arg-type]
 
 
 class _Producer:
@@ -171,7 +171,7 @@ def test_the_processors_lines_within_a_record_carry_its_operation_id(
     handler = make_handler("json", buffer)
     processor_log.addHandler(handler)
     try:
-        stage = Processor(LedgerSettings(run_dir=tmp_path))  # no sink registry: says so once
+        stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))  # no sink registry: says so once
         stage.producer = _Producer()  # type: ignore[assignment]
         records = [
             Record("intents", 0, 7, "op-new", b"", intent("op-new")),

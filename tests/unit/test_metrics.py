@@ -28,7 +28,7 @@ from consumers.stage import Record
 from ledger.errors import SettingsError
 from ledger.events import AdmissionDecision, JournalEntry, OperatingEvent
 from ledger.settings import LedgerSettings
-from tests.helpers import intent, readback, receipt
+from tests.helpers import intent, keyed, readback, receipt
 
 
 def _samples(metrics: StageMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -273,7 +273,7 @@ class _Producer:
 def test_the_processor_counts_its_transitions_refusals_and_unknown_outcomes(
     tmp_path: Path,
 ) -> None:
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stage.producer = _Producer()  # type: ignore[assignment]
     records = [
         Record("intents", 0, 7, "op-new", b"", intent("op-new")),
@@ -299,7 +299,7 @@ def test_the_processor_counts_its_transitions_refusals_and_unknown_outcomes(
 def test_an_aborted_transaction_is_counted_by_the_stage_and_its_counts_dropped(
     tmp_path: Path,
 ) -> None:
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
 
     class _Aborting(_Producer):
         def abort_transaction(self, timeout: float) -> None:

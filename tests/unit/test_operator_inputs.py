@@ -24,6 +24,7 @@ from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, load_trusted, trust, verify
 from producers.publisher import LedgerPublisher, build_intent
 from tests import helpers
+from tests.helpers import keyed
 
 
 @pytest.fixture
@@ -246,7 +247,7 @@ def test_a_reviewer_named_where_an_operator_signs_is_told_so(
 
 def _publisher() -> LedgerPublisher:
     """A publisher aimed at nothing: every record here is refused before it is sent."""
-    return LedgerPublisher(LedgerSettings(bootstrap_servers="127.0.0.1:1"))
+    return LedgerPublisher(keyed(LedgerSettings(bootstrap_servers="127.0.0.1:1")))
 
 
 @pytest.mark.parametrize(
@@ -343,8 +344,10 @@ def test_approve_signs_every_scope_option_given(run_dir: Path, published: FakePu
         approval.scope_parameter_digest,
     ) == ("refund", "payments", "GBP", "acct-1", "fee-remediation", digest)
     trusted = load_trusted(run_dir / "trusted_keys.json")
-    assert verify(approval, trusted) is None
-    assert verify(approval.model_copy(update={"scope_currency": "EUR"}), trusted) is not None
+    assert verify(approval, trusted, "ledger") is None
+    assert (
+        verify(approval.model_copy(update={"scope_currency": "EUR"}), trusted, "ledger") is not None
+    )
 
 
 def test_approve_help_teaches_each_scope_option() -> None:
@@ -431,7 +434,9 @@ def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher
     from consumers.stage import Record
     from ledger.events import PolicyChange
 
-    kernel = AuthorityKernel(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    kernel = AuthorityKernel(
+        keyed(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    )
     try:
 
         def change(version: int, offset: int) -> Record:
@@ -456,7 +461,9 @@ def test_a_policy_change_refused_at_start_up_is_still_reported_after_the_assignm
     from consumers.authority import AuthorityKernel
     from consumers.stage import Record
 
-    kernel = AuthorityKernel(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    kernel = AuthorityKernel(
+        keyed(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
+    )
     try:
         event = PolicyChange(version=0, set_by="mallory", effective_at_ms=0)
         kernel._apply_policy("current", Record("policy", 0, 7, "current", event.to_bytes(), event))
@@ -478,7 +485,7 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
     from ledger.authority import policy_key
     from ledger.events import PolicyChange
 
-    settings = LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1")
+    settings = keyed(LedgerSettings(run_dir=tmp_path, bootstrap_servers="127.0.0.1:1"))
     kernel, relay = AuthorityKernel(settings), Relay(settings)
     try:
 

@@ -26,7 +26,7 @@ from ledger.events import Event, Intent, JournalEntry, OperatingEvent, Operation
 from ledger.fold import decide, journal_entry
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from tests.helpers import admission, intent, readback, receipt, stage_seal
+from tests.helpers import admission, intent, keyed, readback, receipt, stage_seal
 
 OP = "refund:c6:v1"  # its key names partition 1 of 3 (murmur2_random)
 PARTITION = 1
@@ -154,7 +154,7 @@ def _forged(states: list[OperationState]) -> bytes:
 
 @pytest.fixture
 def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Processor, FakeTopics]:
-    settings = LedgerSettings(run_dir=tmp_path)
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
     topics = FakeTopics(settings)
     monkeypatch.setattr(processor_module, "read_partition", topics.read_partition)
     monkeypatch.setattr(processor_module, "await_settled", lambda *a, **k: 0.0)

@@ -20,7 +20,7 @@ from ledger.fold import replay
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from sinks.registry import SinkEndpoint, save_sinks
-from tests.helpers import admission, claim, intent, receipt
+from tests.helpers import admission, claim, intent, keyed, receipt
 
 
 class Captured:
@@ -44,7 +44,7 @@ class Captured:
 
 @pytest.fixture
 def processor(tmp_path: Path) -> Processor:
-    settings = LedgerSettings(run_dir=tmp_path)
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
     save_sinks(
         settings.sinks_path(),
         {

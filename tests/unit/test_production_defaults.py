@@ -21,6 +21,7 @@ from ledger.cli import stages as cli_stages
 from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.settings import LedgerSettings
+from tests.helpers import keyed
 
 _ISOLATED = ("LEDGER_CLOCK", "LEDGER_TESTBED", "LEDGER_INSTANCE")
 
@@ -41,7 +42,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_system_clock_is_the_default(env: Path) -> None:
-    settings = LedgerSettings()
+    settings = keyed(LedgerSettings())
     assert (settings.clock, settings.testbed, settings.instance) == ("system", False, None)
 
 
@@ -50,7 +51,7 @@ def test_the_testbed_flag_and_instance_come_from_the_environment(
 ) -> None:
     monkeypatch.setenv("LEDGER_TESTBED", "true")
     monkeypatch.setenv("LEDGER_INSTANCE", "relay-b")
-    settings = LedgerSettings()
+    settings = keyed(LedgerSettings())
     assert (settings.testbed, settings.instance) == (True, "relay-b")
 
 
@@ -80,7 +81,7 @@ def test_an_unknown_clock_is_refused() -> None:
 def test_a_stage_on_the_manual_clock_stops_before_it_touches_kafka(tmp_path: Path) -> None:
     """Nothing listens on port 1: the refusal must come before the topic check."""
     stage = Processor(
-        LedgerSettings(run_dir=tmp_path, clock="manual", bootstrap_servers="127.0.0.1:1")
+        keyed(LedgerSettings(run_dir=tmp_path, clock="manual", bootstrap_servers="127.0.0.1:1"))
     )
     with pytest.raises(SettingsError, match="LEDGER_TESTBED"):
         stage.run()

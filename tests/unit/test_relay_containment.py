@@ -23,6 +23,7 @@ from ledger.events import Dispatch, EffectReceipt, OperatingEvent, Readback
 from ledger.settings import LedgerSettings
 from sinks.client import SinkClient
 from sinks.registry import SinkEndpoint, load_sinks, save_sinks
+from tests.helpers import keyed
 
 
 def _dispatch(kind: str) -> Dispatch:
@@ -40,7 +41,7 @@ def _dispatch(kind: str) -> Dispatch:
 
 
 def _failing_relay(tmp_path: Path, error: Exception) -> Relay:
-    relay = Relay(LedgerSettings(run_dir=tmp_path))
+    relay = Relay(keyed(LedgerSettings(run_dir=tmp_path)))
 
     def perform(d: Dispatch, *, fresh: bool) -> list[object]:
         raise error
@@ -90,7 +91,7 @@ def _v2_dispatch(kind: str) -> Dispatch:
 
 def _relay_with_sink(tmp_path: Path, registered_token: str) -> tuple[Relay, list[str | None]]:
     """A relay whose 'payments' sink answers 401 unless it is sent :data:`GOOD_TOKEN`."""
-    settings = LedgerSettings(run_dir=tmp_path)
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
     save_sinks(
         settings.sinks_path(),
         {

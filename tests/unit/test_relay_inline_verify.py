@@ -19,6 +19,7 @@ from ledger.errors import SinkProtocolError
 from ledger.events import Dispatch, EffectReceipt
 from ledger.settings import LedgerSettings
 from sinks.client import AccountCredits, Credit
+from tests.helpers import keyed
 
 OP = "refund:1:v1"
 D = Dispatch(
@@ -78,7 +79,7 @@ def _credits(*amounts: int) -> AccountCredits:
 
 
 def _relay(tmp_path: Path, **settings: Any) -> Relay:
-    return Relay(LedgerSettings(run_dir=tmp_path, **settings))
+    return Relay(keyed(LedgerSettings(run_dir=tmp_path, **settings)))
 
 
 @pytest.mark.parametrize("amounts, verdict", [((500,), "MATCH"), ((500, 500), "MISMATCH")])

@@ -23,6 +23,7 @@ from ledger.events import Dispatch, EffectReceipt, OperatingEvent, Readback
 from ledger.settings import LedgerSettings
 from sinks.client import SinkClient
 from sinks.registry import RegistryFile, SinkEndpoint, save_sinks
+from tests.helpers import keyed
 
 URL = "http://127.0.0.1:9"
 
@@ -63,8 +64,8 @@ class Sink:
 
 
 def _relay(tmp_path: Path, sink: Sink, attempts: int = 3) -> Relay:
-    settings = LedgerSettings(
-        run_dir=tmp_path, sink_retry_attempts=attempts, sink_retry_backoff_s=0.0
+    settings = keyed(
+        LedgerSettings(run_dir=tmp_path, sink_retry_attempts=attempts, sink_retry_backoff_s=0.0)
     )
     save_sinks(settings.sinks_path(), {"payments": SinkEndpoint(url=URL, contract=PAYMENT_GATEWAY)})
     relay = Relay(settings)

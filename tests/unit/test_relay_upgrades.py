@@ -19,6 +19,7 @@ from ledger.events import Dispatch, EffectReceipt, OperatingEvent, Readback
 from ledger.settings import LedgerSettings
 from sinks.registry import SinkEndpoint, load_manifest, save_sinks
 from testbed.gameday import RELEASE_MANIFEST
+from tests.helpers import keyed
 
 V2 = load_manifest(RELEASE_MANIFEST).sinks["payments"].versions["2"].contract
 NOWHERE = "http://127.0.0.1:9"  # discard port: nothing listens
@@ -30,10 +31,12 @@ def _relay(tmp_path: Path, *, version: int, manifest: bool = True) -> Relay:
         tmp_path / "sinks.json",
         {"payments": SinkEndpoint(url=NOWHERE, contract=contract, contract_version=version)},
     )
-    settings = LedgerSettings(
-        run_dir=tmp_path,
-        release_manifest_file=RELEASE_MANIFEST if manifest else None,
-        sink_timeout_s=0.5,
+    settings = keyed(
+        LedgerSettings(
+            run_dir=tmp_path,
+            release_manifest_file=RELEASE_MANIFEST if manifest else None,
+            sink_timeout_s=0.5,
+        )
     )
     return Relay(settings)
 
@@ -112,7 +115,7 @@ def test_the_processor_stamps_the_registrys_version_and_the_schema_versions(
     from consumers.processor import Processor
 
     _relay(tmp_path, version=2)  # writes the registry: payments at version 2
-    processor = Processor(LedgerSettings(run_dir=tmp_path))
+    processor = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stamped = processor.stamped(_dispatch(version=None))
     assert stamped.contract_version == 2
     versions = json.loads(stamped.schema_versions_json or "{}")

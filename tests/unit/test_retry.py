@@ -15,6 +15,7 @@ from consumers.retry import KafkaRetry, RetryPolicy, is_retriable, policy_for
 from ledger.errors import BrokerError, BrokerUnavailableError, LedgerError
 from ledger.kafka import FENCING_CODES, NEVER_RETRIED, RETRIABLE_CODES, classify
 from ledger.settings import LedgerSettings
+from tests.helpers import keyed
 
 #: What a broker outage or a failover throws at a stage (the issue's cases first).
 OUTAGE_CODES = [
@@ -88,7 +89,7 @@ def test_broker_errors_are_retriable_only_when_kafka_did_not_answer() -> None:
 
 
 def test_a_stage_waits_indefinitely_and_a_command_for_at_least_the_takeover_wait() -> None:
-    settings = LedgerSettings(takeover_wait_s=180)
+    settings = keyed(LedgerSettings(takeover_wait_s=180))
     assert policy_for(settings, indefinitely=True).give_up_after_s is None
     assert policy_for(settings, indefinitely=False).give_up_after_s == 180
 
@@ -216,7 +217,7 @@ class _CoordinatorMoving:
 def test_a_rewind_rides_out_not_coordinator_instead_of_dying_or_rejoining(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     monkeypatch.setattr(stage.retry, "_sleep", lambda s: None)
     consumer = _CoordinatorMoving()
     stage.consumer = consumer  # type: ignore[assignment]
@@ -228,7 +229,7 @@ def test_a_rewind_rides_out_not_coordinator_instead_of_dying_or_rejoining(
 
 
 def test_the_status_file_shows_a_stage_waiting_for_kafka(tmp_path: Path) -> None:
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stage.retry.failed("committed offsets", KafkaError(KafkaError._ALL_BROKERS_DOWN))
     status = json.loads(stage.status_path().read_text())
     assert status["waiting"]["for"] == "committed offsets"

@@ -68,7 +68,7 @@ SCOPE = {
 @pytest.mark.parametrize("field", SCOPE)
 def test_a_scope_field_equal_to_the_operations_value_admits(field: str) -> None:
     mine, _ = SCOPE[field]
-    result = decide_admission(KEY.sign(helpers.approval(**{field: mine})), REQ)
+    result = decide_admission(KEY.sign(helpers.approval(**{field: mine}), ledger_id="ledger"), REQ)
     assert result.decision.admitted and result.decision.reason == REASON_ADMITTED
     assert result.use is not None
 
@@ -76,7 +76,7 @@ def test_a_scope_field_equal_to_the_operations_value_admits(field: str) -> None:
 @pytest.mark.parametrize("field", SCOPE)
 def test_a_scope_field_that_differs_refuses_naming_the_field_and_both_values(field: str) -> None:
     mine, other = SCOPE[field]
-    result = decide_admission(KEY.sign(helpers.approval(**{field: other})), REQ)
+    result = decide_admission(KEY.sign(helpers.approval(**{field: other}), ledger_id="ledger"), REQ)
     name = field.removeprefix("scope_")
     assert not result.decision.admitted and result.use is None
     assert result.decision.reason == f"out of scope: {name} {mine}, approved {other}"
@@ -94,11 +94,11 @@ def test_a_scope_field_left_unset_puts_no_constraint(field: str) -> None:
         "scope_purpose": REQ.model_copy(update={"purpose": other}),
         "scope_parameter_digest": REQ.model_copy(update={"parameter_digest": other}),
     }[field]
-    assert decide_admission(KEY.sign(helpers.approval()), req).decision.admitted
+    assert decide_admission(KEY.sign(helpers.approval(), ledger_id="ledger"), req).decision.admitted
 
 
 def test_the_public_case_5000_gbp_does_not_admit_5000_eur() -> None:
-    gbp = KEY.sign(helpers.approval(scope_currency="GBP"))
+    gbp = KEY.sign(helpers.approval(scope_currency="GBP"), ledger_id="ledger")
     eur = helpers.admission_request(currency="EUR")
     assert decide_admission(gbp, eur).decision.reason == "out of scope: currency EUR, approved GBP"
 
@@ -117,13 +117,13 @@ def test_the_public_case_5000_gbp_does_not_admit_5000_eur() -> None:
 def test_a_params_scope_field_refuses_a_missing_or_odd_value(
     params: dict[str, Any], shown: str
 ) -> None:
-    gbp = KEY.sign(helpers.approval(scope_currency="GBP"))
+    gbp = KEY.sign(helpers.approval(scope_currency="GBP"), ledger_id="ledger")
     reason = decide_admission(gbp, with_params(REQ, params)).decision.reason
     assert reason == f"out of scope: currency {shown}, approved GBP"
 
 
 def test_an_integer_account_is_not_the_approved_account_string() -> None:
-    approval = KEY.sign(helpers.approval(scope_account="1842"))
+    approval = KEY.sign(helpers.approval(scope_account="1842"), ledger_id="ledger")
     result = decide_admission(approval, helpers.admission_request(account=1842))
     assert not result.decision.admitted
     assert result.decision.reason == "out of scope: account 1842 (not a string), approved 1842"
@@ -131,7 +131,7 @@ def test_an_integer_account_is_not_the_approved_account_string() -> None:
 
 def test_every_scope_field_is_checked_for_a_redelivery_too() -> None:
     """A use (forged or not) never carries an operation outside the scope."""
-    approval = KEY.sign(helpers.approval(scope_currency="GBP"))
+    approval = KEY.sign(helpers.approval(scope_currency="GBP"), ledger_id="ledger")
     use = decide_admission(approval, REQ).use
     assert use is not None
     eur = with_params(REQ, {"amount_minor": 5000, "currency": "EUR", "account": "acct-1"})
@@ -146,7 +146,7 @@ def test_every_scope_field_is_checked_for_a_redelivery_too() -> None:
 
 def test_the_amount_is_read_from_the_field_the_contract_names() -> None:
     cents = EffectContract(amount_field="amount_cents")
-    approval = KEY.sign(helpers.approval(max_amount=5000))
+    approval = KEY.sign(helpers.approval(max_amount=5000), ledger_id="ledger")
     within = with_params(REQ, {"amount_cents": 5000, "amount_minor": 999_999})
     over = with_params(REQ, {"amount_cents": 5001, "amount_minor": 1})
     assert decide_admission(approval, within, cents.amount_field).decision.admitted
@@ -156,7 +156,7 @@ def test_the_amount_is_read_from_the_field_the_contract_names() -> None:
 
 def test_a_cap_of_one_never_admits_an_amount_under_another_field_name() -> None:
     """The instance the issue measured: ``"amount": 999999999`` under a cap of 1."""
-    approval = KEY.sign(helpers.approval(max_amount=1))
+    approval = KEY.sign(helpers.approval(max_amount=1), ledger_id="ledger")
     req = with_params(REQ, {"account": "acct-1", "amount": 999_999_999, "currency": "GBP"})
     result = decide_admission(approval, req)
     assert not result.decision.admitted and result.use is None
@@ -166,14 +166,14 @@ def test_a_cap_of_one_never_admits_an_amount_under_another_field_name() -> None:
 @pytest.mark.parametrize("amount", ["5000", 5000.0, True, -1, None, {"minor": 5}])
 def test_an_amount_that_is_not_a_non_negative_integer_is_refused(amount: object) -> None:
     req = with_params(REQ, {"amount_minor": amount})
-    result = decide_admission(KEY.sign(helpers.approval()), req)
+    result = decide_admission(KEY.sign(helpers.approval(), ledger_id="ledger"), req)
     assert not result.decision.admitted and result.use is None
     assert result.decision.reason.startswith("parameter amount_minor is ")
 
 
 def test_a_sink_without_a_registered_contract_is_refused_before_consumption() -> None:
     result = evaluate(
-        KEY.sign(helpers.approval()),
+        KEY.sign(helpers.approval(), ledger_id="ledger"),
         REQ,
         now_ms=1000,
         policy_version=1,
@@ -190,7 +190,9 @@ def test_a_sink_whose_effects_carry_no_amount_has_no_cap_to_check() -> None:
     mailer = EffectContract(amount_field=None)
     assert EffectContract.model_validate_json(mailer.model_dump_json()) == mailer
     email = with_params(REQ, {"to": "customer-1", "template": "refund-confirmation"})
-    result = decide_admission(KEY.sign(helpers.approval(max_amount=0)), email, mailer.amount_field)
+    result = decide_admission(
+        KEY.sign(helpers.approval(max_amount=0), ledger_id="ledger"), email, mailer.amount_field
+    )
     assert result.decision.admitted
 
 
@@ -198,14 +200,15 @@ def test_a_sink_whose_effects_carry_no_amount_has_no_cap_to_check() -> None:
 def test_a_request_without_the_operation_is_refused(missing: str) -> None:
     """Requests of earlier releases carry no params: fail closed, never guess."""
     req = REQ.model_copy(update={missing: None})
-    result = decide_admission(KEY.sign(helpers.approval()), req)
+    result = decide_admission(KEY.sign(helpers.approval(), ledger_id="ledger"), req)
     assert (result.decision.admitted, result.decision.reason) == (False, REASON_LEGACY_REQUEST)
 
 
 @pytest.mark.parametrize("raw", ["[1, 2]", "not json", '"text"'])
 def test_parameters_that_are_not_an_object_are_refused(raw: str) -> None:
     result = decide_admission(
-        KEY.sign(helpers.approval()), REQ.model_copy(update={"params_json": raw})
+        KEY.sign(helpers.approval(), ledger_id="ledger"),
+        REQ.model_copy(update={"params_json": raw}),
     )
     assert not result.decision.admitted and "not a JSON object" in result.decision.reason
 
@@ -234,14 +237,17 @@ def test_the_kernel_checks_what_the_reviewer_signs() -> None:
 
 def test_the_signature_covers_every_scope_field_that_is_set() -> None:
     for field, (mine, other) in SCOPE.items():
-        signed = KEY.sign(helpers.approval(**{field: mine}))
-        assert verify(signed, TRUSTED) is None
+        signed = KEY.sign(helpers.approval(**{field: mine}), ledger_id="ledger")
+        assert verify(signed, TRUSTED, "ledger") is None
         for tampered in (other, None):
             forged = signed.model_copy(update={field: tampered})
-            assert verify(forged, TRUSTED) == "approval signature is invalid", field
-    unscoped = KEY.sign(helpers.approval())
+            problem = verify(forged, TRUSTED, "ledger") or ""
+            assert problem.startswith("approval signature is invalid"), field
+    unscoped = KEY.sign(helpers.approval(), ledger_id="ledger")
     added = unscoped.model_copy(update={"scope_currency": "GBP"})
-    assert verify(added, TRUSTED) == "approval signature is invalid"
+    assert (verify(added, TRUSTED, "ledger") or "").startswith("approval signature is invalid")
+    # The signature covers the ledger too: the same grant is refused by another ledger.
+    assert (verify(unscoped, TRUSTED, "other") or "").startswith("approval signature is invalid")
 
 
 def _v1_body(a: dict[str, Any]) -> bytes:
@@ -260,8 +266,9 @@ def _v1_body(a: dict[str, Any]) -> bytes:
     return json.dumps({n: a[n] for n in names}, sort_keys=True, separators=(",", ":")).encode()
 
 
-def test_an_approval_signed_before_the_scope_fields_still_verifies() -> None:
-    """Written with Approval v1 and signed over v1's body; read by this release."""
+def test_an_approval_signed_before_grants_named_their_ledger_decodes_and_admits_nothing() -> None:
+    """Written with Approval v1 and signed over v1's body (no ledger): it still decodes,
+    but a signature that names no ledger could be any ledger's, so it is refused."""
     private = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
     trusted = {"old-key": private.public_key()}
     v1 = json.loads((SCHEMA_DIR / "history" / "approval.v1.avsc").read_text())
@@ -286,17 +293,17 @@ def test_an_approval_signed_before_the_scope_fields_still_verifies() -> None:
     v1_fp = next(s.fingerprint for s in registry().by_fingerprint.values() if s.raw == v1)
     approval = decode_event(MARKER + v1_fp + buf.getvalue())
     assert isinstance(approval, Approval) and approval.scope_currency is None
-    assert signed_body(approval) == _v1_body(grant)
-    assert verify(approval, trusted) is None
+    assert signed_body(approval, "ledger") != _v1_body(grant)
+    assert (verify(approval, trusted, "ledger") or "").startswith("approval signature is invalid")
     req = helpers.admission_request(subject="customer-1842")
     result = evaluate(approval, req, now_ms=1, policy_version=1, decided_by="k", trusted=trusted)
-    assert result.decision.admitted
+    assert not result.decision.admitted
 
 
 def test_a_grant_resent_with_another_scope_is_another_decision() -> None:
-    grant = KEY.sign(helpers.approval(scope_currency="GBP"))
+    grant = KEY.sign(helpers.approval(scope_currency="GBP"), ledger_id="ledger")
     table = merge_approval(None, grant).approval
     assert merge_approval(table, grant).note is None
-    other = KEY.sign(helpers.approval(scope_currency="EUR"))
+    other = KEY.sign(helpers.approval(scope_currency="EUR"), ledger_id="ledger")
     merged = merge_approval(table, other)
     assert merged.approval == grant and merged.note is not None

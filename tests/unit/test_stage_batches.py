@@ -11,6 +11,7 @@ from pathlib import Path
 
 from consumers.processor import Processor
 from ledger.settings import LedgerSettings
+from tests.helpers import keyed
 
 
 class _Queue:
@@ -28,7 +29,7 @@ class _Queue:
 
 
 def _stage(tmp_path: Path, queue: _Queue) -> Processor:
-    stage = Processor(LedgerSettings(run_dir=tmp_path, commit_interval_ms=100))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path, commit_interval_ms=100)))
     stage.consumer = queue  # type: ignore[assignment]
     return stage
 

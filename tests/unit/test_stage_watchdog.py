@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from consumers.processor import Processor
 from consumers.retry import KafkaRetry, RetryPolicy
 from ledger.settings import LedgerSettings
+from tests.helpers import keyed
 
 
 class _BlockedProducer:
@@ -36,7 +37,7 @@ class _Consumer:
 
 
 def _stage(tmp_path: Path, producer: object) -> Processor:
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stage.producer = producer  # type: ignore[assignment]
     stage.consumer = _Consumer()  # type: ignore[assignment]
     return stage
@@ -197,7 +198,7 @@ def test_a_rewind_the_consumer_cannot_do_replaces_the_consumer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seen with two live processes of one identity: the stage rejoins, it does not die."""
-    stage = Processor(LedgerSettings(run_dir=tmp_path))
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stage.consumer = _FencedConsumer()  # type: ignore[assignment]
     rejoined: list[bool] = []
     monkeypatch.setattr(stage, "_rejoin", lambda: rejoined.append(True))

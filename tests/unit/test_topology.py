@@ -10,6 +10,7 @@ from consumers.authority import AuthorityKernel
 from consumers.relay import Relay
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPIC_BY_NAME, TOPICS
+from tests.helpers import keyed
 
 
 @pytest.mark.parametrize("spec", TOPICS, ids=[t.name for t in TOPICS])
@@ -42,7 +43,7 @@ def test_consumption_has_its_own_topic_that_only_the_kernel_writes() -> None:
 
 def test_the_tables_the_stages_follow_are_declared(tmp_path: Path) -> None:
     """The layout's ``tables`` names every table a stage really rebuilds."""
-    settings = LedgerSettings(run_dir=tmp_path)
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
     kernel = AuthorityKernel(settings)
     followed = {f.topic for f in (kernel._approvals, kernel._uses, kernel._policy)}
     assert followed == {t.name for t in TOPICS if "authority kernel" in t.tables}

@@ -26,6 +26,7 @@ from ledger.tracing import (
     with_trace,
 )
 from tests import helpers
+from tests.helpers import keyed
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACE_ID = int("0af7651916cd43dd8448eb211c80319c", 16)
@@ -229,7 +230,9 @@ def test_a_parked_dispatch_is_tried_again_in_its_operations_trace(tmp_path: Path
 
     # This stand-in sink answers every request as a submit: no postcondition
     # readback right after the effect (it would be a third request).
-    settings = LedgerSettings(run_dir=tmp_path, sink_retry_backoff_s=0.0, relay_inline_verify=False)
+    settings = keyed(
+        LedgerSettings(run_dir=tmp_path, sink_retry_backoff_s=0.0, relay_inline_verify=False)
+    )
     save_sinks(settings.sinks_path(), {"payments": SinkEndpoint(url=url, contract=PAYMENT_GATEWAY)})
     provider, exporter = _provider()
     relay = Relay(settings)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from consumers.stage import key_text, read_partition
-from ledger.audit import AuditReport, Provenance, audit, open_items
-from ledger.authn import Keyring
+from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items
+from ledger.authn import Keyring, unverifiable
 from ledger.credentials import load_keyring
 from ledger.events import (
     Approval,
@@ -77,6 +77,10 @@ class TopicScan:
     records: list[Event] = field(default_factory=list)
     latest: dict[str, Event] = field(default_factory=dict)
     unauthenticated: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    #: the refused records whose seal names a key the auditor does not hold: position -> reason.
+    unverifiable: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    #: their keys, by position.
+    unverifiable_keys: dict[tuple[str, int, int], str] = field(default_factory=dict)
     undecodable: dict[tuple[str, int, int], str] = field(default_factory=dict)
     count: int = 0
     ends: dict[int, int] = field(default_factory=dict)
@@ -112,6 +116,9 @@ def scan_topic(
         problem = keyring.check(topic, key, value, msg.headers(), event, msg.partition())
         if problem is not None:
             scan.unauthenticated[where] = problem
+            if unverifiable(problem):
+                scan.unverifiable[where] = problem
+                scan.unverifiable_keys[where] = key_text(msg)
             if topic in LATEST and not problem.startswith(MISPLACED):  # a copy elsewhere
                 scan.displaced[key_text(msg)] = (where, f"not authentic: {problem}")
             return
@@ -202,7 +209,67 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
         started_ms,
         mismatched,
     )
+    report.unverifiable_records = [
+        r for r in report.unauthenticated_records if unverifiable(str(r.get("reason")))
+    ]
+    report.open_items += _unverifiable_items(scans, states, report.open_items)  # type: ignore[arg-type]
     return report
+
+
+#: Topics keyed by approval ID: what is unverifiable there covers the
+#: operations that name the approval.
+_APPROVAL_KEYED = ("approvals", "approval-uses", "admission-requests")
+
+
+def _unverifiable_items(
+    scans: dict[str, TopicScan], states: dict[str, OperationState], already: list[OpenItem]
+) -> list[OpenItem]:
+    """Open items for the operations that records sealed by unknown keys cover.
+
+    An operation-keyed record covers its operation; a record keyed by an
+    approval ID covers every operation whose state names that approval; a
+    policy record covers the whole ledger (one item, ``(policy)``). Such a
+    record may be authentic evidence the auditor cannot check, so the
+    decisions resting on it, or blocked by it, are not taken as sound.
+
+    Returns:
+        One item per covered operation (state ``UNVERIFIABLE``, the record
+        and why in ``reason``), for operations not already open, by ID.
+    """
+    by_approval: dict[str, list[str]] = {}
+    for op, st in states.items():
+        if st.approval_id is not None:
+            by_approval.setdefault(st.approval_id, []).append(op)
+    covered: dict[str, str] = {}
+    for topic, scan in scans.items():
+        for (t, partition, offset), problem in sorted(scan.unverifiable.items()):
+            key = scan.unverifiable_keys[(t, partition, offset)]
+            what = f"{t}:{partition}:{offset} {problem}"
+            if topic == "policy":
+                covered.setdefault("(policy)", what)
+            elif topic in _APPROVAL_KEYED:
+                for op in by_approval.get(key, []):
+                    covered.setdefault(op, what)
+            else:
+                covered.setdefault(key, what)
+    listed = {i.operation_id for i in already}
+    items: list[OpenItem] = []
+    for op, what in sorted(covered.items()):
+        if op in listed:
+            continue
+        found = states.get(op)
+        items.append(
+            OpenItem(
+                op,
+                "UNVERIFIABLE",
+                found.sink if found is not None else "",
+                f"evidence cannot be verified with the keys here ({what}); restore the keys "
+                "folder the ledger's records were sealed with and audit again",
+                None,
+                None,
+            )
+        )
+    return items
 
 
 def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Provenance:

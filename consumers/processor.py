@@ -545,8 +545,22 @@ class Processor(Stage):
         )
 
     def unverifiable_held(self) -> dict[str, str]:
-        """Operations held because their latest state record cannot be verified (op -> why)."""
+        """Operations held because a record about them cannot be verified (op -> why)."""
         return {op: why for op, (_, why) in self.held.items()}
+
+    def unverifiable_input(self, topic: str, key: str, msg: Message, problem: str) -> None:
+        """An input about an operation, sealed by a key not held here, holds the operation.
+
+        It may be an authentic admission, receipt or readback: deciding on
+        without it could act where the ledger already acted. The operation's
+        later inputs are reported ``UNVERIFIABLE`` and left undecided until
+        the processor restarts with the key (a restart reads its inputs
+        from the committed offsets, past this record, so restore the key
+        and replay the record if it was authentic).
+        """
+        if not is_reserved_key(key):
+            where = f"{topic}:{msg.partition()}:{msg.offset()}"
+            self.held.setdefault(key, (msg.partition() or 0, f"{where} {problem}"))
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Forget the operations of revoked partitions."""

@@ -52,7 +52,7 @@ from consumers.fetchwatch import FetchWatch
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.metrics import StageMetrics
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
-from ledger.authn import AUTH_HEADER, Keyring, Sealer
+from ledger.authn import AUTH_HEADER, Keyring, Sealer, unverifiable
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.errors import BrokerError, ConsumerStuckError, LedgerError
@@ -125,6 +125,16 @@ FETCH_CHECK_BUDGET_S = 10.0
 
 #: Log marker of a transaction Kafka refused as a zombie's (counted by missions).
 FENCED_MARKER = "zombie transaction fenced by Kafka"
+
+
+def _refusal_kind(problem: str) -> str:
+    """``UNVERIFIABLE`` for a seal by a key not held here, else ``UNAUTHENTICATED``."""
+    return "UNVERIFIABLE" if unverifiable(problem) else "UNAUTHENTICATED"
+
+
+def _verdict(problem: str) -> str:
+    """How a refused input is described: it cannot be verified here, or it is not authentic."""
+    return "cannot be verified here" if unverifiable(problem) else "not authentic"
 
 
 def record_event(
@@ -785,14 +795,18 @@ class Stage:
                         self.component,
                         topic,
                         msg,
-                        f"not authentic (tombstone): {problem}",
-                        kind="UNAUTHENTICATED",
+                        f"{_verdict(problem)} (tombstone): {problem}",
+                        kind=_refusal_kind(problem),
                     )
             event = decode_event(raw)
             problem = self.keyring.check(topic, msg.key() or b"", raw, msg.headers(), event)
             if problem is not None and self.unauthenticated(msg, topic, problem):
                 return dead_letter(
-                    self.component, topic, msg, f"not authentic: {problem}", kind="UNAUTHENTICATED"
+                    self.component,
+                    topic,
+                    msg,
+                    f"{_verdict(problem)}: {problem}",
+                    kind=_refusal_kind(problem),
                 )
         except Exception as exc:
             self.dead_letters += 1
@@ -830,8 +844,24 @@ class Stage:
         )
         if not refused:
             return False
-        self.forgeries_refused += 1
+        if unverifiable(problem):
+            self.unverifiable_input(topic, key_text(msg), msg, problem)
+        else:
+            self.forgeries_refused += 1
         return True
+
+    def unverifiable_input(self, topic: str, key: str, msg: Message, problem: str) -> None:
+        """An input sealed by a key this stage does not hold was refused (``UNVERIFIABLE``).
+
+        It may be authentic evidence about its key: a stage that decides per
+        key holds that key here (the processor does). Nothing by default.
+
+        Args:
+            topic: the input's short topic name.
+            key: its key (an operation ID on operation-keyed topics).
+            msg: the record as consumed.
+            problem: why it cannot be verified.
+        """
 
     def table_refusal(
         self, msg: Message, reason: str, kind: str, *, keyed_by_operation: bool

@@ -210,6 +210,11 @@ class AuditReport:
         offsets: topic -> partition -> the end offset read to (every record
             before it, from the beginning, was read).
         open_items: operations an operator must look at (:class:`OpenItem`).
+        unverifiable_records: the refused records whose seal names a key the
+            auditor does not hold (``{"topic", "partition", "offset",
+            "reason"}``): they may be authentic evidence, so the audit cannot
+            say the ledger is clean while any is left; every operation they
+            cover is an open item (state ``UNVERIFIABLE``).
     """
 
     operations: int = 0
@@ -225,6 +230,12 @@ class AuditReport:
     took_s: float | None = None
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     open_items: list[OpenItem] = field(default_factory=list)
+    unverifiable_records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """No violation, and no record left that these keys cannot verify."""
+        return not self.violations and not self.unverifiable_records
 
     @property
     def facts(self) -> int:
@@ -239,9 +250,20 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """``CLEAN`` or ``N VIOLATION(S)``, and the coverage it holds for."""
+        """``CLEAN``, ``N VIOLATION(S)`` or ``NOT VERIFIED``, and the coverage it holds for.
+
+        ``NOT VERIFIED`` (no violation found, but records sealed by keys the
+        auditor does not hold are left): evidence it could not check is never
+        counted as absent.
+        """
         n = len(self.violations)
-        head = "CLEAN" if not n else f"{n} VIOLATION{'S' if n != 1 else ''}"
+        if n:
+            head = f"{n} VIOLATION{'S' if n != 1 else ''}"
+        elif self.unverifiable_records:
+            u = len(self.unverifiable_records)
+            head = f"NOT VERIFIED: {u} record{'s' if u != 1 else ''} sealed by keys not held here"
+        else:
+            head = "CLEAN"
         return f"{head} ({self.coverage})"
 
     def add(self, invariant: str, operation_id: str | None, evidence: str) -> None:
@@ -304,6 +326,7 @@ class AuditReport:
             "open_items": [i.to_dict() for i in self.open_items],
             "authenticity_checked": self.authenticity_checked,
             "unauthenticated_records": list(self.unauthenticated_records),
+            "unverifiable_records": list(self.unverifiable_records),
             "undecodable_records": list(self.undecodable_records),
             "checked": dict(self.checked),
             "violations": [

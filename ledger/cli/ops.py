@@ -1121,7 +1121,7 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
                 "choose a writable --html path"
             ) from exc
         click.echo(f"wrote {html_path}", err=as_json)
-    sys.exit(1 if report.violations else 0)
+    sys.exit(0 if report.clean else 1)
 
 
 #: The operators' and auditors' commands, in the order ``ledger --help`` lists them.

@@ -70,6 +70,13 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
     if n:
         head = f"{n} VIOLATION{'S' if n != 1 else ''}"
         sentence = f"{n} violation{'s' if n != 1 else ''} of the ledger's invariants ({words})"
+    elif _list(audit.get("unverifiable_records")):
+        u = len(_list(audit.get("unverifiable_records")))
+        head = "NOT VERIFIED"
+        sentence = (
+            f"not verified: no violations in {facts} facts checked, but {u} record"
+            f"{'s' if u != 1 else ''} sealed by keys not held here could not be checked ({words})"
+        )
     else:
         head = "CLEAN"
         sentence = f"clean: no violations in {facts} facts checked ({words})"

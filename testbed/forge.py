@@ -46,6 +46,7 @@ from ledger.events import (
 from ledger.fold import decide
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
+from ledger.signing import load_trusted_roles
 from ledger.states import RecoveryState as S
 from ledger.topology import TOPIC_BY_NAME
 
@@ -98,6 +99,19 @@ def _plausible_seal(settings: LedgerSettings, topic: str, writer: str | None) ->
         found = authority_public(settings)
         key_id = found[0] if found is not None else key_id
     return Seal(SCHEME_ED25519, key_id, secrets.token_bytes(64)).encode()
+
+
+def _trusted_name(settings: LedgerSettings, roles: tuple[str, ...], default: str) -> str:
+    """A writer the ledger trusts under one of ``roles`` (the first by name), else ``default``.
+
+    A forgery names a real writer, whose key the attacker does not hold: the
+    ledger holds that key and proves the record forged. A record naming a
+    key nobody here holds is another case (unverifiable: it holds what it
+    covers, see README "Trust model").
+    """
+    trusted = load_trusted_roles(settings.trusted_keys_path())
+    names = sorted(name for name, (role, _) in trusted.items() if role in roles)
+    return names[0] if names else default
 
 
 def _override(event: Event, fields: dict[str, Any] | None) -> Event:
@@ -220,18 +234,19 @@ def build(
         )
     if record == "disposition":
         op = need_op()
+        operator = _trusted_name(settings, ("operator",), "ops-oncall")
         return (
             "dispositions",
             op,
             Disposition(
-                disposition_id=f"disposition:ops-oncall:{uuid.uuid4().hex[:8]}",
+                disposition_id=f"disposition:{operator}:{uuid.uuid4().hex[:8]}",
                 operation_id=op,
                 decision="ABSENT",
-                by="ops-oncall",
+                by=operator,
                 evidence="checked the sink: nothing there",
                 disposed_at_ms=now_ms,
             ),
-            "ops-oncall",
+            operator,
         )
     if record == "revocation":
         grant = _latest(settings, "approvals", approval)
@@ -248,14 +263,16 @@ def build(
                 granted_at_ms=now_ms,
             )
         )
-        revoked = base.model_copy(update={"status": "REVOKED", "revoked_by": base.reviewer})
-        return ("approvals", approval, revoked, base.reviewer)
+        by = base.key_id or _trusted_name(settings, ("reviewer", "operator"), base.reviewer)
+        revoked = base.model_copy(update={"status": "REVOKED", "revoked_by": by})
+        return ("approvals", approval, revoked, by)
     if record == "policy":
         current = policy_in_force(settings)
         version = current.version if current is not None else settings.policy_version
         later = max(now_ms, current.effective_at_ms + 1 if current is not None else 0)
-        change = PolicyChange(version=version + 1, set_by="admin", effective_at_ms=later)
-        return ("policy", policy_key(change), change, "admin")
+        operator = _trusted_name(settings, ("operator",), "admin")
+        change = PolicyChange(version=version + 1, set_by=operator, effective_at_ms=later)
+        return ("policy", policy_key(change), change, operator)
     if record == "state":
         op = need_op()
         if state is not None:

@@ -267,7 +267,15 @@ class LedgerData:
             if waiting:
                 detail += f"; waiting: {waiting}"
             ready = bool(status.get("ready")) and alive
-            rows.append(StageHealth(path.stem, "status file", alive, ready, detail))
+            held = int(status.get("unverifiable_held_count") or 0)
+            if held and alive:
+                # README "Trust model": a stage that holds work is not healthy.
+                detail += (
+                    f"; HOLDING {held} key(s) on evidence its keys cannot verify (restore the "
+                    "keys folder, then restart it)"
+                )
+                ready = False
+            rows.append(StageHealth(path.stem, "status file", alive and not held, ready, detail))
         return rows
 
     def _groups(self) -> list[StageHealth]:

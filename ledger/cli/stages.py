@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import socket
 import time
@@ -25,6 +27,7 @@ from ledger.clock import check_stage_clock
 from ledger.errors import SettingsError
 from ledger.kafka import CLIENT_LOGGER, describe
 from ledger.logs import configure_logging
+from ledger.settings import LedgerSettings
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +207,15 @@ def status_cmd(as_json: bool) -> None:
     settings = current_settings()
     check_topics(settings)
     stages = stage_status(settings)
+    held = held_on_this_host(settings)
     if as_json:
-        echo_json({"topic_prefix": settings.topic_prefix, "stages": [s.to_dict() for s in stages]})
+        echo_json(
+            {
+                "topic_prefix": settings.topic_prefix,
+                "stages": [s.to_dict() for s in stages],
+                "unverifiable_held": held,
+            }
+        )
     else:
         now_ms = int(time.time() * 1000)
         for st in stages:
@@ -223,8 +233,48 @@ def status_cmd(as_json: bool) -> None:
                     f"  {m.instance} at {m.host}: {len(m.partitions)} partition(s) "
                     f"{' '.join(m.partitions)}"
                 )
-    if not all(st.live for st in stages):
+        for name, (count, sample) in sorted(held.items()):
+            shown = "; ".join(f"{k}: {v}" for k, v in list(sample.items())[:3])
+            click.echo(
+                f"{name} (this host): HOLDING {count} key(s) on evidence its keys cannot verify "
+                f"({shown}); restore the keys folder the ledger's records were sealed with, "
+                "then restart it"
+            )
+    if not all(st.live for st in stages) or held:
         raise click.exceptions.Exit(EXIT_ERROR)
+
+
+def held_on_this_host(settings: LedgerSettings) -> dict[str, tuple[int, dict[str, str]]]:
+    """What the live stage instances of this host hold for evidence they cannot verify.
+
+    Read from their status files (``LEDGER_RUN_DIR/status``): the stages of
+    another host say it in their own ``/readyz`` and the
+    ``ledger_unverifiable_held`` gauge.
+
+    Returns:
+        ``component-instance`` -> (how many keys, up to 50 of them: key ->
+        record and reason), for instances whose process runs and holds any.
+    """
+    found: dict[str, tuple[int, dict[str, str]]] = {}
+    folder = settings.run_dir / "status"
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            status = json.loads(path.read_text())
+            pid, count = int(status["pid"]), int(status.get("unverifiable_held_count") or 0)
+            sample = {
+                str(k): str(v) for k, v in dict(status.get("unverifiable_held") or {}).items()
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass  # another user's process: it runs
+        if count:
+            found[path.stem] = (count, sample)
+    return found
 
 
 #: The stage commands, in the order ``ledger --help`` lists them.

@@ -41,7 +41,7 @@ from ledger.audit import AuditReport
 from ledger.authn import ROLE_OPERATOR, SigningKey
 from ledger.cli import main as cli
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK
-from ledger.credentials import add_person, authority_key, deployment_key
+from ledger.credentials import add_person, provision_keys
 from ledger.errors import LedgerError
 from ledger.events import (
     AdmissionRequest,
@@ -231,7 +231,7 @@ class Ledger:
             client_config(settings, partitioner="murmur2_random", **{"linger.ms": 5})
         )
         key, _ = add_person(settings, ROLE_OPERATOR, OPERATOR)
-        self.operator = SigningKey(key.key_id, key.private, ROLE_OPERATOR)
+        self.operator = SigningKey(key.key_id, key.private, ROLE_OPERATOR, settings.ledger_identity)
         self.base_dispatch: Dispatch
         self.written: dict[str, Written] = {}
 
@@ -718,8 +718,7 @@ def file_ledger(
 def test_corrupted_local_file(case: FileCase, file_ledger: LedgerSettings, tmp_path: Path) -> None:
     """The command exits non-zero with an error naming the file, and no traceback."""
     settings = file_ledger.model_copy(update={"run_dir": tmp_path})
-    deployment_key(settings)
-    authority_key(settings)
+    provision_keys(settings)
     add_person(settings, "reviewer", "rev-files")
     (tmp_path / "clock").write_text("0")
     (tmp_path / "sinks.json").write_text("{}")

@@ -157,6 +157,10 @@ def test_lost_keys_start_nothing_and_a_consumed_approval_pays_nothing_twice(
         assert any(e.component == "processor" and e.operation_id == FIRST for e in held)
         status = json.loads((settings.run_dir / "status" / "processor-0.json").read_text())
         assert status["unverifiable_held_count"] >= 1 and FIRST in status["unverifiable_held"]
+        said = _ledger(settings, "status")
+        assert said.returncode == 1, said.stdout + said.stderr
+        assert "processor-0 (this host): HOLDING" in said.stdout, said.stdout
+        assert "authority-0 (this host): HOLDING" in said.stdout, said.stdout
 
         report = run_audit(settings, read_sinks=False)
         assert not report.clean and report.verdict.startswith("NOT VERIFIED"), report.verdict

@@ -201,3 +201,22 @@ def test_the_skew_is_a_setting(monkeypatch) -> None:  # type: ignore[no-untyped-
     assert LedgerSettings().clock_max_skew_s == DEFAULT_MAX_SKEW_S == 300
     monkeypatch.setenv("LEDGER_CLOCK_MAX_SKEW_S", "60")
     assert LedgerSettings().clock_max_skew_s == 60
+
+
+def test_the_relay_reports_a_refused_reading_once_and_counts_each(tmp_path: Path) -> None:
+    from consumers.relay import Relay
+
+    relay = Relay(LedgerSettings(run_dir=tmp_path, clock="manual"))
+    manual = ManualClock(tmp_path / "clock")
+    manual.set_ms(7000)
+    assert relay.clock.now_ms() == 7000
+    manual.set_ms(FAR)
+    assert relay.clock.now_ms() == 7000 and relay.clock.now_ms() == 7000
+    assert [(key, e.kind) for key, e in relay.notes] == [("clock", "CLOCK_REFUSED")]
+    assert str(FAR) in relay.notes[0][1].reason
+    counted = relay.metrics.registry.get_sample_value(
+        "ledger_clock_readings_refused_total", {"stage": "relay", "clock": "manual"}
+    )
+    assert counted == 2
+    manual.set_ms(8000)
+    assert relay.clock.now_ms() == 8000

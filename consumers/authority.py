@@ -28,7 +28,7 @@ from collections.abc import Callable
 from confluent_kafka import Message
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from consumers.localfiles import LastGood, LastGoodClock
+from consumers.localfiles import LastGood, LastGoodClock, clock_refused_event
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import (
@@ -41,7 +41,7 @@ from ledger.authority import (
     supersedes,
     version_in_force,
 )
-from ledger.clock import clock_for
+from ledger.clock import ClockVerdict, clock_for
 from ledger.errors import LocalFileError
 from ledger.events import (
     AdmissionRequest,
@@ -81,6 +81,10 @@ class AuthorityKernel(Stage):
             clock_for(self.settings.clock, self.settings.run_dir),
             component="authority",
             on_problem=self._local_file_problem,
+            kind=self.settings.clock,
+            max_skew_s=self.settings.clock_max_skew_s,
+            on_refused=self._clock_refused,
+            on_each_refusal=lambda: self.metrics.clock_refused(self.settings.clock),
         )
         trusted_path = self.settings.trusted_keys_path()
         self._trusted = LastGood(
@@ -190,6 +194,22 @@ class AuthorityKernel(Stage):
                     component="authority",
                     kind="LOCAL_FILE",
                     reason=exc.message,
+                ),
+            )
+        )
+
+    def _clock_refused(self, reading_ms: int, verdict: ClockVerdict) -> None:
+        """A refused clock reading becomes a ``CLOCK_REFUSED`` operating event (once per run)."""
+        self.notes.append(
+            (
+                "operating-events",
+                "clock",
+                clock_refused_event(
+                    f"authority-{self.instance}",
+                    "authority",
+                    self.settings.clock,
+                    reading_ms,
+                    verdict,
                 ),
             )
         )
@@ -451,6 +471,8 @@ class AuthorityKernel(Stage):
         """Decide every admission request of the batch."""
         self._catch_up()
         self._settle(records)
+        for rec in records:
+            self.clock.observe(rec.timestamp_ms)
         trusted = self.trusted()
         sinks = self.sinks()
         # Requests are keyed by approval ID: the operation is the request's own.

@@ -1,7 +1,9 @@
 """Local files a running stage reads, kept through a corruption.
 
 A stage reads a few small files beside the ledger: the sink registry
-(``sinks.json``), the trusted reviewer keys and the manual ledger clock. A
+(``sinks.json``), the trusted reviewer keys and the manual ledger clock.
+:class:`LastGoodClock` also refuses a clock reading far from the stage's
+other sources of time (:func:`ledger.clock.judge_reading`). A
 loader raises :class:`~ledger.errors.LocalFileError` (naming the file and the
 remedy) when one is corrupted. A one-shot command says that error and exits;
 a running stage must not die of it (a supervisor would restart it into the
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Generic, TypeVar, cast
 
-from ledger.clock import Clock
+from ledger.clock import DEFAULT_MAX_SKEW_S, Clock, ClockVerdict, judge_reading, reading_bounds
 from ledger.errors import LocalFileError
+from ledger.events import OperatingEvent
 
 log = logging.getLogger(__name__)
 
@@ -133,17 +137,39 @@ class LastGood(Generic[T]):
 
 
 class LastGoodClock:
-    """A :class:`~ledger.clock.Clock` that survives a corrupted clock file.
+    """A :class:`~ledger.clock.Clock` that survives a corrupted clock file and a wild reading.
 
     It reads ``clock`` through :class:`LastGood`: when the file is corrupted
     the time last read well stands (a manual clock only moves forward, so it
     is the latest time known to have been reached) until the file is fixed.
-    Readings never go back.
+
+    Each reading is then judged against the stage's other sources of time
+    (:func:`ledger.clock.judge_reading`): the time it last decided with,
+    moved on by the process's monotonic clock (a system clock; a manual one
+    moves only when the testbed moves it), and, for the system clock, the
+    Kafka timestamp of the record it read last (:meth:`observe`), moved on
+    the same way. A reading beyond year 3000, or further from them than
+    ``max_skew_s`` (the manual clock: up to :data:`~ledger.clock.MAX_ADVANCE_S`
+    ahead, the largest ``ledger clock advance``), is refused: it is never
+    stored as the new time, the stage decides with the expected time, and
+    ``on_refused`` hears of it (once per run of refused readings; every
+    refused reading is counted in :attr:`refused`). The next sane reading is
+    accepted: one reading of 2^62 ms cannot latch the stage. Readings never
+    move the time back, except a reading the records' time confirms (the
+    stage's own time was the wrong one).
 
     Args:
         clock: the clock the settings name (a manual clock reads a file).
         component: the stage, for log lines.
         on_problem: see :class:`LastGood`.
+        kind: ``system`` or ``manual`` (``LEDGER_CLOCK``): which bounds apply
+            (:func:`ledger.clock.reading_bounds`).
+        max_skew_s: ``LEDGER_CLOCK_MAX_SKEW_S`` (seconds).
+        on_refused: called with the refused reading (ms) and the verdict when
+            a run of refused readings starts (e.g. to publish a
+            ``CLOCK_REFUSED`` operating event).
+        on_each_refusal: called for every refused reading (e.g. a metric).
+        monotonic: the process's monotonic clock (seconds); tests pass their own.
     """
 
     def __init__(
@@ -152,17 +178,118 @@ class LastGoodClock:
         *,
         component: str,
         on_problem: Callable[[LocalFileError], None] | None = None,
+        kind: str = "system",
+        max_skew_s: float = DEFAULT_MAX_SKEW_S,
+        on_refused: Callable[[int, ClockVerdict], None] | None = None,
+        on_each_refusal: Callable[[], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.file = LastGood(
             "ledger clock", clock.now_ms, component=component, on_problem=on_problem
         )
-        self._last = 0
+        self.component = component
+        self.kind = kind
+        self._behind_ms, self._ahead_ms, self._elapses = reading_bounds(kind, max_skew_s)
+        self.on_refused = on_refused
+        self.on_each_refusal = on_each_refusal
+        self._monotonic = monotonic
+        #: the time last decided with and the monotonic time it was taken at.
+        self._last: int | None = None
+        self._last_at = 0.0
+        #: the latest record's Kafka timestamp (ms) and the monotonic time it was read at.
+        self._witness: tuple[int, float] | None = None
+        #: the verdict on the latest refused reading while refusals last (``None``: accepting).
+        self.refusing: ClockVerdict | None = None
+        #: readings refused since start.
+        self.refused = 0
+        self._logged_at = 0.0
+
+    def observe(self, timestamp_ms: int | None) -> None:
+        """Note the Kafka timestamp of a record just read (a witness of the time; system clock).
+
+        Args:
+            timestamp_ms: the record's timestamp (Unix ms); ``None`` or not
+                positive: none (ignored).
+        """
+        if timestamp_ms is not None and timestamp_ms > 0:
+            self._witness = (timestamp_ms, self._monotonic())
 
     def now_ms(self) -> int:
-        """The ledger time in milliseconds (the last good reading while the file is corrupted).
+        """The ledger time in milliseconds: the reading, unless it is refused.
+
+        Returns:
+            The accepted reading (or the last time, when the reading is a
+            little behind it); for a refused reading, the expected time (see
+            :func:`ledger.clock.judge_reading`).
 
         Raises:
             LocalFileError: the clock file is corrupted and was never read well.
         """
-        self._last = max(self._last, self.file.read())
-        return self._last
+        reading = self.file.read()
+        mono = self._monotonic()
+        elapsed_ms = int((mono - self._last_at) * 1000) if self._elapses else 0
+        witness = None
+        if self._elapses and self._witness is not None:
+            stamp, seen = self._witness
+            witness = stamp + int((mono - seen) * 1000)
+        verdict = judge_reading(
+            reading,
+            last_ms=self._last,
+            elapsed_ms=elapsed_ms,
+            witness_ms=witness,
+            max_behind_ms=self._behind_ms,
+            max_ahead_ms=self._ahead_ms,
+        )
+        self._last, self._last_at = verdict.now_ms, mono
+        if verdict.accepted:
+            if self.refusing is not None:
+                log.warning(
+                    "%s: the %s clock reads %d ms, accepted again",
+                    self.component,
+                    self.kind,
+                    reading,
+                )
+                self.refusing = None
+            return verdict.now_ms
+        self.refused += 1
+        if self.on_each_refusal is not None:
+            self.on_each_refusal()
+        first = self.refusing is None
+        self.refusing = verdict
+        if first or mono - self._logged_at >= REPEAT_LOG_S:
+            log.error(
+                "%s: %s clock reading refused: %s; deciding with %d ms",
+                self.component,
+                self.kind,
+                verdict.reason,
+                verdict.now_ms,
+            )
+            self._logged_at = mono
+        if first and self.on_refused is not None:
+            self.on_refused(reading, verdict)
+        return verdict.now_ms
+
+
+def clock_refused_event(
+    writer: str, component: str, kind: str, reading_ms: int, verdict: ClockVerdict
+) -> OperatingEvent:
+    """The ``CLOCK_REFUSED`` operating event about a refused reading (keyed ``clock``).
+
+    Args:
+        writer: ``{component}-{instance}``, the start of the event ID.
+        component: the stage.
+        kind: the clock (``system`` or ``manual``).
+        reading_ms: the refused reading.
+        verdict: :func:`ledger.clock.judge_reading`'s verdict on it.
+    """
+    return OperatingEvent(
+        event_id=f"{writer}:CLOCK_REFUSED:{uuid.uuid4().hex[:12]}",
+        component=component,
+        kind="CLOCK_REFUSED",
+        reason=(
+            f"{kind} clock reading {reading_ms} ms refused ({verdict.reason}); "
+            f"deciding with {verdict.now_ms} ms, reference {verdict.reference_ms} ms. "
+            "Check the host's clock (or the manual ledger clock file); the next "
+            "reading that agrees with the stage's time is accepted"
+        ),
+    )

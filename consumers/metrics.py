@@ -18,7 +18,7 @@ Every metric carries the label ``stage`` (``processor``, ``authority``,
 ``relay``). Counts of what a transaction writes (transitions, refusals,
 operating events) move only when the transaction commits (:meth:`committed`);
 an aborted one's are dropped. What happened in the world (a sink request, an
-abort, a fencing, a restore) counts at once. :data:`METRICS` lists every
+abort, a fencing, a restore, a refused clock reading) counts at once. :data:`METRICS` lists every
 metric name with its type; the README repeats it.
 """
 
@@ -64,6 +64,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ledger_stage_waiting_for_kafka": ("gauge", ()),
     "ledger_unverifiable_held": ("gauge", ()),
     "ledger_loop_age_seconds": ("gauge", ()),
+    "ledger_clock_readings_refused_total": ("counter", ("clock",)),
 }
 
 #: librdkafka statistics interval of a stage's consumer while metrics are served
@@ -346,6 +347,13 @@ class StageMetrics:
             buckets=RESTORE_BUCKETS,
             registry=r,
         )
+        self.clock_refusals = Counter(
+            "ledger_clock_readings_refused",
+            "Clock readings refused as far from the stage's other sources of time "
+            "(never used as the time; see LEDGER_CLOCK_MAX_SKEW_S)",
+            ["stage", "clock"],
+            registry=r,
+        )
         r.register(_Live(self))
         #: (topic, partition) -> consumer lag, from the latest librdkafka statistics.
         self.lag: dict[tuple[str, int], int] = {}
@@ -411,6 +419,10 @@ class StageMetrics:
         """The relay performed a dispatch of ``kind`` at ``sink``, observing ``outcome``."""
         self.dispatches.labels(self.component, sink, kind, outcome).inc()
         self.sink_seconds.labels(self.component, sink, outcome).observe(seconds)
+
+    def clock_refused(self, clock: str) -> None:
+        """A reading of the ``clock`` (``system``/``manual``) was refused (counted at once)."""
+        self.clock_refusals.labels(self.component, clock).inc()
 
     def restoring(self) -> None:
         """A restore of state begins (``/healthz`` stays 200, ``/readyz`` 503 meanwhile)."""

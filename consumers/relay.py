@@ -90,12 +90,12 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from consumers.localfiles import LastGood, LastGoodClock
+from consumers.localfiles import LastGood, LastGoodClock, clock_refused_event
 from consumers.metrics import dispatch_outcome
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import admission_withdrawn, merge_approval, takes_over, version_in_force
-from ledger.clock import clock_for
+from ledger.clock import ClockVerdict, clock_for
 from ledger.contracts import (
     EffectContract,
     Recovery,
@@ -285,6 +285,10 @@ class Relay(Stage):
             clock_for(self.settings.clock, self.settings.run_dir),
             component="relay",
             on_problem=self._local_file_problem,
+            kind=self.settings.clock,
+            max_skew_s=self.settings.clock_max_skew_s,
+            on_refused=self._clock_refused,
+            on_each_refusal=lambda: self.metrics.clock_refused(self.settings.clock),
         )
         #: The sink registry, re-read when the file changes (it names the sinks,
         #: their URLs, contracts and bearer tokens).
@@ -483,6 +487,17 @@ class Relay(Stage):
             )
         )
 
+    def _clock_refused(self, reading_ms: int, verdict: ClockVerdict) -> None:
+        """A refused clock reading becomes a ``CLOCK_REFUSED`` operating event (once per run)."""
+        self.notes.append(
+            (
+                "clock",
+                clock_refused_event(
+                    f"relay-{self.instance}", "relay", self.settings.clock, reading_ms, verdict
+                ),
+            )
+        )
+
     def _endpoint(self, name: str) -> SinkEndpoint | None:
         """The sink's entry as the registry file says now (``None``: not registered).
 
@@ -602,6 +617,8 @@ class Relay(Stage):
         """Commit ATTEMPTED markers, then perform every dispatch of the batch."""
         assert self.producer is not None
         self._retry_due(commit_offsets=False)  # starts a new pass (down_now)
+        for rec in records:
+            self.clock.observe(rec.timestamp_ms)
         now = self.clock.now_ms()
         # What the receipts say about these operations, before anything is decided.
         for rec in records:

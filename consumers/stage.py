@@ -40,6 +40,7 @@ from typing import TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -89,6 +90,9 @@ class Record:
         event: the decoded event.
         headers: the record's headers as read (the seal, the W3C trace
             context: see :mod:`ledger.tracing`); empty when not kept.
+        timestamp_ms: its Kafka timestamp (Unix ms: the producer's or the
+            broker's clock), ``None`` when it has none; a witness of the time
+            for the stage's clock (:class:`consumers.localfiles.LastGoodClock`).
     """
 
     topic: str
@@ -98,6 +102,16 @@ class Record:
     raw: bytes
     event: Event
     headers: tuple[tuple[str, str | bytes | None], ...] = ()
+    timestamp_ms: int | None = None
+
+
+def kafka_timestamp_ms(msg: Message) -> int | None:
+    """A message's Kafka timestamp in ms, ``None`` when it has none (or a test double lacks it)."""
+    timestamp = getattr(msg, "timestamp", None)
+    if timestamp is None:
+        return None
+    kind, stamp = timestamp()
+    return int(stamp) if kind != TIMESTAMP_NOT_AVAILABLE and stamp > 0 else None
 
 
 #: Seconds a transaction's commit (or offsets send) may keep failing with
@@ -186,7 +200,15 @@ def decode_record(topic: str, msg: Message) -> Record | None:
         event = decode_event(value)
     except Exception:
         return None
-    return Record(topic, msg.partition() or 0, msg.offset() or 0, key, value, event)
+    return Record(
+        topic,
+        msg.partition() or 0,
+        msg.offset() or 0,
+        key,
+        value,
+        event,
+        timestamp_ms=kafka_timestamp_ms(msg),
+    )
 
 
 class Writer:
@@ -822,7 +844,14 @@ class Stage:
             return dead_letter(self.component, topic, msg, reason)
         headers = tuple((str(h[0]), h[1]) for h in msg.headers() or ())
         return Record(
-            topic, msg.partition() or 0, msg.offset() or 0, key, raw or b"", event, headers
+            topic,
+            msg.partition() or 0,
+            msg.offset() or 0,
+            key,
+            raw or b"",
+            event,
+            headers,
+            timestamp_ms=kafka_timestamp_ms(msg),
         )
 
     def unauthenticated(self, msg: Message, topic: str, problem: str) -> bool:

@@ -10,13 +10,28 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ledger.errors import LocalFileError, SettingsError
 
 #: Largest single move of the manual clock (seconds): ten years.
 MAX_ADVANCE_S = 10 * 365 * 24 * 3600.0
+
+#: Latest time any clock reading may name (milliseconds): 3000-01-01T00:00:00Z.
+#: Nothing the ledger decides lies that far ahead, on the wall clock or on the
+#: testbed's manual clock (which counts from 0 in steps of at most
+#: :data:`MAX_ADVANCE_S`); a reading beyond it (2^62 ms, a corrupted clock file)
+#: is refused whatever else the stage knows.
+CEILING_MS = 32_503_680_000_000
+
+#: Default of ``LEDGER_CLOCK_MAX_SKEW_S``: how far a reading may stray from the
+#: stage's other sources of time before it is refused (seconds).
+DEFAULT_MAX_SKEW_S = 300.0
+
+#: The clocks a settings object may name.
+ClockKind = Literal["system", "manual"]
 
 
 class Clock(Protocol):
@@ -170,3 +185,136 @@ def age_s(now_ms: int, then_ms: int | None) -> float | None:
     if then_ms is None:
         return None
     return max(0, now_ms - then_ms) / 1000
+
+
+@dataclass(frozen=True)
+class ClockVerdict:
+    """What a stage makes of one clock reading (see :func:`judge_reading`).
+
+    Attributes:
+        accepted: the reading agrees with the stage's other sources.
+        now_ms: the ledger time to decide with (milliseconds): the reading
+            (or the last time, when the reading is a little behind it) when
+            accepted; the expected time when refused, never the reading.
+        reference_ms: what the reading was compared with (the expected
+            time; the witness when the reading was accepted on its word),
+            ``None`` for a first reading.
+        reason: why it was refused (``None`` when accepted).
+    """
+
+    accepted: bool
+    now_ms: int
+    reference_ms: int | None
+    reason: str | None = None
+
+
+def judge_reading(
+    reading_ms: int,
+    *,
+    last_ms: int | None,
+    elapsed_ms: int,
+    witness_ms: int | None,
+    max_behind_ms: int,
+    max_ahead_ms: int,
+    ceiling_ms: int = CEILING_MS,
+) -> ClockVerdict:
+    """Accept or refuse one clock reading, given the stage's other sources of time.
+
+    Pure: the caller reads the clocks and keeps the state. The sources:
+
+    * the **expected time**, ``last_ms + elapsed_ms``: the ledger time the
+      stage last decided with, moved on by the process's monotonic clock
+      since then (a manual clock passes ``elapsed_ms=0``: testbed time moves
+      only when someone moves it);
+    * a **witness** (system clock only): the Kafka timestamp of the record
+      the stage read last, moved on by the monotonic time since it was read
+      (the producers' and the broker's clocks, not this host's);
+    * the **ceiling** (:data:`CEILING_MS`) and 0, for every reading.
+
+    Rules, in order:
+
+    1. A reading below 0 or beyond ``ceiling_ms`` is refused. With no
+       expected time yet (the stage's first reading), the stage decides
+       with the witness, or else with ``ceiling_ms``: fail closed, every
+       time limit counts as passed until a sane reading comes (never 0,
+       which would make every approval current).
+    2. A first reading (``last_ms`` is ``None``) is accepted.
+    3. A reading from ``max_behind_ms`` behind to ``max_ahead_ms`` ahead of
+       the expected time is accepted; time never goes back, so ``now_ms``
+       is the larger of the reading and ``last_ms``.
+    4. Otherwise a reading within ``max_behind_ms``/``max_ahead_ms`` of the
+       witness is accepted as the new time, even behind ``last_ms``: the
+       world agrees with it, so the earlier time was the wrong one (a stage
+       started on a wrong wall clock that was then corrected). Without this
+       rule one wrong first reading would latch the stage as surely as one
+       far-future reading does.
+    5. Otherwise the reading is refused and the stage decides with the
+       expected time: expiries keep falling due on the monotonic clock, and
+       nothing refused is ever stored, so the next sane reading is accepted.
+
+    Args:
+        reading_ms: the clock's reading (milliseconds).
+        last_ms: the time the stage last decided with, ``None`` at first.
+        elapsed_ms: monotonic milliseconds since ``last_ms`` was taken (0 for
+            a manual clock).
+        witness_ms: the witness's time now, or ``None`` when there is none.
+        max_behind_ms: how far behind a reference a reading may be.
+        max_ahead_ms: how far ahead of a reference a reading may be.
+        ceiling_ms: the latest time any reading may name.
+
+    Returns:
+        The verdict: accepted or not, and the time to decide with.
+    """
+    expected = None if last_ms is None else last_ms + max(0, elapsed_ms)
+    if reading_ms < 0 or reading_ms > ceiling_ms:
+        fallback = next(t for t in (expected, witness_ms, ceiling_ms) if t is not None)
+        return ClockVerdict(
+            False,
+            fallback,
+            expected,
+            f"reading {reading_ms} ms is outside 0..{ceiling_ms} ms (year 3000)",
+        )
+    if last_ms is None:
+        return ClockVerdict(True, reading_ms, None)
+    assert expected is not None
+    if expected - max_behind_ms <= reading_ms <= expected + max_ahead_ms:
+        return ClockVerdict(True, max(last_ms, reading_ms), expected)
+    if witness_ms is not None and (
+        witness_ms - max_behind_ms <= reading_ms <= witness_ms + max_ahead_ms
+    ):
+        return ClockVerdict(True, reading_ms, witness_ms)
+    off_s = (reading_ms - expected) / 1000
+    return ClockVerdict(
+        False,
+        expected,
+        expected,
+        f"reading {reading_ms} ms is {abs(off_s):.3f} s {'ahead of' if off_s > 0 else 'behind'} "
+        f"the expected {expected} ms (allowed: {max_behind_ms / 1000:g} s behind, "
+        f"{max_ahead_ms / 1000:g} s ahead)"
+        + ("" if witness_ms is None else f" and of the records' time {witness_ms} ms"),
+    )
+
+
+def reading_bounds(kind: str, max_skew_s: float) -> tuple[int, int, bool]:
+    """How far a reading of clock ``kind`` may stray, and whether time elapses between readings.
+
+    The system clock is held to ``max_skew_s`` either way of the expected
+    time (``LEDGER_CLOCK_MAX_SKEW_S``), and its expected time moves with the
+    process's monotonic clock. The manual clock moves only when a testbed
+    moves it, forward, in steps of at most :data:`MAX_ADVANCE_S` (``ledger
+    clock advance`` refuses more): a reading may be that far ahead of the
+    last one (scenarios advance by hours and days), and ``max_skew_s``
+    behind it (a reading behind never moves the time back: see
+    :func:`judge_reading`).
+
+    Args:
+        kind: ``system`` or ``manual``.
+        max_skew_s: ``LEDGER_CLOCK_MAX_SKEW_S`` (seconds).
+
+    Returns:
+        ``(max_behind_ms, max_ahead_ms, elapses)``.
+    """
+    skew_ms = int(max_skew_s * 1000)
+    if kind == "manual":
+        return skew_ms, int(MAX_ADVANCE_S * 1000), False
+    return skew_ms, skew_ms, True

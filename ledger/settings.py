@@ -66,6 +66,17 @@ class LedgerSettings(BaseSettings):
             clock in ``run_dir/clock``, which starts at 0 and moves only by
             ``ledger clock advance``: for testbeds and tests only; a stage
             refuses it unless ``testbed`` is true).
+        clock_max_skew_s: how far (seconds, default 300) a stage's clock
+            reading may stray from its other sources of time before it is
+            refused (``LEDGER_CLOCK_MAX_SKEW_S``): the time it last decided
+            with, moved on by its monotonic clock, and the Kafka timestamp of
+            the record it read last. A refused reading is never the new time:
+            the stage decides with the expected time, publishes a
+            ``CLOCK_REFUSED`` operating event and counts
+            ``ledger_clock_readings_refused_total``. The manual clock may
+            move up to ten years ahead at once (``ledger clock advance``);
+            any reading past year 3000 is refused (see
+            :func:`ledger.clock.judge_reading`).
         testbed: this process runs in a testbed (demo, game day, mission,
             tests), where a stage may run on the manual clock (default false;
             ``python -m testbed.stage`` sets it).
@@ -167,6 +178,7 @@ class LedgerSettings(BaseSettings):
     brokers: int = Field(default=1, ge=1)
     broker_security: Literal["plaintext", "sasl_plaintext", "sasl_ssl"] = "plaintext"
     clock: str = "system"
+    clock_max_skew_s: float = Field(default=300.0, gt=0)
     testbed: bool = False
     instance: str | None = None
     commit_interval_ms: int = 100

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import ledger.logs
 from consumers.metrics import StageMetrics
 from ledger.authn import (
     ROLE_AUTHORITY,
@@ -200,6 +201,8 @@ def test_a_stage_without_keys_refuses_to_start_and_creates_none(
     env: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, component: str
 ) -> None:
     monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # nothing listens there
+    # The stage command names its stage in every log line of the process: keep that here.
+    monkeypatch.setattr(ledger.logs, "_process", dict(ledger.logs._process))
     result = CliRunner().invoke(main, [component, "--instance", "0"])
     assert result.exit_code == 1, result.output
     assert "deployment.key" in result.output and "ledger keys init" in result.output

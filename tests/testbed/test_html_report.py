@@ -424,6 +424,7 @@ def test_audit_report_to_dict() -> None:
         "unauthenticated_records": [
             {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
         ],
+        "unverifiable_records": [],
         "undecodable_records": [],
         "checked": {"state": 3, "consume-once": 2},
         "violations": [

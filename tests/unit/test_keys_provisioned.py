@@ -259,3 +259,16 @@ def test_signing_keys_seal_for_their_ledger() -> None:
     )
     elsewhere = keyring_of(signers=[kernel], ledger_id="ledger-b")
     assert elsewhere.check("admissions", b"op", raw, seal_headers(kernel, "admissions", b"op", raw))
+
+
+def test_an_audit_with_records_it_cannot_verify_is_never_clean() -> None:
+    from ledger.audit import AuditReport
+
+    report = AuditReport(operations=1)
+    assert report.clean and report.verdict.startswith("CLEAN")
+    report.unverifiable_records.append(
+        {"topic": "state", "partition": 0, "offset": 3, "reason": "sealed by unknown key k"}
+    )
+    assert not report.clean
+    assert report.verdict.startswith("NOT VERIFIED: 1 record sealed by keys not held here")
+    assert report.to_dict()["unverifiable_records"] == report.unverifiable_records

@@ -1054,6 +1054,8 @@ def audit_lines(report: Any) -> list[str]:
         lines.append(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
     if len(unauthentic) > 50:
         lines.append(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
+    for r in report.replayed_records:
+        lines.append(f"replayed: {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
     lines.append("offsets covered (topic: partition:end offset, read from the beginning):")
     for topic, parts in data["offsets"].items():
         lines.append(f"  {topic}: " + " ".join(f"{p}:{end}" for p, end in parts.items()))

@@ -246,6 +246,10 @@ def _replayed(state: OperationState, ref: str, what: str, answers: str, why: str
         what: the record, e.g. ``disposition d-1 by operator-3``.
         answers: what it answers, e.g. ``episode 7``.
         why: the remedy, in words.
+
+    Returns:
+        A ``REFUSED`` decision that leaves ``state`` as it is, with a
+        ``REPLAYED`` operating event naming both episodes.
     """
     current = episode(state)
     now = "an episode begun before episodes were recorded" if current is None else current

@@ -71,6 +71,10 @@ class TopicScan:
             one is not authentic, or its latest authentic value does not
             decode (``LATEST`` topics): it displaces the key's authentic
             value, which compaction then removes.
+        replayed: position -> reason of every authentic state record older
+            (lower version) than one of its operation read before it: a copy
+            of an earlier state appended again. It is not the operation's
+            state (the processor's restore keeps the highest version too).
     """
 
     topic: str
@@ -86,6 +90,7 @@ class TopicScan:
     ends: dict[int, int] = field(default_factory=dict)
     written_ms: dict[str, int] = field(default_factory=dict)
     displaced: dict[str, tuple[tuple[str, int, int], str]] = field(default_factory=dict)
+    replayed: dict[tuple[str, int, int], str] = field(default_factory=dict)
 
 
 def scan_topic(
@@ -98,6 +103,8 @@ def scan_topic(
     """
     scan = TopicScan(topic)
     latest_msgs: dict[str, Message] = {}
+    #: state topic: operation -> highest version read so far.
+    versions: dict[str, int] = {}
 
     def handle(_: object, msg: Message) -> None:
         key = msg.key() or b""
@@ -126,6 +133,8 @@ def scan_topic(
             scan.records.append(event)
         if topic in LATEST:
             text = key_text(msg)
+            if topic == "state" and value is not None and _older_state(scan, versions, text, msg):
+                return
             scan.displaced.pop(text, None)
             if value is None:
                 latest_msgs.pop(text, None)
@@ -144,6 +153,41 @@ def scan_topic(
             scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
             scan.displaced[text] = (where, f"does not decode: {type(exc).__name__}: {exc}")
     return scan
+
+
+def _older_state(scan: TopicScan, versions: dict[str, int], key: str, msg: Message) -> bool:
+    """Whether an authentic state record is older than one of its key read before it.
+
+    The highest version of an operation's state is its state, wherever a
+    copy of an earlier one was appended (as the processor restores it); an
+    older record is listed in ``scan.replayed``. A value that does not decode
+    is left to the caller (its latest value is decoded and reported there).
+
+    Args:
+        scan: the state topic's scan so far.
+        versions: operation -> highest state version read so far (updated).
+        key: the record's key (operation ID).
+        msg: the record.
+
+    Returns:
+        True when the record is older and was listed (the caller skips it).
+    """
+    try:
+        state = decode_event(msg.value())
+    except Exception:
+        return False
+    if not isinstance(state, OperationState):
+        return False
+    held = versions.get(key)
+    if held is not None and state.version < held:
+        where = ("state", msg.partition() or 0, msg.offset() or 0)
+        scan.replayed[where] = (
+            f"state of {key} at version {state.version} ({state.state}) is older than "
+            f"version {held} read before it: a copy of an earlier state; not its state"
+        )
+        return True
+    versions[key] = state.version
+    return False
 
 
 def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditReport:
@@ -196,6 +240,10 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     report.started_at_ms = started_ms
     report.took_s = time.monotonic() - started
     report.offsets = {t: dict(scan.ends) for t, scan in scans.items()}
+    report.replayed_records = [
+        {"topic": t, "partition": p, "offset": o, "reason": reason}
+        for (t, p, o), reason in sorted(scans["state"].replayed.items())
+    ]
     mismatched = {
         e.operation_id: e.reason
         for e in scans["operating-events"].records

@@ -311,7 +311,11 @@ class Processor(Stage):
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``.
 
-        Each operation gets the state of its latest authentic record. When
+        Each operation gets the state of its highest version among its
+        authentic records: a state record older than one already read (a
+        genuine earlier record appended again, at a higher offset) is not
+        restored and is reported (a ``REPLAYED`` operating event naming both
+        versions), so a copy cannot take a settled operation back. When
         the latest record of a key is refused (its seal is missing or wrong,
         or it is authentic but does not decode), it has displaced the
         operation's authentic state: after compaction no authentic record of
@@ -346,6 +350,13 @@ class Processor(Stage):
 
         def load(rec: Record | None, msg: Message) -> None:
             if rec is not None and isinstance(rec.event, OperationState):
+                held = restored.get(rec.key)
+                if held is not None and rec.event.version < held[1]:
+                    # An authentic state older than one already restored: a
+                    # copy of an earlier record appended again. The highest
+                    # version stands; the copy is reported, not restored.
+                    self.notes.append(_older_state(msg, rec.event, held[1]))
+                    return
                 keep(rec.key, rec.event, rec.raw, rec.partition)
                 displaced.pop(rec.key, None)
                 self.held.pop(rec.key, None)  # a later authentic state supersedes it
@@ -864,6 +875,28 @@ def _held_event(rec: Record, op: str, why: str) -> OperatingEvent:
         id_suffix="HELD",
     )
     return event
+
+
+def _older_state(msg: Message, state: OperationState, held: int) -> tuple[str, OperatingEvent]:
+    """The ``REPLAYED`` operating event of a state record older than one restored before it.
+
+    Args:
+        msg: the older record as read (kept in the event, within the bounds).
+        state: its state.
+        held: the version restored before it (higher).
+
+    Returns:
+        ``(key, OperatingEvent)``, as :func:`~consumers.stage.dead_letter`.
+    """
+    return dead_letter(
+        "processor",
+        "state",
+        msg,
+        f"state record of {state.operation_id} at version {state.version} ({state.state}) "
+        f"is older than version {held} read before it on ledger.state: a copy of an earlier "
+        f"state appended again; not restored (the operation keeps version {held})",
+        kind="REPLAYED",
+    )
 
 
 def _bad_key(rec: Record, op: str | None) -> OperatingEvent:

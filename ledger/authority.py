@@ -238,7 +238,11 @@ def evaluate(
         policy version) applies again: the use record does not say which
         request consumed the approval, so a request after the approval
         lapsed is refused whatever its history. A true redelivery finds the
-        operation past admission and its decision is ignored.
+        operation past admission and its decision is ignored. The decision
+        (and the use) name the request they answer (``request_state_version``
+        = the request's ``state_version``): the processor applies a decision
+        only to the request pending, so a copy of it appended later changes
+        nothing.
     """
 
     def result(admitted: bool, reason: str, new: ApprovalUse | None = None) -> Admission:
@@ -255,6 +259,7 @@ def evaluate(
                 approval_expires_at_ms=approval.expires_at_ms if approval else None,
                 reviewer=approval.reviewer if approval else None,
                 decided_by=decided_by,
+                request_state_version=request.state_version,
             ),
             new,
         )
@@ -303,6 +308,7 @@ def evaluate(
         parameter_digest=request.parameter_digest,
         consumed_at_ms=now_ms,
         decided_by=decided_by,
+        request_state_version=request.state_version,
     )
     return result(True, REASON_ADMITTED, consumed)
 

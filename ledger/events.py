@@ -105,7 +105,12 @@ class Approval(Event):
 
 
 class ApprovalUse(Event):
-    """An approval consumed by one operation (key: approval ID; written by the kernel only)."""
+    """An approval consumed by one operation (key: approval ID; written by the kernel only).
+
+    ``request_state_version`` (schema version 2) is the state version of the
+    admission request whose admission consumed it (``None`` in uses of
+    version 1).
+    """
 
     KIND: ClassVar[str] = "ApprovalUse"
     approval_id: str
@@ -113,6 +118,7 @@ class ApprovalUse(Event):
     parameter_digest: str
     consumed_at_ms: int
     decided_by: str
+    request_state_version: int | None = None
 
 
 class AdmissionRequest(Event):
@@ -142,7 +148,16 @@ class AdmissionRequest(Event):
 
 
 class AdmissionDecision(Event):
-    """Authority kernel's decision on one exact operation (key: operation ID)."""
+    """Authority kernel's decision on one exact operation (key: operation ID).
+
+    ``request_state_version`` (schema version 2) names the admission request
+    the decision answers (its ``state_version``): the processor applies it
+    only while that request is the one pending (the state version at which
+    the operation entered NOT_ADMITTED, ``OperationState.entered_version``),
+    so an authentic decision appended again in a later request's episode
+    changes nothing (see :mod:`ledger.fold.admissions`). ``None`` in
+    decisions of version 1.
+    """
 
     KIND: ClassVar[str] = "AdmissionDecision"
     operation_id: str
@@ -156,6 +171,7 @@ class AdmissionDecision(Event):
     approval_expires_at_ms: int | None = None
     reviewer: str | None = None
     decided_by: str
+    request_state_version: int | None = None
 
 
 DispatchKind = Literal["EXECUTE", "READBACK", "VERIFY"]
@@ -286,7 +302,14 @@ class Claim(Event):
 
 
 class OperationState(Event):
-    """Recovery state of one operation (key: operation ID; written by the processor only)."""
+    """Recovery state of one operation (key: operation ID; written by the processor only).
+
+    ``entered_version`` (schema version 5) is the version at which the
+    operation entered its current recovery state: every move that takes a
+    transition sets it, a self-loop (a claim) keeps it. It names the episode
+    that admission decisions (NOT_ADMITTED) and dispositions
+    (UNKNOWN_OUTCOME) must answer; ``None`` in states of versions 1 to 4.
+    """
 
     KIND: ClassVar[str] = "OperationState"
     operation_id: str
@@ -319,6 +342,7 @@ class OperationState(Event):
     unavailable: int = 0
     absent_retries: int = 0
     compensates: str | None = None
+    entered_version: int | None = None
 
 
 class JournalEntry(Event):
@@ -430,7 +454,15 @@ class OperatingEvent(Event):
 
 
 class Disposition(Event):
-    """An attributable human disposition of an unknown outcome (key: operation ID)."""
+    """An attributable human disposition of an unknown outcome (key: operation ID).
+
+    ``episode`` (schema version 2) names the unknown outcome it answers: the
+    operation's state version when it entered UNKNOWN_OUTCOME
+    (``OperationState.entered_version``). The processor applies it only in
+    that episode, so an authentic disposition appended again in a later
+    episode changes nothing (see :mod:`ledger.fold.dispositions`). ``None``
+    in dispositions of version 1.
+    """
 
     KIND: ClassVar[str] = "Disposition"
     disposition_id: str
@@ -439,6 +471,7 @@ class Disposition(Event):
     by: str
     evidence: str
     disposed_at_ms: int
+    episode: int | None = None
 
 
 class PolicyChange(Event):

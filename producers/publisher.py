@@ -93,7 +93,13 @@ def require_policy_version(version: int) -> None:
 
 
 def build_disposition(
-    operation_id: str, decision: str, by: str, evidence: str, disposed_at_ms: int
+    operation_id: str,
+    decision: str,
+    by: str,
+    evidence: str,
+    disposed_at_ms: int,
+    *,
+    episode: int | None,
 ) -> Disposition:
     """An operator's disposition of an unknown outcome, with a fresh disposition ID.
 
@@ -103,6 +109,10 @@ def build_disposition(
         by: the operator; the publisher signs with their key.
         evidence: what the decision rests on.
         disposed_at_ms: now on the ledger clock (milliseconds).
+        episode: the unknown-outcome episode it answers: the operation's
+            current ``OperationState.entered_version`` (``None`` for a state
+            written before episodes were recorded). The processor applies
+            the disposition only in that episode.
 
     Raises:
         pydantic.ValidationError: a decision outside the three.
@@ -114,6 +124,7 @@ def build_disposition(
         by=by,
         evidence=evidence,
         disposed_at_ms=disposed_at_ms,
+        episode=episode,
     )
 
 

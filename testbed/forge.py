@@ -173,6 +173,8 @@ def build(
                 approval_expires_at_ms=now_ms + 10**9,
                 reviewer="reviewer-1",
                 decided_by="authority-0",
+                # As plausible as it gets: it names the request pending now.
+                request_state_version=((state.entered_version or state.version) if state else None),
             ),
             AUTHORITY_KEY_ID,
         )
@@ -245,6 +247,7 @@ def build(
                 by=operator,
                 evidence="checked the sink: nothing there",
                 disposed_at_ms=now_ms,
+                episode=state.entered_version if state else None,  # the episode it is in now
             ),
             operator,
         )

@@ -332,6 +332,8 @@ class GameDay:
 
     def _step_dispose(self, d: Dispose) -> None:
         can_sign(self.publisher, self.settings, d.by)
+        # The episode the operation is in now, as 'ledger reconcile dispose' fills it in.
+        state = current_states(self.settings).get(d.operation_id)
         self.publisher.publish_disposition(
             Disposition(
                 disposition_id=f"disposition:{d.by}:{uuid.uuid4().hex[:8]}",
@@ -340,6 +342,7 @@ class GameDay:
                 by=d.by,
                 evidence=d.evidence,
                 disposed_at_ms=self.harness.clock.now_ms(),
+                episode=state.entered_version if state is not None else None,
             )
         )
 

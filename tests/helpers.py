@@ -103,8 +103,14 @@ def admission_request(
 
 
 def admission(
-    i: Intent, admitted: bool = True, reason: str = "admitted", at: int = 1000
+    i: Intent,
+    admitted: bool = True,
+    reason: str = "admitted",
+    at: int = 1000,
+    request: int | None = 1,
 ) -> AdmissionDecision:
+    """The kernel's decision on ``i``'s admission request of state version ``request``
+    (1: the request written when the intent created the operation)."""
     return AdmissionDecision(
         operation_id=i.operation_id,
         approval_id=i.approval_id or "",
@@ -117,6 +123,7 @@ def admission(
         approval_expires_at_ms=10_000,
         reviewer="rev",
         decided_by="authority-0",
+        request_state_version=request,
     )
 
 

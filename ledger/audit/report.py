@@ -199,6 +199,11 @@ class AuditReport:
             decode but that a stage refused as bad input (a dead letter names
             them), ``{"topic", "partition", "offset", "reason"}``; an
             undecodable record nobody refused is a violation (``readable``).
+        replayed_records: authentic state records older than a state of
+            their operation read before them (copies of earlier states
+            appended again), ``{"topic", "partition", "offset", "reason"}``;
+            the highest version is the operation's state, so they are
+            listed, not violations.
         authenticity_checked: whether seals were checked at all.
         sink_readback: whether sinks were asked how many effects they hold
             (``ledger audit --no-sinks`` does not ask).
@@ -223,6 +228,7 @@ class AuditReport:
     checked: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     unauthenticated_records: list[dict[str, Any]] = field(default_factory=list)
     undecodable_records: list[dict[str, Any]] = field(default_factory=list)
+    replayed_records: list[dict[str, Any]] = field(default_factory=list)
     authenticity_checked: bool = False
     sink_readback: bool = False
     sink_facts: int = 0
@@ -299,8 +305,9 @@ class AuditReport:
             "checked": {invariant: facts checked}, "violations": [{"invariant":
             str, "operation_id": str | None, "evidence": str}],
             "unauthenticated_records": [...], "undecodable_records": [...],
-            "authenticity_checked": bool}``, violations in the order found;
-            ``sink_facts`` is ``None`` when sink readback was off.
+            "replayed_records": [...], "authenticity_checked": bool}``,
+            violations in the order found; ``sink_facts`` is ``None`` when
+            sink readback was off.
         """
         return {
             "operations": self.operations,
@@ -328,6 +335,7 @@ class AuditReport:
             "unauthenticated_records": list(self.unauthenticated_records),
             "unverifiable_records": list(self.unverifiable_records),
             "undecodable_records": list(self.undecodable_records),
+            "replayed_records": list(self.replayed_records),
             "checked": dict(self.checked),
             "violations": [
                 {"invariant": v.invariant, "operation_id": v.operation_id, "evidence": v.evidence}

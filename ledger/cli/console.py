@@ -214,15 +214,25 @@ class LedgerData:
 
     def dispose(self, operation_id: str, decision: str, by: str, evidence: str) -> str:
         """Publish a disposition signed with ``by``'s operator key and wait for the decision."""
-        from consumers.reader import wait_for_decision
+        from consumers.reader import current_states, wait_for_decision
         from ledger.credentials import person_key
         from producers.publisher import LedgerPublisher, build_disposition
 
+        state = current_states(self.settings).get(operation_id)
+        if state is None:
+            return f"not disposed: no operation {operation_id!r} in the ledger"
         pub = LedgerPublisher(self.settings, client_id="ledger-console")
         try:
             pub.credentials.add(person_key(self.settings, "operator", by))
             pub.publish_disposition(
-                build_disposition(operation_id, decision, by, evidence, self.now_ms())
+                build_disposition(
+                    operation_id,
+                    decision,
+                    by,
+                    evidence,
+                    self.now_ms(),
+                    episode=state.entered_version,  # the episode it answers
+                )
             )
             position = pub.last_position
         finally:

@@ -966,7 +966,9 @@ def reconcile_dispose(
 
     The operation must be in the ledger (exit 5 otherwise, nothing published);
     the processor refuses a disposition of an operation that is not in
-    UNKNOWN_OUTCOME (exit 1 with --wait-s).
+    UNKNOWN_OUTCOME (exit 1 with --wait-s). The disposition names the
+    unknown-outcome episode the operation is in now (read from its state):
+    it is applied only in that episode, never in a later one.
     """
     from consumers.reader import current_states
     from ledger.clock import clock_for
@@ -974,7 +976,8 @@ def reconcile_dispose(
 
     settings = current_settings()
     _ready(settings)
-    if operation_id not in current_states(settings):
+    state = current_states(settings).get(operation_id)
+    if state is None:
         fail(
             f"no operation {operation_id!r} in the ledger (topic prefix "
             f"{settings.topic_prefix!r}); nothing was published",
@@ -983,7 +986,13 @@ def reconcile_dispose(
     pub = _publisher(settings)
     try:
         now = clock_for(settings.clock, settings.run_dir).now_ms()
-        pub.publish_disposition(build_disposition(operation_id, decision, by, evidence, now))
+        # The disposition answers the episode the operation is in now; in a
+        # later one (a copy appended again) the processor ignores it.
+        pub.publish_disposition(
+            build_disposition(
+                operation_id, decision, by, evidence, now, episode=state.entered_version
+            )
+        )
         position = pub.last_position
     finally:
         pub.close()
@@ -1046,6 +1055,8 @@ def audit_lines(report: Any) -> list[str]:
         lines.append(f"  {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
     if len(unauthentic) > 50:
         lines.append(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
+    for r in report.replayed_records:
+        lines.append(f"replayed: {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
     lines.append("offsets covered (topic: partition:end offset, read from the beginning):")
     for topic, parts in data["offsets"].items():
         lines.append(f"  {topic}: " + " ".join(f"{p}:{end}" for p, end in parts.items()))

@@ -1,4 +1,15 @@
-"""Admission decisions: admitted and dispatched (two hops), or reauthorisation needed."""
+"""Admission decisions: admitted and dispatched (two hops), or reauthorisation needed.
+
+A decision names the admission request it answers (``request_state_version``,
+the request's ``state_version``) and is applied only while that request is
+pending: the operation is NOT_ADMITTED in the episode the request was
+written in (``entered_version``; for a state written before schema version 5,
+its current version). An authentic decision appended again later (after a
+cancelled reservation sent the operation back for a new approval, say)
+changes nothing and is reported (``REPLAYED``). A decision written before
+schema version 2 names no request: it applies only to a request pending
+since before this release (a state without ``entered_version``).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +25,7 @@ from ledger.fold.core import (
     _noop,
     _recovery_receipt,
     _refuse,
+    _replayed,
     dispatch_id,
 )
 from ledger.states import RecoveryState as S
@@ -46,6 +58,27 @@ def _resume_observation(
     )
 
 
+def _unanswered(state: OperationState, d: AdmissionDecision) -> str | None:
+    """What ``d`` answers when it is not the request pending for ``state`` (else ``None``).
+
+    Args:
+        state: the operation, NOT_ADMITTED.
+        d: an admission decision for its approval and digest.
+
+    Returns:
+        ``None`` when ``d`` answers the pending request; else what it
+        answers, in words (``the request of state version 3``).
+    """
+    pending = state.entered_version
+    if d.request_state_version is None:
+        if pending is None:
+            return None  # both written before requests were named: as before
+        return "no request (written before decisions named the request they answer)"
+    if d.request_state_version == (state.version if pending is None else pending):
+        return None
+    return f"the request of state version {d.request_state_version}"
+
+
 def _admission(
     state: OperationState, d: AdmissionDecision, ref: str, *, resumed_by: str | None = None
 ) -> Decision:
@@ -65,6 +98,17 @@ def _admission(
             "BAD_INPUT",
             f"admission decision for approval {d.approval_id} does not match the pending "
             f"request (approval {state.approval_id})",
+        )
+    problem = _unanswered(state, d)
+    if problem is not None:
+        return _replayed(
+            state,
+            ref,
+            f"admission decision ({'admitted' if d.admitted else 'refused'}) by {d.decided_by}",
+            problem,
+            "The pending request waits for the authority kernel's answer to it; if none comes, "
+            "check that the kernel runs this release (decisions name their request), or "
+            "re-publish the intent with a new approval after reauthorisation",
         )
     receipts: list[Output] = []
     if not d.admitted:

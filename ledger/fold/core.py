@@ -190,8 +190,10 @@ def _move(
         **changes: other fields of the new state.
 
     Returns:
-        An ``APPLIED`` decision (version bumped, ``hops`` recorded), or a
-        ``REFUSED`` one that leaves the state unchanged.
+        An ``APPLIED`` decision (version bumped, ``hops`` recorded, and
+        ``entered_version`` set to the new version when a hop was taken or
+        the operation created), or a ``REFUSED`` one that leaves the state
+        unchanged.
     """
     path = (to,) if isinstance(to, S) else to
     hops = _hops(S(state.state), path)
@@ -199,10 +201,14 @@ def _move(
         if not allowed(*hop):
             return _forbidden(None if created else state, state.operation_id, hop, ref, refused)
     end = path[-1] if path else S(state.state)
+    version = state.version + (0 if created else 1)
     new = state.model_copy(
         update={
             "state": end,
-            "version": state.version + (0 if created else 1),
+            "version": version,
+            # A move that takes a transition begins a new episode of the
+            # state it enters; a self-loop (a claim) stays in the episode.
+            "entered_version": version if hops or created else state.entered_version,
             "reason": why,
             **changes,
         }
@@ -210,6 +216,50 @@ def _move(
     written = (*outputs, *(after(new) if after else ()))
     return Decision(
         new, "APPLIED", None if created else str(state.state), str(end), why, written, hops
+    )
+
+
+def episode(state: OperationState) -> int | None:
+    """The episode an operation is in: the version at which it entered its state.
+
+    Admission decisions answer the episode of a NOT_ADMITTED operation (the
+    admission request is written at that version) and dispositions the
+    episode of an UNKNOWN_OUTCOME one; a record that answers another episode
+    changes nothing (a ``REPLAYED`` operating event).
+
+    Args:
+        state: the operation.
+
+    Returns:
+        ``state.entered_version``; ``None`` for a state written before
+        schema version 5 (an episode that began under an earlier release).
+    """
+    return state.entered_version
+
+
+def _replayed(state: OperationState, ref: str, what: str, answers: str, why: str) -> Decision:
+    """Refuse an authentic record that answers another episode (``REPLAYED``).
+
+    Args:
+        state: the operation (unchanged).
+        ref: the record's position.
+        what: the record, e.g. ``disposition d-1 by operator-3``.
+        answers: what it answers, e.g. ``episode 7``.
+        why: the remedy, in words.
+
+    Returns:
+        A ``REFUSED`` decision that leaves ``state`` as it is, with a
+        ``REPLAYED`` operating event naming both episodes.
+    """
+    current = episode(state)
+    now = "an episode begun before episodes were recorded" if current is None else current
+    return _refuse(
+        state,
+        ref,
+        state.operation_id,
+        "REPLAYED",
+        f"{what} answers {answers}; {state.operation_id} is {state.state} in episode {now} "
+        f"(state version {state.version}): it changes nothing. {why}",
     )
 
 

@@ -302,6 +302,7 @@ def test_a_relay_that_dies_on_an_operation_every_time_is_held_by_the_budget(ledg
             by="operator-1",
             evidence="relay fixed",
             disposed_at_ms=harness.clock.now_ms(),
+            episode=still.entered_version,  # the unknown outcome it answers
         )
     )
     wait_until(

@@ -414,6 +414,7 @@ def test_unknown_outcome_is_held_until_an_attributable_disposition(
                 by="operator-3",
                 evidence="mail provider log shows delivery",
                 disposed_at_ms=harness.clock.now_ms(),
+                episode=held.entered_version,  # the unknown outcome it answers
             )
         )
         harness.wait_quiescent(90)

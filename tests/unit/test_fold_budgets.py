@@ -191,6 +191,7 @@ def test_a_held_operation_past_the_budget_is_released_only_by_a_person() -> None
         by="operator-1",
         evidence="relay fixed",
         disposed_at_ms=5000,
+        episode=state.entered_version,
     )
     released = decide(state, disposition, "dispositions:0:0")
     assert released.state is not None and released.state.state == S.EFFECT_PENDING

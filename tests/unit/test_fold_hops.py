@@ -70,7 +70,7 @@ def unavailable(times: int) -> OperationState:
     return state
 
 
-def disposition(decision: str) -> Disposition:
+def disposition(decision: str, episode: int | None = None) -> Disposition:
     return Disposition(
         disposition_id=f"d-{decision}",
         operation_id=OP,
@@ -78,6 +78,7 @@ def disposition(decision: str) -> Disposition:
         by="operator-1",
         evidence="provider statement",
         disposed_at_ms=9_000,
+        episode=episode,
     )
 
 
@@ -146,9 +147,18 @@ CASES: dict[str, tuple[Case, list[Hop]]] = {
         on(unknown, lambda s: helpers.readback(OP, current_dispatch_id(s), "ABSENT")),
         [(UO, A), (A, EP)],
     ),
-    "disposition committed": (on(unknown, lambda s: disposition("COMMITTED")), [(UO, EC)]),
-    "disposition absent": (on(unknown, lambda s: disposition("ABSENT")), [(UO, A), (A, EP)]),
-    "disposition abandon": (on(unknown, lambda s: disposition("ABANDON")), [(UO, AB)]),
+    "disposition committed": (
+        on(unknown, lambda s: disposition("COMMITTED", s.entered_version)),
+        [(UO, EC)],
+    ),
+    "disposition absent": (
+        on(unknown, lambda s: disposition("ABSENT", s.entered_version)),
+        [(UO, A), (A, EP)],
+    ),
+    "disposition abandon": (
+        on(unknown, lambda s: disposition("ABANDON", s.entered_version)),
+        [(UO, AB)],
+    ),
     "postcondition verified": (
         on(
             committed,

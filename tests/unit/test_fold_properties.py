@@ -57,14 +57,19 @@ def build(kind, op, rstatus, bstatus, flag, delta, state: OperationState | None)
         return helpers.intent(op=op, amount=4000)
     if kind == "reauth":
         return helpers.intent(op=op, approval=f"ap-{delta + 5}")
+    # The request the decision answers: the one pending, or (delta 2) an earlier one.
+    request = 1 if state is None or state.entered_version is None else state.entered_version
+    request -= 1 if delta == 2 else 0
     if kind == "admit":
         return (
-            helpers.admission(i)
+            helpers.admission(i, request=request)
             if state is None or state.approval_id == "ap-1"
-            else helpers.admission(i.model_copy(update={"approval_id": state.approval_id}))
+            else helpers.admission(
+                i.model_copy(update={"approval_id": state.approval_id}), request=request
+            )
         )
     if kind == "reject":
-        return helpers.admission(i, admitted=False, reason="approval has expired")
+        return helpers.admission(i, admitted=False, reason="approval has expired", request=request)
     if kind == "receipt":
         return helpers.receipt(op, dispatch, rstatus, on_resume=flag)
     if kind == "checked":
@@ -89,6 +94,10 @@ def build(kind, op, rstatus, bstatus, flag, delta, state: OperationState | None)
             by="operator-1",
             evidence="provider statement",
             disposed_at_ms=9_000,
+            # The episode it answers: the current one, or (delta 2) an earlier one.
+            episode=None
+            if state is None or state.entered_version is None
+            else state.entered_version - (1 if delta == 2 else 0),
         )
     version = (state.version if state else 1) + delta
     return helpers.claim(op, f"w{delta}", version)

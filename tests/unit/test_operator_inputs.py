@@ -22,6 +22,7 @@ from ledger.errors import LedgerError
 from ledger.events import Approval, Disposition, PolicyChange
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, load_trusted, trust, verify
+from ledger.states import RecoveryState
 from producers.publisher import LedgerPublisher, build_intent
 from tests import helpers
 from tests.helpers import keyed
@@ -229,9 +230,13 @@ def test_a_disposition_of_an_operation_not_in_the_ledger_is_not_published(
     result = ledger(*args, "--evidence", "bank statement")
     refused(result, "no operation 'refund:nosuch:v1'", "nothing was published")
     assert result.exit_code == 5 and published.dispositions == []
-    monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:nosuch:v1": object()})
+    held = helpers.state("refund:nosuch:v1", RecoveryState.UNKNOWN_OUTCOME, version=4)
+    held = held.model_copy(update={"entered_version": 4})
+    monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:nosuch:v1": held})
     assert ledger(*args, "--evidence", "bank statement").exit_code == 0
     assert [d.operation_id for d in published.dispositions] == ["refund:nosuch:v1"]
+    # It names the episode the operation is in (the version it entered UNKNOWN_OUTCOME at).
+    assert [d.episode for d in published.dispositions] == [4]
 
 
 def test_a_reviewer_named_where_an_operator_signs_is_told_so(
@@ -239,7 +244,8 @@ def test_a_reviewer_named_where_an_operator_signs_is_told_so(
 ) -> None:
     """New-user trial: "'alice' has no signing key here" although alice holds a reviewer key."""
     ledger("reviewer", "add", "alice")
-    monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:1:v1": object()})
+    held = helpers.state("refund:1:v1", RecoveryState.UNKNOWN_OUTCOME)
+    monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:1:v1": held})
     monkeypatch.setattr(ops, "_publisher", LedgerPublisher)
     args = ["reconcile", "dispose", "refund:1:v1", "--decision", "absent", "--by", "alice"]
     refused(ledger(*args, "--evidence", "bank statement"), "'alice' is a reviewer", "an operator")

@@ -312,3 +312,24 @@ def test_a_settled_operation_is_never_sent_to_the_kernel_again(
     late = decide(verified, admission(i), "admissions:1:99")
     assert late.outcome != "APPLIED"
     assert not [o for o in late.outputs if o.topic in ("dispatches", "admission-requests")]
+
+
+def test_an_older_authentic_state_appended_again_does_not_take_the_operation_back(
+    ledger: tuple[Processor, FakeTopics],
+) -> None:
+    """Issue 26: a genuine earlier state record copied to the end of ``ledger.state``."""
+    processor, topics = ledger
+    _, states = _settled(topics)
+    old = states[1]  # EFFECT_PENDING, sealed by the processor when it was written
+    assert old.state == S.EFFECT_PENDING
+    copy = topics.append("state", OP, old.to_bytes())  # the same bytes and seal, later
+
+    processor.on_assign({PARTITION})
+
+    assert processor.current(OP) == states[-1]  # the highest version stands
+    assert processor.resume_queue == []  # settled: nothing to claim, nothing re-sent
+    assert topics.reads == ["state"] and processor.reasserts == {}
+    [event] = [e for _, e in processor.notes if e.kind == "REPLAYED"]
+    assert (event.source_topic, event.source_offset, event.operation_id) == ("state", copy.at, OP)
+    assert f"at version {old.version} (EFFECT_PENDING)" in event.reason
+    assert f"older than version {states[-1].version}" in event.reason

@@ -29,6 +29,7 @@ from ledger.settings import LedgerSettings
 from sinks.client import SinkClient
 from testbed.sinks.gateway import create_app
 from tests import helpers
+from tests.helpers import keyed
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -237,7 +238,7 @@ def dispatch() -> Dispatch:
 
 @pytest.fixture
 def relay(tmp_path: Path) -> Iterator[Relay]:
-    r = Relay(LedgerSettings(run_dir=tmp_path / "run"))
+    r = Relay(keyed(LedgerSettings(run_dir=tmp_path / "run")))
     yield r
     r.close()
 

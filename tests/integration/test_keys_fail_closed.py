@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Message, Producer
@@ -85,6 +86,37 @@ def _produce(settings: LedgerSettings, topic: str, key: str, event: Event, seale
     assert producer.flush(30) == 0
 
 
+def _use(approval_id: str, operation_id: str) -> ApprovalUse:
+    return ApprovalUse(
+        approval_id=approval_id,
+        operation_id=operation_id,
+        parameter_digest="0" * 64,
+        consumed_at_ms=0,
+        decided_by="authority-9",
+    )
+
+
+@contextlib.contextmanager
+def _one_refund_verified(
+    settings: LedgerSettings, *approvals: str
+) -> Iterator[tuple[Harness, LedgerPublisher]]:
+    """A running ledger whose refund FIRST, under the first approval, is verified."""
+    harness = Harness(settings, create=False)
+    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    pub = LedgerPublisher(settings)
+    try:
+        for approval in approvals:
+            approve(pub, approval)
+        publish(pub, FIRST, approval=approvals[0])
+        harness.start_all()
+        harness.wait_quiescent(90)
+        assert current_states(settings)[FIRST].state == S.OUTCOME_VERIFIED
+        yield harness, pub
+    finally:
+        pub.close()
+        harness.stop()
+
+
 def _drop_topics(settings: LedgerSettings) -> None:
     """Delete a second ledger's topics (the fixture drops only its own prefix's)."""
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
@@ -98,16 +130,8 @@ def test_lost_keys_start_nothing_and_a_consumed_approval_pays_nothing_twice(
     ledger_settings: LedgerSettings,
 ) -> None:
     settings = ledger_settings
-    harness = Harness(settings, create=False)
-    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = LedgerPublisher(settings)
     folder = keys_dir(settings)
-    try:
-        approve(pub, "ap-once")
-        publish(pub, FIRST, approval="ap-once")
-        harness.start_all()
-        harness.wait_quiescent(90)
-        assert current_states(settings)[FIRST].state == S.OUTCOME_VERIFIED
+    with _one_refund_verified(settings, "ap-once") as (harness, pub):
         for component in ("processor", "authority", "relay"):
             harness.kill(component)
 
@@ -167,27 +191,14 @@ def test_lost_keys_start_nothing_and_a_consumed_approval_pays_nothing_twice(
         unverifiable = {i.operation_id for i in report.open_items if i.state == "UNVERIFIABLE"}
         assert FIRST in unverifiable, report.open_items
         assert not harness.failed()
-    finally:
-        pub.close()
-        harness.stop()
 
 
 def test_a_record_sealed_by_a_key_nobody_holds_stops_nothing_else(
     ledger_settings: LedgerSettings,
 ) -> None:
     settings = ledger_settings
-    harness = Harness(settings, create=False)
-    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = LedgerPublisher(settings)
     folder = keys_dir(settings)
-    try:
-        for approval in ("ap-a", "ap-b", "ap-c"):
-            approve(pub, approval)
-        publish(pub, FIRST, approval="ap-a")
-        harness.start_all()
-        harness.wait_quiescent(90)
-        assert current_states(settings)[FIRST].state == S.OUTCOME_VERIFIED
-
+    with _one_refund_verified(settings, "ap-a", "ap-b", "ap-c") as (harness, pub):
         # The keys vanish while the stages run, and records sealed by keys
         # nobody holds arrive: a use of ap-b (the kernel's table) and an
         # admission (the processor's input). A stage that met them used to
@@ -201,30 +212,12 @@ def test_a_record_sealed_by_a_key_nobody_holds_stops_nothing_else(
             ROLE_AUTHORITY,
             settings.ledger_identity,
         )
-        _produce(
-            settings,
-            "approval-uses",
-            "ap-b",
-            ApprovalUse(
-                approval_id="ap-b",
-                operation_id="refund:ghost:v1",
-                parameter_digest="0" * 64,
-                consumed_at_ms=0,
-                decided_by="authority-9",
-            ),
-            stranger,
-        )
-        _produce(
+        _produce(settings, "approval-uses", "ap-b", _use("ap-b", "refund:ghost:v1"), stranger)
+        _produce(  # any value: the seal is refused before the value matters
             settings,
             "receipts",
             "refund:ghost:v2",
-            ApprovalUse(  # any event: the seal is refused before the value matters
-                approval_id="x",
-                operation_id="refund:ghost:v2",
-                parameter_digest="0" * 64,
-                consumed_at_ms=0,
-                decided_by="authority-9",
-            ),
+            _use("x", "refund:ghost:v2"),
             MacKey(os.urandom(32), ledger_id=settings.ledger_identity),
         )
         publish(pub, SECOND, approval="ap-c")
@@ -239,9 +232,6 @@ def test_a_record_sealed_by_a_key_nobody_holds_stops_nothing_else(
         assert "cannot be verified" in (states[THIRD].reason or "")
         assert harness.effects("payments", THIRD) == 0
         assert not harness.crashed()
-    finally:
-        pub.close()
-        harness.stop()
 
 
 def test_a_decision_copied_from_another_ledger_admits_nothing_there(

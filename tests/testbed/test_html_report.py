@@ -425,6 +425,7 @@ def test_audit_report_to_dict() -> None:
             {"topic": "admissions", "partition": 0, "offset": 7, "reason": "no ledger-auth header"}
         ],
         "unverifiable_records": [],
+        "replayed_records": [],
         "undecodable_records": [],
         "checked": {"state": 3, "consume-once": 2},
         "violations": [

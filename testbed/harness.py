@@ -34,7 +34,7 @@ from ledger.contracts import EffectContract
 from ledger.credentials import provision_keys
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
-from ledger.kafka import consumer_config
+from ledger.kafka import classify, consumer_config, kafka_error
 from ledger.settings import LedgerSettings
 from ledger.topics import create_topics
 from producers.publisher import LedgerPublisher
@@ -44,6 +44,39 @@ from testbed import faults
 from testbed.sinks.process import SinkProcess
 
 log = logging.getLogger(__name__)
+
+
+#: Seconds a watermark query rides out answers Kafka marks retriable.
+WATERMARK_RETRY_S = 30.0
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """``(low, high)`` of a partition, asked again while Kafka's answer is retriable.
+
+    Just after a topic is created, or under load, the broker can answer
+    ``NOT_LEADER_FOR_PARTITION`` while the partition's leadership settles (a
+    test suite went red on it once); such answers are asked again, with a
+    short pause, for up to :data:`WATERMARK_RETRY_S` seconds.
+
+    Args:
+        consumer: the client that asks (its isolation level decides the end).
+        tp: the partition.
+        timeout_s: each query's timeout (seconds).
+
+    Raises:
+        KafkaException: a non-retriable answer, or retriable ones past the bound.
+    """
+    deadline = time.monotonic() + WATERMARK_RETRY_S
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is None or classify(err) != "retriable" or time.monotonic() > deadline:
+                raise
+            log.info("watermarks of %s[%d]: %s; asking again", tp.topic, tp.partition, err)
+            time.sleep(0.2)
 
 
 def settings_env(settings: LedgerSettings) -> dict[str, str]:
@@ -354,7 +387,7 @@ class Harness:
             )
         ends = {}
         for tp in tps:
-            _, high = self._lso_consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+            _, high = watermarks(self._lso_consumer, tp, 30)
             ends[(tp.topic, tp.partition)] = high
         return ends
 
@@ -453,7 +486,7 @@ class Harness:
         held: dict[str, tuple[int, int]] = {}
         try:
             for tp in tps:
-                _, high = high_reader.get_watermark_offsets(tp, 10, cached=False)
+                _, high = watermarks(high_reader, tp, 10)
                 if stable[(tp.topic, tp.partition)] < high:
                     held[f"{tp.topic}[{tp.partition}]"] = (stable[(tp.topic, tp.partition)], high)
         finally:

@@ -204,6 +204,11 @@ def test_status_shows_a_live_stage_from_its_group_and_not_once_it_stopped(
         text = _ledger("status")
         assert text.exit_code == EXIT_ERROR  # the authority and the relay do not run
         assert "processor: live" in text.output and "relay: DOWN" in text.output
+        status_file = harness.run_dir / "status" / "processor-0.json"
+        _until(
+            lambda: status_file.exists() and json.loads(status_file.read_text())["ready"],
+            "the processor says it is ready in its status file",
+        )
         harness.kill("processor")
         _until(lambda: not _status("processor")["live"], "the killed processor leaves its group")
         # Its status file still says what it said when it died; `ledger status` did not ask it.

@@ -388,8 +388,14 @@ class Processor(Stage):
             self._refused_state(msg, problem)
             key = key_text(msg)
             if unverifiable(problem) and not is_reserved_key(key):
+                # It may be the operation's newest authentic state, sealed with a
+                # key this host lacks: held, never rebuilt over (a rebuilt, older
+                # state written again would make that evidence count as absent,
+                # and the next restart would hold nothing).
                 where = f"state:{msg.partition()}:{msg.offset()}"
                 self.held[key] = (msg.partition() or 0, f"{where} {problem}")
+                displaced.pop(key, None)
+                return
             # A record off its key's partition is no record of the operation:
             # a copy there must not stand for (nor hide) the record that
             # displaced its state on its own partition, whose journal rebuilds it.

@@ -333,3 +333,28 @@ def test_an_older_authentic_state_appended_again_does_not_take_the_operation_bac
     assert (event.source_topic, event.source_offset, event.operation_id) == ("state", copy.at, OP)
     assert f"at version {old.version} (EFFECT_PENDING)" in event.reason
     assert f"older than version {states[-1].version}" in event.reason
+
+
+def test_a_state_sealed_by_a_key_not_held_here_is_held_never_rebuilt_over(
+    ledger: tuple[Processor, FakeTopics],
+) -> None:
+    """It may be the operation's newest authentic state (a lost key): rebuilding an older
+    state from the journal and writing it again would read that evidence as absent, and
+    the next restore would hold nothing (attacker trial)."""
+    from ledger.authn import AUTH_HEADER, MacKey, seal_headers
+
+    processor, topics = ledger
+    _, states = _settled(topics)
+    newer = states[-1].model_copy(update={"version": states[-1].version + 1}).to_bytes()
+    lost = MacKey(b"l" * 32, ledger_id=topics.settings.ledger_identity)
+    headers = seal_headers(lost, "state", OP.encode(), newer) or []
+    assert headers[0][0] == AUTH_HEADER
+    msg = Msg("state", OP.encode(), newer, len(topics.logs["state"]), headers)
+    topics.logs["state"].append(msg)
+    for _ in range(2):  # and again at the next restore: nothing was written over it
+        processor.on_assign({PARTITION})
+        assert OP in processor.unverifiable_held()
+        assert "sealed by unknown key" in processor.unverifiable_held()[OP]
+        assert processor.reasserts == {} and _rebuilt_events(processor) == []
+        assert [e.kind for _, e in processor.notes][-1] == "UNVERIFIABLE"
+        processor.on_revoke({PARTITION})

@@ -233,6 +233,14 @@ def judge_reading(
 
     Rules, in order:
 
+    0. A reading more than ``max_behind_ms`` behind the witness (within
+       0..``ceiling_ms``) is refused, and the stage decides with the later
+       of the expected time and the witness: records written after the time
+       the clock names show it is behind, even a clock wrong since the
+       stage started (the expected time only ever agrees with it). Behind
+       is the dangerous side: an approval that lapsed would still admit.
+       Ahead of the witness is not refused here (a stage reading a backlog
+       sees old records).
     1. A reading below 0 or beyond ``ceiling_ms`` is refused. With no
        expected time yet (the stage's first reading), the stage decides
        with the witness, or else with ``ceiling_ms``: fail closed, every
@@ -273,6 +281,23 @@ def judge_reading(
             fallback,
             expected,
             f"reading {reading_ms} ms is outside 0..{ceiling_ms} ms (year 3000)",
+        )
+    sane_witness = witness_ms is not None and 0 <= witness_ms <= ceiling_ms
+    if sane_witness and reading_ms < (witness_ms or 0) - max_behind_ms:
+        # The records were written after the time this clock names: it is
+        # behind (from boot, too: the stage's own time would only agree
+        # with it). Deciding with it would keep lapsed approvals current,
+        # so the later time decides (fail closed).
+        assert witness_ms is not None
+        now = witness_ms if expected is None else max(expected, witness_ms)
+        return ClockVerdict(
+            False,
+            now,
+            witness_ms,
+            f"reading {reading_ms} ms is {(witness_ms - reading_ms) / 1000:.3f} s behind "
+            f"the time of the records just read, {witness_ms} ms (allowed: "
+            f"{max_behind_ms / 1000:g} s): this host's clock is behind (or a record's "
+            "timestamp is ahead); deciding with the later time",
         )
     if last_ms is None:
         return ClockVerdict(True, reading_ms, None)

@@ -67,6 +67,21 @@ def test_the_records_time_confirms_a_reading_the_stage_did_not_expect() -> None:
     assert not judge(FAR, last=right, witness=FAR).accepted
 
 
+def test_a_clock_behind_the_records_time_is_refused_even_from_the_start() -> None:
+    """A host clock 30 days behind since boot agrees with itself, not with the records:
+    it must not keep an approval that lapsed current (attacker trial: one was paid)."""
+    right = 1_700_000_000_000
+    behind = right - 30 * DAY_MS
+    first = judge(behind, last=None, witness=right)
+    assert not first.accepted and first.now_ms == right and "behind" in (first.reason or "")
+    later = judge(behind + 1_000, last=first.now_ms, elapsed=1_000, witness=right + 1_000)
+    assert not later.accepted and later.now_ms == right + 1_000
+    # A reading ahead of old records (a backlog) is not refused for it.
+    assert judge(right, last=None, witness=right - DAY_MS).accepted
+    # Once the host's clock is right again, its readings are accepted.
+    assert judge(right + 2_000, last=later.now_ms, elapsed=1_000, witness=right + 1_500).accepted
+
+
 def test_a_first_reading_past_the_ceiling_fails_closed() -> None:
     """No time known yet: every limit counts as passed (never 0, which would make all current)."""
     assert judge(FAR, last=None) == ClockVerdict(
@@ -107,10 +122,20 @@ def test_a_refused_reading_is_never_the_time(
 ) -> None:
     verdict = judge(reading, last=last, elapsed=elapsed, witness=witness)
     assert 0 <= verdict.now_ms <= max(CEILING_MS, last + elapsed)
+    behind_witness = (
+        witness is not None
+        and witness <= CEILING_MS
+        and 0 <= reading <= CEILING_MS  # out of range: rule 1 first
+        and reading < witness - SKEW_MS
+    )
     if not verdict.accepted:
-        assert verdict.now_ms == last + elapsed and verdict.reason
+        assert verdict.reason
+        if behind_witness:  # the later time decides (fail closed)
+            assert witness is not None and verdict.now_ms == max(last + elapsed, witness)
+        else:
+            assert verdict.now_ms == last + elapsed
     else:
-        assert verdict.now_ms in (reading, last)
+        assert not behind_witness and verdict.now_ms in (reading, last)
 
 
 @given(

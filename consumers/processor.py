@@ -868,15 +868,16 @@ def _held_event(rec: Record, op: str, why: str) -> OperatingEvent:
     Args:
         rec: the input (authentic) that was not decided.
         op: its operation, held.
-        why: the state record that cannot be verified, and why.
+        why: the record that cannot be verified (a state or an input), and why.
     """
     event = record_event(
         "processor",
         rec,
         "UNVERIFIABLE",
-        f"{rec.event.KIND} for {op} not decided: the operation's latest state record "
-        f"cannot be verified with this processor's keys ({why}); restore the keys folder "
-        "the ledger's records were sealed with and restart the processor",
+        f"{rec.event.KIND} for {op} not decided: the operation is held, since a record "
+        f"about it cannot be verified with this processor's keys ({why}); restore the "
+        "keys folder the ledger's records were sealed with and restart the processor, "
+        "then send this input again",
         operation_id=op,
         id_suffix="HELD",
     )

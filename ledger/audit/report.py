@@ -122,7 +122,10 @@ class OpenItem:
 
     @property
     def history_command(self) -> str:
-        """The command that shows its history."""
+        """The command that shows its history (``ledger policy show`` for the ledger-wide
+        ``(policy)`` item of an unverifiable policy record)."""
+        if self.operation_id == "(policy)":
+            return "ledger policy show"
         return f"ledger history {self.operation_id}"
 
     def to_dict(self) -> dict[str, Any]:

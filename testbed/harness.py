@@ -50,23 +50,29 @@ log = logging.getLogger(__name__)
 WATERMARK_RETRY_S = 30.0
 
 
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+def watermarks(
+    consumer: Consumer, tp: TopicPartition, timeout_s: float, retry_s: float = WATERMARK_RETRY_S
+) -> tuple[int, int]:
     """``(low, high)`` of a partition, asked again while Kafka's answer is retriable.
 
     Just after a topic is created, or under load, the broker can answer
     ``NOT_LEADER_FOR_PARTITION`` while the partition's leadership settles (a
     test suite went red on it once); such answers are asked again, with a
-    short pause, for up to :data:`WATERMARK_RETRY_S` seconds.
+    short pause, for up to ``retry_s`` seconds.
 
     Args:
         consumer: the client that asks (its isolation level decides the end).
         tp: the partition.
         timeout_s: each query's timeout (seconds).
+        retry_s: how long retriable answers are asked again (0: raised at
+            once, for a caller that retries itself, as :meth:`Harness.wait_quiescent`
+            does: blocking there during a broker fault stalled the chaos
+            mission's driver).
 
     Raises:
         KafkaException: a non-retriable answer, or retriable ones past the bound.
     """
-    deadline = time.monotonic() + WATERMARK_RETRY_S
+    deadline = time.monotonic() + retry_s
     while True:
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
@@ -380,14 +386,14 @@ class Harness:
         result: list[TopicPartition] = consumer.committed(tps, timeout=30)
         return result
 
-    def _ends(self, tps: list[TopicPartition]) -> dict[tuple[str, int], int]:
+    def _ends(self, tps: list[TopicPartition], retry_s: float = 0.0) -> dict[tuple[str, int], int]:
         if self._lso_consumer is None:
             self._lso_consumer = Consumer(
                 consumer_config(self.settings, f"{self.settings.topic_prefix}.harness")
             )
         ends = {}
         for tp in tps:
-            _, high = watermarks(self._lso_consumer, tp, 30)
+            _, high = watermarks(self._lso_consumer, tp, 30, retry_s)
             ends[(tp.topic, tp.partition)] = high
         return ends
 
@@ -477,7 +483,7 @@ class Harness:
             KafkaException: an end could not be read.
         """
         tps = [TopicPartition(t, p) for t in topics for p in range(self.settings.partitions)]
-        stable = self._ends(tps)
+        stable = self._ends(tps, WATERMARK_RETRY_S)
         high_reader = Consumer(
             consumer_config(
                 self.settings, f"{self.settings.topic_prefix}.harness", isolation="read_uncommitted"

@@ -39,3 +39,10 @@ def test_an_answer_that_is_not_retriable_is_raised_at_once() -> None:
     with pytest.raises(KafkaException):
         watermarks(flaky, TopicPartition("t", 0), 1)  # type: ignore[arg-type]
     assert flaky.asked == 1
+
+
+def test_a_caller_that_retries_itself_hears_at_once() -> None:
+    flaky = Flaky(KafkaError.NOT_LEADER_FOR_PARTITION)
+    with pytest.raises(KafkaException):
+        watermarks(flaky, TopicPartition("t", 0), 1, retry_s=0)  # type: ignore[arg-type]
+    assert flaky.asked == 1

@@ -58,6 +58,7 @@ from consumers.stage import (
     key_text,
     read_partition,
     record_event,
+    seal_refusal_kind,
 )
 from ledger.authn import unverifiable
 from ledger.contracts import postcondition_request
@@ -547,7 +548,7 @@ class Processor(Stage):
         transaction.
         """
         doubt = unverifiable(problem)
-        kind = "UNVERIFIABLE" if doubt else "UNAUTHENTICATED"
+        kind = seal_refusal_kind(problem)
         self.forgeries_refused += not doubt
         log.error(
             "processor: %s state record at state:%s:%s not restored: %s",

@@ -141,12 +141,12 @@ FETCH_CHECK_BUDGET_S = 10.0
 FENCED_MARKER = "zombie transaction fenced by Kafka"
 
 
-def _refusal_kind(problem: str) -> str:
+def seal_refusal_kind(problem: str) -> str:
     """``UNVERIFIABLE`` for a seal by a key not held here, else ``UNAUTHENTICATED``."""
     return "UNVERIFIABLE" if unverifiable(problem) else "UNAUTHENTICATED"
 
 
-def _verdict(problem: str) -> str:
+def refusal_verdict(problem: str) -> str:
     """How a refused input is described: it cannot be verified here, or it is not authentic."""
     return "cannot be verified here" if unverifiable(problem) else "not authentic"
 
@@ -817,8 +817,8 @@ class Stage:
                         self.component,
                         topic,
                         msg,
-                        f"{_verdict(problem)} (tombstone): {problem}",
-                        kind=_refusal_kind(problem),
+                        f"{refusal_verdict(problem)} (tombstone): {problem}",
+                        kind=seal_refusal_kind(problem),
                     )
             event = decode_event(raw)
             problem = self.keyring.check(topic, msg.key() or b"", raw, msg.headers(), event)
@@ -827,8 +827,8 @@ class Stage:
                     self.component,
                     topic,
                     msg,
-                    f"{_verdict(problem)}: {problem}",
-                    kind=_refusal_kind(problem),
+                    f"{refusal_verdict(problem)}: {problem}",
+                    kind=seal_refusal_kind(problem),
                 )
         except Exception as exc:
             self.dead_letters += 1
@@ -1591,6 +1591,7 @@ class Stage:
         path = self.status_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
+        held = self.unverifiable_held()
         status = {
             "pid": os.getpid(),
             "ready": self._ready_reported,
@@ -1599,8 +1600,8 @@ class Stage:
             # serving); `ledger console` probes it on this host
             "metrics_port": self.metrics.port,
             # keys held for evidence this stage cannot verify (key -> record, reason)
-            "unverifiable_held": dict(sorted(self.unverifiable_held().items())[:50]),
-            "unverifiable_held_count": len(self.unverifiable_held()),
+            "unverifiable_held": dict(sorted(held.items())[:50]),
+            "unverifiable_held_count": len(held),
         }
         tmp.write_text(json.dumps(status))
         os.replace(tmp, path)

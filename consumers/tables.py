@@ -28,7 +28,15 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
-from consumers.stage import Record, await_settled, decode_record, key_text, oversized
+from consumers.stage import (
+    Record,
+    await_settled,
+    decode_record,
+    key_text,
+    oversized,
+    refusal_verdict,
+    seal_refusal_kind,
+)
 from ledger.authn import Keyring, unverifiable
 from ledger.errors import LedgerError
 from ledger.events import decode_event
@@ -322,11 +330,10 @@ class TableFollower:
         self._reported.add(where)
         self.unauthenticated += 1
         what = "tombstone" if msg.value() is None else "record"
-        kind = "UNVERIFIABLE" if doubt else "UNAUTHENTICATED"
+        kind = seal_refusal_kind(problem)
         log.error("%s[%d]@%d: %s %s refused: %s", self.full, *where, kind, what, problem)
         if self.on_bad is not None:
-            verdict = "cannot be verified here" if doubt else "not authentic"
-            self.on_bad(msg, f"{verdict} ({what}): {problem}", kind)
+            self.on_bad(msg, f"{refusal_verdict(problem)} ({what}): {problem}", kind)
         return False
 
     def _bad(self, msg: Message) -> None:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
@@ -38,7 +39,7 @@ from ledger.events import (
 from ledger.settings import LedgerSettings
 from ledger.signing import load_trusted, verify
 from ledger.topology import MISPLACED, TOPICS, is_reserved_key
-from sinks.client import SinkClient
+from sinks.port import open_sink
 from sinks.registry import load_sinks
 
 log = logging.getLogger(__name__)
@@ -378,9 +379,7 @@ def _sink_effects(settings: LedgerSettings, states: dict[str, Event]) -> dict[st
         endpoint = sinks.get(state.sink)
         if endpoint is None or not endpoint.contract.readback:
             continue
-        with SinkClient(
-            endpoint.url, timeout_s=settings.sink_timeout_s, token=endpoint.token
-        ) as client:
+        with closing(open_sink(endpoint, timeout_s=settings.sink_timeout_s)) as client:
             result = client.readback(op, None)
         if result.status == "committed":
             sink_effects[op] = result.effects

@@ -22,6 +22,7 @@ anything is read; so is every read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import closing
 from typing import Any
 
 from confluent_kafka import Message
@@ -32,7 +33,7 @@ from consumers.retry import KafkaRetry, policy_for
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
 from ledger.credentials import load_keyring
-from ledger.errors import LocalFileError
+from ledger.errors import LocalFileError, SinkConfigError
 from ledger.events import EffectReceipt, OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
@@ -40,7 +41,7 @@ from ledger.states import RecoveryState as S
 from ledger.topics import check_topics
 from ledger.upgrades import ReleaseManifest, upgrade_hold
 from producers.publisher import LedgerPublisher
-from sinks.client import SinkClient
+from sinks.port import open_sink
 from sinks.registry import load_manifest, load_sinks
 
 
@@ -179,12 +180,15 @@ def reconcile_once(
             elif held is not None:
                 status, detail, effect_id = "UNKNOWN", held, None
             else:
-                with SinkClient(
-                    endpoint.url, timeout_s=settings.sink_timeout_s, token=endpoint.token
-                ) as client:
-                    status, detail, effect_id = read_effect(
-                        client, endpoint.contract, st.operation_id, st.epoch
-                    )
+                try:
+                    client = open_sink(endpoint, timeout_s=settings.sink_timeout_s)
+                except SinkConfigError as exc:
+                    status, detail, effect_id = "UNKNOWN", exc.message, None
+                else:
+                    with closing(client):
+                        status, detail, effect_id = read_effect(
+                            client, endpoint.contract, st.operation_id, st.epoch
+                        )
                 if status == "UNSUPPORTED":
                     detail = f"{st.sink} offers no readback: only a disposition can release it"
             publisher.publish_readback(

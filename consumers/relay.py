@@ -109,7 +109,13 @@ from ledger.contracts import (
     readback_unsupported,
     sends_idempotency_key,
 )
-from ledger.errors import LedgerError, LocalFileError, SinkAuthError, SinkNotReachedError
+from ledger.errors import (
+    LedgerError,
+    LocalFileError,
+    SinkAuthError,
+    SinkConfigError,
+    SinkNotReachedError,
+)
 from ledger.events import (
     Approval,
     Dispatch,
@@ -122,7 +128,8 @@ from ledger.events import (
 from ledger.logs import bound_each
 from ledger.tracing import trace_headers
 from ledger.upgrades import ReleaseManifest, attempted_version, state_of_step, upgrade_hold
-from sinks.client import HoldResult, SinkClient, postcondition_source
+from sinks.client import HoldResult, postcondition_source
+from sinks.port import SinkPort, open_sink
 from sinks.registry import RegistryFile, SinkEndpoint, load_manifest
 
 #: One output of the relay: ``(short topic, key, event)``.
@@ -202,7 +209,7 @@ def _say_outcome(d: Dispatch, attempt: int, event: Event) -> None:
 
 
 def read_effect(
-    client: SinkClient, contract: EffectContract, operation_id: str, token: int
+    client: SinkPort, contract: EffectContract, operation_id: str, token: int
 ) -> tuple[str, str, str | None]:
     """Read an effect back by operation ID.
 
@@ -310,7 +317,8 @@ class Relay(Stage):
         self._manifest_read = False
         #: Dispatches whose final receipt is already committed.
         self.completed: set[str] = set()
-        self.clients: dict[str, SinkClient] = {}
+        self.clients: dict[str, SinkPort] = {}
+        self._opened_for: dict[str, SinkEndpoint] = {}
         #: dispatch_id -> a dispatch waiting to try an unreachable sink again.
         self.parked: dict[str, Parked] = {}
         #: Sinks a request could not reach in the current pass: other dispatches
@@ -596,19 +604,19 @@ class Relay(Stage):
             outcome = self._unobserved(d, reason, now)
         return [outcome, _dispatch_event(d, "CONTRACT_UPGRADE_HOLD", reason)]
 
-    def _client(self, name: str, endpoint: SinkEndpoint) -> SinkClient:
+    def _client(self, name: str, endpoint: SinkEndpoint) -> SinkPort:
+        """The adapter of sink ``name``, opened again when its registry entry changed.
+
+        Raises:
+            SinkConfigError: when the entry names an unknown adapter or an invalid config.
+        """
         client = self.clients.get(name)
-        if (
-            client is None
-            or client.base_url != endpoint.url.rstrip("/")
-            or client.token != endpoint.token
-        ):
+        if client is None or self._opened_for.get(name, endpoint) != endpoint:
             if client is not None:
                 client.close()
-            client = SinkClient(
-                endpoint.url, timeout_s=self.settings.sink_timeout_s, token=endpoint.token
-            )
+            client = open_sink(endpoint, timeout_s=self.settings.sink_timeout_s)
             self.clients[name] = client
+        self._opened_for[name] = endpoint
         return client
 
     # ------------------------------------------------------------------ work
@@ -1114,7 +1122,10 @@ class Relay(Stage):
             )
             if held is not None:
                 return held
-        client = self._client(d.sink, endpoint)
+        try:
+            client = self._client(d.sink, endpoint)
+        except SinkConfigError as exc:  # an unknown adapter, a bad config: nothing was sent
+            raise _not_sent(d, exc.message, "UNKNOWN_SINK", fresh, readback_on_resume) from exc
         contract = endpoint.contract
         if d.kind == "VERIFY":
             self.hooks.seam("after_commit_before_verification", d.operation_id)
@@ -1173,7 +1184,7 @@ class Relay(Stage):
         ):
             self.policy_change = rec.event
 
-    def _reserve(self, d: Dispatch, client: SinkClient, contract: EffectContract) -> HoldResult:
+    def _reserve(self, d: Dispatch, client: SinkPort, contract: EffectContract) -> HoldResult:
         """Take (or take again) the hold for dispatch ``d`` under the operation's key."""
         params: dict[str, Any] = json.loads(d.params_json)
         if d.subject is None or d.purpose is None or d.decision_version is None:
@@ -1197,7 +1208,7 @@ class Relay(Stage):
     def _reservation(
         self,
         d: Dispatch,
-        client: SinkClient,
+        client: SinkPort,
         contract: EffectContract,
         first: int,
         now: int,
@@ -1342,7 +1353,7 @@ class Relay(Stage):
     def _submit(
         self,
         d: Dispatch,
-        client: SinkClient,
+        client: SinkPort,
         contract: EffectContract,
         first: int,
         now: int,
@@ -1421,7 +1432,7 @@ class Relay(Stage):
     def _ambiguous(
         self,
         d: Dispatch,
-        client: SinkClient,
+        client: SinkPort,
         contract: EffectContract,
         first: int,
         now: int,
@@ -1452,7 +1463,7 @@ class Relay(Stage):
     def _read_effect(
         self,
         d: Dispatch,
-        client: SinkClient,
+        client: SinkPort,
         contract: EffectContract,
         now: int,
         *,
@@ -1515,7 +1526,7 @@ class Relay(Stage):
         )
 
     def _verify(
-        self, d: Dispatch, client: SinkClient, contract: EffectContract, now: int
+        self, d: Dispatch, client: SinkPort, contract: EffectContract, now: int
     ) -> tuple[str, str, Event]:
         """Ask the postcondition query the contract declares; the core judges the answer."""
         params: dict[str, Any] = json.loads(d.params_json)
@@ -1535,7 +1546,7 @@ class Relay(Stage):
         )
 
     def _read_postcondition_at_once(
-        self, d: Dispatch, client: SinkClient, contract: EffectContract, outcome: Output
+        self, d: Dispatch, client: SinkPort, contract: EffectContract, outcome: Output
     ) -> Output:
         """Read the postcondition right after an effect commits, into its receipt.
 

@@ -237,6 +237,13 @@ class SinkError(LedgerError):
         self.sink = sink
 
 
+class SinkConfigError(SinkError):
+    """A sink's entry in the sink registry cannot be used as written: an unknown
+    adapter kind, a missing or invalid adapter setting, or a contract that claims
+    more than the adapter can do. The message names the sink, the setting and
+    the remedy (``ledger sink register`` again, or fix the registry file)."""
+
+
 class SinkUnavailableError(SinkError):
     """The sink gave no answer (down, hanging, or slower than the timeout).
 

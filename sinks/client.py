@@ -687,3 +687,13 @@ class SinkClient:
     def health(self) -> bool:
         """Return ``True`` when the sink answers ``/health``."""
         return self.health_info() is not None
+
+
+def open_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
+    """The ``http`` adapter (:mod:`sinks.port`): a :class:`SinkClient` for a registry entry.
+
+    Args:
+        endpoint: the sink's :class:`~sinks.registry.SinkEndpoint` (``url``, ``token``).
+        timeout_s: the deadline of every call, in seconds.
+    """
+    return SinkClient(endpoint.url, timeout_s=timeout_s, token=endpoint.token)

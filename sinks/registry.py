@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,6 +43,13 @@ class SinkEndpoint(BaseModel):
             sink release that changes its contract raises it, and the release
             manifest says which in-flight operations may resume under it
             (:mod:`ledger.upgrades`).
+        adapter: the adapter kind that reaches the sink's system
+            (:mod:`sinks.port`): ``http`` (the ledger's HTTP sink protocol, the
+            default; ``reference`` is the same), ``http-idempotency-key``,
+            ``postgres``, ``smtp``, or an installed entry point's name.
+        config: the adapter's own settings, as its documentation names them
+            (empty for ``http``). ``url`` is the system's address in the
+            adapter's scheme (``http://``, ``postgresql://``, ``smtp://``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +58,8 @@ class SinkEndpoint(BaseModel):
     contract: EffectContract
     token: str | None = Field(default=None, min_length=1, repr=False)
     contract_version: int = Field(default=1, ge=1)
+    adapter: str = Field(default="http", min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
 
 
 def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
@@ -82,6 +92,10 @@ def _unset(endpoint: SinkEndpoint) -> set[str] | None:
     left = {"token"} if endpoint.token is None else set()
     if endpoint.contract_version == 1:
         left.add("contract_version")
+    if endpoint.adapter == "http":
+        left.add("adapter")
+    if not endpoint.config:
+        left.add("config")
     return left or None
 
 

@@ -308,3 +308,21 @@ def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureC
         )
     finally:
         running.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the chaos mission's tests to the end of the run and start its mission now.
+
+    The chaos mission (``tests/integration/test_chaos_mission.py``) runs its own
+    three-node cluster in a process of its own for about six minutes; started at
+    collection, it runs beside the rest of the suite instead of after it. Its
+    tests, moved last, then only wait for its report.
+    """
+    chaos = [i for i in items if i.nodeid.startswith("tests/integration/test_chaos_mission.py")]
+    if not chaos or config.option.collectonly:
+        return
+    items[:] = [i for i in items if i not in chaos] + chaos
+    from tests.integration.test_chaos_mission import start_early
+
+    start_early(config)

@@ -14,11 +14,17 @@ latencies during the failovers; nothing of it may be left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,55 +56,114 @@ def _why(stderr: str) -> str:
     return "\n".join(own[-60:])[-6000:] + "\n--- end of stderr\n" + stderr[-2500:]
 
 
+def _command() -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "from ledger.cli import main; main()",
+        "mission",
+        "run",
+        "--cases",
+        str(CASES),
+        "--crash-rate",
+        "0.05",
+        "--seed",
+        str(SEED),
+        "--brokers",
+        "3",
+        "--broker-chaos",
+    ]
+
+
+class ChaosRun:
+    """The chaos mission as a process of its own, in a scratch folder ``root``.
+
+    It shares nothing with the session's broker (its own cluster, its own ports,
+    its own folders), so :func:`start_early` may start it while the rest of the
+    suite runs; the fixture then only waits for it.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        home = root / "kafka"
+        home.mkdir(parents=True)
+        (home / "libs").symlink_to(LOCAL_KAFKA_HOME / "libs", target_is_directory=True)
+        self.home = home
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("KAFKA_BOOTSTRAP_SERVERS", "LEDGER_BOOTSTRAP_SERVERS")
+            and not k.startswith("LEDGER_KAFKA_")
+        }
+        env.update(
+            LEDGER_KAFKA_PORT=str(PORT),
+            LEDGER_KAFKA_HOME=str(home),
+            LEDGER_RUN_DIR=str(root / "run"),
+        )
+        self._err = (root / "mission.err").open("w")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            _command(),
+            env=env,
+            cwd=root,
+            stdout=subprocess.DEVNULL,
+            stderr=self._err,
+            text=True,
+            start_new_session=True,
+        )
+
+    def wait(self, timeout_s: float) -> int:
+        """Wait for the mission to end; kill it (exit -9) past ``timeout_s`` seconds of its life."""
+        left = max(1.0, timeout_s - (time.monotonic() - self.started))
+        try:
+            code = self.process.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.wait()
+        self._err.close()
+        return code
+
+    def kill(self) -> None:
+        """Kill the mission and everything it started (its own process group)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+_EARLY: dict[str, ChaosRun] = {}
+
+
+def start_early(config: pytest.Config) -> None:
+    """Start the chaos mission at collection time, so that its six minutes run beside
+    the rest of the suite (the tests of this module are moved to the end by the
+    caller). Skipped when the broker jars are not fetched yet; the fixture then
+    runs the mission itself. Called by ``tests/conftest.py``.
+    """
+    if _EARLY or not (LOCAL_KAFKA_HOME / "libs").is_dir():
+        return
+    root = Path(tempfile.mkdtemp(prefix="ledger-chaos-"))
+    run = ChaosRun(root)
+    _EARLY["run"] = run
+
+    def _end() -> None:
+        run.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+    config.add_cleanup(_end)
+
+
 @pytest.fixture(scope="module")
 def chaos_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("chaos")
-    home = root / "kafka"
-    home.mkdir()
-    (home / "libs").symlink_to(LOCAL_KAFKA_HOME / "libs", target_is_directory=True)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KAFKA_BOOTSTRAP_SERVERS", "LEDGER_BOOTSTRAP_SERVERS")
-        and not k.startswith("LEDGER_KAFKA_")
-    }
-    env.update(
-        LEDGER_KAFKA_PORT=str(PORT),
-        LEDGER_KAFKA_HOME=str(home),
-        LEDGER_RUN_DIR=str(root / "run"),
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from ledger.cli import main; main()",
-            "mission",
-            "run",
-            "--cases",
-            str(CASES),
-            "--crash-rate",
-            "0.05",
-            "--seed",
-            str(SEED),
-            "--brokers",
-            "3",
-            "--broker-chaos",
-        ],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    (root / "mission.err").write_text(done.stderr)
-    path = root / "run" / "missions" / f"ledger-seed{SEED}-{CASES}c-1i" / "report.json"
-    assert path.exists(), f"no report (exit {done.returncode}):\n{_why(done.stderr)}"
+    run = _EARLY.pop("run", None) or ChaosRun(tmp_path_factory.mktemp("chaos"))
+    code = run.wait(timeout_s=1500)
+    stderr = (run.root / "mission.err").read_text()
+    path = run.root / "run" / "missions" / f"ledger-seed{SEED}-{CASES}c-1i" / "report.json"
+    assert path.exists(), f"no report (exit {code}):\n{_why(stderr)}"
     report: dict[str, Any] = json.loads(path.read_text())
-    report["_exit"] = done.returncode
-    report["_home"] = str(home)
+    report["_exit"] = code
+    report["_home"] = str(run.home)
     report["_stderr"] = "\n".join(
-        line for line in done.stderr.splitlines() if not line.startswith("[20")
+        line for line in stderr.splitlines() if not line.startswith("[20")
     )[-3000:]  # the mission's own lines (no broker log tails), for a failure's message
     return report
 

@@ -34,6 +34,7 @@ from ledger.errors import (
     SchemaValidationError,
     SettingsError,
     SinkAuthError,
+    SinkConfigError,
     SinkError,
     SinkNotReachedError,
     SinkProtocolError,
@@ -67,6 +68,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     ForbiddenTransitionError: False,
     ScenarioError: False,
     SinkError: False,
+    SinkConfigError: False,  # the registry entry is wrong: fix it, then it is used
     SinkUnavailableError: True,  # no answer: the sink may be down or restarting
     SinkProtocolError: False,  # the request or the URL is wrong
     SinkAuthError: False,  # the registry's token is not the sink's: fix it first

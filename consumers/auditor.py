@@ -379,7 +379,9 @@ def _sink_effects(settings: LedgerSettings, states: dict[str, Event]) -> dict[st
         endpoint = sinks.get(state.sink)
         if endpoint is None or not endpoint.contract.readback:
             continue
-        with closing(open_sink(endpoint, timeout_s=settings.sink_timeout_s)) as client:
+        with closing(
+            open_sink(endpoint, timeout_s=settings.sink_timeout_s, name=state.sink)
+        ) as client:
             result = client.readback(op, None)
         if result.status == "committed":
             sink_effects[op] = result.effects

@@ -181,7 +181,7 @@ def reconcile_once(
                 status, detail, effect_id = "UNKNOWN", held, None
             else:
                 try:
-                    client = open_sink(endpoint, timeout_s=settings.sink_timeout_s)
+                    client = open_sink(endpoint, timeout_s=settings.sink_timeout_s, name=st.sink)
                 except SinkConfigError as exc:
                     status, detail, effect_id = "UNKNOWN", exc.message, None
                 else:

@@ -614,7 +614,7 @@ class Relay(Stage):
         if client is None or self._opened_for.get(name, endpoint) != endpoint:
             if client is not None:
                 client.close()
-            client = open_sink(endpoint, timeout_s=self.settings.sink_timeout_s)
+            client = open_sink(endpoint, timeout_s=self.settings.sink_timeout_s, name=name)
             self.clients[name] = client
         self._opened_for[name] = endpoint
         return client

@@ -39,7 +39,9 @@ Rules every adapter keeps (the relay's correctness rests on them):
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -256,17 +258,58 @@ def capabilities_of(kind: str) -> AdapterCapabilities:
     )
 
 
-def open_sink(endpoint: Any, *, timeout_s: float) -> SinkPort:
-    """Open the adapter a sink registry entry names.
+_SECRET_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def resolve_secrets(text: str, *, sink: str, environ: Mapping[str, str] | None = None) -> str:
+    """Replace every ``${NAME}`` in ``text`` with the environment variable ``NAME``.
+
+    A sink's ``url`` and ``token`` in the registry may name their secrets
+    instead of holding them (``postgresql://relay:${PAYMENTS_DB_PASSWORD}@db/pay``,
+    ``"token": "${PAYMENTS_TOKEN}"``): only a process given the variable (the
+    relay, the reconciler, the auditor with readback) can reach the sink; the
+    processor and the other stages read the same registry for contracts and
+    never hold the secret.
+
+    Raises:
+        SinkConfigError: when a named variable is not set in this process.
+    """
+    env = os.environ if environ is None else environ
+
+    def _value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise SinkConfigError(
+                f"sink {sink!r} names the secret ${{{name}}}, which is not set in this "
+                f"process: export {name} for the stages that call {sink} (the relay, the "
+                "reconciler, the auditor with readback)",
+                sink=sink,
+            )
+        return env[name]
+
+    return _SECRET_REF.sub(_value, text)
+
+
+def open_sink(endpoint: Any, *, timeout_s: float, name: str = "") -> SinkPort:
+    """Open the adapter a sink registry entry names, its secrets resolved.
 
     Args:
         endpoint: the sink's :class:`~sinks.registry.SinkEndpoint`.
         timeout_s: the overall deadline of every call, in seconds.
+        name: the sink's name, for messages.
 
     Returns:
         The adapter, ready to call.
 
     Raises:
-        SinkConfigError: when the adapter kind is unknown or its configuration is invalid.
+        SinkConfigError: when the adapter kind is unknown, its configuration is
+            invalid or a secret it names is not set (see :func:`resolve_secrets`).
     """
-    return adapter_factory(endpoint.adapter)(endpoint, timeout_s=timeout_s)
+    who = name or endpoint.url
+    resolved = endpoint.model_copy(
+        update={
+            "url": resolve_secrets(endpoint.url, sink=who),
+            "token": None if endpoint.token is None else resolve_secrets(endpoint.token, sink=who),
+        }
+    )
+    return adapter_factory(endpoint.adapter)(resolved, timeout_s=timeout_s)

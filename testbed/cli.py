@@ -266,7 +266,7 @@ def broker_status(as_json: bool) -> None:
 
 @click.group("sink")
 def sink_group() -> None:
-    """Reference sinks (the payment gateway and the unsafe sink)."""
+    """Reference sinks (the payment gateway and the unsafe sink): `ledger sink serve`."""
 
 
 @sink_group.command("serve")

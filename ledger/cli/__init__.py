@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, console, history, keys, ops, stages, topics, upgrade
+from ledger.cli import acl, console, history, keys, ops, sinks, stages, topics, upgrade
 from ledger.cli.common import (
     EXIT_CODES,
     LedgerGroup,
@@ -119,6 +119,7 @@ COMMANDS: tuple[click.Command, ...] = (
     *acl.COMMANDS,
     *console.COMMANDS,
     *upgrade.COMMANDS,
+    *sinks.COMMANDS,
 )
 
 
@@ -142,8 +143,13 @@ def _load_plugins(group: click.Group) -> None:
             )
             continue
         for command in commands:
-            if command.name not in group.commands:
+            mine = group.commands.get(command.name or "")
+            if mine is None:
                 group.add_command(command)
+            elif isinstance(mine, click.Group) and isinstance(command, click.Group):
+                for sub in command.commands.values():  # a plug-in's own subcommands join ours
+                    if sub.name not in mine.commands:
+                        mine.add_command(sub)
 
 
 for _command in COMMANDS:

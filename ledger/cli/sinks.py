@@ -1,0 +1,272 @@
+"""The sink registry from the command line: ``ledger sink register | list | show | adapters``.
+
+A sink is an external system the relay acts on, reached through an adapter
+(:mod:`sinks.port`). Its registry entry (``LEDGER_SINKS_FILE``, default
+``LEDGER_RUN_DIR/sinks.json``) says which adapter, where the system answers,
+the adapter's settings and the effect contract the sink declares. The
+testbed adds ``ledger sink serve`` (a reference sink) to this group.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ledger.cli.common import EXIT_ERROR, current_settings, echo_json, fail
+
+#: Sink names: the registry's keys, named by intents and dispatches.
+SINK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+#: Contracts that can be named instead of written out.
+NAMED_CONTRACTS = ("payments", "unsafe")
+
+
+def _json_arg(value: str, what: str) -> Any:
+    """A JSON argument given inline or as ``@FILE``."""
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {value[1:]}: {exc}") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"{what} is not JSON ({exc}); give JSON or @FILE") from exc
+
+
+def _contract(value: str) -> Any:
+    from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
+
+    named = {"payments": PAYMENT_GATEWAY, "unsafe": UNSAFE_SINK}
+    if value in named:
+        return named[value]
+    try:
+        return EffectContract.model_validate(_json_arg(value, "the contract"))
+    except ValueError as exc:
+        raise click.BadParameter(f"not a valid effect contract: {exc}") from exc
+
+
+def masked_url(url: str) -> str:
+    """``url`` with any password in it replaced by ``***`` (a ``${NAME}`` reference stays)."""
+    return re.sub(r"(://[^:/@]+:)(?!\$\{)[^@]*@", r"\1***@", url)
+
+
+def _token_shown(token: str | None) -> str | None:
+    if token is None:
+        return None
+    return token if re.fullmatch(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", token) else "***"
+
+
+def _describe(name: str, endpoint: Any) -> dict[str, Any]:
+    from sinks.port import capabilities_of
+
+    try:
+        caps: dict[str, bool] | str = vars(capabilities_of(endpoint.adapter)).copy()
+    except Exception as exc:  # an adapter that cannot be loaded is reported, not fatal
+        caps = f"cannot load adapter {endpoint.adapter!r}: {exc}"
+    return {
+        "name": name,
+        "adapter": endpoint.adapter,
+        "url": masked_url(endpoint.url),
+        "token": _token_shown(endpoint.token),
+        "contract_version": endpoint.contract_version,
+        "contract": endpoint.contract.model_dump(),
+        "config": endpoint.config,
+        "adapter_offers": caps,
+    }
+
+
+@click.group("sink")
+def sink_group() -> None:
+    """Sinks: the external systems the relay acts on, and their adapters.
+
+    \b
+      ledger sink adapters                 the adapter kinds there are
+      ledger sink register NAME --adapter postgres --url postgresql://... \\
+          --contract @payments-contract.json
+      ledger sink list                     every registered sink
+      ledger sink show NAME [--probe]      one sink, and whether it answers
+
+    The registry is LEDGER_SINKS_FILE (default LEDGER_RUN_DIR/sinks.json, mode
+    0600). A secret can be named instead of written: ${VAR} in --url or
+    --token is read from the environment of the stage that calls the sink, so
+    stages that never call it never hold it.
+    """
+
+
+@sink_group.command("adapters")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def sink_adapters(as_json: bool) -> None:
+    """List the adapter kinds that can be named, and what each can offer a contract."""
+    from sinks.port import adapter_kinds, capabilities_of
+
+    rows = []
+    for kind in adapter_kinds():
+        try:
+            offers = [k for k, v in vars(capabilities_of(kind)).items() if v]
+            rows.append({"adapter": kind, "offers": offers})
+        except Exception as exc:
+            rows.append({"adapter": kind, "error": str(exc)})
+    if as_json:
+        echo_json(rows)
+        return
+    for row in rows:
+        said = ", ".join(row.get("offers", [])) or "no idempotency, readback or fencing"
+        click.echo(f"{row['adapter']:<22} {row.get('error') or said}")
+
+
+@sink_group.command("register")
+@click.argument("name")
+@click.option(
+    "--adapter",
+    default="http",
+    show_default=True,
+    help="The adapter kind (see `ledger sink adapters`): http, http-idempotency-key, "
+    "postgres, smtp, or an installed entry point's.",
+)
+@click.option(
+    "--url",
+    required=True,
+    help="Where the system answers, in the adapter's scheme (http://, postgresql://, "
+    "smtp://). ${VAR} is read from the calling stage's environment.",
+)
+@click.option(
+    "--contract",
+    "contract_text",
+    required=True,
+    help="The effect contract the sink declares: 'payments', 'unsafe', JSON, or @FILE.",
+)
+@click.option(
+    "--config", "config_text", default=None, help="The adapter's settings: JSON or @FILE."
+)
+@click.option(
+    "--token", default=None, help="Bearer token or credentials; ${VAR} names an env variable."
+)
+@click.option("--contract-version", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--replace", is_flag=True, help="Replace an existing entry of that name.")
+def sink_register(
+    name: str,
+    adapter: str,
+    url: str,
+    contract_text: str,
+    config_text: str | None,
+    token: str | None,
+    contract_version: int,
+    replace: bool,
+) -> None:
+    """Register sink NAME: its adapter, its address, its settings and its contract.
+
+    The contract may claim no more than the adapter can do (an adapter without
+    readback cannot declare `readback: true`); prove the claims against the
+    running system with `ledger sink check NAME`.
+    """
+    from ledger.errors import LedgerError, SinkConfigError
+    from sinks.port import capabilities_of, open_sink
+    from sinks.registry import SinkEndpoint, load_sinks, save_sinks
+
+    if not SINK_NAME.fullmatch(name):
+        fail("a sink name is 1 to 64 letters, digits, '.', '_' or '-'", EXIT_ERROR)
+    contract = _contract(contract_text)
+    config = {} if config_text is None else _json_arg(config_text, "--config")
+    if not isinstance(config, dict):
+        raise click.BadParameter("--config must be a JSON object")
+    try:
+        over = capabilities_of(adapter).overclaims(contract)
+    except LedgerError as exc:
+        fail(exc.message, EXIT_ERROR)
+    if over:
+        fail(
+            f"the {adapter} adapter cannot honour {', '.join(over)}: declare them false in the "
+            "contract (the relay would otherwise trust a claim the sink cannot keep)",
+            EXIT_ERROR,
+        )
+    endpoint = SinkEndpoint(
+        url=url,
+        contract=contract,
+        token=token,
+        contract_version=contract_version,
+        adapter=adapter,
+        config=config,
+    )
+    try:  # the adapter checks its settings when opened; it contacts nothing yet
+        open_sink(endpoint, timeout_s=1.0, name=name).close()
+    except SinkConfigError as exc:
+        if "is not set in this process" not in exc.message:
+            fail(exc.message, EXIT_ERROR)
+    settings = current_settings()
+    path = settings.sinks_path()
+    registry = load_sinks(path)
+    if name in registry and not replace:
+        fail(f"sink {name!r} is already registered in {path}; add --replace", EXIT_ERROR)
+    registry[name] = endpoint
+    save_sinks(path, registry)
+    click.echo(f"sink {name} ({adapter}, {masked_url(url)}) registered in {path}")
+
+
+@sink_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (secrets masked).")
+def sink_list(as_json: bool) -> None:
+    """List the registered sinks: adapter, address (secrets masked) and contract claims."""
+    from sinks.registry import load_sinks
+
+    settings = current_settings()
+    sinks = load_sinks(settings.sinks_path())
+    rows = [_describe(n, e) for n, e in sorted(sinks.items())]
+    if as_json:
+        echo_json(rows)
+        return
+    if not rows:
+        click.echo(f"no sinks registered in {settings.sinks_path()}")
+        return
+    for row in rows:
+        claims = [k for k, v in row["contract"].items() if v is True]
+        click.echo(
+            f"{row['name']:<16} {row['adapter']:<22} {row['url']:<40} "
+            f"{', '.join(claims) or '-'} (v{row['contract_version']})"
+        )
+
+
+@sink_group.command("show")
+@click.argument("name")
+@click.option("--probe", is_flag=True, help="Ask the system whether it answers (health).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (secrets masked).")
+def sink_show(name: str, probe: bool, as_json: bool) -> None:
+    """Show sink NAME's entry (secrets masked); --probe asks the system whether it answers.
+
+    Exit 1 when the sink is not registered or, with --probe, does not answer.
+    """
+    from ledger.errors import LedgerError
+    from sinks.port import open_sink
+    from sinks.registry import load_sinks
+
+    settings = current_settings()
+    sinks = load_sinks(settings.sinks_path())
+    if name not in sinks:
+        known = ", ".join(sorted(sinks)) or "none"
+        fail(f"sink {name!r} is not registered in {settings.sinks_path()} (registered: {known})", 1)
+    row = _describe(name, sinks[name])
+    if probe:
+        try:
+            client = open_sink(sinks[name], timeout_s=settings.sink_timeout_s, name=name)
+            try:
+                row["answers"] = client.health()
+            finally:
+                client.close()
+        except LedgerError as exc:
+            row["answers"], row["probe_error"] = False, exc.message
+    if as_json:
+        echo_json(row)
+    else:
+        for key, value in row.items():
+            shown = json.dumps(value) if isinstance(value, dict | list) else value
+            click.echo(f"{key + ':':<18} {shown}")
+    if probe and not row["answers"]:
+        raise click.exceptions.Exit(1)
+
+
+COMMANDS: tuple[click.Command, ...] = (sink_group,)

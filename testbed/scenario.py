@@ -1,7 +1,7 @@
 """Game-day scenario files (``shared/SCENARIOS.md``): parsing and validation.
 
 A scenario is a JSON or YAML object with ``name``, ``format`` (1, the
-default, or 2), ``description``, ``mode``, ``inline_verify`` (default
+default, 2 or 3), ``description``, ``mode``, ``inline_verify`` (default
 true: the relay's ``LEDGER_RELAY_INLINE_VERIFY``; false keeps every
 verification on the ``VERIFY`` dispatch path), ``sinks``,
 ``policy_version``, ``steps`` and ``expect``. Unknown keys are an
@@ -28,6 +28,8 @@ SINK_FAULT = Literal[
     "timeout_after_commit",
     "reject",
     "unavailable",
+    "reset",
+    "slow",
 ]
 
 
@@ -112,11 +114,17 @@ class Fault(_Strict):
 
 
 class SinkFault(_Strict):
-    """A sink misbehaves once for an operation."""
+    """A sink misbehaves once for an operation.
+
+    ``reset`` and ``slow`` (format v3) are injected on the wire, so only a sink
+    whose ``adapter`` is not ``reference`` takes them; ``slow`` delays every
+    answer from then on by ``latency_ms``.
+    """
 
     sink: str
     operation_id: str
     mode: SINK_FAULT
+    latency_ms: int = Field(default=0, ge=0)
 
 
 class Run(_Strict):
@@ -421,9 +429,18 @@ class Expect(_Strict):
 
 
 class SinkSpec(_Strict):
-    """A reference sink started for the scenario."""
+    """A sink started for the scenario: the reference gateway, or (format v3) a real
+    system behind the named adapter, reached through a fault proxy.
+
+    Attributes:
+        adapter: ``reference`` (default), ``http-idempotency-key``, ``postgres`` or ``smtp``.
+        config: the adapter's own settings, passed as written (the runner's
+            defaults for the scenario's actions when absent).
+    """
 
     contract: EffectContract
+    adapter: Literal["reference", "http-idempotency-key", "postgres", "smtp"] = "reference"
+    config: dict[str, Any] | None = None
 
 
 class Scenario(BaseModel):
@@ -433,7 +450,7 @@ class Scenario(BaseModel):
 
     name: str
     description: str = ""
-    format: Literal[1, 2] = 1
+    format: Literal[1, 2, 3] = 1
     mode: Literal["ledger", "checkpoint-only"] = "ledger"
     inline_verify: bool = True
     sinks: dict[str, SinkSpec] = Field(default_factory=dict)
@@ -487,6 +504,27 @@ class Scenario(BaseModel):
             if sink is not None and sink not in self.sinks:
                 raise ValueError(
                     f"steps[{n}].{step.kind}: sink {sink!r} is not declared under 'sinks'"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _real_systems(self) -> Scenario:
+        for name, spec in self.sinks.items():
+            if spec.adapter != "reference" and self.format < 3:
+                raise ValueError(f'sinks.{name}: adapter {spec.adapter!r} needs "format": 3')
+        for n, step in enumerate(self.steps):
+            if isinstance(step.args, Upgrade) and self.sinks[step.args.sink].adapter != "reference":
+                raise ValueError(
+                    f"steps[{n}].upgrade: only a reference sink can be upgraded in a scenario"
+                )
+            if step.kind != "sink_fault":
+                continue
+            fault = step.args
+            assert isinstance(fault, SinkFault)
+            if fault.mode in ("reset", "slow") and self.sinks[fault.sink].adapter == "reference":
+                raise ValueError(
+                    f"steps[{n}].sink_fault: {fault.mode!r} is injected on the wire, so it needs "
+                    "a sink with an adapter (format 3), not the reference gateway"
                 )
         return self
 

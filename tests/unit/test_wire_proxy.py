@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from testbed.wire import FaultProxy
+from sinks.wire import FaultProxy
 
 
 class _LineServer(socketserver.ThreadingTCPServer):

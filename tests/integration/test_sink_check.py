@@ -1,0 +1,129 @@
+"""`ledger sink check`: the reference gateway keeps its claims; broken adapters fail, one by one.
+
+The gateway runs as the real process the testbed starts (no Kafka needed);
+the check puts its fault proxy between the adapter and the gateway's port.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from ledger.cli import main
+from ledger.contracts import PAYMENT_GATEWAY
+from sinks import port as sink_port
+from sinks.client import SinkClient, SubmitResult
+from sinks.registry import SinkEndpoint, save_sinks
+from testbed.sinks.process import SinkProcess
+
+pytestmark = pytest.mark.integration
+
+
+class _CallsTimeoutsRejections(SinkClient):
+    """A classic adapter bug: no answer is read as "rejected" (the relay would abandon it)."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> SubmitResult:
+        result = super().submit(*args, **kwargs)
+        if result.status == "ambiguous":
+            return SubmitResult("rejected", result.operation_id, detail="timed out")
+        return result
+
+
+class _FreshKeyEachTime(SinkClient):
+    """Another: a new idempotency key for every attempt (what checkpoint-only runtimes do)."""
+
+    def submit(self, *args: Any, **kwargs: Any) -> SubmitResult:
+        kwargs["idempotency_key"] = uuid.uuid4().hex
+        return super().submit(*args, **kwargs)
+
+
+def lying_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
+    return _CallsTimeoutsRejections(endpoint.url, timeout_s=timeout_s, token=endpoint.token)
+
+
+def fresh_key_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
+    return _FreshKeyEachTime(endpoint.url, timeout_s=timeout_s, token=endpoint.token)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SinkProcess, Path]]:
+    root = tmp_path_factory.mktemp("sink-check")
+    sink = SinkProcess("payments", PAYMENT_GATEWAY, root, clock="system")
+    sink.start()
+    yield sink, root
+    sink.stop()
+
+
+def _check(
+    gateway: tuple[SinkProcess, Path], adapter: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, dict[str, Any]]:
+    sink, root = gateway
+    registry = root / f"sinks-{adapter}.json"
+    endpoint = SinkEndpoint(
+        url=sink.url, contract=PAYMENT_GATEWAY, token=sink.token, adapter=adapter
+    )
+    save_sinks(registry, {"payments": endpoint})
+    monkeypatch.setitem(sink_port.BUILTIN, "lying-http", f"{__name__}:lying_adapter")
+    monkeypatch.setitem(sink_port.BUILTIN, "fresh-key-http", f"{__name__}:fresh_key_adapter")
+    result = CliRunner().invoke(
+        main,
+        ["sink", "check", "payments", "--json"],
+        env={
+            "LEDGER_RUN_DIR": str(root),
+            "LEDGER_SINKS_FILE": str(registry),
+            "LEDGER_SINK_TIMEOUT_S": "0.5",
+        },
+    )
+    return result.exit_code, json.loads(result.output)
+
+
+def _verdicts(report: dict[str, Any]) -> dict[str, str]:
+    return {c["claim"]: c["verdict"] for c in report["claims"]}
+
+
+def test_the_reference_gateway_keeps_every_claim_it_makes(
+    gateway: tuple[SinkProcess, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, report = _check(gateway, "http", monkeypatch)
+    verdicts = _verdicts(report)
+    assert code == 0 and report["passed"], report
+    for claim in (
+        "answers",
+        "commits",
+        "ambiguity-is-reported",
+        "idempotent",
+        "key-reuse-refused",
+        "readback",
+        "fencing",
+        "postcondition",
+    ):
+        assert verdicts[claim] == "holds", (claim, report)
+    assert verdicts["key-retention"] == "untested"  # a week is longer than the check waits
+
+
+def test_an_adapter_that_reads_no_answer_as_a_rejection_fails_that_claim(
+    gateway: tuple[SinkProcess, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, report = _check(gateway, "lying-http", monkeypatch)
+    verdicts = _verdicts(report)
+    assert code == 1 and not report["passed"]
+    assert verdicts["ambiguity-is-reported"] == "fails"
+    assert verdicts["commits"] == "holds" and verdicts["fencing"] == "holds"
+
+
+def test_an_adapter_that_claims_idempotency_but_changes_its_key_fails_it(
+    gateway: tuple[SinkProcess, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, report = _check(gateway, "fresh-key-http", monkeypatch)
+    verdicts = _verdicts(report)
+    assert code == 1
+    assert verdicts["idempotent"] == "fails"
+    detail = next(c["detail"] for c in report["claims"] if c["claim"] == "idempotent")
+    assert "2 effects" in detail
+    assert verdicts["ambiguity-is-reported"] == "holds"

@@ -98,9 +98,7 @@ from ledger.authority import admission_withdrawn, merge_approval, takes_over, ve
 from ledger.clock import ClockVerdict, clock_for
 from ledger.contracts import (
     EffectContract,
-    Recovery,
     RetryBudget,
-    after_ambiguous_send,
     after_unreached,
     fencing_token_for,
     judge_postcondition,
@@ -109,6 +107,16 @@ from ledger.contracts import (
     readback_unsupported,
     sends_idempotency_key,
 )
+from ledger.delivery import (
+    MAX_HOLD_ROUNDS,
+    READBACK_STATUS,
+    Observed,
+    Send,
+    Situation,
+    next_step,
+)
+from ledger.delivery import Observation as DeliveryObservation
+from ledger.delivery import Receipt as DeliveryReceipt
 from ledger.errors import (
     LedgerError,
     LocalFileError,
@@ -136,15 +144,6 @@ from sinks.registry import RegistryFile, SinkEndpoint, load_manifest
 Output = tuple[str, str, Event]
 
 log = logging.getLogger(__name__)
-
-#: Client readback status -> the ledger's ``ReadbackStatus``.
-READBACK_STATUS = {
-    "committed": "COMMITTED",
-    "absent": "ABSENT",
-    "unsupported": "UNSUPPORTED",
-    "stale_token": "STALE_TOKEN",
-    "ambiguous": "UNKNOWN",
-}
 
 
 @dataclass
@@ -1130,25 +1129,142 @@ class Relay(Stage):
         if d.kind == "VERIFY":
             self.hooks.seam("after_commit_before_verification", d.operation_id)
             return [self._verify(d, client, contract, now)]
-        if d.kind == "READBACK":
-            return [self._read_effect(d, client, contract, now, on_resume=d.on_resume)]
-        if self.mode == "checkpoint-only":
-            return [self._submit(d, client, contract, now, now, fresh_identity=True)]
-        first = self.attempts.get(d.dispatch_id, now)
-        if contract.reservation:
-            return self._reservation(
-                d, client, contract, first, now, fresh=fresh and readback_on_resume is None
+        first = now if self.mode == "checkpoint-only" else self.attempts.get(d.dispatch_id, now)
+        outputs = self._deliver(
+            d,
+            client,
+            contract,
+            fresh=fresh,
+            readback_on_resume=readback_on_resume,
+            first=first,
+            now=now,
+        )
+        if (
+            d.kind == "EXECUTE"
+            and self.mode == "ledger"
+            and not contract.reservation
+            and len(outputs) == 1
+        ):
+            return [self._read_postcondition_at_once(d, client, contract, outputs[0])]
+        return outputs
+
+    def _deliver(
+        self,
+        d: Dispatch,
+        client: SinkPort,
+        contract: EffectContract,
+        *,
+        fresh: bool,
+        readback_on_resume: bool | None,
+        first: int,
+        now: int,
+    ) -> list[Output]:
+        """Execute the pure delivery decision (:func:`ledger.delivery.next_step`) for ``d``.
+
+        Each decision's records become outputs (its crash seam first), then its
+        request is sent and the answer joins the episode's history, until a
+        decision ends the episode. A request that could not be sent raises
+        :class:`SinkNotReachedError` (parked within the retry budget).
+
+        Raises:
+            SinkNotReachedError: the next request never left.
+            LedgerError: a dispatch that predates the digest's inputs (held by the caller).
+        """
+        kind: Literal["EXECUTE", "READBACK"] = "READBACK" if d.kind == "READBACK" else "EXECUTE"
+        history: list[Observed] = []
+        outputs: list[Output] = []
+        attempt_id = d.dispatch_id
+        for _ in range(4 * MAX_HOLD_ROUNDS + 4):  # every branch ends within a few steps
+            withdrawn = (
+                self._admission_withdrawn(d)
+                if contract.reservation and history and kind == "EXECUTE"
+                else None
             )
-        if readback_on_resume is not None:
-            # Its readback could not be sent before: ask again, never send blindly.
-            outcome = self._ambiguous(d, client, contract, first, now, on_resume=readback_on_resume)
-        elif not fresh:
-            # A previous run may have sent this dispatch: never send blindly.
-            outcome = self._ambiguous(d, client, contract, first, now, on_resume=True)
-        else:
-            self.hooks.seam("after_dispatch_before_send", d.operation_id)
-            outcome = self._submit(d, client, contract, first, now, fresh_identity=False)
-        return [self._read_postcondition_at_once(d, client, contract, outcome)]
+            situation = Situation(
+                kind=kind,
+                mode=self.mode,  # type: ignore[arg-type]
+                fresh=fresh,
+                first_attempt_ms=first,
+                now_ms=now,
+                readback_on_resume=readback_on_resume,
+                on_resume=d.on_resume,
+                admission_withdrawn=withdrawn,
+                sink=d.sink,
+            )
+            decision = next_step(contract, situation, history)
+            for record in decision.records:
+                if isinstance(record, DeliveryReceipt) and record.seam is not None:
+                    self.hooks.seam(record.seam, d.operation_id)
+                outputs.append(self._record(d, record, first, now, attempt_id, client))
+            if decision.not_reached is not None:
+                nr = decision.not_reached
+                raise SinkNotReachedError(
+                    nr.detail, kind="SINK_UNREACHABLE", request=nr.request, on_resume=nr.on_resume
+                )
+            send = decision.send
+            if send is None:
+                return outputs
+            if send.seam is not None:
+                self.hooks.seam(send.seam, d.operation_id)
+            answer, attempt_id = self._request(d, client, contract, send)
+            history.append(Observed.of(send.request, answer, resubmit=send.resubmit))
+        raise LedgerError(
+            f"delivery of {d.dispatch_id} did not end after {len(history)} requests "
+            f"({[o.request + ':' + o.status for o in history]}); held for a person",
+            operation_id=d.operation_id,
+        )
+
+    def _record(
+        self,
+        d: Dispatch,
+        record: DeliveryReceipt | DeliveryObservation,
+        first: int,
+        now: int,
+        attempt_id: str,
+        client: SinkPort,
+    ) -> Output:
+        """The output of one record a delivery decision asks for."""
+        if isinstance(record, DeliveryObservation):
+            source = f"{d.sink} {_readback_source(client, d.operation_id)}"
+            return self._observation(
+                d,
+                "EFFECT",
+                record.status,
+                source,
+                record.detail,
+                now,
+                effect_id=record.effect_id,
+                on_resume=record.on_resume,
+            )
+        receipt = self._receipt(
+            d,
+            record.status,
+            first,
+            now,
+            record.detail,
+            effect_id=record.effect_id,
+            attempt_id=attempt_id,
+            on_resume=record.on_resume,
+            reservation=record.reservation,
+        )
+        return ("receipts", d.operation_id, receipt)
+
+    def _request(
+        self, d: Dispatch, client: SinkPort, contract: EffectContract, send: Send
+    ) -> tuple[Any, str]:
+        """Send one request a decision asks for; the answer and the attempt's identity."""
+        token = fencing_token_for(contract, d.fencing_token)
+        if send.request == "readback":
+            return client.readback(d.operation_id, token), d.dispatch_id
+        if send.request == "read_hold":
+            return client.read_hold(d.operation_id, token), d.dispatch_id
+        if send.request == "confirm":
+            return client.confirm(d.operation_id, token), d.dispatch_id
+        if send.request == "cancel":
+            return client.cancel(d.operation_id, token), d.dispatch_id
+        if send.request == "reserve":
+            return self._reserve(d, client, contract), d.dispatch_id
+        return self._submit(d, client, contract, fresh_identity=send.fresh_identity)
 
     # ------------------------------------------------------------------ reservations
 
@@ -1205,116 +1321,6 @@ class Relay(Stage):
             decision_version=d.decision_version,
         )
 
-    def _reservation(
-        self,
-        d: Dispatch,
-        client: SinkPort,
-        contract: EffectContract,
-        first: int,
-        now: int,
-        *,
-        fresh: bool,
-    ) -> list[Output]:
-        """Try-confirm-cancel for an execution at a ``reservation: true`` sink.
-
-        A fresh dispatch reserves a hold; a dispatch met again (a resume)
-        reads its hold back first. Then: ``confirmed`` -> the effect is
-        recorded; ``held`` -> confirmed if the admission still stands, else
-        cancelled; ``released`` by the sink (expired) -> reserved again under
-        the same key if the admission still stands (an ``EXPIRED`` receipt
-        journals the release), else the case waits for fresh authority
-        (``CANCELLED``). Every end of a hold is a receipt: ``COMMITTED`` with
-        ``reservation: CONFIRMED``, ``CANCELLED`` or ``EXPIRED``.
-        """
-        token = fencing_token_for(contract, d.fencing_token)
-        on_resume = not fresh
-        outputs: list[Output] = []
-
-        def receipt(status: str, detail: str, **kw: Any) -> Output:
-            return (
-                "receipts",
-                d.operation_id,
-                self._receipt(d, status, first, now, detail, on_resume=on_resume, **kw),
-            )
-
-        if fresh:
-            self.hooks.seam("after_dispatch_before_send", d.operation_id)
-            hold = self._reserve(d, client, contract)
-            if not hold.sent:
-                raise SinkNotReachedError(hold.detail, kind="SINK_UNREACHABLE", request="submit")
-        else:
-            hold = client.read_hold(d.operation_id, token)
-            if not hold.sent:
-                raise SinkNotReachedError(
-                    hold.detail, kind="SINK_UNREACHABLE", request="readback", on_resume=True
-                )
-            if hold.status == "absent":  # the reserve never reached the sink
-                hold = self._reserve(d, client, contract)
-        for _ in range(3):
-            if hold.status == "released":
-                withdrawn = self._admission_withdrawn(d)
-                why = hold.released_why or "released"
-                if withdrawn is not None:
-                    outputs.append(
-                        receipt(
-                            "CANCELLED",
-                            f"hold {why} at {d.sink} and not taken again: {withdrawn}",
-                            reservation="CANCELLED",
-                        )
-                    )
-                    return outputs
-                outputs.append(
-                    receipt(
-                        "EXPIRED",
-                        f"hold {why} at {d.sink}; the admission stands: reserved again "
-                        "under the same key",
-                        reservation="EXPIRED",
-                    )
-                )
-                hold = self._reserve(d, client, contract)
-                continue
-            if hold.status == "held":
-                self.hooks.seam("after_reserve_before_confirm", d.operation_id)
-                withdrawn = self._admission_withdrawn(d)
-                if withdrawn is None:
-                    hold = client.confirm(d.operation_id, token)
-                    continue
-                cancelled = client.cancel(d.operation_id, token)
-                if cancelled.status == "released":
-                    outputs.append(
-                        receipt(
-                            "CANCELLED",
-                            f"hold cancelled at {d.sink}: {withdrawn}",
-                            reservation="CANCELLED",
-                        )
-                    )
-                    return outputs
-                hold = cancelled
-                if hold.status != "confirmed":
-                    break
-            if hold.status == "confirmed":
-                self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)
-                outputs.append(
-                    receipt(
-                        "COMMITTED",
-                        f"reservation confirmed at {d.sink}",
-                        effect_id=hold.effect_id,
-                        reservation="CONFIRMED",
-                    )
-                )
-                return outputs
-            break
-        status = {
-            "rejected": "REJECTED",
-            "stale_token": "STALE_TOKEN",
-            "key_reused": "KEY_REUSED",
-            "unavailable": "UNAVAILABLE" if fresh else "AMBIGUOUS",
-        }.get(hold.status, "AMBIGUOUS")
-        outputs.append(
-            receipt(status, f"reservation at {d.sink}: {hold.status}: {hold.detail}"[:2000])
-        )
-        return outputs
-
     def _receipt(
         self,
         d: Dispatch,
@@ -1351,16 +1357,9 @@ class Relay(Stage):
         )
 
     def _submit(
-        self,
-        d: Dispatch,
-        client: SinkPort,
-        contract: EffectContract,
-        first: int,
-        now: int,
-        *,
-        fresh_identity: bool,
-        on_resume: bool = False,
-    ) -> tuple[str, str, Event]:
+        self, d: Dispatch, client: SinkPort, contract: EffectContract, *, fresh_identity: bool
+    ) -> tuple[Any, str]:
+        """Submit ``d``'s effect; the answer and the attempt's identity (fresh: checkpoint-only)."""
         attempt_id = f"{d.dispatch_id}:{uuid.uuid4().hex[:8]}" if fresh_identity else d.dispatch_id
         params: dict[str, Any] = json.loads(d.params_json)
         if d.subject is None or d.purpose is None or d.decision_version is None:
@@ -1387,106 +1386,7 @@ class Relay(Stage):
             purpose=d.purpose,
             decision_version=d.decision_version,
         )
-        if not result.sent:
-            raise SinkNotReachedError(result.detail, kind="SINK_UNREACHABLE", request="submit")
-        if result.status == "committed":
-            self.hooks.seam("after_sink_commit_before_receipt", d.operation_id)
-            detail = "replayed by the sink" if result.replayed else "committed"
-            return (
-                "receipts",
-                d.operation_id,
-                self._receipt(
-                    d,
-                    "COMMITTED",
-                    first,
-                    now,
-                    detail,
-                    effect_id=result.effect_id,
-                    attempt_id=attempt_id,
-                    on_resume=on_resume,
-                ),
-            )
-        if result.status == "ambiguous" and not fresh_identity and not on_resume:
-            return self._ambiguous(d, client, contract, first, now, on_resume=False)
-        status = {
-            "rejected": "REJECTED",
-            "stale_token": "STALE_TOKEN",
-            "key_reused": "KEY_REUSED",
-            "unavailable": "UNAVAILABLE",
-            "ambiguous": "AMBIGUOUS",
-        }[result.status]
-        return (
-            "receipts",
-            d.operation_id,
-            self._receipt(
-                d,
-                status,
-                first,
-                now,
-                result.detail or result.status,
-                attempt_id=attempt_id,
-                on_resume=on_resume,
-            ),
-        )
-
-    def _ambiguous(
-        self,
-        d: Dispatch,
-        client: SinkPort,
-        contract: EffectContract,
-        first: int,
-        now: int,
-        *,
-        on_resume: bool,
-    ) -> tuple[str, str, Event]:
-        """The request may have left: find out before anything is sent again."""
-        decision = after_ambiguous_send(contract, first_seen_ms=first, now_ms=now)
-        if decision.action is Recovery.READ_BACK:
-            return self._read_effect(d, client, contract, now, on_resume=on_resume)
-        if decision.action is Recovery.RESUBMIT_SAME_KEY:
-            return self._submit(
-                d, client, contract, first, now, fresh_identity=False, on_resume=True
-            )
-        return (
-            "receipts",
-            d.operation_id,
-            self._receipt(
-                d,
-                "AMBIGUOUS",
-                first,
-                now,
-                f"the request may have reached {d.sink}; {decision.reason}",
-                on_resume=on_resume,
-            ),
-        )
-
-    def _read_effect(
-        self,
-        d: Dispatch,
-        client: SinkPort,
-        contract: EffectContract,
-        now: int,
-        *,
-        on_resume: bool,
-    ) -> tuple[str, str, Event]:
-        source = f"{d.sink} GET /operations/{d.operation_id}"
-        unsupported = readback_unsupported(contract)
-        if unsupported is not None:
-            status, detail, effect_id = "UNSUPPORTED", unsupported, None
-        else:
-            rb = client.readback(d.operation_id, fencing_token_for(contract, d.fencing_token))
-            if not rb.sent:
-                raise SinkNotReachedError(
-                    rb.detail, kind="SINK_UNREACHABLE", request="readback", on_resume=on_resume
-                )
-            status, detail, effect_id = (
-                READBACK_STATUS[rb.status],
-                rb.detail or rb.status,
-                rb.effect_id,
-            )
-        return self._observation(
-            d, "EFFECT", status, source, detail, now, effect_id=effect_id, on_resume=on_resume
-        )
+        return result, attempt_id
 
     def _unobserved(self, d: Dispatch, reason: str, now: int) -> Output:
         """An UNKNOWN observation of what ``d`` reads back: its postcondition
@@ -1625,6 +1525,12 @@ class Relay(Stage):
         self._receipts.close()
         self._approvals.close()
         self._policy.close()
+
+
+def _readback_source(client: SinkPort, operation_id: str) -> str:
+    """How the adapter names its readback of ``operation_id`` (for the readback record)."""
+    describe = getattr(client, "readback_source", None)
+    return describe(operation_id) if callable(describe) else f"readback of {operation_id}"
 
 
 def _dispatch_event(d: Dispatch, kind: str, reason: str) -> Output:

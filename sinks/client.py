@@ -436,6 +436,10 @@ class SinkClient:
             "POST", path, code, answer.text, sink=self.base_url, operation_id=operation_id
         )
 
+    def readback_source(self, operation_id: str) -> str:
+        """The request a readback of ``operation_id`` is (named in readback records)."""
+        return f"GET /operations/{operation_id}"
+
     def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
         """Read back whether an operation committed at the sink.
 

@@ -69,10 +69,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.contracts import PostconditionQuery
-from ledger.errors import SinkConfigError
+from ledger.errors import SinkConfigError, SinkUnavailableError
 from sinks.adapters import postgres_schema as schema
 from sinks.adapters.postgres_call import Deadline, Phase, Watchdog, classify
-from sinks.adapters.postgres_session import NotConnectedError, Session
+from sinks.adapters.postgres_session import Session
 from sinks.client import AccountCredits, Credit, ReadbackResult, SubmitResult
 from sinks.port import AdapterCapabilities, UnsupportedParts
 
@@ -183,7 +183,7 @@ class PostgresAdapter(UnsupportedParts):
             deadline = Deadline(self.timeout_s)
             try:
                 conn = self._session.connect(deadline)
-            except NotConnectedError as exc:
+            except SinkUnavailableError as exc:
                 return SubmitResult("unavailable", operation_id, detail=str(exc), sent=False)
             phase: Phase = "book"
             with Watchdog(conn, deadline) as dog:
@@ -269,7 +269,7 @@ class PostgresAdapter(UnsupportedParts):
             deadline = Deadline(self.timeout_s)
             try:
                 conn = self._session.connect(deadline)
-            except NotConnectedError as exc:
+            except SinkUnavailableError as exc:
                 return f"not sent: {exc}"
             with Watchdog(conn, deadline) as dog:
                 try:

@@ -6,7 +6,7 @@ import contextlib
 import select
 from typing import TYPE_CHECKING, Any
 
-from ledger.errors import SinkConfigError
+from ledger.errors import SinkConfigError, SinkUnavailableError
 from sinks.adapters import postgres_schema as schema
 from sinks.adapters.postgres_call import Deadline, Watchdog, session_options
 
@@ -15,10 +15,6 @@ if TYPE_CHECKING:
 
 #: Texts of a connection refused for its credentials or database (libpq gives no SQLSTATE).
 _REFUSALS = ("authentication failed", "does not exist", "no pg_hba")
-
-
-class NotConnectedError(Exception):
-    """The connection could not be made: nothing of the call was sent."""
 
 
 class Session:
@@ -74,7 +70,7 @@ class Session:
         """The open connection, or a new one (the schema made on first use).
 
         Raises:
-            NotConnectedError: the connection could not be made.
+            SinkUnavailableError: the connection could not be made (nothing was sent).
             SinkConfigError: the server refused the credentials or the database,
                 or the tables cannot be created.
         """
@@ -97,7 +93,9 @@ class Session:
                     f"postgres sink {self.name} refused the connection: {text}; fix the user, "
                     "password or database in its url in the sink registry"
                 ) from None
-            raise NotConnectedError(f"cannot connect to {self.name}: {text}") from None
+            raise SinkUnavailableError(
+                f"cannot connect to {self.name}: {text}", sink=self.name
+            ) from None
         self._conn = conn
         if not self._schema_ready:
             self._create(conn, deadline)
@@ -115,7 +113,9 @@ class Session:
                     f"postgres sink {self.name} could not create its tables ({exc}); grant "
                     "the user CREATE, or create them and set create_schema false"
                 ) from None
-            raise NotConnectedError(f"creating the tables at {self.name}: {exc}") from None
+            raise SinkUnavailableError(
+                f"creating the tables at {self.name}: {exc}", sink=self.name
+            ) from None
         self._schema_ready = True
 
     def settle(self, conn: psycopg.Connection[Any], dog: Watchdog) -> None:

@@ -61,10 +61,6 @@ START_TIMEOUT_S = 30
 INSTALL_HINT = "install Debian's PostgreSQL server: apt-get install postgresql"
 
 
-class PostgresStartError(SinkStartError):
-    """The PostgreSQL server could not be set up or started; the message names the remedy."""
-
-
 def find_bin(name: str) -> Path:
     """The path of PostgreSQL program ``name`` (``initdb``, ``pg_ctl``, ``psql`` ...).
 
@@ -72,7 +68,7 @@ def find_bin(name: str) -> Path:
     version first).
 
     Raises:
-        PostgresStartError: when the program is nowhere (the message says to
+        SinkStartError: when the program is nowhere (the message says to
             install ``postgresql``).
     """
     found = shutil.which(name)
@@ -87,7 +83,7 @@ def find_bin(name: str) -> Path:
         candidate = Path(folder) / name
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
-    raise PostgresStartError(
+    raise SinkStartError(
         f"PostgreSQL program {name!r} not found on PATH or under /usr/lib/postgresql/*/bin; "
         f"{INSTALL_HINT}"
     )
@@ -99,7 +95,7 @@ def _as_server_user() -> list[str]:
         return []
     runuser = shutil.which("runuser")
     if runuser is None:
-        raise PostgresStartError(
+        raise SinkStartError(
             "running as root, and PostgreSQL refuses root: 'runuser' (util-linux) is needed "
             f"to run it as user {OS_USER!r}; install util-linux or run as a non-root user"
         )
@@ -108,7 +104,7 @@ def _as_server_user() -> list[str]:
 
         pwd.getpwnam(OS_USER)
     except KeyError:
-        raise PostgresStartError(
+        raise SinkStartError(
             f"running as root, and PostgreSQL refuses root: OS user {OS_USER!r} does not "
             f"exist; {INSTALL_HINT} (it creates the user) or run as a non-root user"
         ) from None
@@ -142,7 +138,7 @@ def _run(argv: list[str], what: str, log: Path | None = None, stdin: str | None 
         tail = ""
         if log is not None and log.exists():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise PostgresStartError(
+        raise SinkStartError(
             f"{what} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
             + (f"\nserver log:\n{tail}" if tail else "")
         )
@@ -232,7 +228,7 @@ class PostgresServer:
             This server, running.
 
         Raises:
-            PostgresStartError: the binaries are missing, or the cluster or
+            SinkStartError: the binaries are missing, or the cluster or
                 the server could not be made (the message quotes the server log).
         """
         if self._running:
@@ -246,7 +242,7 @@ class PostgresServer:
             port = self.port or free_port()
             try:
                 self._pg_ctl_start(port)
-            except PostgresStartError:
+            except SinkStartError:
                 # Another process may have taken a port chosen for us between
                 # the probe and the bind; a port given by the caller is not retried.
                 if self.port or attempt == 2:
@@ -313,7 +309,7 @@ class PostgresServer:
     def stop(self) -> None:
         """Stop the server and remove its folder; idempotent."""
         try:
-            with contextlib.suppress(PostgresStartError):
+            with contextlib.suppress(SinkStartError):
                 self.halt()
         finally:
             if self.folder is not None:

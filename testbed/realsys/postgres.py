@@ -20,9 +20,9 @@ creates that user) and the scratch folder is made over to it; otherwise they
 run as the current user.
 
 The first server of a process runs ``initdb`` once into a template folder
-(about 1--4 s); every server copies that template (a fraction of a second)
-and sets its own password, so starting one costs well under a second after
-the first. ``fsync`` is off: a crash of the server process loses nothing
+(a few seconds); every server copies that template and sets its own
+password, so starting one costs about a second after the first (copy,
+``pg_ctl start``, ``psql``). ``fsync`` is off: a crash of the server process loses nothing
 (the WAL is written to the OS before a commit returns), a crash of the
 machine may -- which a test cluster can afford.
 
@@ -38,6 +38,7 @@ import atexit
 import contextlib
 import glob
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -194,8 +195,12 @@ class PostgresServer:
     """One PostgreSQL server in a scratch folder (see the module docstring).
 
     Args:
-        database: the database to create (owned by role ``ledger``).
+        database: the database to create (owned by role ``ledger``; lower-case
+            letters, digits and ``_``).
         port: the TCP port on 127.0.0.1; default a free one.
+
+    Raises:
+        SinkStartError: when ``database`` is not such a name.
 
     Attributes:
         database: as given.
@@ -205,6 +210,11 @@ class PostgresServer:
     """
 
     def __init__(self, database: str = "ledger", *, port: int | None = None) -> None:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", database):
+            raise SinkStartError(
+                f"database name {database!r}: use lower-case letters, digits and '_' "
+                "(it is written into the SQL that creates it)"
+            )
         self.database = database
         self.port = port or 0
         self.folder: Path | None = None

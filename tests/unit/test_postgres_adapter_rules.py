@@ -22,7 +22,7 @@ def _server_error(sqlstate: str) -> psycopg.Error:
 def test_before_commit_nothing_can_have_committed() -> None:
     lost = psycopg.OperationalError("server closed the connection unexpectedly")
     for phase in ("book", "effect", "record"):
-        failure = classify(phase, lost, fired=False, timeout_s=2.0)  # type: ignore[arg-type]
+        failure = classify(phase, lost, fired=False, timeout_s=2.0)
         assert failure.verdict == "unavailable" and "no effect" in failure.detail
     timed_out = classify("effect", lost, fired=True, timeout_s=1.5)
     assert timed_out.verdict == "unavailable" and "no answer within 1.5 s" in timed_out.detail
@@ -111,3 +111,13 @@ def test_the_postgres_kind_opens_without_connecting_and_declares_no_reservations
 def test_a_url_that_is_no_dsn_is_a_configuration_error() -> None:
     with pytest.raises(SinkConfigError, match="not a PostgreSQL DSN"):
         PostgresAdapter("http://127.0.0.1:8123", {}, timeout_s=1.0)
+
+
+def test_the_test_server_names_the_remedy_when_postgresql_is_missing() -> None:
+    from ledger.errors import SinkStartError
+    from testbed.realsys.postgres import PostgresServer, find_bin
+
+    with pytest.raises(SinkStartError, match="apt-get install postgresql"):
+        find_bin("pg_no_such_program")
+    with pytest.raises(SinkStartError, match="lower-case"):
+        PostgresServer('ledger"; DROP')

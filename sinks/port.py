@@ -206,6 +206,7 @@ AdapterFactory = Callable[..., SinkPort]
 BUILTIN: dict[str, str] = {
     "http": "sinks.client:open_adapter",
     "reference": "sinks.client:open_adapter",
+    "postgres": "sinks.adapters.postgres:open_adapter",
 }
 
 

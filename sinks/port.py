@@ -204,6 +204,8 @@ AdapterFactory = Callable[..., SinkPort]
 BUILTIN: dict[str, str] = {
     "http": "sinks.client:open_adapter",
     "reference": "sinks.client:open_adapter",
+    "smtp": "sinks.adapters.smtp:open_adapter",
+    "http-idempotency-key": "sinks.adapters.idempotency_key:open_adapter",
 }
 
 

@@ -48,8 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from testbed.realsys.served import RealSystemProcess, write_port_file
-from testbed.sinks.gateway import bind_socket
+from testbed.realsys.served import RealSystemProcess, bind_local, write_port_file
 
 #: The environment variable holding the bearer token the API wants.
 TOKEN_ENV = "REALSYS_TOKEN"
@@ -361,7 +360,7 @@ def main(
         process_delay_ms=process_delay_ms,
         token=os.environ.get(TOKEN_ENV) or None,
     )
-    sock = bind_socket(port)
+    sock = bind_local(port)
     if port_file is not None:
         write_port_file(port_file, sock.getsockname()[1])
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=1)

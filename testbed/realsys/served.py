@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,25 @@ _PACKAGES_ROOT = Path(__file__).resolve().parents[2]
 
 #: Interval between polls of the port file (seconds).
 _POLL_S = 0.02
+
+
+def bind_local(port: int) -> socket.socket:
+    """Bind and listen on ``127.0.0.1:port`` (0: a free port; ``SO_REUSEADDR`` set, so a
+    restarted system takes its port back while old connections are in TIME_WAIT).
+
+    Raises:
+        OSError: if the port cannot be bound.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def write_port_file(path: Path, port: int) -> None:

@@ -34,8 +34,7 @@ from typing import Any
 import click
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from testbed.realsys.served import RealSystemProcess, write_port_file
-from testbed.sinks.gateway import bind_socket
+from testbed.realsys.served import RealSystemProcess, bind_local, write_port_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -165,7 +164,7 @@ def serve(port: int, port_file: Path | None, handler: _Handler) -> None:
     Raises:
         OSError: if the port cannot be bound.
     """
-    sock = bind_socket(port)
+    sock = bind_local(port)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     server = loop.run_until_complete(

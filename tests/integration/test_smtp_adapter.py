@@ -17,6 +17,7 @@ import pytest
 from ledger.contracts import EffectContract
 from ledger.errors import SinkConfigError
 from sinks.adapters.smtp import SmtpAdapter, message_id, operation_id_of
+from sinks.client import SubmitResult
 from sinks.port import SinkPort, capabilities_of, open_sink
 from sinks.registry import SinkEndpoint
 from testbed.realsys.smtp import SmtpServer
@@ -37,7 +38,7 @@ def adapter(url: str, *, timeout_s: float = 2.0, **config: object) -> SinkPort:
     return open_sink(endpoint, timeout_s=timeout_s)
 
 
-def submit(port: SinkPort, operation_id: str, account: str = "acct-1") -> object:
+def submit(port: SinkPort, operation_id: str, account: str = "acct-1") -> SubmitResult:
     return port.submit(operation_id, "digest", {"account": account}, None, "attempt", False)
 
 

@@ -207,6 +207,8 @@ BUILTIN: dict[str, str] = {
     "http": "sinks.client:open_adapter",
     "reference": "sinks.client:open_adapter",
     "postgres": "sinks.adapters.postgres:open_adapter",
+    "smtp": "sinks.adapters.smtp:open_adapter",
+    "http-idempotency-key": "sinks.adapters.idempotency_key:open_adapter",
 }
 
 

@@ -1,7 +1,6 @@
-"""Sink adapters: one module per kind of external system the ledger can act on.
-
-Each module offers ``open_adapter(endpoint, *, timeout_s)`` returning an object
-with the methods of :class:`sinks.port.SinkPort`, and declares what it can
-honestly offer as ``open_adapter.capabilities``; :data:`sinks.port.BUILTIN`
-names the ones this package ships.
-"""
+"""Sink adapters beyond the ledger's own HTTP protocol: each module reaches one
+kind of external system (an SMTP server, an HTTP API that follows the
+``Idempotency-Key`` header draft ...) and answers in the outcome vocabulary of
+:mod:`sinks.client`, through the port :mod:`sinks.port` describes. A module's
+``open_adapter(endpoint, *, timeout_s)`` is what :data:`sinks.port.BUILTIN`
+names for its kind."""

@@ -1,7 +1,4 @@
-"""Real external systems started for tests and game days (PostgreSQL ...).
-
-Each module starts one system the way its operators run it (the distribution's
-own binaries, a scratch folder, a private loopback port) and tears it down
-again, so a sink adapter is proved against the real thing rather than a
-stand-in.
-"""
+"""Real external systems the sink adapters are tried against (not the ledger's
+reference sinks): each runs as a child process that can be stopped or killed
+like a production system, and keeps what it received in a file that tests
+and game days read to count the effects the system holds."""

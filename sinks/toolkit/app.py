@@ -86,15 +86,16 @@ def render(
     """The protocol's response to a backend's outcome.
 
     Args:
-        route: ``submit``, ``readback``, ``reserve``, ``confirm``, ``cancel`` or ``hold``.
-        operation_id: the operation the request named.
+        route: ``submit``, ``readback``, ``reserve``, ``confirm``, ``cancel``,
+            ``hold`` or ``account``.
+        operation_id: the operation the request named (unused for ``account``).
         outcome: what the backend answered.
         token: the request's fencing token (named in an out-of-range refusal).
 
     Returns:
         The response; a 500 ``internal_error`` for an outcome the route cannot give.
     """
-    op = {"operation_id": operation_id}
+    op = {} if route == "account" else {"operation_id": operation_id}
     match outcome:
         case Committed() if route == "submit":
             body = {

@@ -8,31 +8,13 @@ toolkit (:func:`sinks.toolkit.create_sink_app`); this module is its backend
 the testbed's own admin routes:
 
 =========================================  =====================================================
-``POST /operations``                       submit an effect. 201 new effect, 200 idempotent
-                                           replay, 409 ``stale_fencing_token`` or
-                                           ``idempotency_key_reused``, 422 rejected (fault),
-                                           503 unavailable (fault), 504 outcome unknown
-                                           (timeout fault), 400 malformed request (see
-                                           "Refusals").
-``GET /operations/{operation_id}``         readback (``?fencing_token=N``). 200 committed,
-                                           404 absent, 409 ``stale_fencing_token``,
-                                           501 when the contract has no readback.
-``GET /accounts/{account}``                postcondition: credits of an account. 200, or 501
-                                           when the contract has no postcondition.
-``POST /reservations``                     try-confirm-cancel (``reservation: true``; else 501):
-                                           take a hold (a submit's body). 201 new hold, 200
-                                           the hold as it stands (held or confirmed); a
-                                           released hold is taken again under the same key.
-``POST /reservations/confirm``             ``{"operation_id", "fencing_token"}``: make the
-                                           held effect (200 ``confirmed``, again for a
-                                           confirmed one), 409 ``released``, 404 ``absent``.
-``POST /reservations/cancel``              release a hold (200 ``released``), 409 when it is
-                                           already ``confirmed``, 404 ``absent``.
-``GET /reservations/{operation_id}``       the hold: ``held``, ``confirmed``, ``released``
-                                           (``released_why``: ``cancelled`` or ``expired``),
-                                           or 404 ``absent``. A hold not confirmed within
-                                           ``reservation_hold_s`` (ledger clock) is released
-                                           by the sink itself (applied before every answer).
+``POST /operations`` ...                   the protocol, as the document says; an armed fault
+                                           makes a submit answer 422 (rejected), 503
+                                           (unavailable) or, after ``hang_s``, 504 (outcome
+                                           unknown, before or after the commit). A hold not
+                                           confirmed within ``reservation_hold_s`` (ledger
+                                           clock) is released by the sink itself, before
+                                           every answer that looks at it.
 ``POST /admin/faults``                     arm a fault; only when the testbed started the
                                            gateway with ``--fault-injection`` (else 404).
 ``GET /admin/effects``                     ``{"effects": {operation_id: n}, "total": n}``.
@@ -51,30 +33,18 @@ with the sink in ``sinks.json``). Without it, or with another, the answer is
 401 with a JSON body whose ``error`` is ``unauthenticated`` or
 ``invalid_token``; the token is compared in constant time.
 
-Refusals (each a JSON body ``{"error": ..., "detail": ...}``, never an effect;
-all but the last answered by the toolkit before the backend is asked):
-
-* 413 ``body_too_large``: a body over :data:`MAX_BODY_BYTES` (1 MiB).
-* 400 ``invalid_request``: bytes that are not UTF-8 JSON, JSON nested deeper
-  than :data:`MAX_JSON_DEPTH`, a body that is not an object, a missing field or
-  a field of the wrong type (``params`` as :class:`OperationParams`), an
-  operation ID or idempotency key outside the ledger's grammar
-  (:func:`ledger.identity.operation_id_problem`).
-* 400 ``idempotency_key_required`` / ``fencing_token_required``: a submit
-  without the ``Idempotency-Key`` header or the fencing token that the
-  contract promises to honour (``contract.idempotent``, ``contract.fencing``).
-* 400 ``parameter_digest_mismatch``: the ``parameter_digest`` is not the
-  digest of the submitted ``params``, ``action``, ``subject``, ``purpose``,
-  ``decision_version`` and this sink's name, recomputed with
-  :func:`ledger.identity.parameter_digest` in the version the digest names
-  (version 1, from releases before the sink was bound, omits the sink). 400,
-  not 409: the request contradicts itself; 409 is kept for conflicts with
-  what the sink already holds.
-* 400 ``fencing_token_out_of_range``: a negative token, one over ``2**63 - 1``,
-  or one more than :data:`MAX_TOKEN_STEP` above the highest seen for the
-  operation (0 when none); the ledger raises an operation's token by one per
-  resume, so such a token can only be an error, and accepting it would make
-  every later request of the operation stale (held in EFFECT_PENDING for ever).
+Refusals (each a JSON body ``{"error": ..., "detail": ...}``, never an
+effect) are the toolkit's, as the document lists them: 413
+``body_too_large`` (over :data:`MAX_BODY_BYTES`), 400 ``invalid_request``
+(not UTF-8 JSON, nested deeper than :data:`MAX_JSON_DEPTH`, a missing or
+mistyped field -- ``params`` as :class:`OperationParams` -- or an ID or key
+outside :func:`ledger.identity.operation_id_problem`),
+``idempotency_key_required`` / ``fencing_token_required`` (what the contract
+promises is missing), ``parameter_digest_mismatch`` (the digest recomputed
+for this sink's name differs: 400, not 409, as the request contradicts
+itself) and ``fencing_token_out_of_range`` (more than :data:`MAX_TOKEN_STEP`
+above the highest token seen, which only an error can send, and which would
+otherwise make every later request of the operation stale).
 
 Rules, in the order a submit applies them (after the refusals above):
 

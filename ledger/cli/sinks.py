@@ -1,10 +1,12 @@
-"""The sink registry from the command line: ``ledger sink register | list | show | adapters``.
+"""The sink registry from the command line: ``ledger sink register | list | show ...``.
 
+The commands: ``register``, ``list``, ``show``, ``adapters`` and ``openapi``.
 A sink is an external system the relay acts on, reached through an adapter
 (:mod:`sinks.port`). Its registry entry (``LEDGER_SINKS_FILE``, default
 ``LEDGER_RUN_DIR/sinks.json``) says which adapter, where the system answers,
-the adapter's settings and the effect contract the sink declares. The
-testbed adds ``ledger sink serve`` (a reference sink) to this group.
+the adapter's settings and the effect contract the sink declares. ``ledger
+sink openapi`` prints the protocol an ``http`` sink must serve. The testbed
+adds ``ledger sink serve`` (a reference sink) to this group.
 """
 
 from __future__ import annotations
@@ -335,6 +337,32 @@ def sink_check(
         )
     if not report.passed:
         raise click.exceptions.Exit(1)
+
+
+@sink_group.command("openapi")
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Write the document to FILE instead of standard output.",
+)
+def sink_openapi(output: Path | None) -> None:
+    """Print the OpenAPI 3.1 document of the protocol an ``http`` sink must serve.
+
+    It is what the ledger's http adapter sends and how it reads each answer;
+    sinks.toolkit serves it in front of a team's own backend.
+    """
+    from importlib.resources import files
+
+    document = files("sinks").joinpath("openapi.json").read_text(encoding="utf-8")
+    if output is None:
+        click.echo(document, nl=not document.endswith("\n"))
+        return
+    try:
+        output.write_text(document, encoding="utf-8")
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc}; choose another --output", EXIT_ERROR)
+    click.echo(f"the sink protocol's OpenAPI document written to {output}")
 
 
 COMMANDS: tuple[click.Command, ...] = (sink_group,)

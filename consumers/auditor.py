@@ -25,6 +25,7 @@ from consumers.stage import key_text, read_partition
 from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items
 from ledger.authn import Keyring, unverifiable
 from ledger.credentials import load_keyring
+from ledger.errors import LocalFileError
 from ledger.events import (
     Approval,
     ApprovalUse,
@@ -237,6 +238,7 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
         receipts,  # type: ignore[arg-type]
         sink_effects,
         provenance=provenance,
+        amount_fields=_amount_fields(settings),
     )
     report.started_at_ms = started_ms
     report.took_s = time.monotonic() - started
@@ -368,6 +370,21 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
         records=sum(s.count for s in scans.values()),
         displaced_states=dict(scans["state"].displaced),
     )
+
+
+def _amount_fields(settings: LedgerSettings) -> dict[str, str | None]:
+    """Sink -> the parameter holding its amount, from the sink registry.
+
+    An unreadable registry is logged and read as empty: every sink's amount
+    is then read from ``amount_minor`` (the ``compensation-bounds`` check
+    still runs).
+    """
+    try:
+        sinks = load_sinks(settings.sinks_path())
+    except LocalFileError as exc:
+        log.warning("auditor: %s; compensation amounts are read from amount_minor", exc)
+        return {}
+    return {name: endpoint.contract.amount_field for name, endpoint in sinks.items()}
 
 
 def _sink_effects(settings: LedgerSettings, states: dict[str, Event]) -> dict[str, int]:

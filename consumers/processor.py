@@ -27,9 +27,9 @@ resume's verification is always written: its answer carries the resume's
 recovery receipt.
 
 An intent that ``compensates`` another operation is decided with what the
-processor observed of the original (:meth:`Processor.compensation_facts`:
-its own table, or the original's partition of ``ledger.state`` when another
-processor owns it), journaled with the decision for replay.
+processor observed of the original and of its other compensations
+(:meth:`Processor.compensation_facts`: ``ledger.state`` with its own open
+transaction laid over it), journaled with the decision for replay.
 
 A state record that is refused on restore (its seal is missing or wrong, or
 it does not decode) and is the latest record of its key has displaced the
@@ -61,6 +61,7 @@ from consumers.stage import (
     seal_refusal_kind,
 )
 from ledger.authn import unverifiable
+from ledger.authority import DEFAULT_AMOUNT_FIELD
 from ledger.contracts import postcondition_request
 from ledger.errors import LedgerError, LocalFileError
 from ledger.events import (
@@ -76,16 +77,18 @@ from ledger.events import (
 from ledger.fold import (
     CompensationFacts,
     Decision,
+    account_of,
+    amount_of,
     decide,
     journal_entry,
+    priors_of,
     ref_of,
     replay_decisions,
 )
 from ledger.logs import bound_each
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
-from ledger.topics import partitions_for
-from ledger.topology import MISPLACED, TOPIC_BY_NAME, is_reserved_key, partition_for
+from ledger.topology import MISPLACED, is_reserved_key
 from ledger.tracing import annotate, trace_headers_of
 from ledger.upgrades import schema_versions
 from sinks.registry import RegistryFile
@@ -186,20 +189,25 @@ class Processor(Stage):
         return self.registry.problem(sink)
 
     def compensation_facts(self, intent: Intent) -> CompensationFacts:
-        """What the ledger knows of the original a compensation intent names.
+        """What the ledger knows of the original a compensation names, and of its compensations.
 
-        The original's state comes from this processor's own table when its
-        partition is assigned here (open transaction included); otherwise
-        from the last committed record for it on ``ledger.state`` (the one
-        partition its key lands on is read, ``read_committed``, seals checked:
-        a compensation's key differs from the original's, so it may sit on
-        another processor's partition). A stale read is safe: settled states
-        only move on to settled states, so an original seen settled stays
-        settled, and one not yet seen settled is refused (publish the
-        compensation again, under a new ID, once it has). The sink
-        registry gives the original's consequence class and whether the
-        compensation's sink is ``compensable``. The fold decides with these
-        facts; the journal keeps them for replay.
+        A compensation's key differs from its original's, and from its
+        siblings', so they may sit on other processors' partitions: every
+        partition of ``ledger.state`` is read (``read_committed``, seals
+        checked) for the original and for the other compensations of it,
+        and this processor's own decisions of the open transaction and
+        table are laid over what was read. Compensations are rare; the read
+        costs one pass over the compacted state topic each. A stale read is
+        safe for the original: settled states only move on to settled
+        states, so an original seen settled stays settled, and one not yet
+        seen settled is refused (publish the compensation again, under a
+        new ID, once it has). For the siblings it is what the auditor's
+        ``compensation-bounds`` check is for: two compensations of one
+        original decided at the same moment on two partitions each see the
+        other not yet (see DESIGN.md, "Effect contracts"). The sink registry
+        gives the original's consequence class, whether the compensation's
+        sink is ``compensable`` and where each sink's amount is. The fold
+        decides with these facts; the journal keeps them for replay.
 
         Args:
             intent: an intent whose ``compensates`` is set.
@@ -208,41 +216,36 @@ class Processor(Stage):
             The observed :class:`CompensationFacts`.
         """
         original = intent.compensates or ""
-        found = (
-            self.current(original) if original in self.states or original in self.pending else None
+        read: dict[str, OperationState] = {}
+
+        def load(rec: Record | None, msg: Message) -> None:
+            if rec is None or not isinstance(rec.event, OperationState):
+                read.pop(key_text(msg), None)  # a tombstone or another kind ends what was read
+                return
+            if rec.key == original or rec.event.compensates == original:
+                read[rec.key] = rec.event
+            else:
+                read.pop(rec.key, None)
+
+        read_partition(self.settings, "state", None, load, keyring=self.keyring, retry=self.retry)
+        for op in [*read, *self.pending]:
+            mine = self.current(op) if op in self.states or op in self.pending else None
+            if mine is not None and (op == original or mine.compensates == original):
+                read[op] = mine
+        found = read.pop(original, None)
+        read.pop(intent.operation_id, None)
+        log.info(
+            "processor: compensation %s: read %s from ledger.state: %s, %d other compensation(s)",
+            intent.operation_id,
+            original,
+            found.state if found is not None else "unknown",
+            len(read),
         )
-        if found is None:
-            latest: list[OperationState] = []
-
-            def load(rec: Record | None, msg: Message) -> None:
-                if (
-                    rec is not None
-                    and rec.key == original
-                    and isinstance(rec.event, OperationState)
-                ):
-                    latest[:] = [rec.event]
-
-            count = partitions_for(self.settings, TOPIC_BY_NAME["state"])
-            read_partition(
-                self.settings,
-                "state",
-                {partition_for(original, count)},
-                load,
-                keyring=self.keyring,
-                retry=self.retry,
-            )
-            found = latest[0] if latest else None
-            log.info(
-                "processor: compensation %s: read %s from ledger.state (not on this "
-                "processor's partitions): %s",
-                intent.operation_id,
-                original,
-                found.state if found is not None else "unknown",
-            )
         try:
             sinks = self.registry.current()
         except LedgerError:
             sinks = {}  # unreadable: the original's sink counts as unregistered (refused)
+        fields = {name: e.contract.amount_field for name, e in sinks.items()}
         original_sink = found.sink if found is not None else None
         endpoint = sinks.get(original_sink) if original_sink is not None else None
         own = sinks.get(intent.sink)
@@ -251,6 +254,16 @@ class Processor(Stage):
             original_sink=original_sink,
             consequence=endpoint.contract.consequence if endpoint is not None else None,
             compensable=own.contract.compensable if own is not None else False,
+            observed_scope=found is not None,
+            original_subject=found.subject if found is not None else None,
+            original_account=account_of(found.params_json) if found is not None else None,
+            original_amount_minor=(
+                amount_of(found.params_json, fields.get(found.sink, DEFAULT_AMOUNT_FIELD))[0]
+                if found is not None
+                else None
+            ),
+            amount_field=own.contract.amount_field if own is not None else DEFAULT_AMOUNT_FIELD,
+            prior=priors_of(original, read.values(), fields),
         )
 
     def verification_pointless(self, dispatch: Dispatch) -> bool:

@@ -37,7 +37,10 @@ and the evidence):
   receipt (or readback) and a postcondition readback (or a committed
   receipt that carries the one the relay read right after the effect);
 * ``recovery-receipt``: every resume produced a recovery receipt, and the
-  latest one per operation is present in ``ledger.recovery-receipts``.
+  latest one per operation is present in ``ledger.recovery-receipts``;
+* ``compensation-bounds``: every admitted compensation is of its original's
+  effect (same subject, same account, at most its amount), and the
+  admitted compensations of one original total at most its effect.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def audit(
     *,
     invariants: Mapping[str, Invariant] | None = None,
     provenance: Provenance | None = None,
+    amount_fields: Mapping[str, str | None] | None = None,
 ) -> AuditReport:
     """Check the ledger's invariants.
 
@@ -88,12 +92,16 @@ def audit(
         invariants: name -> check to run, in order (default: every
             registered invariant, :data:`INVARIANTS`).
         provenance: who wrote the records (``None``: seals not checked).
+        amount_fields: sink -> the parameter holding its amount, from the
+            sink registry (``None``: every sink reads ``amount_minor``).
 
     Returns:
         The report; ``violations`` is empty for a sound ledger, and holds the
         violations of each invariant in turn, in the order it found them.
     """
-    facts = gather(journal, states, dispatches, recovery_receipts, sink_effects, provenance)
+    facts = gather(
+        journal, states, dispatches, recovery_receipts, sink_effects, provenance, amount_fields
+    )
     report = AuditReport(operations=len(facts.operation_ids), journal_entries=len(facts.journal))
     report.sink_readback = sink_effects is not None
     report.sink_facts = len(sink_effects or {})

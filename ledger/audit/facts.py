@@ -101,6 +101,9 @@ class AuditInput:
             with the reason (left out of the replay).
         provenance: who wrote the records (``None``: authenticity was not
             checked, e.g. pure tests).
+        amount_fields: sink -> the parameter holding its amount, as its
+            contract in the sink registry names it (``None``: its effects
+            carry no amount); a sink not named reads ``amount_minor``.
     """
 
     journal: tuple[JournalEntry, ...]
@@ -118,6 +121,7 @@ class AuditInput:
     postconditions: frozenset[str]
     unreadable: tuple[tuple[JournalEntry, str], ...] = ()
     provenance: Provenance | None = None
+    amount_fields: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def gather(
@@ -127,6 +131,7 @@ def gather(
     recovery_receipts: Mapping[str, RecoveryReceipt],
     sink_effects: Mapping[str, int] | None = None,
     provenance: Provenance | None = None,
+    amount_fields: Mapping[str, str | None] | None = None,
 ) -> AuditInput:
     """Replay the journal once and gather the facts the invariants read.
 
@@ -138,6 +143,8 @@ def gather(
         sink_effects: effects each readback-capable sink holds per operation
             (``None`` when the sinks were not read).
         provenance: who wrote the records (see :class:`Provenance`).
+        amount_fields: sink -> the parameter holding its amount (see
+            :class:`AuditInput`; ``None``: every sink reads ``amount_minor``).
 
     Returns:
         The facts; see :class:`AuditInput`.
@@ -202,4 +209,5 @@ def gather(
         postconditions=frozenset(postconditions),
         unreadable=tuple(unreadable),
         provenance=provenance,
+        amount_fields=MappingProxyType(dict(amount_fields or {})),
     )

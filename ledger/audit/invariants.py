@@ -24,8 +24,12 @@ from ledger.events import (
     OperationState,
     Readback,
 )
-from ledger.fold import hop_names
+from ledger.fold import account_of, amount_of, hop_names
+from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
+
+#: The parameter holding a sink's amount when the audit is given no contract for it.
+DEFAULT_AMOUNT = "amount_minor"
 
 #: An invariant check: reads the facts, records what it finds.
 Invariant = Callable[[AuditInput, Findings], None]
@@ -474,6 +478,105 @@ def recovery_receipt(facts: AuditInput, found: Findings) -> None:
                 f"the resume at {generated[-1].receipt_id} has no recovery receipt in "
                 "ledger.recovery-receipts",
             )
+
+
+#: States of a compensation that was admitted and may have taken effect, or has.
+ADMITTED_EFFECT: frozenset[S] = IN_FLIGHT | {S.OUTCOME_VERIFIED}
+
+
+@invariant("compensation-bounds")
+def compensation_bounds(facts: AuditInput, found: Findings) -> None:
+    """Every admitted compensation is of its original's effect, and compensates it at most once.
+
+    Proves what the fold decides before a compensation may ask for admission
+    (:func:`ledger.fold.compensation.tally_refusal`) held for every
+    compensation the ledger holds past admission (``ADMITTED`` onwards,
+    however it got there: an earlier release, a writer with a stage's key):
+    per such compensation (one fact each) its original is in the ledger and
+    has the same subject and account, and its amount is at most the
+    original's; per original (one fact each) the admitted compensations
+    total at most its amount, counted in admission order (an original whose
+    amount cannot be read is compensated once). Amounts are read from the
+    parameter each sink's contract names (``facts.amount_fields``).
+
+    Args:
+        facts: the audit's facts (``states`` over ``replayed``, ``amount_fields``).
+        found: where the facts checked and violations are recorded.
+    """
+    held = {**facts.replayed, **facts.states}
+
+    def amount(st: OperationState) -> int | None:
+        return amount_of(st.params_json, facts.amount_fields.get(st.sink, DEFAULT_AMOUNT))[0]
+
+    by_original: dict[str, list[OperationState]] = defaultdict(list)
+    for op, st in sorted(held.items()):
+        if st.compensates is None or S(st.state) not in ADMITTED_EFFECT:
+            continue
+        found.check()
+        original = held.get(st.compensates)
+        if original is None:
+            found.violation(
+                op,
+                f"compensation of {st.compensates} admitted ({st.state}), but the ledger holds "
+                f"no operation {st.compensates}",
+            )
+            continue
+        by_original[st.compensates].append(st)
+        problem = _not_of_original(st, original, amount(st), amount(original))
+        if problem is not None:
+            found.violation(op, problem)
+    for name, admitted in sorted(by_original.items()):
+        found.check()
+        total = amount(held[name])
+        order = sorted(
+            admitted,
+            key=lambda c: (c.admitted_at_ms is None, c.admitted_at_ms or 0, c.operation_id),
+        )
+        first = order[0].operation_id
+        if total is None:
+            for extra in order[1:]:
+                found.violation(
+                    extra.operation_id,
+                    f"second compensation of {name} admitted ({extra.state}): {name} carries "
+                    f"no amount that can be read, so it is compensated once, and {first} "
+                    "compensates it first",
+                )
+            continue
+        running = 0
+        for c in order:
+            own = amount(c)
+            running += total if own is None else own
+            if running > total:
+                found.violation(
+                    c.operation_id,
+                    f"compensation of {name} admitted ({c.state}) beyond its effect: with "
+                    f"{first} (the first) and the others admitted before it, {running} minor "
+                    f"units are compensated of {name}'s {total}",
+                )
+
+
+def _not_of_original(
+    comp: OperationState, original: OperationState, own: int | None, total: int | None
+) -> str | None:
+    """Why an admitted compensation is not of its original's effect, or ``None``."""
+    name = original.operation_id
+    if comp.subject != original.subject:
+        return (
+            f"compensation of {name} admitted ({comp.state}) for subject {comp.subject}, but "
+            f"{name} was for subject {original.subject}"
+        )
+    mine, theirs = account_of(comp.params_json), account_of(original.params_json)
+    if mine != theirs:
+        return (
+            f"compensation of {name} admitted ({comp.state}) on account {mine or '(none)'}, but "
+            f"{name} was on account {theirs or '(none)'}"
+        )
+    if own is not None and total is not None and own > total:
+        return (
+            f"compensation of {name} admitted ({comp.state}) for {own} minor units, more than "
+            f"the {total} of {name}'s effect"
+        )
+    return None
 
 
 def _brief(state: OperationState | None) -> str:

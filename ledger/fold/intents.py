@@ -163,7 +163,13 @@ def _intent(
             compensates=intent.compensates,
         )
         if intent.compensates is not None:
-            refusal = compensation_refusal(op, intent.compensates, compensation)
+            refusal = compensation_refusal(
+                op,
+                intent.compensates,
+                compensation,
+                subject=intent.subject,
+                params_json=intent.params_json,
+            )
             if refusal is not None:
                 return _move(new, S.ABANDONED, ref, refusal, created=True)
         if intent.approval_id is None:

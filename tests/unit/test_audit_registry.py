@@ -34,6 +34,7 @@ NAMES = (
     "consume-once",
     "verified-evidence",
     "recovery-receipt",
+    "compensation-bounds",
 )
 
 A, B = "refund:a:v1", "refund:b:v1"
@@ -89,6 +90,8 @@ def test_a_corrupted_ledger_is_reported_only_under_registered_names() -> None:
     )
     states[A] = states[A].model_copy(update={"recovery_receipts": 5})  # state, recovery-receipt
     states[B] = states[B].model_copy(update={"state": S.OUTCOME_VERIFIED})  # verified-evidence
+    # ... and as a compensation of A for another subject: compensation-bounds
+    states[B] = states[B].model_copy(update={"compensates": A, "subject": "customer-9"})
     dispatches[B] = dispatches[B].model_copy(update={"fencing_token": 99})  # admission
 
     report = audit(journal, states, dispatches, receipts, {A: 2})  # single-effect

@@ -221,6 +221,7 @@ class _NoAnswer:
 
     sent: bool
     detail: str
+    cause: Exception | None = None
 
 
 @dataclass(frozen=True)
@@ -374,11 +375,11 @@ class SinkClient:
                 request = self._http.build_request(method, path, **kwargs)
                 response = self._http.send(request, stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}")
+                return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
             except httpx.TransportError as exc:
                 late = deadline.passed()
                 detail = deadline_detail(deadline) if late else f"{type(exc).__name__}: {exc}"
-                return _NoAnswer(sent=True, detail=detail)
+                return _NoAnswer(sent=True, detail=detail, cause=exc)
             try:
                 announced = response.headers.get("content-length", "")
                 if announced.isdigit() and int(announced) > self.max_response_bytes:
@@ -392,7 +393,9 @@ class SinkClient:
             except (httpx.TransportError, httpx.DecodingError) as exc:
                 late = deadline.passed()
                 detail = deadline_detail(deadline) if late else f"{type(exc).__name__}: {exc}"
-                return _NoAnswer(sent=True, detail=f"HTTP {response.status_code}, {detail}")
+                return _NoAnswer(
+                    sent=True, detail=f"HTTP {response.status_code}, {detail}", cause=exc
+                )
             finally:
                 response.close()
         if read.stopped is not None:

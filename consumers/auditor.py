@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
@@ -25,7 +26,7 @@ from consumers.stage import key_text, read_partition
 from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items
 from ledger.authn import Keyring, unverifiable
 from ledger.credentials import load_keyring
-from ledger.errors import LocalFileError
+from ledger.errors import LocalFileError, SinkConfigError, SinkError
 from ledger.events import (
     Approval,
     ApprovalUse,
@@ -40,6 +41,7 @@ from ledger.events import (
 from ledger.settings import LedgerSettings
 from ledger.signing import load_trusted, verify
 from ledger.topology import MISPLACED, TOPICS, is_reserved_key
+from sinks.limits import Deadline
 from sinks.port import open_sink
 from sinks.registry import load_sinks
 
@@ -230,7 +232,7 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
     dispatches = latest("dispatches", Dispatch)
     receipts = latest("recovery-receipts", RecoveryReceipt)
     provenance = _provenance(settings, scans)
-    sink_effects = _sink_effects(settings, states) if read_sinks else None
+    sink_effects, sink_unread = _sink_effects(settings, states) if read_sinks else (None, [])
     report = audit(
         journal,
         states,  # type: ignore[arg-type]
@@ -241,6 +243,7 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
         amount_fields=_amount_fields(settings),
     )
     report.started_at_ms = started_ms
+    report.sink_unread = sink_unread
     report.took_s = time.monotonic() - started
     report.offsets = {t: dict(scan.ends) for t, scan in scans.items()}
     report.replayed_records = [
@@ -387,21 +390,92 @@ def _amount_fields(settings: LedgerSettings) -> dict[str, str | None]:
     return {name: endpoint.contract.amount_field for name, endpoint in sinks.items()}
 
 
-def _sink_effects(settings: LedgerSettings, states: dict[str, Event]) -> dict[str, int]:
-    """Effects each readback-capable sink holds per operation."""
-    sink_effects: dict[str, int] = {}
+#: Deadlines of one sink's calls an audit spends on that sink in all: past them,
+#: the sink's remaining operations are left unread (and said so).
+AUDIT_SINK_CALLS = 10
+
+
+def _sink_effects(
+    settings: LedgerSettings, states: dict[str, Event]
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Effects each readback-capable sink holds per operation, and what could not be read.
+
+    Every sink is read in a lane of its own (at once), each call within the
+    sink's deadline and size cap (``LEDGER_SINK_TIMEOUT_S``,
+    ``LEDGER_SINK_MAX_RESPONSE_BYTES``), and each sink for at most
+    :data:`AUDIT_SINK_CALLS` deadlines in all. A sink that gives no answer
+    within a deadline is asked nothing more. So the audit ends within about
+    ``AUDIT_SINK_CALLS * sink_timeout_s`` whatever the sinks do.
+
+    Returns:
+        ``(operation -> effects held, unread)``: ``unread`` is ``[{"sink":
+        str, "operations": int, "reason": str}]``, one per sink whose
+        operations were not all read back.
+    """
     sinks = load_sinks(settings.sinks_path())
-    for op, state in states.items():
+    by_sink: dict[str, list[str]] = {}
+    for op, state in sorted(states.items()):
         assert isinstance(state, OperationState)
         endpoint = sinks.get(state.sink)
-        if endpoint is None or not endpoint.contract.readback:
-            continue
-        with closing(
-            open_sink(endpoint, timeout_s=settings.sink_timeout_s, name=state.sink)
-        ) as client:
-            result = client.readback(op, None)
-        if result.status == "committed":
-            sink_effects[op] = result.effects
-        elif result.status == "ambiguous":
-            log.warning("auditor: %s readback of %s gave no answer", state.sink, op)
-    return sink_effects
+        if endpoint is not None and endpoint.contract.readback:
+            by_sink.setdefault(state.sink, []).append(op)
+    if not by_sink:
+        return {}, []
+    with ThreadPoolExecutor(
+        max_workers=min(len(by_sink), 16), thread_name_prefix="audit-sink"
+    ) as pool:
+        futures = {
+            sink: pool.submit(_read_sink, settings, sinks[sink], sink, ops)
+            for sink, ops in by_sink.items()
+        }
+        answers = {sink: f.result() for sink, f in futures.items()}
+    effects: dict[str, int] = {}
+    unread: list[dict[str, Any]] = []
+    for _, (held, note) in sorted(answers.items()):
+        effects.update(held)
+        if note is not None:
+            unread.append(note)
+    return effects, unread
+
+
+def _read_sink(
+    settings: LedgerSettings, endpoint: Any, sink: str, ops: list[str]
+) -> tuple[dict[str, int], dict[str, Any] | None]:
+    """Read ``ops`` back at one sink, within its budget (see :func:`_sink_effects`)."""
+    budget = Deadline.start(AUDIT_SINK_CALLS * settings.sink_timeout_s)
+    held: dict[str, int] = {}
+    left = 0
+    reason = ""
+    try:
+        client = open_sink(
+            endpoint,
+            timeout_s=settings.sink_timeout_s,
+            name=sink,
+            max_response_bytes=settings.sink_max_response_bytes,
+        )
+    except SinkConfigError as exc:
+        return held, {"sink": sink, "operations": len(ops), "reason": exc.message}
+    with closing(client):
+        for i, op in enumerate(ops):
+            if budget.passed():
+                left, reason = (
+                    len(ops) - i,
+                    f"its {budget.budget_s:g} s budget of the audit ran out",
+                )
+                break
+            try:
+                result = client.readback(op, None)
+            except SinkError as exc:
+                left, reason = len(ops) - i, f"{type(exc).__name__}: {exc}"
+                break
+            if result.status == "committed":
+                held[op] = result.effects
+            elif result.status == "ambiguous":
+                log.warning("auditor: %s readback of %s gave no answer", sink, op)
+                if result.http_status is None:
+                    left, reason = len(ops) - i, f"no answer ({result.detail})"
+                    break
+    if not left:
+        return held, None
+    log.warning("auditor: %d operations not read back at %s: %s", left, sink, reason)
+    return held, {"sink": sink, "operations": left, "reason": reason[:500]}

@@ -22,7 +22,6 @@ anything is read; so is every read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import closing
 from typing import Any
 
 from confluent_kafka import Message
@@ -30,6 +29,7 @@ from confluent_kafka import Message
 from consumers.reader import current_states
 from consumers.relay import read_effect
 from consumers.retry import KafkaRetry, policy_for
+from consumers.sinkpool import PassGuard
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
 from ledger.credentials import load_keyring
@@ -157,6 +157,7 @@ def reconcile_once(
     retry.call(lambda: check_topics(settings), "topic check")
     results: list[dict[str, Any]] = []
     publisher = LedgerPublisher(settings, client_id="reconciler")
+    guarded: dict[str, PassGuard] = {}
     try:
         items = open_items(settings, retry)
         versions = attempted_versions(settings, {st.operation_id for st in items}, retry)
@@ -181,14 +182,27 @@ def reconcile_once(
                 status, detail, effect_id = "UNKNOWN", held, None
             else:
                 try:
-                    client = open_sink(endpoint, timeout_s=settings.sink_timeout_s, name=st.sink)
+                    client = guarded.get(st.sink) or guarded.setdefault(
+                        st.sink,
+                        PassGuard(
+                            open_sink(
+                                endpoint,
+                                timeout_s=settings.sink_timeout_s,
+                                name=st.sink,
+                                max_response_bytes=settings.sink_max_response_bytes,
+                            ),
+                            st.sink,
+                            settings.sink_timeout_s,
+                        ),
+                    )
                 except SinkConfigError as exc:
                     status, detail, effect_id = "UNKNOWN", exc.message, None
                 else:
-                    with closing(client):
-                        status, detail, effect_id = read_effect(
-                            client, endpoint.contract, st.operation_id, st.epoch
-                        )
+                    # Each call within the deadline; a sink that gave no answer
+                    # within one is asked nothing more in this run (UNKNOWN).
+                    status, detail, effect_id = read_effect(
+                        client, endpoint.contract, st.operation_id, st.epoch
+                    )
                 if status == "UNSUPPORTED":
                     detail = f"{st.sink} offers no readback: only a disposition can release it"
             publisher.publish_readback(
@@ -216,5 +230,7 @@ def reconcile_once(
                 }
             )
     finally:
+        for client in guarded.values():
+            client.close()
         publisher.close()
     return results

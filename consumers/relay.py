@@ -81,17 +81,22 @@ operating event, and at start it waits for a readable file
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
 from consumers.localfiles import LastGood, LastGoodClock, clock_refused_event
 from consumers.metrics import dispatch_outcome
+from consumers.sinkpool import PassGuard, run_per_sink
 from consumers.stage import Record, Stage, Writer, record_event
 from consumers.tables import IDLE_SETTLE_S, TableFollower
 from ledger.authority import admission_withdrawn, merge_approval, takes_over, version_in_force
@@ -280,6 +285,9 @@ class Relay(Stage):
                 f"unknown relay mode {self.settings.relay_mode!r}: use ledger or checkpoint-only"
             )
         self.mode = self.settings.relay_mode
+        #: Held for what the sink lanes share (:func:`~consumers.sinkpool.run_per_sink`):
+        #: the producer's transactions, the tables, the registry, the clock.
+        self._shared = threading.RLock()
         #: (key, operating event) to write with the next batch or, when idle,
         #: in a transaction of their own: local-file problems (key
         #: ``local-file``) and receipts its table refused (forged or
@@ -316,6 +324,7 @@ class Relay(Stage):
         self._manifest_read = False
         #: Dispatches whose final receipt is already committed.
         self.completed: set[str] = set()
+        #: sink -> its adapter, behind a :class:`~consumers.sinkpool.PassGuard`.
         self.clients: dict[str, SinkPort] = {}
         self._opened_for: dict[str, SinkEndpoint] = {}
         #: dispatch_id -> a dispatch waiting to try an unreachable sink again.
@@ -514,7 +523,8 @@ class Relay(Stage):
         Raises:
             LocalFileError: the registry is corrupted and was never read well.
         """
-        return self._registry.read().get(name)
+        with self._shared:
+            return self._registry.read().get(name)
 
     def _version_of(self, sink: str) -> int | None:
         """The sink's contract version in the registry now (``None``: unknown)."""
@@ -530,6 +540,10 @@ class Relay(Stage):
         An unreadable manifest counts as none (every change of contract
         version then holds what it meets) and is logged.
         """
+        with self._shared:
+            return self._read_manifest()
+
+    def _read_manifest(self) -> ReleaseManifest | None:
         if not self._manifest_read:
             self._manifest_read = True
             path = self.settings.release_manifest_file
@@ -609,14 +623,29 @@ class Relay(Stage):
         Raises:
             SinkConfigError: when the entry names an unknown adapter or an invalid config.
         """
-        client = self.clients.get(name)
-        if client is None or self._opened_for.get(name, endpoint) != endpoint:
-            if client is not None:
-                client.close()
-            client = open_sink(endpoint, timeout_s=self.settings.sink_timeout_s, name=name)
-            self.clients[name] = client
-        self._opened_for[name] = endpoint
-        return client
+        with self._shared:
+            client = self.clients.get(name)
+            if client is None or self._opened_for.get(name, endpoint) != endpoint:
+                if client is not None:
+                    client.close()
+                opened = open_sink(
+                    endpoint,
+                    timeout_s=self.settings.sink_timeout_s,
+                    name=name,
+                    max_response_bytes=self.settings.sink_max_response_bytes,
+                )
+                client = PassGuard(opened, name, self.settings.sink_timeout_s)
+                self.clients[name] = client
+            elif not isinstance(client, PassGuard):  # an adapter put there by hand (tests)
+                client = PassGuard(client, name, self.settings.sink_timeout_s)
+                self.clients[name] = client
+            self._opened_for[name] = endpoint
+            return client
+
+    def _now_ms(self) -> int:
+        """The relay's clock, read by one sink lane at a time."""
+        with self._shared:
+            return self.clock.now_ms()
 
     # ------------------------------------------------------------------ work
 
@@ -649,6 +678,9 @@ class Relay(Stage):
         one_by_one = {d.dispatch_id for d in fresh if self._marks_alone(d.sink)}
         self._mark_attempted([d for d in fresh if d.dispatch_id not in one_by_one], now)
         fresh_ids = {d.dispatch_id for d in fresh}
+        # Each sink's dispatches in order, the sinks' at once (consumers.sinkpool);
+        # a job runs in its record's context (its span and log fields).
+        jobs: list[tuple[str, Callable[[], object]]] = []
         for rec in bound_each(self.spans.each(records), lambda r: r.key):
             d = rec.event
             if not isinstance(d, Dispatch):
@@ -662,16 +694,26 @@ class Relay(Stage):
                 self.results[at] = []
             elif self.mode == "ledger" and d.kind == "EXECUTE" and d.dispatch_id in self.completed:
                 self.results[at] = []  # its receipt is in the ledger already
-            elif d.dispatch_id in one_by_one:
-                self._mark_attempted([d], now)
-                outputs = self._attempt(d, rec.partition, rec.offset, fresh=True)
-                if d.dispatch_id not in self.parked:
-                    self._commit_outputs(outputs)
-                    self.completed.add(d.dispatch_id)
-                self.results[at] = []
             else:
+                job = self._alone_job if d.dispatch_id in one_by_one else self._batch_job
+                ctx = contextvars.copy_context()
                 fresh_send = d.dispatch_id in fresh_ids
-                self.results[at] = self._attempt(d, rec.partition, rec.offset, fresh=fresh_send)
+                jobs.append((d.sink, partial(ctx.run, job, d, at, now, fresh_send)))
+        run_per_sink(jobs)
+
+    def _batch_job(self, d: Dispatch, at: tuple[int, int], now: int, fresh: bool) -> None:
+        """Perform ``d``; its outputs are written with the batch (see :meth:`handle`)."""
+        self.results[at] = self._attempt(d, at[0], at[1], fresh=fresh)
+
+    def _alone_job(self, d: Dispatch, at: tuple[int, int], now: int, fresh: bool) -> None:
+        """Mark ``d`` attempted, perform it and commit its receipt at once (a sink without
+        readback: a crash leaves ambiguous only the one request of its lane in flight)."""
+        self._mark_attempted([d], now)
+        outputs = self._attempt(d, at[0], at[1], fresh=True)
+        if d.dispatch_id not in self.parked:
+            self._commit_outputs(outputs)
+            self.completed.add(d.dispatch_id)
+        self.results[at] = []
 
     def idle(self) -> None:
         """Try parked dispatches whose backoff has passed (see :meth:`_retry_due`).
@@ -788,7 +830,7 @@ class Relay(Stage):
 
     def _unreached(self, d: Dispatch, exc: SinkNotReachedError, why: str) -> list[Output]:
         """The retry budget is spent: record what could not be sent, and say so."""
-        now = self.clock.now_ms()
+        now = self._now_ms()
         detail = f"{exc.detail}; {why}"
         log.error("relay: giving up on %s at %s: %s", d.dispatch_id, d.sink, detail)
         outcome: Output
@@ -835,6 +877,9 @@ class Relay(Stage):
                 dispatch whose outcome was lost is met again and read back).
         """
         self.down_now.clear()
+        for guard in self.clients.values():
+            if isinstance(guard, PassGuard):
+                guard.new_pass()
         now = time.monotonic()
         due = sorted((p for p in self.parked.values() if p.next_at <= now), key=lambda p: p.next_at)
         if not due or self.producer is None:
@@ -842,24 +887,14 @@ class Relay(Stage):
         if not self._still_a_member(between_batches=commit_offsets):
             return
         finished: list[tuple[Parked, list[Output]]] = []
-        any_done = False
+        done: list[Parked] = []
+        jobs: list[tuple[str, Callable[[], object]]] = []
         for p in bound_each(due, lambda p: p.dispatch.operation_id):
-            d = p.dispatch
-            self._receipts.settle(d.operation_id)  # refiled by a reassignment meanwhile
-            with self.spans.continued(d.operation_id, p.trace, "relay retry Dispatch"):
-                outputs = self._attempt(
-                    d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
-                )
-            if d.dispatch_id in self.parked:
-                continue
-            any_done = True
-            if self._marks_alone(d.sink):
-                # As for a first send: its receipt committed just after it.
-                with self.spans.of_operation(d.operation_id):
-                    self._commit_outputs(outputs)
-                self._done(p.dispatch)
-            else:
-                finished.append((p, outputs))
+            self._receipts.settle(p.dispatch.operation_id)  # refiled by a reassignment meanwhile
+            ctx = contextvars.copy_context()
+            jobs.append((p.dispatch.sink, partial(ctx.run, self._retry_job, p, finished, done)))
+        run_per_sink(jobs)
+        any_done = bool(done)
         if not any_done or not (finished or commit_offsets):
             self.spans.end()
             return
@@ -878,6 +913,26 @@ class Relay(Stage):
         self.spans.end()
         for p, _ in finished:
             self._done(p.dispatch)
+
+    def _retry_job(
+        self, p: Parked, finished: list[tuple[Parked, list[Output]]], done: list[Parked]
+    ) -> None:
+        """Try parked ``p`` again (a sink lane's job of :meth:`_retry_due`)."""
+        d = p.dispatch
+        with self.spans.continued(d.operation_id, p.trace, "relay retry Dispatch"):
+            outputs = self._attempt(
+                d, p.partition, p.offset, fresh=p.fresh, readback_on_resume=p.readback_on_resume
+            )
+        if d.dispatch_id in self.parked:
+            return
+        done.append(p)
+        if self._marks_alone(d.sink):
+            # As for a first send: its receipt committed just after it.
+            with self.spans.of_operation(d.operation_id):
+                self._commit_outputs(outputs)
+            self._done(p.dispatch)
+        else:
+            finished.append((p, outputs))
 
     def _still_a_member(self, *, between_batches: bool) -> bool:
         """Prove this relay still belongs to its group before parked dispatches are tried again.
@@ -949,11 +1004,12 @@ class Relay(Stage):
     def _commit_outputs(self, outputs: list[Output]) -> None:
         """Commit one dispatch's receipt at once (its offset follows with the batch)."""
         assert self.producer is not None
-        self.producer.begin_transaction()
-        out = self.writer()
-        for topic, key, event in outputs:
-            out.write(topic, key, event)
-        self._commit()
+        with self._shared:
+            self.producer.begin_transaction()
+            out = self.writer()
+            for topic, key, event in outputs:
+                out.write(topic, key, event)
+            self._commit()
 
     def _mark_attempted(self, dispatches: list[Dispatch], now: int) -> None:
         """Commit ATTEMPTED receipts: from here on these dispatches may have left.
@@ -970,6 +1026,10 @@ class Relay(Stage):
         """
         if not dispatches:
             return
+        with self._shared:
+            self._mark_attempted_now(dispatches, now)
+
+    def _mark_attempted_now(self, dispatches: list[Dispatch], now: int) -> None:
         assert self.producer is not None
         self.producer.begin_transaction()
         out = self.writer()
@@ -1052,7 +1112,7 @@ class Relay(Stage):
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             log.error("relay: %s failed: %s", d.dispatch_id, reason)
-            now = self.clock.now_ms()
+            now = self._now_ms()
             first = self.attempts.get(d.dispatch_id, now)
             detail = f"the request may have reached {d.sink}; it failed with {reason}"
             outcome: tuple[str, str, Event]
@@ -1088,7 +1148,7 @@ class Relay(Stage):
             ``UNKNOWN`` observation (readback, postcondition); and a
             ``SINK_AUTH_FAILED`` operating event.
         """
-        now = self.clock.now_ms()
+        now = self._now_ms()
         reason = (
             f"sink {d.sink} refused the relay's bearer token (HTTP {exc.http_status}); no effect "
             f"was made. Set the 'token' of {d.sink} in {self.settings.sinks_path()} to the token "
@@ -1111,7 +1171,7 @@ class Relay(Stage):
         self, d: Dispatch, *, fresh: bool, readback_on_resume: bool | None = None
     ) -> list[Output]:
         endpoint = self._endpoint(d.sink)
-        now = self.clock.now_ms()
+        now = self._now_ms()
         if endpoint is None:
             problem = self.registry.problem(d.sink) or f"sink {d.sink!r} is not registered"
             raise _not_sent(d, problem, "UNKNOWN_SINK", fresh, readback_on_resume)
@@ -1275,6 +1335,10 @@ class Relay(Stage):
         (authenticated records only), then applies the pure rule
         :func:`~ledger.authority.admission_withdrawn`.
         """
+        with self._shared:
+            return self._withdrawn_now(d)
+
+    def _withdrawn_now(self, d: Dispatch) -> str | None:
         if not self._authority_followed:
             self._approvals.follow(set(range(self.settings.partitions)))
             self._policy.follow({0})
@@ -1512,7 +1576,7 @@ class Relay(Stage):
                 "postcondition_status": status,
                 "postcondition_source": source,
                 "postcondition_detail": detail,
-                "postcondition_observed_at_ms": self.clock.now_ms(),
+                "postcondition_observed_at_ms": self._now_ms(),
             }
         )
         return (topic, key, checked)

@@ -96,8 +96,16 @@ class LedgerSettings(BaseSettings):
             takes to leave its group and close its clients (seconds); past it
             the process exits anyway, as after a crash (a librdkafka close can
             wait on an unreachable broker without end).
-        sink_timeout_s: HTTP timeout of relay calls to sinks (seconds); a call
-            that exceeds it is an ambiguous outcome.
+        sink_timeout_s: the overall deadline of every call to a sink by the
+            relay, the reconciler, the auditor and the console (seconds, from
+            the call's start to the last byte of its answer; not per read): a
+            submit that exceeds it is an ambiguous outcome, a readback
+            observes nothing. A sink that exceeds it is not asked again in the
+            relay's current pass: its other dispatches wait (parked) for their
+            next try, and dispatches to other sinks go on meanwhile.
+        sink_max_response_bytes: the most bytes of one answer from a sink
+            that are read (default 1 MiB); a longer answer is no answer (a
+            submit is ambiguous), and the rest of it is not read.
         sink_retry_attempts: tries in all of a request the relay could not
             deliver (connection refused, sink not registered) before it holds
             the operation for a person (default 6).
@@ -185,7 +193,8 @@ class LedgerSettings(BaseSettings):
     transaction_timeout_ms: int = 15000
     takeover_wait_s: float = 180.0
     stop_timeout_s: float = Field(default=30.0, gt=0)
-    sink_timeout_s: float = 2.0
+    sink_timeout_s: float = Field(default=2.0, gt=0)
+    sink_max_response_bytes: int = Field(default=1 << 20, ge=1024)
     sink_retry_attempts: int = Field(default=6, ge=1)
     sink_retry_backoff_s: float = Field(default=0.5, ge=0)
     sink_retry_max_backoff_s: float = Field(default=30.0, ge=0)

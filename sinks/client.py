@@ -27,6 +27,7 @@ module.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -39,6 +40,14 @@ from ledger.contracts import PostconditionQuery
 from ledger.errors import SinkAuthError, SinkError, SinkUnavailableError
 from ledger.errors import SinkProtocolError as SinkProtocolError  # re-exported: its old home
 from ledger.tracing import trace_headers, tracer
+from sinks.limits import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    Deadline,
+    bounded_transport,
+    deadline_detail,
+    read_capped,
+    within,
+)
 
 #: Spans of sink requests (the global tracer provider's, see :mod:`ledger.tracing`).
 _TRACER = tracer()
@@ -205,11 +214,27 @@ class AccountCredits:
 
 @dataclass(frozen=True)
 class _NoAnswer:
-    """A transport failure; ``sent`` is ``False`` when the request never left."""
+    """No (whole) answer: a transport failure, the deadline or the size cap.
+
+    ``sent`` is ``False`` when the request never left.
+    """
 
     sent: bool
     detail: str
-    cause: httpx.TransportError
+    cause: Exception | None = None
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A whole answer of at most the size cap: its status and body."""
+
+    status_code: int
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        """The body as text (undecodable bytes replaced)."""
+        return self.body.decode("utf-8", errors="replace")
 
 
 def postcondition_source(query: PostconditionQuery, subject: str) -> str:
@@ -227,9 +252,9 @@ def postcondition_source(query: PostconditionQuery, subject: str) -> str:
             return f"GET /accounts/{subject}"
 
 
-def _json(response: httpx.Response) -> dict[str, Any]:
+def _json(answer: _Answer) -> dict[str, Any]:
     try:
-        body = response.json()
+        body = json.loads(answer.body)
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
@@ -240,8 +265,11 @@ class SinkClient:
 
     Args:
         base_url: the sink's URL, e.g. ``http://127.0.0.1:8123``.
-        timeout_s: connect, read, write and pool timeout of every call
-            (seconds). A submit that exceeds it is ``ambiguous``.
+        timeout_s: the overall deadline of every call, from its start to the
+            last byte of its answer (seconds; not per read). A submit that
+            exceeds it is ``ambiguous``; a readback observes nothing.
+        max_response_bytes: the most bytes of one answer read (default 1 MiB);
+            a longer answer is no answer (a submit is ``ambiguous``).
         token: the sink's bearer token (from the sink registry), sent as
             ``Authorization: Bearer <token>`` on every call; ``None`` sends none.
         transport: an httpx transport to send through instead of the network
@@ -258,15 +286,17 @@ class SinkClient:
         *,
         token: str | None = None,
         transport: httpx.BaseTransport | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.max_response_bytes = max_response_bytes
         self.token = token
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self._http = httpx.Client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s),
-            transport=transport,
+            transport=transport if transport is not None else bounded_transport(),
             headers=headers,
         )
 
@@ -287,8 +317,15 @@ class SinkClient:
 
     def _send(
         self, method: str, path: str, *, operation_id: str | None = None, **kwargs: Any
-    ) -> httpx.Response | _NoAnswer:
-        """Send one request; translate every httpx transport failure once.
+    ) -> _Answer | _NoAnswer:
+        """Send one request and read its answer, within the deadline and the size cap.
+
+        The whole call -- connecting, sending, the answer's headers and body
+        -- ends within ``timeout_s`` of its start (an overall deadline, not
+        one per read: :mod:`sinks.limits`), and at most ``max_response_bytes``
+        of the answer are read. An answer cut short by either is no answer
+        (``sent=True``: the sink may have acted). Every httpx transport
+        failure is translated here, once.
 
         The request is sent in a client span (a child of the current span:
         the relay's span of the dispatch) and carries its W3C
@@ -311,27 +348,59 @@ class SinkClient:
             f"{method} {route}", kind=SpanKind.CLIENT, attributes=attributes
         ) as span:
             kwargs["headers"] = {**kwargs.get("headers", {}), **trace_headers()}
-            try:
-                response = self._http.request(method, path, **kwargs)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                span.set_status(Status(StatusCode.ERROR, f"not sent: {type(exc).__name__}"))
-                return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
-            except httpx.TransportError as exc:
-                span.set_status(Status(StatusCode.ERROR, f"no answer: {type(exc).__name__}"))
-                return _NoAnswer(sent=True, detail=f"{type(exc).__name__}: {exc}", cause=exc)
-            span.set_attribute("http.response.status_code", response.status_code)
-            if response.status_code >= 500:
-                span.set_status(Status(StatusCode.ERROR, f"HTTP {response.status_code}"))
-        if response.status_code in (401, 403):
+            answer = self._exchange(method, path, **kwargs)
+            if isinstance(answer, _NoAnswer):
+                why = "not sent" if not answer.sent else "no answer"
+                span.set_status(Status(StatusCode.ERROR, f"{why}: {answer.detail}"[:200]))
+                return answer
+            span.set_attribute("http.response.status_code", answer.status_code)
+            if answer.status_code >= 500:
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {answer.status_code}"))
+        if answer.status_code in (401, 403):
             raise SinkAuthError(
                 method,
                 path,
-                response.status_code,
-                response.text,
+                answer.status_code,
+                answer.text,
                 sink=self.base_url,
                 operation_id=operation_id,
             )
-        return response
+        return answer
+
+    def _exchange(self, method: str, path: str, **kwargs: Any) -> _Answer | _NoAnswer:
+        """One request and its capped answer, all within one deadline (see :meth:`_send`)."""
+        deadline = Deadline.start(self.timeout_s)
+        with within(deadline):
+            try:
+                request = self._http.build_request(method, path, **kwargs)
+                response = self._http.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
+            except httpx.TransportError as exc:
+                late = deadline.passed()
+                detail = deadline_detail(deadline) if late else f"{type(exc).__name__}: {exc}"
+                return _NoAnswer(sent=True, detail=detail, cause=exc)
+            try:
+                announced = response.headers.get("content-length", "")
+                if announced.isdigit() and int(announced) > self.max_response_bytes:
+                    return _NoAnswer(
+                        sent=True,
+                        detail=f"HTTP {response.status_code} announcing {announced} bytes, more "
+                        f"than the cap of {self.max_response_bytes} bytes "
+                        "(LEDGER_SINK_MAX_RESPONSE_BYTES); it was not read",
+                    )
+                read = read_capped(response.iter_bytes(), deadline, self.max_response_bytes)
+            except (httpx.TransportError, httpx.DecodingError) as exc:
+                late = deadline.passed()
+                detail = deadline_detail(deadline) if late else f"{type(exc).__name__}: {exc}"
+                return _NoAnswer(
+                    sent=True, detail=f"HTTP {response.status_code}, {detail}", cause=exc
+                )
+            finally:
+                response.close()
+        if read.stopped is not None:
+            return _NoAnswer(sent=True, detail=f"HTTP {response.status_code}, {read.stopped}")
+        return _Answer(response.status_code, read.body)
 
     def submit(
         self,
@@ -693,11 +762,19 @@ class SinkClient:
         return self.health_info() is not None
 
 
-def open_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
+def open_adapter(
+    endpoint: Any, *, timeout_s: float, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+) -> SinkClient:
     """The ``http`` adapter (:mod:`sinks.port`): a :class:`SinkClient` for a registry entry.
 
     Args:
         endpoint: the sink's :class:`~sinks.registry.SinkEndpoint` (``url``, ``token``).
-        timeout_s: the deadline of every call, in seconds.
+        timeout_s: the overall deadline of every call, in seconds.
+        max_response_bytes: the most bytes of one answer read.
     """
-    return SinkClient(endpoint.url, timeout_s=timeout_s, token=endpoint.token)
+    return SinkClient(
+        endpoint.url,
+        timeout_s=timeout_s,
+        token=endpoint.token,
+        max_response_bytes=max_response_bytes,
+    )

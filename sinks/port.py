@@ -33,12 +33,17 @@ Rules every adapter keeps (the relay's correctness rests on them):
   operation and reads it back; it never resubmits blindly.
 * ``rejected`` only when the system definitely made no effect.
 * Every call ends within the adapter's deadline (``timeout_s`` overall, not
-  per read).
+  per read), and reads at most ``max_response_bytes`` of an answer (a factory
+  that takes that keyword gets ``LEDGER_SINK_MAX_RESPONSE_BYTES``);
+  :mod:`sinks.limits` has the pieces (a deadline, a capped reader, an httpx
+  transport bounded by the deadline). A call stopped by either is
+  ``ambiguous`` (``sent`` stays ``True``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -293,13 +298,22 @@ def resolve_secrets(text: str, *, sink: str, environ: Mapping[str, str] | None =
     return _SECRET_REF.sub(_value, text)
 
 
-def open_sink(endpoint: Any, *, timeout_s: float, name: str = "") -> SinkPort:
+def open_sink(
+    endpoint: Any,
+    *,
+    timeout_s: float,
+    name: str = "",
+    max_response_bytes: int | None = None,
+) -> SinkPort:
     """Open the adapter a sink registry entry names, its secrets resolved.
 
     Args:
         endpoint: the sink's :class:`~sinks.registry.SinkEndpoint`.
         timeout_s: the overall deadline of every call, in seconds.
         name: the sink's name, for messages.
+        max_response_bytes: the most bytes of one answer an adapter reads
+            (:mod:`sinks.limits`); passed to factories that take a
+            ``max_response_bytes`` keyword (``None``: the adapter's default).
 
     Returns:
         The adapter, ready to call.
@@ -315,4 +329,16 @@ def open_sink(endpoint: Any, *, timeout_s: float, name: str = "") -> SinkPort:
             "token": None if endpoint.token is None else resolve_secrets(endpoint.token, sink=who),
         }
     )
-    return adapter_factory(endpoint.adapter)(resolved, timeout_s=timeout_s)
+    factory = adapter_factory(endpoint.adapter)
+    if max_response_bytes is not None and _takes(factory, "max_response_bytes"):
+        return factory(resolved, timeout_s=timeout_s, max_response_bytes=max_response_bytes)
+    return factory(resolved, timeout_s=timeout_s)
+
+
+def _takes(factory: AdapterFactory, keyword: str) -> bool:
+    """Whether ``factory`` accepts the keyword argument ``keyword``."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == keyword or p.kind is p.VAR_KEYWORD for p in parameters)

@@ -223,6 +223,10 @@ class AuditReport:
             "reason"}``): they may be authentic evidence, so the audit cannot
             say the ledger is clean while any is left; every operation they
             cover is an open item (state ``UNVERIFIABLE``).
+        sink_unread: what sink readback could not read (``{"sink",
+            "operations": how many were left unread, "reason"}``): a sink
+            that gave no answer within its deadline, or ran out of its share
+            of the audit, is asked nothing more.
     """
 
     operations: int = 0
@@ -240,6 +244,7 @@ class AuditReport:
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     open_items: list[OpenItem] = field(default_factory=list)
     unverifiable_records: list[dict[str, Any]] = field(default_factory=list)
+    sink_unread: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -303,7 +308,8 @@ class AuditReport:
             ``{"operations": int, "journal_entries": int, "verdict": str,
             "ran_at": ISO 8601 UTC | None, "ran_at_ms": int | None, "took_s":
             float | None, "coverage": {"sink_readback": bool, "facts": int,
-            "ledger_facts": int, "sink_facts": int | None}, "offsets": {topic:
+            "ledger_facts": int, "sink_facts": int | None, "sink_unread":
+            [{"sink", "operations", "reason"}]}, "offsets": {topic:
             {partition (str): end offset}}, "open_items": [OpenItem.to_dict()],
             "checked": {invariant: facts checked}, "violations": [{"invariant":
             str, "operation_id": str | None, "evidence": str}],
@@ -328,6 +334,7 @@ class AuditReport:
                 "facts": self.facts,
                 "ledger_facts": self.facts - self.sink_facts,
                 "sink_facts": self.sink_facts if self.sink_readback else None,
+                "sink_unread": list(self.sink_unread),
             },
             "offsets": {
                 t: {str(p): end for p, end in sorted(parts.items())}

@@ -1033,6 +1033,11 @@ def audit_lines(report: Any) -> list[str]:
             else "none against sink readback (--no-sinks: sinks not read back)"
         ),
     ]
+    for unread in report.sink_unread:
+        lines.append(
+            f"not read back at {unread['sink']}: {unread['operations']} operation(s) "
+            f"({unread['reason']}); their facts were checked against the ledger only"
+        )
     for v in report.violations:
         lines.append(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
     items = report.open_items

@@ -19,7 +19,7 @@ from typing import Any
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states, policy_effective_at, read_topic
-from ledger.errors import LedgerError
+from ledger.errors import LedgerError, ScenarioError
 from ledger.events import (
     Approval,
     Claim,
@@ -248,8 +248,14 @@ class GameDay:
         self.harness.arm(f.seam, f.operation_id or "*", f.times)
 
     def _step_sink_fault(self, f: SinkFault) -> None:
+        real = self.harness.real_sinks.get(f.sink)
+        if real is not None:
+            real.arm(f.operation_id, f.mode, f.latency_ms)
+            return
+        if f.mode in ("reset", "slow"):  # the parser allows them only on real systems
+            raise ScenarioError(f"sink_fault {f.mode!r} needs a sink with an adapter")
         with self.harness.sinks[f.sink].client() as client:
-            client.arm_fault(f.operation_id, f.mode)
+            client.arm_fault(f.operation_id, f.mode)  # type: ignore[arg-type]
 
     def _step_run(self, r: Run) -> None:
         self.harness.start_all(self.instances)
@@ -324,7 +330,10 @@ class GameDay:
         state = self.state(s.operation_id)
         sink = self.harness.sinks.get(state.sink)
         if sink is None:
-            raise LedgerError(f"stale_dispatch: sink {state.sink!r} is not running")
+            raise LedgerError(
+                f"stale_dispatch: sink {state.sink!r} is not a running reference sink "
+                "(a real system behind an adapter cannot take it yet)"
+            )
         token = state.epoch - 1
         with sink.client() as client:
             result = stale_dispatch(client, sink.contract, state, token, s.worker, self.publisher)
@@ -397,6 +406,9 @@ class GameDay:
         stale = 0
         released = 0
         holds: dict[str, str] = {}
+        for real in self.harness.real_sinks.values():
+            for op, n in real.effects().items():
+                effects[op] = effects.get(op, 0) + n
         for sink in self.harness.sinks.values():
             with sink.client() as client:
                 for op, n in client.effects().items():
@@ -488,9 +500,12 @@ class GameDay:
                 can_sign(self.publisher, self.settings, "gameday")
                 self.publisher.publish_policy(self.scenario.policy_version, "gameday", 0)
             for name, spec in self.scenario.sinks.items():
-                self.harness.start_sink(
-                    name, spec.contract, hang_s=2 * self.settings.sink_timeout_s
-                )
+                if spec.adapter == "reference":
+                    self.harness.start_sink(
+                        name, spec.contract, hang_s=2 * self.settings.sink_timeout_s
+                    )
+                else:
+                    self.harness.start_real_sink(name, spec.adapter, spec.contract, spec.config)
             for n, step in enumerate(self.scenario.steps):
                 self.say(f"  step {n}: {step.kind}")
                 self.step(step.kind, step.args)

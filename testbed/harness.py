@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -41,6 +41,7 @@ from producers.publisher import LedgerPublisher
 from sinks.client import SinkClient, SubmitResult
 from sinks.registry import SinkEndpoint, load_sinks, save_sinks
 from testbed import faults
+from testbed.realsinks import RealSink
 from testbed.sinks.process import SinkProcess
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class Harness:
         self._pause_firings_seen = 0
         self._logs: dict[str, IO[bytes]] = {}
         self.sinks: dict[str, SinkProcess] = {}
+        #: Real systems behind adapters (game-day format v3), by sink name.
+        self.real_sinks: dict[str, RealSink] = {}
         self._group_consumers: dict[str, Consumer] = {}
         self._lso_consumer: Consumer | None = None
         #: component -> environment variables of its processes on top of the
@@ -143,6 +146,19 @@ class Harness:
         self.sinks[name] = sink
         registry = load_sinks(self.settings.sinks_path())
         registry[name] = SinkEndpoint(url=sink.url, contract=contract, token=sink.token)
+        save_sinks(self.settings.sinks_path(), registry)
+        return sink
+
+    def start_real_sink(
+        self, name: str, adapter: str, contract: EffectContract, config: dict[str, Any] | None
+    ) -> RealSink:
+        """Start the real system behind adapter ``adapter`` and register it (through its
+        fault proxy) for the relay; see :mod:`testbed.realsinks`."""
+        sink = RealSink(name, adapter, contract, config, self.run_dir, self.settings.sink_timeout_s)
+        self.real_sinks[name] = sink
+        endpoint = sink.start()
+        registry = load_sinks(self.settings.sinks_path())
+        registry[name] = endpoint
         save_sinks(self.settings.sinks_path(), registry)
         return sink
 
@@ -527,6 +543,8 @@ class Harness:
             log.close()
         for sink in self.sinks.values():
             sink.stop()
+        for real in self.real_sinks.values():
+            real.stop()
         self._drop_clients()
 
     def log_tail(self, lines: int = 30) -> str:

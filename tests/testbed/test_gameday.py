@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from consumers.reader import read_topic
-from ledger.events import Dispatch, EffectReceipt, Intent, JournalEntry, decode_event
+from ledger.events import Dispatch, EffectReceipt, Intent, JournalEntry, Readback, decode_event
 from ledger.settings import LedgerSettings
+from sinks.registry import load_sinks
 from testbed import broker
 from testbed.gameday import GameDay, check
 from testbed.scenario import ScenarioError, load, parse
@@ -32,14 +33,7 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
-AWAITING = {
-    stem: "issue 27: format 3 (a sink's real system behind an adapter, faults on the wire)"
-    for stem in (
-        "s15-postgres-lost-response",
-        "s16-smtp-ambiguous-send-held",
-        "s17-idempotency-key-api-reset-then-keyed-retry",
-    )
-}
+AWAITING: dict[str, str] = {}
 PARAMS = [
     pytest.param(p, marks=pytest.mark.xfail(reason=AWAITING[p.stem], strict=False))
     if p.parent == PUBLIC and p.stem in AWAITING
@@ -153,6 +147,41 @@ def _versions_travel_and_the_hold_names_them(game: GameDay, report: dict[str, An
     assert not [r for r in receipts if r.status == "COMMITTED" and r.on_resume]
 
 
+def _adapter_of(game: GameDay, sink: str) -> str:
+    return load_sinks(game.settings.sinks_path())[sink].adapter
+
+
+def _lost_commit_answer_read_back_from_postgres(game: GameDay, report: dict[str, Any]) -> None:
+    """The relay reached PostgreSQL through the wire fault: its answer lost, it read the
+    row back (no second submit), and the database holds one credit."""
+    assert _adapter_of(game, "payments") == "postgres"
+    assert not game.harness.sinks  # no reference gateway ran
+    readbacks = [
+        r.event
+        for r in read_topic(game.settings, "readbacks")
+        if isinstance(r.event, Readback) and r.event.kind == "EFFECT"
+    ]
+    assert [(r.status, r.operation_id) for r in readbacks] == [("COMMITTED", "refund:s15:v1")]
+    assert not [r for r in _receipts(game) if r.status == "COMMITTED"]  # its answer never came
+    assert game.harness.real_sinks["payments"].effects() == {"refund:s15:v1": 1}
+
+
+def _late_smtp_answer_held_and_not_sent_again(game: GameDay, report: dict[str, Any]) -> None:
+    """The SMTP server took the message; its late answer made the send ambiguous, held."""
+    assert _adapter_of(game, "mailer") == "smtp"
+    statuses = [r.status for r in _receipts(game) if r.status != "ATTEMPTED"]
+    assert statuses and set(statuses) == {"AMBIGUOUS"}, statuses
+    assert game.harness.real_sinks["mailer"].effects() == {"notify:s16:v1": 1}
+
+
+def _reset_then_replayed_under_the_same_key(game: GameDay, report: dict[str, Any]) -> None:
+    """The reset left the send ambiguous; the resubmit under the same key was replayed."""
+    assert _adapter_of(game, "payments") == "http-idempotency-key"
+    committed = [r for r in _receipts(game) if r.status == "COMMITTED"]
+    assert len(committed) == 1 and committed[0].on_resume, committed  # the resubmit's
+    assert game.harness.real_sinks["payments"].effects() == {"refund:s17:v1": 1}
+
+
 #: Evidence beyond a scenario's own expectations, checked after it ran (by file stem).
 EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
     "g19-stalled-owner-fenced": _stalled_owner_was_fenced,
@@ -162,6 +191,10 @@ EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
         _cancelled_on_policy_then_confirmed
     ),
     "u02-upgrade-hold-names-both-versions": _versions_travel_and_the_hold_names_them,
+    # public ones: the real systems behind adapters (format 3)
+    "s15-postgres-lost-response": _lost_commit_answer_read_back_from_postgres,
+    "s16-smtp-ambiguous-send-held": _late_smtp_answer_held_and_not_sent_again,
+    "s17-idempotency-key-api-reset-then-keyed-retry": _reset_then_replayed_under_the_same_key,
 }
 
 
@@ -179,7 +212,7 @@ def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
     assert set(report["totals"]) >= {"duplicate_effects", "unknown_outcomes_open"}
     if any(s.kind == "audit" for s in scenario.steps):
         assert report["audit"]["violations"] == 0
-    if path.parent == OWN and path.stem in EVIDENCE:
+    if path.stem in EVIDENCE:
         EVIDENCE[path.stem](game, report)
 
 
@@ -330,7 +363,7 @@ def test_format_2_expectations_can_fail() -> None:
             "steps[9].scale: instances",
         ),
         (lambda d: d["steps"].append({"scale": {"component": "relay"}}), "missing key 'instances'"),
-        (lambda d: d.update(format=3), "format"),
+        (lambda d: d.update(format=4), "format"),
         (
             lambda d: d["steps"][0]["approve"]["scope"].update(colour="red"),
             "unknown key 'scope.colour'",

@@ -1,0 +1,242 @@
+"""Real systems behind a game day's sinks (format v3): started, faulted on the wire, counted.
+
+A scenario's sink that names an ``adapter`` other than ``reference`` gets the
+real system that adapter speaks to, started on loopback for the run:
+
+=========================  ===================================================
+``postgres``               Debian's PostgreSQL server (:mod:`testbed.realsys.postgres`)
+``smtp``                   an aiosmtpd server (:mod:`testbed.realsys.smtp`)
+``http-idempotency-key``   a refunds API per the Idempotency-Key draft
+                           (:mod:`testbed.realsys.keyed_api`)
+=========================  ===================================================
+
+The relay reaches it through a fault proxy (:mod:`sinks.wire`), so a
+``sink_fault`` is injected on the wire and the adapter runs unmodified. The
+sink registry names the adapter, the proxy's address and the adapter's
+config (the scenario's, or the defaults here for the scenario's actions: a
+refund credits the account named in ``params``, an email is one message).
+``effects`` count what the real system itself holds per operation: rows, messages,
+refunds. ``reject`` and ``unavailable`` are the real system's own refusals
+and are not injected on the wire; a scenario that asks for them on a real
+system is refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from ledger.contracts import EffectContract
+from ledger.errors import ScenarioError
+from sinks.registry import SinkEndpoint
+from sinks.wire import WIRE_MODES, FaultProxy
+
+#: Where a commit shows on the wire, per adapter (see :mod:`sinks.wire`).
+COMMIT_POINTS: dict[str, bytes | None] = {
+    "postgres": b"COMMIT",
+    "smtp": b"\r\n.\r\n",
+    "http-idempotency-key": None,
+}
+
+
+class RealSink:
+    """One real system, its fault proxy and its registry entry.
+
+    Args:
+        name: the sink's name in the scenario.
+        adapter: ``postgres``, ``smtp`` or ``http-idempotency-key``.
+        contract: the contract the scenario declares.
+        config: the adapter's config from the scenario, or ``None`` for the defaults.
+        run_dir: the run folder (the system's files go under ``real-sinks/NAME``).
+        timeout_s: the relay's per-call deadline (late answers are held past it).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        adapter: str,
+        contract: EffectContract,
+        config: dict[str, Any] | None,
+        run_dir: Path,
+        timeout_s: float,
+    ) -> None:
+        self.name = name
+        self.adapter = adapter
+        self.contract = contract
+        self.config = config
+        self.folder = run_dir / "real-sinks" / name
+        self.timeout_s = timeout_s
+        self.pid: int | None = None  # no stage-like process of the testbed's to watch
+        self.proxy: FaultProxy | None = None
+        self._system: Any = None
+        self._token: str | None = None
+        self._url = ""
+        self._held: dict[str, int] | None = None  # what the system held when it stopped
+
+    # ------------------------------------------------------------------ life
+
+    def start(self) -> SinkEndpoint:
+        """Start the system and its proxy; the registry entry that reaches it.
+
+        Raises:
+            SinkStartError: when the system cannot be started (the message names why).
+        """
+        self.folder.mkdir(parents=True, exist_ok=True)
+        config: dict[str, Any]
+        if self.adapter == "postgres":
+            from testbed.realsys.postgres import PostgresServer
+
+            pg = PostgresServer(database="ledger_sink").start()
+            self._system = pg
+            self._url = pg.dsn
+            target = ("127.0.0.1", pg.port)
+            config = {}
+        elif self.adapter == "smtp":
+            from testbed.realsys.smtp import SmtpServer
+
+            smtp = SmtpServer(self.folder, self.name).start()
+            self._system = smtp
+            self._url = smtp.url
+            target = ("127.0.0.1", smtp.port)
+            config = {}
+        elif self.adapter == "http-idempotency-key":
+            from testbed.realsys.keyed_api import KeyedApiServer
+
+            api = KeyedApiServer(
+                self.folder, self.name, retention_s=max(1, self.contract.key_retention_s)
+            ).start()
+            self._system = api
+            self._url = api.url
+            self._token = api.token
+            target = ("127.0.0.1", api.port)
+            config = {"submit": {"method": "POST", "path": "/refunds"}}
+            if self.contract.readback:
+                config["readback_path"] = "/refunds/by-operation/{operation_id}"
+            if self.contract.postcondition_query() is not None:
+                config["postcondition_path"] = "/accounts/{subject}"
+        else:
+            raise ScenarioError(f"sink {self.name}: no real system for adapter {self.adapter!r}")
+        self.proxy = FaultProxy(*target).start()
+        return SinkEndpoint(
+            url=self._proxied(self._url, self.proxy.port),
+            contract=self.contract,
+            token=self._token,
+            adapter=self.adapter,
+            config=self.config if self.config is not None else config,
+        )
+
+    @staticmethod
+    def _proxied(url: str, port: int) -> str:
+        head, _, rest = url.partition("://")
+        userinfo, _, hostpart = rest.rpartition("@")
+        path = hostpart[hostpart.find("/") :] if "/" in hostpart else ""
+        netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{port}"
+        return f"{head}://{netloc}{path}"
+
+    def stop(self) -> None:
+        """Stop the proxy and the system (its folder stays, for the record); what the
+        system held is kept, so :meth:`effects` still answers."""
+        if self.proxy is not None:
+            self.proxy.close()
+        if self._system is not None and self._held is None:
+            with contextlib.suppress(Exception):
+                self._held = self.effects()
+            with contextlib.suppress(Exception):
+                self._system.stop()
+
+    def is_running(self) -> bool:
+        """``True`` while the system runs."""
+        system = self._system
+        if system is None:
+            return False
+        running = getattr(system, "running", None)
+        if isinstance(running, bool):
+            return running
+        return bool(system.is_running())
+
+    # ------------------------------------------------------------------ faults
+
+    def arm(self, operation_id: str, mode: str, latency_ms: int = 0) -> None:
+        """Arm a game day's ``sink_fault`` on the wire for ``operation_id``.
+
+        Raises:
+            ScenarioError: for a mode the wire cannot inject (``reject``, ``unavailable``).
+        """
+        assert self.proxy is not None
+        if mode not in WIRE_MODES:
+            raise ScenarioError(
+                f"sink_fault {mode!r} on {self.name} ({self.adapter}): a real system refuses "
+                f"in its own way, which this runner cannot arm yet; faults on the wire are "
+                f"{', '.join(WIRE_MODES)}"
+            )
+        self.proxy.arm(
+            operation_id.encode(),
+            mode,  # type: ignore[arg-type]
+            commit_point=COMMIT_POINTS.get(self.adapter),
+            hold_s=2 * self.timeout_s + 1,
+            latency_ms=latency_ms,
+        )
+
+    # ------------------------------------------------------------------ counts
+
+    def effects(self) -> dict[str, int]:
+        """Operation -> how many effects the real system holds for it (held at its stop)."""
+        if self._held is not None:
+            return dict(self._held)
+        counts: dict[str, int] = {}
+        if self.adapter == "postgres":
+            import psycopg
+
+            with psycopg.connect(self._url, connect_timeout=5) as db:
+                try:
+                    rows = db.execute(
+                        "SELECT operation_id, count(*) FROM ledger_credits GROUP BY operation_id"
+                    ).fetchall()
+                except psycopg.errors.UndefinedTable:  # the adapter never made an effect
+                    return {}
+            return {str(op): int(n) for op, n in rows}
+        if self.adapter == "smtp":
+            for message in self._system.store.messages():
+                op = message.get("operation_id")
+                if op:
+                    counts[op] = counts.get(op, 0) + 1
+            return counts
+        for refund in self._system.store.refunds():
+            counts[refund["operation_id"]] = counts.get(refund["operation_id"], 0) + 1
+        return counts
+
+    def client(self) -> RealSinkView:
+        """What the game day asks of a sink (the reference sink's client's shape)."""
+        return RealSinkView(self)
+
+
+class RealSinkView:
+    """A real sink seen as the game day sees a reference sink's client."""
+
+    def __init__(self, sink: RealSink) -> None:
+        self.sink = sink
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def effects(self) -> dict[str, int]:
+        """Operation -> effects held by the real system."""
+        return self.sink.effects()
+
+    def stats(self) -> dict[str, int]:
+        """No counters: a real system keeps none of the reference sink's."""
+        return {}
+
+    def arm_fault(self, operation_id: str, mode: str, latency_ms: int = 0) -> None:
+        """Arm a fault on the wire (see :meth:`RealSink.arm`)."""
+        self.sink.arm(operation_id, mode, latency_ms)

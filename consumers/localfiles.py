@@ -240,7 +240,8 @@ class LastGoodClock:
             max_behind_ms=self._behind_ms,
             max_ahead_ms=self._ahead_ms,
         )
-        self._last, self._last_at = verdict.now_ms, mono
+        if verdict.keep:
+            self._last, self._last_at = verdict.now_ms, mono
         if verdict.accepted:
             if self.refusing is not None:
                 log.warning(

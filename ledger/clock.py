@@ -200,12 +200,18 @@ class ClockVerdict:
             time; the witness when the reading was accepted on its word),
             ``None`` for a first reading.
         reason: why it was refused (``None`` when accepted).
+        keep: whether ``now_ms`` may be kept as the time the stage last decided
+            with. ``False`` only for the fail-closed ceiling of a first reading
+            that was refused: deciding with it once is safe (every limit has
+            passed), keeping it would latch the stage there, as no later sane
+            reading could come close to it.
     """
 
     accepted: bool
     now_ms: int
     reference_ms: int | None
     reason: str | None = None
+    keep: bool = True
 
 
 def judge_reading(
@@ -245,7 +251,9 @@ def judge_reading(
        expected time yet (the stage's first reading), the stage decides
        with the witness, or else with ``ceiling_ms``: fail closed, every
        time limit counts as passed until a sane reading comes (never 0,
-       which would make every approval current).
+       which would make every approval current). That ceiling is never kept
+       as the stage's time (``keep`` is ``False``), so the next sane reading
+       is a first reading again and is accepted.
     2. A first reading (``last_ms`` is ``None``) is accepted.
     3. A reading from ``max_behind_ms`` behind to ``max_ahead_ms`` ahead of
        the expected time is accepted; time never goes back, so ``now_ms``
@@ -281,6 +289,7 @@ def judge_reading(
             fallback,
             expected,
             f"reading {reading_ms} ms is outside 0..{ceiling_ms} ms (year 3000)",
+            keep=expected is not None or witness_ms is not None,
         )
     sane_witness = witness_ms is not None and 0 <= witness_ms <= ceiling_ms
     if sane_witness and reading_ms < (witness_ms or 0) - max_behind_ms:

@@ -85,7 +85,7 @@ def test_a_clock_behind_the_records_time_is_refused_even_from_the_start() -> Non
 def test_a_first_reading_past_the_ceiling_fails_closed() -> None:
     """No time known yet: every limit counts as passed (never 0, which would make all current)."""
     assert judge(FAR, last=None) == ClockVerdict(
-        False, CEILING_MS, None, judge(FAR, last=None).reason
+        False, CEILING_MS, None, judge(FAR, last=None).reason, keep=False
     )
     assert judge(FAR, last=None, witness=1_700_000_000_000).now_ms == 1_700_000_000_000
     assert judge(-1, last=None).now_ms == CEILING_MS
@@ -187,6 +187,24 @@ def test_the_stage_clock_refuses_reports_once_and_recovers(tmp_path: Path) -> No
     manual.set_ms(FAR)
     clock.now_ms()
     assert len(refused) == 2  # a new run of refusals is reported again
+
+
+def test_a_far_future_first_reading_decides_closed_once_and_never_latches(tmp_path: Path) -> None:
+    """The attacker's order (new-user trial): the clock file holds 2^62 ms before the stage
+    first reads it. That reading decides with the ceiling (every limit has passed), but the
+    ceiling is not kept: the sane readings after it are the stage's time again."""
+    manual = ManualClock(tmp_path / "clock")
+    refused: list[tuple[int, ClockVerdict]] = []
+    clock = LastGoodClock(
+        manual, component="test", kind="manual", on_refused=lambda r, v: refused.append((r, v))
+    )
+    manual.set_ms(FAR)
+    assert clock.now_ms() == CEILING_MS and [r for r, _ in refused] == [FAR]
+    assert judge(FAR, last=None).keep is False
+    manual.set_ms(200_000)
+    assert clock.now_ms() == 200_000 and clock.refusing is None
+    manual.advance(10)
+    assert clock.now_ms() == 210_000
 
 
 def test_the_system_clock_decides_with_its_monotonic_time_while_refusing() -> None:

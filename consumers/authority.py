@@ -113,6 +113,8 @@ class AuthorityKernel(Stage):
         self.unverifiable: dict[str, str] = {}
         #: a policy record this kernel cannot verify: every request is held.
         self.unverifiable_policy: str | None = None
+        #: the offset of the latest such record: a verified change after it lifts the hold.
+        self._unverifiable_policy_offset = -1
         self._last_catch_up = 0.0
         # Followed lazily: a restart files every approval and use by key, and
         # a key's signatures are verified when a request names it (settle).
@@ -304,6 +306,17 @@ class AuthorityKernel(Stage):
             self._refuse_policy(rec, key, reason)
             return
         self.policy_change = rec.event
+        if self.unverifiable_policy is not None and rec.offset > self._unverifiable_policy_offset:
+            # An operator with a trusted key set the policy after the record nobody
+            # can verify: that change decides (a replayed old change cannot: it does
+            # not supersede the one in force, so it is refused above).
+            log.warning(
+                "authority: %s no longer holds admissions: policy version %d set by %s after it",
+                self.unverifiable_policy,
+                rec.event.version,
+                rec.event.set_by,
+            )
+            self.unverifiable_policy = None
 
     def _refuse_policy(self, rec: Record, key: str, reason: str) -> None:
         """A policy change that does not take over: logged, and a ``BAD_INPUT`` operating event."""
@@ -377,11 +390,21 @@ class AuthorityKernel(Stage):
         self.unverifiable.setdefault(key, f"{topic}:{msg.partition()}:{msg.offset()} {problem}")
 
     def _unverifiable_policy(self, key: str, msg: Message, problem: str) -> None:
-        """A policy record this kernel cannot verify holds every request (fail closed)."""
+        """A policy record this kernel cannot verify holds every request (fail closed).
+
+        It may be a genuine change whose operator key was lost (read as absent,
+        approvals it retired would admit again), or a record of a key nobody ever
+        held. Either way the hold lasts until the key is restored or an operator
+        sets the policy again with a trusted key: a verified change later in the
+        topic than every unverifiable one decides (see :meth:`_apply_policy`).
+        """
+        self._unverifiable_policy_offset = max(self._unverifiable_policy_offset, msg.offset() or 0)
         if self.unverifiable_policy is None:
             self.unverifiable_policy = f"policy:{msg.partition()}:{msg.offset()} {problem}"
             log.error(
-                "authority: %s: every admission is held until the key is restored",
+                "authority: %s: every admission is held until the key is restored or an "
+                "operator sets the policy again ('ledger policy set N --by OPERATOR' with a "
+                "version above the one in force)",
                 self.unverifiable_policy,
             )
 

@@ -657,6 +657,23 @@ def policy_show(as_json: bool) -> None:
             + instant_text(in_force.effective_at_ms, now)
             + " on the ledger clock"
         )
+    from ledger.cli.stages import held_on_this_host
+
+    for stage, (_, sample) in sorted(held_on_this_host(settings).items()):
+        held = sample.get(POLICY_HOLD)
+        if held is not None:
+            version = settings.policy_version if in_force is None else in_force.version
+            click.echo(
+                f"HELD: {stage} holds every admission on a policy record it cannot verify "
+                f"({held}); restore the keys it was sealed with, or set the policy again "
+                f"with a trusted key: ledger policy set {version + 1} --by OPERATOR",
+                err=True,
+            )
+            raise click.exceptions.Exit(EXIT_ERROR)
+
+
+#: The key under which the authority kernel's status file names a held policy.
+POLICY_HOLD = "(policy: every approval)"
 
 
 @policy_group.command("set")

@@ -239,6 +239,12 @@ def status_cmd(as_json: bool) -> None:
                 f"{name} (this host): HOLDING {count} key(s) on evidence its keys cannot verify "
                 f"({shown}); restore the keys folder the ledger's records were sealed with, "
                 "then restart it"
+                + (
+                    "; a policy record nobody can verify is lifted by setting the policy "
+                    "again with a trusted key (see `ledger policy show`)"
+                    if "(policy: every approval)" in sample
+                    else ""
+                )
             )
     if not all(st.live for st in stages) or held:
         raise click.exceptions.Exit(EXIT_ERROR)

@@ -32,18 +32,27 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from consumers.auditor import run_audit
 from consumers.reader import current_states, read_topic
 from consumers.stage import Record, read_partition
-from ledger.authn import ROLE_AUTHORITY, MacKey, SigningKey, seal_headers
+from ledger.authn import ROLE_AUTHORITY, ROLE_OPERATOR, MacKey, SigningKey, seal_headers
+from ledger.authority import policy_key
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.credentials import keys_dir, provision_keys
-from ledger.events import AdmissionDecision, ApprovalUse, Event, OperatingEvent
+from ledger.events import (
+    AdmissionDecision,
+    Approval,
+    ApprovalUse,
+    Event,
+    OperatingEvent,
+    PolicyChange,
+)
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from ledger.topology import partition_for
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness, settings_env
+from testbed.people import can_sign
 from tests.helpers import replay
-from tests.integration.test_stages import PARAMS, approve, publish
+from tests.integration.test_stages import PARAMS, REVIEWER, approve, publish
 
 pytestmark = pytest.mark.integration
 
@@ -291,3 +300,48 @@ def test_a_decision_copied_from_another_ledger_admits_nothing_there(
         theirs.stop()
         harness.stop()
         _drop_topics(other)
+
+
+def test_a_policy_record_of_an_untrusted_operator_is_lifted_by_a_trusted_change(
+    ledger_settings: LedgerSettings,
+) -> None:
+    """A policy change sealed by a key nobody trusts holds every admission (it may be a
+    genuine change whose key was lost) until an operator with a trusted key sets the
+    policy again; then admissions under that policy flow (new-user trial: nothing lifted
+    the hold, and `ledger policy show` said nothing of it)."""
+    settings = ledger_settings
+    with _one_refund_verified(settings, "ap-a", "ap-b") as (harness, pub):
+        mallory = SigningKey(
+            "mallory", Ed25519PrivateKey.generate(), ROLE_OPERATOR, settings.ledger_identity
+        )
+        change = PolicyChange(version=7, set_by="mallory", effective_at_ms=1)
+        _produce(settings, "policy", policy_key(change), change, mallory)
+        publish(pub, SECOND, approval="ap-b")
+        harness.wait_quiescent(90)
+        states = current_states(settings)
+        assert states[SECOND].state != S.OUTCOME_VERIFIED, states[SECOND]
+        assert harness.effects("payments", SECOND) == 0
+        shown = _ledger(settings, "policy", "show")
+        assert shown.returncode == 1 and "ledger policy set 2 --by" in shown.stderr, shown
+        # The remedy: a trusted operator sets the policy again; a reviewer approves under it.
+        can_sign(pub, settings, "ops")
+        pub.publish_policy(2, "ops", 2)
+        pub.publish_approval(
+            REVIEWER.sign(
+                Approval(
+                    approval_id="ap-c",
+                    reviewer="rev",
+                    policy_version=2,
+                    expires_at_ms=1_000_000,
+                    scope_subject="customer-1",
+                    scope_max_amount_minor=9000,
+                    granted_at_ms=0,
+                ),
+                ledger_id=settings.ledger_identity,
+            )
+        )
+        publish(pub, THIRD, approval="ap-c")
+        harness.wait_quiescent(90)
+        assert current_states(settings)[THIRD].state == S.OUTCOME_VERIFIED
+        assert harness.effects("payments", THIRD) == 1
+        assert _ledger(settings, "policy", "show").returncode == 0

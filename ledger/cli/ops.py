@@ -730,7 +730,7 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
     --json: {"topic_prefix", "operations": [state, ...]}, each state as
     OPERATION alone prints it. An operation not in the ledger exits 5.
     """
-    from consumers.reader import current_states
+    from consumers.reader import current_states, read_latest
 
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
@@ -739,6 +739,14 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
         _no_authentic_state(settings)
     if operation_id is not None:
         st = states.get(operation_id)
+        if st is None and operation_id in read_latest(settings, "state", authentic=False):
+            fail(
+                f"operation {operation_id!r} is in the ledger, but its state record cannot be "
+                "verified with the keys here (LEDGER_KEYS_DIR): it is held, not absent. Restore "
+                "the keys folder the ledger's records were sealed with; `ledger audit` lists "
+                "what it cannot verify",
+                EXIT_ERROR,
+            )
         if st is None:
             fail(
                 f"no operation {operation_id!r} in the ledger (topic prefix "

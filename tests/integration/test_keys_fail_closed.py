@@ -194,6 +194,8 @@ def test_lost_keys_start_nothing_and_a_consumed_approval_pays_nothing_twice(
         assert said.returncode == 1, said.stdout + said.stderr
         assert "processor-0 (this host): HOLDING" in said.stdout, said.stdout
         assert "authority-0 (this host): HOLDING" in said.stdout, said.stdout
+        shown = _ledger(settings, "state", FIRST)  # held, never shown as absent
+        assert shown.returncode == 1 and "held, not absent" in shown.stderr, shown
 
         report = run_audit(settings, read_sinks=False)
         assert not report.clean and report.verdict.startswith("NOT VERIFIED"), report.verdict

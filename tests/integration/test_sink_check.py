@@ -127,3 +127,92 @@ def test_an_adapter_that_claims_idempotency_but_changes_its_key_fails_it(
     detail = next(c["detail"] for c in report["claims"] if c["claim"] == "idempotent")
     assert "2 effects" in detail
     assert verdicts["ambiguity-is-reported"] == "holds"
+
+
+# ---------------------------------------------------------------- the other adapters
+
+
+def _check_endpoint(
+    root: Path, endpoint: SinkEndpoint, name: str = "payments"
+) -> tuple[int, dict[str, Any]]:
+    registry = root / f"sinks-{endpoint.adapter}.json"
+    save_sinks(registry, {name: endpoint})
+    result = CliRunner().invoke(
+        main,
+        ["sink", "check", name, "--json"],
+        env={
+            "LEDGER_RUN_DIR": str(root),
+            "LEDGER_SINKS_FILE": str(registry),
+            "LEDGER_SINK_TIMEOUT_S": "1.0",
+        },
+    )
+    assert result.output.strip(), result
+    return result.exit_code, json.loads(result.output)
+
+
+def test_the_postgres_adapter_keeps_its_claims_on_a_real_database(
+    tmp_path: Path,
+) -> None:
+    from testbed.realsys.postgres import PostgresServer
+
+    contract = PAYMENT_GATEWAY.model_copy(update={"key_retention_s": 604_800})
+    with PostgresServer(database="sink_check") as db:
+        endpoint = SinkEndpoint(url=db.dsn, contract=contract, adapter="postgres")
+        code, report = _check_endpoint(tmp_path, endpoint)
+    verdicts = _verdicts(report)
+    assert code == 0, report
+    for claim in ("commits", "ambiguity-is-reported", "idempotent", "key-reuse-refused"):
+        assert verdicts[claim] == "holds", (claim, report)
+    for claim in ("readback", "fencing", "postcondition"):
+        assert verdicts[claim] == "holds", (claim, report)
+
+
+def test_the_smtp_adapter_claims_nothing_and_reports_every_lost_answer(tmp_path: Path) -> None:
+    from ledger.contracts import EffectContract
+    from testbed.realsys.smtp import SmtpServer
+
+    server = SmtpServer(tmp_path).start()
+    try:
+        contract = EffectContract(consequence="reversible-external", amount_field=None)
+        endpoint = SinkEndpoint(url=server.url, contract=contract, adapter="smtp")
+        code, report = _check_endpoint(tmp_path, endpoint, "mailer")
+    finally:
+        server.stop()
+    verdicts = _verdicts(report)
+    assert code == 0, report
+    assert verdicts["commits"] == "holds" and verdicts["ambiguity-is-reported"] == "holds"
+    assert {verdicts[c] for c in ("idempotent", "readback", "fencing")} == {"untested"}
+    # every probe reached the server: one message each, none sent twice by the check
+    counts = [server.store.count(m["operation_id"]) for m in server.store.messages()]
+    assert counts and set(counts) == {1}
+
+
+def test_the_idempotency_key_adapter_keeps_its_claims_on_a_real_api(tmp_path: Path) -> None:
+    from ledger.contracts import EffectContract
+    from testbed.realsys.keyed_api import KeyedApiServer
+
+    api = KeyedApiServer(tmp_path).start()
+    try:
+        contract = EffectContract(
+            idempotent=True, readback=True, postcondition=True, key_retention_s=86_400
+        )
+        endpoint = SinkEndpoint(
+            url=api.url,
+            contract=contract,
+            token=api.token,
+            adapter="http-idempotency-key",
+            config={
+                "submit": {"method": "POST", "path": "/refunds"},
+                "readback_path": "/refunds/by-operation/{operation_id}",
+                "postcondition_path": "/accounts/{subject}",
+            },
+        )
+        code, report = _check_endpoint(tmp_path, endpoint)
+    finally:
+        api.stop()
+    verdicts = _verdicts(report)
+    assert code == 0, report
+    for claim in ("commits", "ambiguity-is-reported", "idempotent", "key-reuse-refused"):
+        assert verdicts[claim] == "holds", (claim, report)
+    assert verdicts["readback"] == "holds" and verdicts["postcondition"] == "holds"
+    assert verdicts["fencing"] == "untested"

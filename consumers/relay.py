@@ -114,6 +114,7 @@ from ledger.contracts import (
 )
 from ledger.delivery import (
     MAX_HOLD_ROUNDS,
+    MUTATING,
     READBACK_STATUS,
     Observed,
     Send,
@@ -1266,7 +1267,22 @@ class Relay(Stage):
                 return outputs
             if send.seam is not None:
                 self.hooks.seam(send.seam, d.operation_id)
-            answer, attempt_id = self._request(d, client, contract, send)
+            try:
+                answer, attempt_id = self._request(d, client, contract, send)
+            except SinkConfigError as exc:
+                # The adapter refused its own configuration before sending (a
+                # template, a credential, a table): nothing left, so this is
+                # parked and retried like a request that never left, then held
+                # with the remedy, never recorded as "may have reached" the sink.
+                request: Literal["submit", "readback"] = (
+                    "submit" if send.request in MUTATING and not history else "readback"
+                )
+                raise SinkNotReachedError(
+                    exc.message,
+                    kind="UNKNOWN_SINK",
+                    request=request,
+                    on_resume=bool(history) or not fresh,
+                ) from exc
             history.append(Observed.of(send.request, answer, resubmit=send.resubmit))
         raise LedgerError(
             f"delivery of {d.dispatch_id} did not end after {len(history)} requests "

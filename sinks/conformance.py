@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from ledger.errors import LedgerError
 from ledger.identity import parameter_digest
 from sinks.client import SubmitResult
 from sinks.port import SinkPort, open_sink
@@ -63,6 +64,14 @@ COMMIT_POINTS: dict[str, bytes | None] = {
     "postgresql": b"COMMIT",
     "postgres": b"COMMIT",
     "smtp": b"\r\n.\r\n",
+}
+
+
+#: A probe's method name -> its claim's name, where they differ.
+CLAIM_NAMES = {
+    "ambiguity": "ambiguity-is-reported",
+    "key-reuse": "key-reuse-refused",
+    "retention": "key-retention",
 }
 
 
@@ -236,7 +245,11 @@ class SinkCheck:
                 self._postcondition,
                 self._retention,
             ):
-                result = claim()
+                try:
+                    result = claim()
+                except LedgerError as exc:  # the adapter refused: that claim fails, say why
+                    name = claim.__name__.strip("_").replace("_", "-")
+                    result = ClaimResult(CLAIM_NAMES.get(name, name), "fails", exc.message)
                 self.say(f"{result.verdict.upper():<9} {result.claim}: {result.detail}")
                 report.results.append(result)
                 if result.claim in ("answers", "commits") and result.verdict == "fails":
@@ -261,7 +274,7 @@ class SinkCheck:
         result = self._submit(op, self._params())
         if result.status == "committed":
             return ClaimResult("commits", "holds", f"{op} committed as {result.effect_id}")
-        return ClaimResult("commits", "fails", f"{op}: {result.status} ({result.detail[:200]})")
+        return ClaimResult("commits", "fails", f"{op}: {result.status} ({result.detail[:600]})")
 
     def _ambiguity(self) -> ClaimResult:
         seen = []
@@ -279,7 +292,7 @@ class SinkCheck:
                     "ambiguity-is-reported",
                     "fails",
                     f"{mode}: the system committed {op} but the adapter answered "
-                    f"{result.status!r} ({result.detail[:200]}); only 'ambiguous' is safe",
+                    f"{result.status!r} ({result.detail[:600]}); only 'ambiguous' is safe",
                 )
             seen.append(mode)
         return ClaimResult("ambiguity-is-reported", "holds", f"ambiguous under {', '.join(seen)}")
@@ -291,20 +304,61 @@ class SinkCheck:
         if not fired:
             return ClaimResult("idempotent", "untested", "no fault could be injected")
         again = self._submit(op, self._params())
-        effects = self._effects(op)
         if again.status != "committed":
             return ClaimResult(
                 "idempotent", "fails", f"the resubmit of {op} answered {again.status!r}"
             )
-        if effects is not None and effects != 1:
+        ones, doubts, unknown = self._count_effects(op, again.effect_id)
+        if doubts:
             return ClaimResult(
                 "idempotent",
                 "fails",
-                f"{op}: the system holds {effects} effects after a lost response and a "
-                "resubmit under the same key",
+                f"after a lost response and a resubmit under the same key: {'; '.join(doubts)}",
             )
-        counted = "one effect read back" if effects == 1 else "effects not countable"
-        return ClaimResult("idempotent", "holds", f"resubmit replayed ({counted})")
+        if ones:
+            return ClaimResult("idempotent", "holds", f"resubmit replayed ({', '.join(ones)})")
+        return ClaimResult(
+            "idempotent",
+            "untested",
+            "the effects could not be counted ("
+            + ("; ".join(unknown) or "no readback or postcondition query")
+            + "): the resubmit committed, but one effect is unproven",
+        )
+
+    def _count_effects(
+        self, op: str, effect_id: str | None
+    ) -> tuple[list[str], list[str], list[str]]:
+        """What the system shows of ``op``'s effects: (one effect seen by, more than one seen
+        by, could not count because), from its readback and its postcondition query."""
+        assert self.port is not None
+        ones: list[str] = []
+        doubts: list[str] = []
+        unknown: list[str] = []
+        if self.contract.readback:
+            rb = self.port.readback(op, None)
+            if rb.status != "committed":
+                unknown.append(f"readback answered {rb.status!r}, not the committed effect")
+            elif rb.effects > 1:
+                doubts.append(f"readback counts {rb.effects} effects")
+            elif rb.effect_id and effect_id and rb.effect_id != effect_id:
+                doubts.append(
+                    f"readback names effect {rb.effect_id}, the resubmit {effect_id}: two effects"
+                )
+            else:
+                ones.append("one effect read back")
+        query = self.contract.postcondition_query()
+        if query is not None:
+            seen = self.port.postcondition(query, self.account)
+            mine = [c for c in seen.credits if c.operation_id == op]
+            if seen.status != "observed":
+                unknown.append(f"the postcondition query answered {seen.status!r}")
+            elif len(mine) > 1:
+                doubts.append(f"{self.account} shows {len(mine)} credits of {op}")
+            elif len(mine) == 1:
+                ones.append("one credit on the account")
+            else:
+                unknown.append(f"the postcondition query shows no credit of {op}")
+        return ones, doubts, unknown
 
     def _key_reuse(self) -> ClaimResult:
         if not self.contract.idempotent:
@@ -396,6 +450,13 @@ class SinkCheck:
         retention = self.contract.key_retention_s
         if not self.contract.idempotent:
             return ClaimResult("key-retention", "untested", "not claimed (no idempotency)")
+        if retention < 2:
+            return ClaimResult(
+                "key-retention",
+                "untested",
+                f"the contract declares key_retention_s {retention}: declare how long (seconds) "
+                "the system keeps an idempotency key, or the relay never resubmits under it",
+            )
         if retention > self.retention_wait_s:
             return ClaimResult(
                 "key-retention",

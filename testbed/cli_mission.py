@@ -94,6 +94,14 @@ def _mission_options(func: Options) -> Options:
             "namespace; needs root, else the cut is skipped and the report says why). Each "
             "fault is on the report with its start and end.",
         ),
+        click.option(
+            "--real-sinks",
+            is_flag=True,
+            help="Refunds through the postgres adapter to a real PostgreSQL server, "
+            "notifications through the smtp adapter to a real SMTP server (both started on "
+            "loopback, faults injected on the wire, effects counted by the systems); the "
+            "gateway upgrade is left out.",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the report as JSON."),
         click.option(
             "--html",
@@ -132,6 +140,7 @@ def _run(mode: str, kw: dict[str, Any], say: Callable[[str], None]) -> tuple[dic
             chaos_every=kw["chaos_every"],
             brokers=kw["brokers"],
             broker_chaos=kw["broker_chaos"],
+            real_sinks=kw.get("real_sinks", False),
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc

@@ -30,6 +30,8 @@ from typing import Any, Self
 
 from ledger.contracts import EffectContract
 from ledger.errors import ScenarioError
+from sinks.client import ReadbackResult, SubmitResult
+from sinks.port import SinkPort, open_sink
 from sinks.registry import SinkEndpoint
 from sinks.wire import WIRE_MODES, FaultProxy
 
@@ -74,6 +76,7 @@ class RealSink:
         self._token: str | None = None
         self._url = ""
         self._held: dict[str, int] | None = None  # what the system held when it stopped
+        self.endpoint: SinkEndpoint | None = None
 
     # ------------------------------------------------------------------ life
 
@@ -119,13 +122,14 @@ class RealSink:
         else:
             raise ScenarioError(f"sink {self.name}: no real system for adapter {self.adapter!r}")
         self.proxy = FaultProxy(*target).start()
-        return SinkEndpoint(
+        self.endpoint = SinkEndpoint(
             url=self._proxied(self._url, self.proxy.port),
             contract=self.contract,
             token=self._token,
             adapter=self.adapter,
             config=self.config if self.config is not None else config,
         )
+        return self.endpoint
 
     @staticmethod
     def _proxied(url: str, port: int) -> str:
@@ -213,10 +217,41 @@ class RealSink:
 
 
 class RealSinkView:
-    """A real sink seen as the game day sees a reference sink's client."""
+    """A real sink seen as the game day and the mission see a reference sink's client.
+
+    Requests (``submit`` ...) go through the sink's adapter, as the relay's do
+    (through the fault proxy); a ``stale_token`` answer to one is counted in
+    :meth:`stats` (a real system keeps no such counter of its own).
+    """
 
     def __init__(self, sink: RealSink) -> None:
         self.sink = sink
+        self._port: SinkPort | None = None
+        self._stale = 0
+
+    def _adapter(self) -> SinkPort:
+        if self._port is None:
+            assert self.sink.endpoint is not None, "the sink is not started"
+            self._port = open_sink(
+                self.sink.endpoint, timeout_s=self.sink.timeout_s, name=self.sink.name
+            )
+        return self._port
+
+    def submit(self, *args: Any, **kwargs: Any) -> SubmitResult:
+        """Submit through the adapter (see :meth:`sinks.port.SinkPort.submit`)."""
+        result = self._adapter().submit(*args, **kwargs)
+        self._stale += result.status == "stale_token"
+        return result
+
+    def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
+        """Read back through the adapter."""
+        return self._adapter().readback(operation_id, fencing_token)
+
+    def close(self) -> None:
+        """Close the adapter, if one was opened."""
+        if self._port is not None:
+            self._port.close()
+            self._port = None
 
     def __enter__(self) -> Self:
         return self
@@ -234,8 +269,8 @@ class RealSinkView:
         return self.sink.effects()
 
     def stats(self) -> dict[str, int]:
-        """No counters: a real system keeps none of the reference sink's."""
-        return {}
+        """The stale tokens refused to requests made through this view."""
+        return {"stale_rejections": self._stale}
 
     def arm_fault(self, operation_id: str, mode: str, latency_ms: int = 0) -> None:
         """Arm a fault on the wire (see :meth:`RealSink.arm`)."""

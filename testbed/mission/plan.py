@@ -74,6 +74,17 @@ SINK_FAULT_MODES: tuple[str, ...] = (
     "timeout_after_commit",
 )
 
+#: Sinks that ``real_sinks`` puts on real systems: sink name -> adapter.
+REAL_SINKS: dict[str, str] = {"payments": "postgres", "mailer": "smtp"}
+
+#: Fault modes on the wire between the relay and a real system (``sinks.wire``).
+WIRE_FAULT_MODES: tuple[str, ...] = (
+    "timeout_before_commit",
+    "commit_then_drop_response",
+    "timeout_after_commit",
+    "reset",
+)
+
 #: The mail sink: sends cannot be read back nor deduplicated. A wrong or
 #: repeated notification can be corrected by a follow-up message, so its
 #: consequence class is ``reversible-external``. A send carries no amount
@@ -176,6 +187,13 @@ class MissionOptions:
             (1, or 3 for a KRaft cluster).
         broker_chaos: hit the cluster with broker faults in turn while the
             mission runs (``testbed.mission.chaos``); needs ``brokers >= 3``.
+        real_sinks: refunds go to a real PostgreSQL database through the
+            ``postgres`` adapter and notifications to a real SMTP server
+            through the ``smtp`` adapter (:data:`REAL_SINKS`), each behind a
+            fault proxy; their sink faults are injected on the wire
+            (:data:`WIRE_FAULT_MODES`) and their effects counted by the
+            systems themselves. The gateway upgrade is left out (it is a
+            release of the reference gateway).
     """
 
     cases: int = 300
@@ -192,6 +210,7 @@ class MissionOptions:
     chaos_every: int = 500
     brokers: int = 1
     broker_chaos: bool = False
+    real_sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("crash_rate", "expiring_rate"):
@@ -344,6 +363,7 @@ def plan(options: MissionOptions) -> list[Case]:
     rng = random.Random(options.seed)
     seams = list(PLAIN_SEAMS)
     modes = list(SINK_FAULT_MODES)
+    wire_modes = list(WIRE_FAULT_MODES)
     crashes = sink_faults = bookings = reversals = 0
     cases = []
 
@@ -354,7 +374,8 @@ def plan(options: MissionOptions) -> list[Case]:
             seam = seams[crashes] if crashes < len(seams) else rng.choice(seams)
             crashes += 1
         if rng.random() < options.sink_faults:
-            mode = modes[sink_faults] if sink_faults < len(modes) else rng.choice(modes)
+            drawn = wire_modes if options.real_sinks and sink in REAL_SINKS else modes
+            mode = drawn[sink_faults] if sink_faults < len(drawn) else rng.choice(drawn)
             sink_faults += 1
         race = sink == "payments" and rng.random() < options.races
         return OpFaults(seam, mode, race)

@@ -67,6 +67,7 @@ from testbed.mission.plan import (
     GOODWILL_MINOR,
     MISSION_SINKS,
     PAYMENT_GATEWAY_V4,
+    REAL_SINKS,
     UPGRADE_AT,
     Case,
     MissionOptions,
@@ -274,6 +275,11 @@ class Mission:
         self.publisher.credentials.add(self.reviewer)
         self.publisher.credentials.add(self.engine)
         for sink, contract in MISSION_SINKS.items():
+            if self.options.real_sinks and sink in REAL_SINKS:
+                config = {"to_template": "{to}"} if REAL_SINKS[sink] == "smtp" else None
+                real = self.harness.start_real_sink(sink, REAL_SINKS[sink], contract, config)
+                self._sinks[sink] = real.client()  # type: ignore[assignment]
+                continue
             self.harness.start_sink(sink, contract, hang_s=1.0)
             self._sinks[sink] = self.harness.sinks[sink].client()
         for component in STAGES:
@@ -591,7 +597,7 @@ class Mission:
     def _inject(self) -> None:
         """Faults and changes tied to how far the mission has got."""
         n, total = self.started_cases, self.options.cases
-        if self.upgrade is None and n >= int(total * UPGRADE_AT):
+        if self.upgrade is None and not self.options.real_sinks and n >= int(total * UPGRADE_AT):
             self._upgrade_gateway(n)
         if self.policy_changed_at is None and n >= total // 2:
             self.policy_version = 2

@@ -6,6 +6,7 @@ the check puts its fault proxy between the adapter and the gateway's port.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from click.testing import CliRunner
 from ledger.cli import main
 from ledger.contracts import PAYMENT_GATEWAY
 from sinks import port as sink_port
-from sinks.client import SinkClient, SubmitResult
+from sinks.client import ReadbackResult, SinkClient, SubmitResult
 from sinks.registry import SinkEndpoint, save_sinks
 from testbed.sinks.process import SinkProcess
 
@@ -41,6 +42,18 @@ class _FreshKeyEachTime(SinkClient):
     def submit(self, *args: Any, **kwargs: Any) -> SubmitResult:
         kwargs["idempotency_key"] = uuid.uuid4().hex
         return super().submit(*args, **kwargs)
+
+
+class _HidesTheCount(_FreshKeyEachTime):
+    """The same bug, behind a readback that shows one effect record (no count): the check
+    must still see two effects, from the effect IDs and the account's credits."""
+
+    def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
+        return dataclasses.replace(super().readback(operation_id, fencing_token), effects=1)
+
+
+def hiding_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
+    return _HidesTheCount(endpoint.url, timeout_s=timeout_s, token=endpoint.token)
 
 
 def lying_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
@@ -71,6 +84,7 @@ def _check(
     save_sinks(registry, {"payments": endpoint})
     monkeypatch.setitem(sink_port.BUILTIN, "lying-http", f"{__name__}:lying_adapter")
     monkeypatch.setitem(sink_port.BUILTIN, "fresh-key-http", f"{__name__}:fresh_key_adapter")
+    monkeypatch.setitem(sink_port.BUILTIN, "hiding-http", f"{__name__}:hiding_adapter")
     result = CliRunner().invoke(
         main,
         ["sink", "check", "payments", "--json"],
@@ -127,6 +141,15 @@ def test_an_adapter_that_claims_idempotency_but_changes_its_key_fails_it(
     detail = next(c["detail"] for c in report["claims"] if c["claim"] == "idempotent")
     assert "2 effects" in detail
     assert verdicts["ambiguity-is-reported"] == "holds"
+
+
+def test_a_double_effect_behind_a_readback_without_a_count_still_fails_idempotent(
+    gateway: tuple[SinkProcess, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, report = _check(gateway, "hiding-http", monkeypatch)
+    assert code == 1 and _verdicts(report)["idempotent"] == "fails", report
+    detail = next(c["detail"] for c in report["claims"] if c["claim"] == "idempotent")
+    assert "two effects" in detail and "2 credits" in detail, detail
 
 
 # ---------------------------------------------------------------- the other adapters

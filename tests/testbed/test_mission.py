@@ -3,7 +3,8 @@
 One 300-case mission in ledger mode with two instances of every stage
 (kills at every seam, sink faults, resumer races, zombies, a broker
 restart when the broker is ours) and its checkpoint-only control with the
-same seed (120 cases: enough for its duplicates to show). Both reports are built from what the sinks and the ledger hold.
+same seed (120 cases: enough for its duplicates to show). Both reports are
+built from what the sinks and the ledger hold.
 """
 
 from __future__ import annotations

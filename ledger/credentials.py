@@ -128,8 +128,8 @@ def _missing(settings: LedgerSettings, name: str, who: str) -> MissingKeyError:
     folder = keys_dir(settings)
     return MissingKeyError(
         f"no {name} in {folder} (LEDGER_KEYS_DIR), and {who} needs it: copy the keys folder "
-        f"from the host where ledger {settings.ledger_identity!r}'s keys were made (or restore "
-        f"it from a backup); for a new ledger with no records yet, run `ledger keys init`. "
+        f"from the host where the keys of ledger {settings.ledger_identity!r} were made (or "
+        f"restore it from a backup); for a new ledger with no records yet, run `ledger keys init`. "
         "Nothing was created: a fresh key would read the evidence sealed with the lost one "
         "as absent",
         expected=str(folder / name),

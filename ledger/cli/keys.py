@@ -149,7 +149,11 @@ def keys_init(share: bool, offline: bool) -> None:
                 EXIT_ERROR,
             )
     done = provision_keys(settings, share=share)
-    verb = f"created {', '.join(done.created)}" if done.created else "all keys were there"
+    verb = (
+        f"created {', '.join(done.created)}"
+        if done.created
+        else "every key this host holds was there already"
+    )
     click.echo(f"keys of ledger {settings.ledger_identity!r} in {done.folder}: {verb}")
     click.echo(f"deployment key {done.deployment_key_id}: {done.folder / 'deployment.key'}")
     if done.authority_key_id:

@@ -12,7 +12,7 @@ from ledger.cli.common import bootstrap_in_force, current_settings, echo_json
 from ledger.errors import SettingsError
 from ledger.topology import TOPICS
 
-_TOPICS_HELP = f"""Create, check, list, compact and export the ledger's topics.
+_TOPICS_HELP = f"""Create, check, list and compact the ledger's topics, or print their manifest.
 
 \b
 Topics are named {{LEDGER_TOPIC_PREFIX}}.{{name}} (default prefix `ledger`), one

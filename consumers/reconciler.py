@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from consumers.reader import current_states
-from consumers.relay import read_effect
+from consumers.relay import read_effect, readback_source
 from consumers.retry import KafkaRetry, policy_for
 from consumers.sinkpool import PassGuard
 from consumers.stage import Record, key_text, read_partition
@@ -176,6 +176,7 @@ def reconcile_once(
                 if endpoint is not None
                 else None
             )
+            source = f"{st.sink} readback of {st.operation_id}"
             if endpoint is None:
                 status, detail, effect_id = "UNKNOWN", f"sink {st.sink!r} is not registered", None
             elif held is not None:
@@ -203,6 +204,7 @@ def reconcile_once(
                     status, detail, effect_id = read_effect(
                         client, endpoint.contract, st.operation_id, st.epoch
                     )
+                    source = f"{st.sink} {readback_source(client, st.operation_id)}"
                 if status == "UNSUPPORTED":
                     detail = f"{st.sink} offers no readback: only a disposition can release it"
             publisher.publish_readback(
@@ -211,7 +213,7 @@ def reconcile_once(
                     dispatch_id=current_dispatch_id(st),
                     kind="EFFECT",
                     status=status,  # type: ignore[arg-type]
-                    source=f"{st.sink} GET /operations/{st.operation_id} (reconciler)",
+                    source=f"{source} (reconciler)",
                     effect_id=effect_id,
                     observed_at_ms=now,
                     detail=detail,

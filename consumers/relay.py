@@ -1301,7 +1301,7 @@ class Relay(Stage):
     ) -> Output:
         """The output of one record a delivery decision asks for."""
         if isinstance(record, DeliveryObservation):
-            source = f"{d.sink} {_readback_source(client, d.operation_id)}"
+            source = f"{d.sink} {readback_source(client, d.operation_id)}"
             return self._observation(
                 d,
                 "EFFECT",
@@ -1607,7 +1607,7 @@ class Relay(Stage):
         self._policy.close()
 
 
-def _readback_source(client: SinkPort, operation_id: str) -> str:
+def readback_source(client: SinkPort, operation_id: str) -> str:
     """How the adapter names its readback of ``operation_id`` (for the readback record)."""
     describe = getattr(client, "readback_source", None)
     return describe(operation_id) if callable(describe) else f"readback of {operation_id}"

@@ -105,6 +105,12 @@ class PassGuard:
         self.stalled: str | None = None
         self._lock = threading.Lock()
 
+    def __getattr__(self, name: str) -> Any:
+        """What the adapter offers beyond the port (e.g. ``readback_source``), as it is."""
+        if name == "inner":  # not set yet (copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def new_pass(self) -> None:
         """Start a new pass: the sink is asked again."""
         with self._lock:

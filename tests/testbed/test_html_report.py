@@ -407,7 +407,13 @@ def test_audit_report_to_dict() -> None:
         "ran_at": "2026-11-30T00:53:20+00:00",
         "ran_at_ms": 1_796_000_000_000,
         "took_s": 2.5,
-        "coverage": {"sink_readback": False, "facts": 5, "ledger_facts": 5, "sink_facts": None},
+        "coverage": {
+            "sink_readback": False,
+            "facts": 5,
+            "ledger_facts": 5,
+            "sink_facts": None,
+            "sink_unread": [],
+        },
         "offsets": {"journal": {"0": 7, "1": 0}},
         "open_items": [
             {

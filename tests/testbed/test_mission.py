@@ -1,6 +1,6 @@
 """The fee-remediation mission on the real broker, at a size that fits ``make test``.
 
-One 300-case mission in ledger mode with two instances of every stage
+One 200-case mission in ledger mode with two instances of every stage
 (kills at every seam, sink faults, resumer races, zombies, a broker
 restart when the broker is ours) and its checkpoint-only control with the
 same seed (120 cases: enough for its duplicates to show). Both reports are
@@ -30,7 +30,7 @@ from tests.conftest import LOCAL_KAFKA_HOME
 
 pytestmark = pytest.mark.integration
 
-CASES = 300
+CASES = 200
 #: The checkpoint-only control needs only enough cases for its duplicates to show
 #: (every sink-fault mode and seam comes early in the plan): a third of the run.
 CONTROL_CASES = 120

@@ -247,7 +247,9 @@ def decide(
     relay: Relay, sink: Sink, *, fresh: bool, withdrawn: str | None = None
 ) -> list[EffectReceipt]:
     relay._admission_withdrawn = lambda d: withdrawn  # type: ignore[method-assign]
-    outputs = relay._reservation(dispatch(), sink.client, BOOKINGS, 0, 0, fresh=fresh)
+    outputs = relay._deliver(
+        dispatch(), sink.client, BOOKINGS, fresh=fresh, readback_on_resume=None, first=0, now=0
+    )
     receipts = [event for topic, _, event in outputs if isinstance(event, EffectReceipt)]
     assert len(receipts) == len(outputs)
     return receipts

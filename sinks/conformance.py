@@ -45,26 +45,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ledger.errors import LedgerError
 from ledger.identity import parameter_digest
 from sinks.client import SubmitResult
 from sinks.port import SinkPort, open_sink
-from sinks.wire import FaultProxy, WireMode
+from sinks.wire import COMMIT_POINTS, FaultProxy, WireMode, proxied_url
 
 Verdict = Literal["holds", "fails", "untested"]
-
-#: Default ports by URL scheme, for a URL that names none.
-DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "smtp": 25}
-
-#: Where a commit shows on the wire, by scheme (see :mod:`sinks.wire`): a SQL
-#: transaction's COMMIT, the end of an SMTP message; HTTP has one request per answer.
-COMMIT_POINTS: dict[str, bytes | None] = {
-    "postgresql": b"COMMIT",
-    "postgres": b"COMMIT",
-    "smtp": b"\r\n.\r\n",
-}
 
 
 #: A probe's method name -> its claim's name, where they differ.
@@ -111,16 +100,6 @@ class CheckReport:
             "passed": self.passed,
             "claims": [asdict(r) for r in self.results],
         }
-
-
-def _proxied_url(url: str, port: int) -> tuple[str, tuple[str, int]]:
-    """``url`` with its host and port replaced by the proxy's; and the original target."""
-    parts = urlsplit(url)
-    host = parts.hostname or "127.0.0.1"
-    target_port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{port}"
-    return urlunsplit(parts._replace(netloc=netloc)), (host, target_port)
 
 
 class SinkCheck:
@@ -227,10 +206,10 @@ class SinkCheck:
     def run_all(self) -> CheckReport:
         """Run every probe and return the report (the proxy and adapter are closed after)."""
         report = CheckReport(self.name, self.endpoint.adapter)
-        _, target = _proxied_url(self.endpoint.url, 0)
+        _, target = proxied_url(self.endpoint.url, 0)
         self.proxy = FaultProxy(*target).start()
         proxied = self.endpoint.model_copy(
-            update={"url": _proxied_url(self.endpoint.url, self.proxy.port)[0]}
+            update={"url": proxied_url(self.endpoint.url, self.proxy.port)[0]}
         )
         try:
             self.port = open_sink(proxied, timeout_s=self.timeout_s, name=self.name)

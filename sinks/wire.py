@@ -43,6 +43,7 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 WireMode = Literal[
     "commit_then_drop_response", "timeout_before_commit", "timeout_after_commit", "reset", "slow"
@@ -88,6 +89,28 @@ class _Conn:
     blackhole_up: bool = False
     delay_down_s: float = 0.0
     reset_after_answer: bool = False
+
+
+#: Default ports by URL scheme, for a URL that names none.
+DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432, "postgres": 5432, "smtp": 25}
+
+#: Where a commit shows on the wire, by scheme (see :mod:`sinks.wire`): a SQL
+#: transaction's COMMIT, the end of an SMTP message; HTTP has one request per answer.
+COMMIT_POINTS: dict[str, bytes | None] = {
+    "postgresql": b"COMMIT",
+    "postgres": b"COMMIT",
+    "smtp": b"\r\n.\r\n",
+}
+
+
+def proxied_url(url: str, port: int) -> tuple[str, tuple[str, int]]:
+    """``url`` with its host and port replaced by the proxy's; and the original target."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    target_port = parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=netloc)), (host, target_port)
 
 
 class FaultProxy:

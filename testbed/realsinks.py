@@ -33,14 +33,7 @@ from ledger.errors import ScenarioError
 from sinks.client import ReadbackResult, SubmitResult
 from sinks.port import SinkPort, open_sink
 from sinks.registry import SinkEndpoint
-from sinks.wire import WIRE_MODES, FaultProxy
-
-#: Where a commit shows on the wire, per adapter (see :mod:`sinks.wire`).
-COMMIT_POINTS: dict[str, bytes | None] = {
-    "postgres": b"COMMIT",
-    "smtp": b"\r\n.\r\n",
-    "http-idempotency-key": None,
-}
+from sinks.wire import COMMIT_POINTS, WIRE_MODES, FaultProxy, proxied_url
 
 
 class RealSink:
@@ -123,21 +116,13 @@ class RealSink:
             raise ScenarioError(f"sink {self.name}: no real system for adapter {self.adapter!r}")
         self.proxy = FaultProxy(*target).start()
         self.endpoint = SinkEndpoint(
-            url=self._proxied(self._url, self.proxy.port),
+            url=proxied_url(self._url, self.proxy.port)[0],
             contract=self.contract,
             token=self._token,
             adapter=self.adapter,
             config=self.config if self.config is not None else config,
         )
         return self.endpoint
-
-    @staticmethod
-    def _proxied(url: str, port: int) -> str:
-        head, _, rest = url.partition("://")
-        userinfo, _, hostpart = rest.rpartition("@")
-        path = hostpart[hostpart.find("/") :] if "/" in hostpart else ""
-        netloc = (userinfo + "@" if userinfo else "") + f"127.0.0.1:{port}"
-        return f"{head}://{netloc}{path}"
 
     def stop(self) -> None:
         """Stop the proxy and the system (its folder stays, for the record); what the
@@ -178,7 +163,7 @@ class RealSink:
         self.proxy.arm(
             operation_id.encode(),
             mode,  # type: ignore[arg-type]
-            commit_point=COMMIT_POINTS.get(self.adapter),
+            commit_point=COMMIT_POINTS.get(self._url.partition("://")[0]),
             hold_s=2 * self.timeout_s + 1,
             latency_ms=latency_ms,
         )

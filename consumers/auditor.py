@@ -442,14 +442,15 @@ def _read_sink(
     settings: LedgerSettings, endpoint: Any, sink: str, ops: list[str]
 ) -> tuple[dict[str, int], dict[str, Any] | None]:
     """Read ``ops`` back at one sink, within its budget (see :func:`_sink_effects`)."""
-    budget = Deadline.start(AUDIT_SINK_CALLS * settings.sink_timeout_s)
+    deadline_s = endpoint.deadline_s(settings.sink_timeout_s)
+    budget = Deadline.start(AUDIT_SINK_CALLS * deadline_s)
     held: dict[str, int] = {}
     left = 0
     reason = ""
     try:
         client = open_sink(
             endpoint,
-            timeout_s=settings.sink_timeout_s,
+            timeout_s=deadline_s,
             name=sink,
             max_response_bytes=settings.sink_max_response_bytes,
         )

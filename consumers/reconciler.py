@@ -188,12 +188,12 @@ def reconcile_once(
                         PassGuard(
                             open_sink(
                                 endpoint,
-                                timeout_s=settings.sink_timeout_s,
+                                timeout_s=endpoint.deadline_s(settings.sink_timeout_s),
                                 name=st.sink,
                                 max_response_bytes=settings.sink_max_response_bytes,
                             ),
                             st.sink,
-                            settings.sink_timeout_s,
+                            endpoint.deadline_s(settings.sink_timeout_s),
                         ),
                     )
                 except SinkConfigError as exc:

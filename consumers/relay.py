@@ -629,16 +629,17 @@ class Relay(Stage):
             if client is None or self._opened_for.get(name, endpoint) != endpoint:
                 if client is not None:
                     client.close()
+                deadline_s = endpoint.deadline_s(self.settings.sink_timeout_s)
                 opened = open_sink(
                     endpoint,
-                    timeout_s=self.settings.sink_timeout_s,
+                    timeout_s=deadline_s,
                     name=name,
                     max_response_bytes=self.settings.sink_max_response_bytes,
                 )
-                client = PassGuard(opened, name, self.settings.sink_timeout_s)
+                client = PassGuard(opened, name, deadline_s)
                 self.clients[name] = client
             elif not isinstance(client, PassGuard):  # an adapter put there by hand (tests)
-                client = PassGuard(client, name, self.settings.sink_timeout_s)
+                client = PassGuard(client, name, endpoint.deadline_s(self.settings.sink_timeout_s))
                 self.clients[name] = client
             self._opened_for[name] = endpoint
             return client

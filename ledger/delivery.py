@@ -270,18 +270,26 @@ def _checkpoint_only(history: Sequence[Observed]) -> Decision:
     return Decision((Receipt(status, last.detail or last.status, fresh_identity=True),))
 
 
-def _may_have_left(contract: EffectContract, s: Situation, *, on_resume: bool) -> Decision:
-    """A request may have reached the sink: find out before anything is sent again."""
+def _may_have_left(
+    contract: EffectContract, s: Situation, *, on_resume: bool, why: str = ""
+) -> Decision:
+    """A request may have reached the sink: find out before anything is sent again.
+
+    ``why`` is the adapter's account of the ambiguous answer (a deadline, a
+    reset), kept in the receipt when the outcome is held so that an operator
+    can tell a faulty network from a deadline set too short.
+    """
     decision = after_ambiguous_send(contract, first_seen_ms=s.first_attempt_ms, now_ms=s.now_ms)
     if decision.action is Recovery.READ_BACK:
         return Decision(send=Send("readback"))
     if decision.action is Recovery.RESUBMIT_SAME_KEY:
         return Decision(send=Send("submit", resubmit=True))
+    because = f" ({why})" if why else ""
     return Decision(
         (
             Receipt(
                 "AMBIGUOUS",
-                f"the request may have reached {s.sink}; {decision.reason}",
+                f"the request may have reached {s.sink}{because}; {decision.reason}",
                 on_resume=on_resume,
             ),
         )
@@ -308,7 +316,7 @@ def _execute(contract: EffectContract, s: Situation, history: Sequence[Observed]
         )
         return Decision((receipt,))
     if last.status == "ambiguous" and not last.resubmit:
-        return _may_have_left(contract, s, on_resume=False)
+        return _may_have_left(contract, s, on_resume=False, why=last.detail)
     status = SUBMIT_STATUS.get(last.status, "AMBIGUOUS")
     return Decision((Receipt(status, last.detail or last.status, on_resume=last.resubmit),))
 

@@ -50,6 +50,11 @@ class SinkEndpoint(BaseModel):
         config: the adapter's own settings, as its documentation names them
             (empty for ``http``). ``url`` is the system's address in the
             adapter's scheme (``http://``, ``postgresql://``, ``smtp://``).
+        timeout_s: the overall deadline of every call to this sink, in
+            seconds, or ``None`` for the stage's ``LEDGER_SINK_TIMEOUT_S``. A
+            system that needs several round trips per effect (SMTP: about
+            eight) may need more than an HTTP API; an answer past the deadline
+            is ambiguous, and on a sink without readback that is held.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,6 +65,15 @@ class SinkEndpoint(BaseModel):
     contract_version: int = Field(default=1, ge=1)
     adapter: str = Field(default="http", min_length=1)
     config: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float | None = Field(default=None, gt=0, le=300)
+
+    def deadline_s(self, default_s: float) -> float:
+        """The overall deadline of a call to this sink, in seconds.
+
+        Args:
+            default_s: the stage's ``LEDGER_SINK_TIMEOUT_S``.
+        """
+        return self.timeout_s if self.timeout_s is not None else default_s
 
 
 def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
@@ -88,7 +102,7 @@ def load_sinks(path: Path) -> dict[str, SinkEndpoint]:
 
 
 def _unset(endpoint: SinkEndpoint) -> set[str] | None:
-    """Fields left out of the file: no token, and contract version 1 (as before versions)."""
+    """Fields left out of the file: those at their defaults (as before they existed)."""
     left = {"token"} if endpoint.token is None else set()
     if endpoint.contract_version == 1:
         left.add("contract_version")
@@ -96,6 +110,8 @@ def _unset(endpoint: SinkEndpoint) -> set[str] | None:
         left.add("adapter")
     if not endpoint.config:
         left.add("config")
+    if endpoint.timeout_s is None:
+        left.add("timeout_s")
     return left or None
 
 

@@ -150,11 +150,20 @@ class Harness:
         return sink
 
     def start_real_sink(
-        self, name: str, adapter: str, contract: EffectContract, config: dict[str, Any] | None
+        self,
+        name: str,
+        adapter: str,
+        contract: EffectContract,
+        config: dict[str, Any] | None,
+        timeout_s: float | None = None,
     ) -> RealSink:
         """Start the real system behind adapter ``adapter`` and register it (through its
-        fault proxy) for the relay; see :mod:`testbed.realsinks`."""
-        sink = RealSink(name, adapter, contract, config, self.run_dir, self.settings.sink_timeout_s)
+        fault proxy) for the relay; see :mod:`testbed.realsinks`.
+
+        ``timeout_s`` is the deadline of every call to it, in seconds (default:
+        the settings' ``sink_timeout_s``), kept in its registry entry."""
+        deadline_s = timeout_s if timeout_s is not None else self.settings.sink_timeout_s
+        sink = RealSink(name, adapter, contract, config, self.run_dir, deadline_s)
         self.real_sinks[name] = sink
         endpoint = sink.start()
         registry = load_sinks(self.settings.sinks_path())

@@ -45,7 +45,8 @@ class RealSink:
         contract: the contract the scenario declares.
         config: the adapter's config from the scenario, or ``None`` for the defaults.
         run_dir: the run folder (the system's files go under ``real-sinks/NAME``).
-        timeout_s: the relay's per-call deadline (late answers are held past it).
+        timeout_s: the deadline of every call to the system, in seconds (the
+            registry entry's ``timeout_s``; late answers are held past it).
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class RealSink:
             token=self._token,
             adapter=self.adapter,
             config=self.config if self.config is not None else config,
+            timeout_s=self.timeout_s,
         )
         return self.endpoint
 

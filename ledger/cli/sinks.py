@@ -79,6 +79,7 @@ def _describe(name: str, endpoint: Any) -> dict[str, Any]:
         "contract_version": endpoint.contract_version,
         "contract": endpoint.contract.model_dump(),
         "config": endpoint.config,
+        "timeout_s": endpoint.timeout_s,
         "adapter_offers": caps,
     }
 
@@ -151,6 +152,15 @@ def sink_adapters(as_json: bool) -> None:
     "--token", default=None, help="Bearer token or credentials; ${VAR} names an env variable."
 )
 @click.option("--contract-version", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True, max=300),
+    default=None,
+    help="The overall deadline of every call to this sink, in seconds (default: the "
+    "stage's LEDGER_SINK_TIMEOUT_S). An answer past it is ambiguous: give a system that "
+    "needs several round trips per effect (SMTP) room enough.",
+)
 @click.option("--replace", is_flag=True, help="Replace an existing entry of that name.")
 def sink_register(
     name: str,
@@ -160,6 +170,7 @@ def sink_register(
     config_text: str | None,
     token: str | None,
     contract_version: int,
+    timeout_s: float | None,
     replace: bool,
 ) -> None:
     """Register sink NAME: its adapter, its address, its settings and its contract.
@@ -195,6 +206,7 @@ def sink_register(
         contract_version=contract_version,
         adapter=adapter,
         config=config,
+        timeout_s=timeout_s,
     )
     try:  # the adapter checks its settings when opened; it contacts nothing yet
         open_sink(endpoint, timeout_s=1.0, name=name).close()
@@ -255,7 +267,9 @@ def sink_show(name: str, probe: bool, as_json: bool) -> None:
     row = _describe(name, sinks[name])
     if probe:
         try:
-            client = open_sink(sinks[name], timeout_s=settings.sink_timeout_s, name=name)
+            client = open_sink(
+                sinks[name], timeout_s=sinks[name].deadline_s(settings.sink_timeout_s), name=name
+            )
             try:
                 row["answers"] = client.health()
             finally:
@@ -317,7 +331,7 @@ def sink_check(
     check = SinkCheck(
         name,
         sinks[name],
-        timeout_s=settings.sink_timeout_s,
+        timeout_s=sinks[name].deadline_s(settings.sink_timeout_s),
         account=account,
         amount_minor=amount_minor,
         say=(lambda line: None) if as_json else click.echo,

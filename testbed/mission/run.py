@@ -67,6 +67,7 @@ from testbed.mission.plan import (
     GOODWILL_MINOR,
     MISSION_SINKS,
     PAYMENT_GATEWAY_V4,
+    REAL_SINK_TIMEOUT_S,
     REAL_SINKS,
     UPGRADE_AT,
     Case,
@@ -277,7 +278,9 @@ class Mission:
         for sink, contract in MISSION_SINKS.items():
             if self.options.real_sinks and sink in REAL_SINKS:
                 config = {"to_template": "{to}"} if REAL_SINKS[sink] == "smtp" else None
-                real = self.harness.start_real_sink(sink, REAL_SINKS[sink], contract, config)
+                real = self.harness.start_real_sink(
+                    sink, REAL_SINKS[sink], contract, config, timeout_s=REAL_SINK_TIMEOUT_S
+                )
                 self._sinks[sink] = real.client()  # type: ignore[assignment]
                 continue
             self.harness.start_sink(sink, contract, hang_s=1.0)

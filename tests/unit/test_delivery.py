@@ -215,3 +215,13 @@ def test_checkpoint_only_sends_a_fresh_identity_and_believes_the_answer() -> Non
     )
     assert ep.sends == [Send("submit", fresh_identity=True)]
     assert ep.records[-1].status == "AMBIGUOUS" and ep.records[-1].fresh_identity
+
+
+def test_a_held_send_keeps_the_adapters_account_of_why_it_is_ambiguous() -> None:
+    # An operator must tell a deadline set too short from a faulty network.
+    mail = EffectContract()  # no readback, no idempotency: the send is held
+    why = "the message was sent but the deadline of 0.5 s passed before the server answered"
+    decision = next_step(mail, _situation(), [Observed("submit", "ambiguous", detail=why)])
+    (receipt,) = decision.records
+    assert receipt.status == "AMBIGUOUS" and decision.done
+    assert why in receipt.detail and "neither readback nor idempotency" in receipt.detail

@@ -75,3 +75,19 @@ def test_a_secret_named_by_variable_is_kept_as_a_reference(env: dict[str, str]) 
     assert load_sinks(Path(env["LEDGER_SINKS_FILE"]))["p"].token == "${PAYMENTS_TOKEN}"
     code, out = _run(env, "sink", "show", "p", "--probe")
     assert code == 1 and "PAYMENTS_TOKEN" in out and "is not set" in out
+
+
+def test_a_sink_may_have_its_own_deadline(env: dict[str, str]) -> None:
+    base = ("sink", "register", "mail", "--adapter", "smtp", "--url", "smtp://mx.test:25")
+    code, out = _run(env, *base, "--contract", "unsafe", "--timeout", "0")
+    assert code == 2 and "--timeout" in out
+    code, out = _run(env, *base, "--contract", "unsafe", "--timeout", "4.5")
+    assert code == 0, out
+    saved = load_sinks(Path(env["LEDGER_SINKS_FILE"]))["mail"]
+    assert saved.timeout_s == 4.5 and saved.deadline_s(2.0) == 4.5
+    code, out = _run(env, "sink", "show", "mail", "--json")
+    assert json.loads(out)["timeout_s"] == 4.5
+    code, out = _run(
+        env, "sink", "register", "p", "--url", "http://x.test", "--contract", "payments"
+    )
+    assert code == 0 and load_sinks(Path(env["LEDGER_SINKS_FILE"]))["p"].deadline_s(2.0) == 2.0

@@ -31,11 +31,22 @@ Claims (each ``holds``, ``fails`` or ``untested`` with the reason):
   answers the first effect (untested when the retention is longer than the
   check's patience, ``retention_wait_s``).
 
+* ``relay-seams`` -- a relay killed at each of its seams and resumed ends
+  with what the system holds: killed after its ``ATTEMPTED`` marker and
+  before the send, and killed after the system committed but before the
+  receipt (from the system's side, a kill after the receipt and before its
+  transaction commits is the same), the resumed relay's own decisions
+  (:func:`ledger.delivery.next_step`, run against the adapter) never make a
+  second effect, never record ``COMMITTED`` for an effect the system lacks
+  nor ``ABSENT`` for one it holds, and hold the outcome as unknown when
+  nothing can tell.
+
 Faults reach the wire only where the proxy can see the operation: a system
 reached over TLS (``https://``) cannot be faulted, and those claims are
-``untested``. The relay's own seams (a crash between marker, send and
-receipt) are proven by the crash harness of the test suite
-(``tests/testbed/test_mission.py``), not here.
+``untested``. The seams are played here with the relay's decisions and the
+real system, without Kafka; the relay's Kafka side of them (markers,
+transactions, fencing of a zombie) is proven by the crash harness of the
+test suite (``tests/testbed/test_mission.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +58,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from ledger.delivery import (
+    BEFORE_RECEIPT,
+    BEFORE_SEND,
+    Observation,
+    Observed,
+    Receipt,
+    Situation,
+    next_step,
+)
 from ledger.errors import LedgerError
 from ledger.identity import parameter_digest
 from sinks.client import SubmitResult
@@ -61,7 +81,14 @@ CLAIM_NAMES = {
     "ambiguity": "ambiguity-is-reported",
     "key-reuse": "key-reuse-refused",
     "retention": "key-retention",
+    "seams": "relay-seams",
 }
+
+#: The seams the check plays: (seam, whether the system committed before the kill).
+SEAMS: tuple[tuple[str, bool], ...] = ((BEFORE_SEND, False), (BEFORE_RECEIPT, True))
+
+#: How many steps a resumed relay may take before the check calls it a loop.
+RESUME_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -223,6 +250,7 @@ class SinkCheck:
                 self._fencing,
                 self._postcondition,
                 self._retention,
+                self._seams,
             ):
                 try:
                     result = claim()
@@ -469,3 +497,91 @@ class SinkCheck:
             f"{retention - 1} s after the first submit (retention {retention} s) the resubmit "
             f"answered {again.status!r} (effect {again.effect_id} vs {first.effect_id})",
         )
+
+    def _seams(self) -> ClaimResult:
+        if self.contract.reservation:
+            return ClaimResult(
+                "relay-seams",
+                "untested",
+                "a reservation sink's seams (hold, confirm, cancel) are proven by the crash "
+                "harness, not here",
+            )
+        seen = []
+        for seam, committed_first in SEAMS:
+            op, _ = self._op()
+            if committed_first:
+                first = self._submit(op, self._params())  # its answer dies with the relay
+                if first.status != "committed":
+                    return ClaimResult(
+                        "relay-seams", "untested", f"{seam}: the first submit {first.status}"
+                    )
+            ended, sends = self._resume(op)
+            problem = self._seam_problem(op, committed_first, ended, sends)
+            if problem is not None:
+                return ClaimResult("relay-seams", "fails", f"killed {seam}: {problem}")
+            said = ended.status if ended is not None else "nothing recorded"
+            seen.append(f"{seam} -> {said} after {', '.join(sends) or 'no request'}")
+        return ClaimResult(
+            "relay-seams",
+            "holds",
+            "; ".join(seen) + " (after_receipt_before_commit meets the system as "
+            "after_sink_commit_before_receipt does)",
+        )
+
+    def _resume(self, op: str) -> tuple[Receipt | Observation | None, list[str]]:
+        """Run a resumed relay's decisions for ``op`` against the adapter.
+
+        Returns:
+            ``(the last record it would write, or None; the requests it sent)``;
+            a request that could not be sent ends the run (the relay parks it).
+        """
+        assert self.port is not None
+        situation = Situation(
+            kind="EXECUTE", mode="ledger", fresh=False, first_attempt_ms=0, now_ms=1_000
+        )
+        history: list[Observed] = []
+        sends: list[str] = []
+        last: Receipt | Observation | None = None
+        for _ in range(RESUME_STEPS):
+            decision = next_step(self.contract, situation, history)
+            if decision.records:
+                last = decision.records[-1]
+            if decision.send is None:
+                break
+            request = decision.send.request
+            sends.append(request + (" again" if decision.send.resubmit else ""))
+            answer: Any
+            if request == "submit":
+                answer = self._submit(op, self._params())
+            elif request == "readback":
+                answer = self.port.readback(op, 1 if self.contract.fencing else None)
+            else:
+                break  # a reservation's requests: not played here
+            history.append(Observed.of(request, answer, resubmit=decision.send.resubmit))
+        return last, sends
+
+    def _seam_problem(
+        self,
+        op: str,
+        committed_first: bool,
+        ended: Receipt | Observation | None,
+        sends: list[str],
+    ) -> str | None:
+        """Why the resumed relay's record disagrees with the system, or ``None``."""
+        status = ended.status if ended is not None else None
+        effects = self._effects(op)
+        if effects is not None and effects > 1:
+            return f"the system holds {effects} effects of {op} after {', '.join(sends)}"
+        submits = sum(1 for r in sends if r.startswith("submit")) + committed_first
+        if not self.contract.idempotent and submits > 1:
+            return f"{op} was submitted again without an idempotency key: {', '.join(sends)}"
+        if status == "COMMITTED" and effects == 0:
+            return f"recorded COMMITTED, but the system holds no effect of {op}"
+        if status == "ABSENT" and (committed_first or effects):
+            return (
+                f"the readback answered absent for {op}, which the system committed: the "
+                "relay would send it again"
+            )
+        if status in ("REJECTED", "KEY_REUSED", "STALE_TOKEN") and committed_first:
+            return f"recorded {status} for {op}, which the system committed"
+        return None

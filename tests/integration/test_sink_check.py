@@ -52,6 +52,18 @@ class _HidesTheCount(_FreshKeyEachTime):
         return dataclasses.replace(super().readback(operation_id, fencing_token), effects=1)
 
 
+class _ReadsBackElsewhere(SinkClient):
+    """A readback that looks under another key (a wrong path, a wrong column): every
+    operation reads back absent, so a relay resumed after the commit would send again."""
+
+    def readback(self, operation_id: str, fencing_token: int | None) -> ReadbackResult:
+        return super().readback(operation_id + "-elsewhere", fencing_token)
+
+
+def elsewhere_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
+    return _ReadsBackElsewhere(endpoint.url, timeout_s=timeout_s, token=endpoint.token)
+
+
 def hiding_adapter(endpoint: Any, *, timeout_s: float) -> SinkClient:
     return _HidesTheCount(endpoint.url, timeout_s=timeout_s, token=endpoint.token)
 
@@ -85,6 +97,7 @@ def _check(
     monkeypatch.setitem(sink_port.BUILTIN, "lying-http", f"{__name__}:lying_adapter")
     monkeypatch.setitem(sink_port.BUILTIN, "fresh-key-http", f"{__name__}:fresh_key_adapter")
     monkeypatch.setitem(sink_port.BUILTIN, "hiding-http", f"{__name__}:hiding_adapter")
+    monkeypatch.setitem(sink_port.BUILTIN, "elsewhere-http", f"{__name__}:elsewhere_adapter")
     result = CliRunner().invoke(
         main,
         ["sink", "check", "payments", "--json"],
@@ -116,9 +129,21 @@ def test_the_reference_gateway_keeps_every_claim_it_makes(
         "readback",
         "fencing",
         "postcondition",
+        "relay-seams",
     ):
         assert verdicts[claim] == "holds", (claim, report)
     assert verdicts["key-retention"] == "untested"  # a week is longer than the check waits
+
+
+def test_a_readback_that_loses_a_committed_effect_fails_the_relay_seams(
+    gateway: tuple[SinkProcess, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, report = _check(gateway, "elsewhere-http", monkeypatch)
+    verdicts = _verdicts(report)
+    assert code == 1 and verdicts["relay-seams"] == "fails", report
+    detail = next(c["detail"] for c in report["claims"] if c["claim"] == "relay-seams")
+    assert "after_sink_commit_before_receipt" in detail and "absent" in detail, detail
+    assert verdicts["commits"] == "holds"
 
 
 def test_an_adapter_that_reads_no_answer_as_a_rejection_fails_that_claim(
@@ -186,7 +211,7 @@ def test_the_postgres_adapter_keeps_its_claims_on_a_real_database(
     assert code == 0, report
     for claim in ("commits", "ambiguity-is-reported", "idempotent", "key-reuse-refused"):
         assert verdicts[claim] == "holds", (claim, report)
-    for claim in ("readback", "fencing", "postcondition"):
+    for claim in ("readback", "fencing", "postcondition", "relay-seams"):
         assert verdicts[claim] == "holds", (claim, report)
 
 
@@ -205,6 +230,9 @@ def test_the_smtp_adapter_claims_nothing_and_reports_every_lost_answer(tmp_path:
     assert code == 0, report
     assert verdicts["commits"] == "holds" and verdicts["ambiguity-is-reported"] == "holds"
     assert {verdicts[c] for c in ("idempotent", "readback", "fencing")} == {"untested"}
+    # resumed at either seam, the relay holds the send as unknown and sends nothing again
+    seams = next(c["detail"] for c in report["claims"] if c["claim"] == "relay-seams")
+    assert verdicts["relay-seams"] == "holds" and seams.count("AMBIGUOUS after no request") == 2
     # every probe reached the server: one message each, none sent twice by the check
     counts = [server.store.count(m["operation_id"]) for m in server.store.messages()]
     assert counts and set(counts) == {1}
@@ -238,4 +266,5 @@ def test_the_idempotency_key_adapter_keeps_its_claims_on_a_real_api(tmp_path: Pa
     for claim in ("commits", "ambiguity-is-reported", "idempotent", "key-reuse-refused"):
         assert verdicts[claim] == "holds", (claim, report)
     assert verdicts["readback"] == "holds" and verdicts["postcondition"] == "holds"
+    assert verdicts["relay-seams"] == "holds", report
     assert verdicts["fencing"] == "untested"

@@ -27,7 +27,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from consumers.reader import current_states
-from consumers.relay import read_effect, readback_source
+from consumers.relay import read_effect
 from consumers.retry import KafkaRetry, policy_for
 from consumers.sinkpool import PassGuard
 from consumers.stage import Record, key_text, read_partition
@@ -41,7 +41,7 @@ from ledger.states import RecoveryState as S
 from ledger.topics import check_topics
 from ledger.upgrades import ReleaseManifest, upgrade_hold
 from producers.publisher import LedgerPublisher
-from sinks.port import open_sink
+from sinks.port import open_sink, readback_source
 from sinks.registry import load_manifest, load_sinks
 
 

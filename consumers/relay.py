@@ -143,7 +143,7 @@ from ledger.logs import bound_each
 from ledger.tracing import trace_headers
 from ledger.upgrades import ReleaseManifest, attempted_version, state_of_step, upgrade_hold
 from sinks.client import HoldResult, postcondition_source
-from sinks.port import SinkPort, open_sink
+from sinks.port import SinkPort, open_sink, readback_source
 from sinks.registry import RegistryFile, SinkEndpoint, load_manifest
 
 #: One output of the relay: ``(short topic, key, event)``.
@@ -1606,12 +1606,6 @@ class Relay(Stage):
         self._receipts.close()
         self._approvals.close()
         self._policy.close()
-
-
-def readback_source(client: SinkPort, operation_id: str) -> str:
-    """How the adapter names its readback of ``operation_id`` (for the readback record)."""
-    describe = getattr(client, "readback_source", None)
-    return describe(operation_id) if callable(describe) else f"readback of {operation_id}"
 
 
 def _dispatch_event(d: Dispatch, kind: str, reason: str) -> Output:

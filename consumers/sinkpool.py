@@ -33,7 +33,7 @@ from typing import Any
 
 from ledger.contracts import PostconditionQuery
 from sinks.client import AccountCredits, HoldResult, ReadbackResult, SubmitResult
-from sinks.port import SinkPort
+from sinks.port import SinkPort, readback_source
 
 #: Share of the deadline a call must have used, without an answer, to stall its sink.
 STALL_SHARE = 0.9
@@ -105,11 +105,9 @@ class PassGuard:
         self.stalled: str | None = None
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        """What the adapter offers beyond the port (e.g. ``readback_source``), as it is."""
-        if name == "inner":  # not set yet (copying): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def readback_source(self, operation_id: str) -> str:
+        """The adapter's name for its readback (:func:`sinks.port.readback_source`)."""
+        return readback_source(self.inner, operation_id)
 
     def new_pass(self) -> None:
         """Start a new pass: the sink is asked again."""

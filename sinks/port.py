@@ -217,6 +217,17 @@ BUILTIN: dict[str, str] = {
 }
 
 
+def readback_source(port: Any, operation_id: str) -> str:
+    """How an adapter names its readback of ``operation_id``, for the readback record.
+
+    An optional part of the port: an adapter may offer
+    ``readback_source(operation_id) -> str`` (e.g. ``GET /operations/OP``, or
+    the SQL it runs); one that does not is named ``readback of OP``.
+    """
+    describe = getattr(port, "readback_source", None)
+    return describe(operation_id) if callable(describe) else f"readback of {operation_id}"
+
+
 def _load(target: str) -> AdapterFactory:
     module, _, attribute = target.partition(":")
     imported = importlib.import_module(module)

@@ -180,11 +180,11 @@ class RealSink:
         if self.adapter == "postgres":
             import psycopg
 
+            from sinks.adapters.postgres_schema import DEFAULT_EFFECT_COUNT_SQL
+
             with psycopg.connect(self._url, connect_timeout=5) as db:
                 try:
-                    rows = db.execute(
-                        "SELECT operation_id, count(*) FROM ledger_credits GROUP BY operation_id"
-                    ).fetchall()
+                    rows = db.execute(DEFAULT_EFFECT_COUNT_SQL).fetchall()
                 except psycopg.errors.UndefinedTable:  # the adapter never made an effect
                     return {}
             return {str(op): int(n) for op, n in rows}

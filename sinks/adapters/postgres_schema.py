@@ -34,6 +34,9 @@ DEFAULT_POSTCONDITION_SQL = (
     "SELECT operation_id, amount_minor, effect_id FROM ledger_credits "
     "WHERE account = %(subject)s ORDER BY seq"
 )
+#: What the default effect made, per operation: ``(operation_id, count)`` rows (how
+#: a test or an operator counts effects in the database itself, not via the adapter).
+DEFAULT_EFFECT_COUNT_SQL = "SELECT operation_id, count(*) FROM ledger_credits GROUP BY operation_id"
 _CREDITS_DDL = (
     "CREATE TABLE IF NOT EXISTS ledger_credits ("
     " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"

@@ -86,3 +86,14 @@ def test_a_quick_failure_does_not_stall_the_sink() -> None:
     guard = PassGuard(inner, "bank", 1.0)  # type: ignore[arg-type]
     guard.submit("op-1", "d", {}, 1, "a", True)  # ambiguous at once: a dropped connection
     assert guard.readback("op-1", 1).status == "committed"
+
+
+def test_the_guard_names_the_adapters_readback_or_the_plain_words() -> None:
+    class Named:
+        def readback_source(self, operation_id: str) -> str:
+            return f"SELECT ... WHERE operation_id = '{operation_id}'"
+
+    named = PassGuard(Named(), "db", 1.0)  # type: ignore[arg-type]
+    assert named.readback_source("op-1") == "SELECT ... WHERE operation_id = 'op-1'"
+    plain = PassGuard(object(), "mail", 1.0)  # type: ignore[arg-type]
+    assert plain.readback_source("op-2") == "readback of op-2"

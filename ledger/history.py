@@ -60,6 +60,7 @@ from ledger.events import (
     RecoveryReceipt,
     decode_event,
 )
+from ledger.scope import open_fields
 
 __all__ = [
     "NOT_RECORDED",
@@ -466,6 +467,11 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
             extra = f", consumed by {e.consumed_by}"
         if e.revoked_by:
             extra += f", revoked by {e.revoked_by}"
+        if e.scope_operation_id:
+            extra = f", for {e.scope_operation_id}{extra}"
+        opened = open_fields(e)
+        if opened:
+            extra += f"; open to any {', '.join(opened)}"
         return (
             f"approval {e.approval_id} {e.status} by {e.reviewer}: subject {e.scope_subject}, "
             f"up to {e.scope_max_amount_minor} minor units, policy {e.policy_version}, "

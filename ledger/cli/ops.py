@@ -1,5 +1,5 @@
-"""Operators' and auditors' commands: intents, approvals, claims, state,
-reconciliation, audit and the ledger clock (the reference sinks are the testbed's).
+"""Operators' and auditors' commands: intents, forks, claims, state, policy,
+reconciliation, audit and the ledger clock (approvals are :mod:`ledger.cli.approvals`).
 
 Commands that publish wait (by default) for the processor's decision and say
 what it was, since the ledger decides asynchronously.
@@ -8,13 +8,13 @@ what it was, since the ledger decides asynchronously.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ledger.cli.approvals import approve_cmd, revoke_cmd
 from ledger.cli.common import (
     EXIT_ENDED_ELSEWHERE,
     EXIT_ERROR,
@@ -27,22 +27,12 @@ from ledger.cli.common import (
     instant_text,
     reader_ready,
 )
+from ledger.cli.inputs import POLICY_VERSION
+from ledger.cli.inputs import in_grammar as _in_grammar
+from ledger.cli.inputs import non_blank as _non_blank
+from ledger.cli.inputs import publisher as _publisher
+from ledger.cli.inputs import ready as _ready
 from ledger.settings import LedgerSettings
-
-
-def _ready(settings: LedgerSettings) -> None:
-    """Fail fast, with the remedy, when the broker or the topics are not there."""
-    from ledger.topics import check_topics
-
-    check_topics(settings)
-
-
-def _publisher(settings: LedgerSettings) -> Any:
-    from ledger.tracing import configure
-    from producers.publisher import LedgerPublisher
-
-    configure("ledger-cli")  # OTEL_* variables: the publish is the trace's first span
-    return LedgerPublisher(settings, client_id="ledger-cli")
 
 
 def _report_decision(
@@ -100,41 +90,6 @@ def _wait_until(pub: Any, operation_id: str, until: frozenset[str], timeout_s: f
     except WaitTimeoutError as exc:
         fail(exc.message, EXIT_TIMEOUT)
     click.echo(f"{st.state}: {operation_id} ({st.reason})")
-
-
-def _non_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Refuse an empty or whitespace-only name or ID (``None``, an omitted option, passes)."""
-    if value is not None and not value.strip():
-        raise click.BadParameter("must not be empty or only white space")
-    return value
-
-
-def _in_grammar(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Refuse an operation ID outside the grammar (exit 2, before Kafka is asked)."""
-    from ledger.identity import operation_id_problem
-
-    if value is not None:
-        problem = operation_id_problem(value)
-        if problem is not None:
-            raise click.BadParameter(problem)
-    return value
-
-
-#: A policy version as an operator gives it: 1 or more (0 is refused, never "the default").
-POLICY_VERSION = click.IntRange(min=1)
-
-#: A parameter digest as ``ledger intent publish`` prints it: ``v2:`` and 64 lowercase hex
-#: digits (SHA-256), or the 64 digits alone of a version-1 digest.
-DIGEST = re.compile(r"(v2:)?[0-9a-f]{64}")
-
-
-def _digest(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is not None and not DIGEST.fullmatch(value):
-        raise click.BadParameter(
-            "takes a parameter digest: 'v2:' and 64 lowercase hex digits, as "
-            "'ledger intent publish' prints it"
-        )
-    return value
 
 
 _WAIT = click.option(
@@ -388,234 +343,6 @@ def fork_cmd(
 
 
 # ---------------------------------------------------------------------- authority
-
-
-def _reviewer_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from ledger.cli.keys import person_name
-
-    return person_name(ctx, param, value)
-
-
-def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
-    from ledger.signing import ReviewerKey
-
-    path = settings.run_dir / "reviewers" / f"{name}.key"
-    if not path.exists():
-        raise click.ClickException(
-            f"reviewer {name!r} has no signing key; create one with 'ledger reviewer add {name}'"
-        )
-    try:
-        return ReviewerKey.from_file(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        from ledger.errors import LocalFileError
-
-        raise LocalFileError(
-            f"the reviewer key file {path} is unreadable ({exc}); restore it, or make a new "
-            f"key under a new name with `ledger reviewer add`",
-            observed=str(exc),
-        ) from exc
-
-
-@click.command("approve")
-@click.option(
-    "--approval-id",
-    required=True,
-    callback=_non_blank,
-    help="Approval ID (the review decision's ID); intents name it with --approval-id.",
-)
-@click.option(
-    "--reviewer", required=True, callback=_reviewer_name, help="Reviewer; signs with their key."
-)
-@click.option("--subject", required=True, callback=_non_blank, help="Subject the approval covers.")
-@click.option(
-    "--max-amount-minor",
-    type=click.IntRange(min=0),
-    required=True,
-    help="Largest amount covered, in minor units (pence, cents), read from the parameter the "
-    "sink's contract names (amount_minor unless it says otherwise); an intent whose parameters "
-    "lack it is refused.",
-)
-@click.option(
-    "--expires-in-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=3600.0,
-    show_default=True,
-    help="Expiry, seconds after now on the ledger clock.",
-)
-@click.option(
-    "--operation-id",
-    default=None,
-    callback=_non_blank,
-    help="Bind the approval to one operation ID (e.g. refund:1842:v3).",
-)
-@click.option(
-    "--policy-version",
-    type=POLICY_VERSION,
-    default=None,
-    help="Policy version granted under, 1 or more (default: the version in force on the ledger, "
-    "`ledger policy show`). An approval granted under another version than the one in force "
-    "admits nothing.",
-)
-@click.option(
-    "--action",
-    default=None,
-    callback=_non_blank,
-    help="Admit only this action (e.g. refund): a payout under a refund's approval is refused.",
-)
-@click.option(
-    "--sink",
-    default=None,
-    callback=_non_blank,
-    help="Admit only operations at this sink (its name in the sink registry, e.g. payments).",
-)
-@click.option(
-    "--currency",
-    default=None,
-    callback=_non_blank,
-    help="Admit only operations whose params.currency is this (e.g. GBP): without it, "
-    "'5000' covers 5000 of any currency.",
-)
-@click.option(
-    "--account",
-    default=None,
-    callback=_non_blank,
-    help="Admit only operations whose params.account is this (e.g. acct-1842).",
-)
-@click.option(
-    "--purpose",
-    default=None,
-    callback=_non_blank,
-    help="Admit only operations declaring this purpose (e.g. fee-remediation).",
-)
-@click.option(
-    "--parameter-digest",
-    default=None,
-    callback=_digest,
-    help="Admit only the operation with exactly these parameters: its parameter digest "
-    "('v2:' and 64 hex digits), as 'ledger intent publish' prints it.",
-)
-def approve_cmd(
-    approval_id: str,
-    reviewer: str,
-    subject: str,
-    max_amount_minor: int,
-    expires_in_s: float,
-    operation_id: str | None,
-    policy_version: int | None,
-    action: str | None,
-    sink: str | None,
-    currency: str | None,
-    account: str | None,
-    purpose: str | None,
-    parameter_digest: str | None,
-) -> None:
-    """Publish a signed review decision (an approval).
-
-    The authority kernel admits one exact operation with it, once, while it is
-    current: not expired or revoked, granted under the policy in force, and
-    covering the operation's scope: its subject, its amount (up to
-    --max-amount-minor), and each of --operation-id, --action, --sink,
-    --currency, --account, --purpose and --parameter-digest that is given.
-    An operation outside the scope is refused with the field and both values
-    ('out of scope: currency EUR, approved GBP') and the approval stays
-    unused. The reviewer's signature covers every field given.
-
-    Example (5000 pence of a GBP refund at the payments sink):
-
-    \b
-      ledger approve --approval-id review-1842 --reviewer alice \\
-        --subject customer-1842 --max-amount-minor 5000 \\
-        --currency GBP --action refund --sink payments
-    """
-    from consumers.reader import policy_in_force
-    from ledger.clock import clock_for
-    from ledger.events import Approval
-
-    settings = current_settings()
-    _ready(settings)
-    key = _reviewer_key(settings, reviewer)
-    now = clock_for(settings.clock, settings.run_dir).now_ms()
-    in_force = policy_in_force(settings)
-    current = in_force.version if in_force is not None else settings.policy_version
-    if policy_version is not None and policy_version != current:
-        click.echo(
-            f"warning: policy {current} is in force; an approval under policy {policy_version} "
-            "admits nothing until that version is set (`ledger policy set`)",
-            err=True,
-        )
-    approval = key.sign(
-        Approval(
-            approval_id=approval_id,
-            reviewer=reviewer,
-            policy_version=policy_version if policy_version is not None else current,
-            expires_at_ms=now + int(expires_in_s * 1000),
-            scope_subject=subject,
-            scope_max_amount_minor=max_amount_minor,
-            scope_operation_id=operation_id,
-            granted_at_ms=now,
-            scope_action=action,
-            scope_sink=sink,
-            scope_currency=currency,
-            scope_account=account,
-            scope_purpose=purpose,
-            scope_parameter_digest=parameter_digest,
-        ),
-        ledger_id=settings.ledger_identity,
-    )
-    pub = _publisher(settings)
-    try:
-        pub.publish_approval(approval)
-    finally:
-        pub.close()
-    bound = ", ".join(
-        f"{name} {value}"
-        for name, value in (
-            ("operation", operation_id),
-            ("action", action),
-            ("sink", sink),
-            ("currency", currency),
-            ("account", account),
-            ("purpose", purpose),
-            ("parameter digest", parameter_digest),
-        )
-        if value is not None
-    )
-    click.echo(
-        f"approval {approval_id} by {reviewer}: {subject}, up to {max_amount_minor} minor units"
-        + (f" ({bound})" if bound else "")
-        + f", policy {approval.policy_version}, expires at "
-        + instant_text(approval.expires_at_ms, now)
-        + " on the ledger clock"
-    )
-
-
-@click.command("revoke")
-@click.argument("approval_id", callback=_non_blank)
-@click.option(
-    "--by",
-    required=True,
-    callback=_non_blank,
-    help="Reviewer or operator who revokes it; signs with their key "
-    "(ledger reviewer add / ledger operator add).",
-)
-def revoke_cmd(approval_id: str, by: str) -> None:
-    """Withdraw an approval; nothing new may be admitted with it."""
-    from consumers.reader import latest_by_key, read_topic
-    from ledger.events import Approval
-
-    settings = current_settings()
-    _ready(settings)
-    record = latest_by_key(read_topic(settings, "approvals")).get(approval_id)
-    if record is None or not isinstance(record.event, Approval):
-        raise click.ClickException(f"no approval {approval_id!r} in the ledger")
-    pub = _publisher(settings)
-    try:
-        pub.publish_approval(
-            record.event.model_copy(update={"status": "REVOKED", "revoked_by": by})
-        )
-    finally:
-        pub.close()
-    click.echo(f"approval {approval_id} revoked by {by}")
 
 
 @click.group("policy")

@@ -681,7 +681,8 @@ _PUBLISH = (
 )  # fmt: skip
 _APPROVE = (
     "approve", "--approval-id", "ap-files", "--reviewer", "rev-files",
-    "--subject", "customer-1", "--max-amount-minor", "1",
+    "--subject", "customer-1", "--max-amount-minor", "1", "--operation-id", "refund:1:v1",
+    "--open", "account", "--open", "action", "--open", "sink", "--open", "currency",
 )  # fmt: skip
 _CORRUPTIONS = {"garbage": b"\x00\xff{not json", "empty": b"", "wrong-shape": b'["a", 1]'}
 

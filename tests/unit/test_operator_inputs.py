@@ -17,9 +17,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from consumers import reader
-from ledger.cli import main, ops
+from ledger.cli import approvals, main, ops
 from ledger.errors import LedgerError
 from ledger.events import Approval, Disposition, PolicyChange
+from ledger.history import describe as summary
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, load_trusted, trust, verify
 from ledger.states import RecoveryState
@@ -67,8 +68,9 @@ class FakePublisher:
 def published(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePublisher]:
     """No broker check; publishing goes to a fake."""
     fake = FakePublisher()
-    monkeypatch.setattr(ops, "_ready", lambda settings: None)
-    monkeypatch.setattr(ops, "_publisher", lambda settings: fake)
+    for module in (ops, approvals):
+        monkeypatch.setattr(module, "_ready", lambda settings: None)
+        monkeypatch.setattr(module, "_publisher", lambda settings: fake)
     monkeypatch.setattr(reader, "policy_in_force", lambda settings: fake.policy)
     yield fake
 
@@ -96,6 +98,10 @@ APPROVE = [
     "customer-1",
     "--max-amount-minor",
     "5000",
+    "--operation-id",
+    "refund:1:v1",
+    "--parameter-digest",
+    "cd" * 32,
 ]
 
 
@@ -324,7 +330,7 @@ def test_approve_signs_every_scope_option_given(run_dir: Path, published: FakePu
     ledger("reviewer", "add", "alice")
     digest = "ab" * 32
     result = ledger(
-        *APPROVE,
+        *APPROVE[:11],
         "--action",
         "refund",
         "--sink",
@@ -354,6 +360,31 @@ def test_approve_signs_every_scope_option_given(run_dir: Path, published: FakePu
     assert (
         verify(approval.model_copy(update={"scope_currency": "EUR"}), trusted, "ledger") is not None
     )
+
+
+def test_approve_binds_one_exact_operation_unless_a_field_is_opened_on_purpose(
+    run_dir: Path, published: FakePublisher
+) -> None:
+    """Issue 28: an approval made as the README showed (subject, cap, currency, action,
+    sink) left the account and the operation open, and a service paid itself with it."""
+    ledger("reviewer", "add", "alice")
+    loose = [*APPROVE[:9], "--currency", "GBP", "--action", "refund", "--sink", "payments"]
+    result = ledger(*loose)
+    refused(result, "would admit any operation-id, account", "--open account")
+    assert result.exit_code == 2 and published.approvals == []
+    refused(ledger(*loose, "--operation-id", "refund:1:v1"), "any account")
+    refused(ledger(*loose, "--account", "a", "--open", "account"), "contradict")
+    bound = ledger(*loose, "--operation-id", "refund:1:v1", "--account", "acct-1")
+    assert bound.exit_code == 0, bound.output
+    assert "open" not in bound.output
+    standing = ledger(*loose, "--open", "operation-id", "--open", "account")
+    assert standing.exit_code == 0, standing.output
+    assert "left open on purpose: operation-id, account" in standing.output
+    first, second = published.approvals
+    assert (first.scope_operation_id, first.scope_account) == ("refund:1:v1", "acct-1")
+    assert (second.scope_operation_id, second.scope_account) == (None, None)
+    assert summary(second).endswith("open to any operation-id, account")
+    assert "open to" not in summary(first)
 
 
 def test_approve_help_teaches_each_scope_option() -> None:

@@ -84,6 +84,17 @@ class BrokerError(LedgerError):
     """
 
 
+class DeliveryUnknownError(LedgerError):
+    """A published record was not acknowledged in time: it may still be delivered.
+
+    The client keeps trying until its delivery timeout, and a request already
+    sent may have been written by the broker, so the record is neither
+    "failed" nor "published". Publishing the same operation again (the same
+    operation ID and parameters) is always safe and tells which: the ledger
+    records an intent once and answers a repeat with the state it holds.
+    """
+
+
 class BrokerUnavailableError(BrokerError):
     """The broker does not answer, or not in time; trying again later can succeed.
 

@@ -34,7 +34,7 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from ledger.authn import seal_headers
 from ledger.authority import policy_key
 from ledger.credentials import Credentials, load_keyring
-from ledger.errors import InputBoundsError, LedgerError
+from ledger.errors import DeliveryUnknownError, InputBoundsError, LedgerError
 from ledger.events import (
     Approval,
     Claim,
@@ -415,9 +415,12 @@ class LedgerPublisher:
         deadline = time.monotonic() + timeout_s
         while not delivered:
             if time.monotonic() > deadline:
-                raise LedgerError(
-                    f"publishing to {self.settings.topic(topic)} timed out after {timeout_s} s; "
-                    "is the broker running (ledger broker status)?"
+                raise DeliveryUnknownError(
+                    f"{event.KIND} {key!r} was not acknowledged by {self.settings.topic(topic)} "
+                    f"within {timeout_s:g} s: it may still be delivered (this client keeps "
+                    "trying), so it has not failed; publish the same operation again to find "
+                    "out, which is always safe. Is the broker running (ledger broker status)?",
+                    observed=key,
                 )
             self.producer.poll(0.1)
         err, msg = delivered[0]
@@ -437,6 +440,8 @@ class LedgerPublisher:
             LedgerError: some were refused by the broker (the first reasons
                 named; the failures are then forgotten), or not all were
                 acknowledged within ``timeout_s`` (they stay pending).
+            DeliveryUnknownError: some were not acknowledged within
+                ``timeout_s``: they may still be delivered.
         """
         timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
         self.producer.flush(timeout_s)
@@ -448,9 +453,11 @@ class LedgerPublisher:
                 observed=len(failed),
             )
         if self._pending:
-            raise LedgerError(
-                f"{self._pending} record(s) not acknowledged after {timeout_s} s; "
-                "is the broker running (ledger broker status)?",
+            raise DeliveryUnknownError(
+                f"{self._pending} record(s) not acknowledged after {timeout_s:g} s: they may "
+                "still be delivered (this client keeps trying), so they have not failed; "
+                "publish the same operations again to find out, which is always safe. Is the "
+                "broker running (ledger broker status)?",
                 observed=self._pending,
             )
 
@@ -492,7 +499,10 @@ class LedgerPublisher:
             The operation ID, its parameter digest and where it landed.
 
         Raises:
-            LedgerError: invalid parameters, or the broker did not accept it.
+            LedgerError: invalid parameters, or the broker refused it.
+            DeliveryUnknownError: not acknowledged within ``send_timeout_s``: it
+                may still be delivered; publish the same operation again to
+                find out (never under a new operation ID).
             SchemaValidationError: the intent does not fit its schema.
         """
         intent = build_intent(
@@ -530,7 +540,9 @@ class LedgerPublisher:
             Where it landed (``None`` when not waited for).
 
         Raises:
-            LedgerError: the broker did not accept it (when waited for).
+            LedgerError: the broker refused it (when waited for).
+            DeliveryUnknownError: not acknowledged in time: it may still be
+                delivered (publish it again to find out).
             SchemaValidationError: the intent does not fit its schema.
         """
         if not wait:

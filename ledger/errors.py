@@ -11,6 +11,7 @@ The hierarchy (``retryable`` classes marked *)::
     LedgerError
     ├── BrokerError
     │   └── BrokerUnavailableError *
+    ├── DeliveryUnknownError *
     ├── TopicConfigError
     ├── SchemaError
     │   ├── UnknownSchemaError
@@ -93,6 +94,8 @@ class DeliveryUnknownError(LedgerError):
     operation ID and parameters) is always safe and tells which: the ledger
     records an intent once and answers a repeat with the state it holds.
     """
+
+    retryable: ClassVar[bool] = True
 
 
 class BrokerUnavailableError(BrokerError):

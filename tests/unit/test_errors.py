@@ -23,6 +23,7 @@ from ledger.errors import (
     BrokerUnavailableError,
     ConsumerStuckError,
     DecodeError,
+    DeliveryUnknownError,
     ForbiddenTransitionError,
     InputBoundsError,
     LedgerError,
@@ -56,6 +57,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     BrokerError: False,  # missing tools, busy ports, failed formats: fix first
     BrokerUnavailableError: True,  # no answer (yet): the broker may be restarting
     ConsumerStuckError: True,  # a new consumer asks afresh
+    DeliveryUnknownError: True,  # publishing the same operation again is safe and tells
     TopicConfigError: False,
     SettingsError: False,  # change the setting first
     SchemaError: False,

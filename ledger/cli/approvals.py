@@ -180,7 +180,7 @@ def approve_cmd(
     """
     from consumers.reader import policy_in_force
     from ledger.clock import clock_for
-    from ledger.events import Approval
+    from producers.review import grant
 
     given = {
         "operation-id": operation_id,
@@ -215,24 +215,24 @@ def approve_cmd(
             "admits nothing until that version is set (`ledger policy set`)",
             err=True,
         )
-    approval = key.sign(
-        Approval(
-            approval_id=approval_id,
-            reviewer=reviewer,
-            policy_version=policy_version if policy_version is not None else current,
-            expires_at_ms=now + int(expires_in_s * 1000),
-            scope_subject=subject,
-            scope_max_amount_minor=max_amount_minor,
-            scope_operation_id=operation_id,
-            granted_at_ms=now,
-            scope_action=action,
-            scope_sink=sink,
-            scope_currency=currency,
-            scope_account=account,
-            scope_purpose=purpose,
-            scope_parameter_digest=parameter_digest,
-        ),
+    approval = grant(
+        key,
+        approval_id=approval_id,
+        reviewer=reviewer,
+        subject=subject,
+        max_amount_minor=max_amount_minor,
+        expires_at_ms=now + int(expires_in_s * 1000),
+        granted_at_ms=now,
+        policy_version=policy_version if policy_version is not None else current,
         ledger_id=settings.ledger_identity,
+        operation_id=operation_id,
+        account=account,
+        action=action,
+        sink=sink,
+        currency=currency,
+        purpose=purpose,
+        parameter_digest=parameter_digest,
+        opened=opened,
     )
     pub = _publisher(settings)
     try:

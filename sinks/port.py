@@ -321,7 +321,9 @@ def open_sink(
     Args:
         endpoint: the sink's :class:`~sinks.registry.SinkEndpoint`.
         timeout_s: the overall deadline of every call, in seconds.
-        name: the sink's name, for messages.
+        name: the sink's name, for messages; passed to factories that take a
+            ``name`` keyword (an input of the parameter digest, which an
+            adapter may recompute).
         max_response_bytes: the most bytes of one answer an adapter reads
             (:mod:`sinks.limits`); passed to factories that take a
             ``max_response_bytes`` keyword (``None``: the adapter's default).
@@ -341,9 +343,12 @@ def open_sink(
         }
     )
     factory = adapter_factory(endpoint.adapter)
+    extra: dict[str, Any] = {}
     if max_response_bytes is not None and _takes(factory, "max_response_bytes"):
-        return factory(resolved, timeout_s=timeout_s, max_response_bytes=max_response_bytes)
-    return factory(resolved, timeout_s=timeout_s)
+        extra["max_response_bytes"] = max_response_bytes
+    if name and _takes(factory, "name"):
+        extra["name"] = name
+    return factory(resolved, timeout_s=timeout_s, **extra)
 
 
 def _takes(factory: AdapterFactory, keyword: str) -> bool:

@@ -69,7 +69,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.contracts import PostconditionQuery
-from ledger.errors import SinkConfigError, SinkUnavailableError
+from ledger.errors import LedgerError, SinkConfigError, SinkUnavailableError
+from ledger.identity import digest_version
+from ledger.identity import parameter_digest as compute_digest
 from sinks.adapters import postgres_schema as schema
 from sinks.adapters.postgres_call import Deadline, Phase, Watchdog, classify
 from sinks.adapters.postgres_session import Session
@@ -112,8 +114,11 @@ class PostgresAdapter(UnsupportedParts):
         SinkConfigError: psycopg is missing, or a config key is unknown or invalid.
     """
 
-    def __init__(self, dsn: str, config: dict[str, Any], *, timeout_s: float) -> None:
+    def __init__(
+        self, dsn: str, config: dict[str, Any], *, timeout_s: float, sink: str = ""
+    ) -> None:
         self._pg = _psycopg()
+        self.sink = sink
         self.timeout_s = timeout_s
         self.settings = schema.Settings.from_config(config)
         self._session = Session(self._pg, dsn, self.settings, timeout_s=timeout_s)
@@ -127,6 +132,39 @@ class PostgresAdapter(UnsupportedParts):
         )
 
     # ------------------------------------------------------------------ submit
+
+    def _digest_mismatch(
+        self,
+        digest: str,
+        params: dict[str, Any],
+        action: str | None,
+        subject: str | None,
+        purpose: str | None,
+        decision_version: int | None,
+    ) -> str | None:
+        """Why ``digest`` is not these parameters' digest, or ``None`` (also when
+        the sink's name or an input is unknown: nothing to recompute with)."""
+        if not self.sink or None in (action, subject, purpose, decision_version):
+            return None
+        try:
+            expected = compute_digest(
+                action=str(action),
+                params=params,
+                subject=str(subject),
+                purpose=str(purpose),
+                decision_version=int(decision_version),  # type: ignore[arg-type]
+                sink=self.sink,
+                version=digest_version(digest),
+            )
+        except (LedgerError, ValueError) as exc:
+            return f"parameter_digest_mismatch: the params are not JSON values ({exc})"
+        if expected == digest:
+            return None
+        return (
+            f"parameter_digest_mismatch: {digest[:20]} is not the digest of these params, "
+            f"action, subject, purpose and decision version for sink {self.sink} "
+            f"({expected[:20]}): nothing was written"
+        )
 
     def submit(
         self,
@@ -147,16 +185,19 @@ class PostgresAdapter(UnsupportedParts):
 
         Args:
             operation_id: the stable operation ID.
-            parameter_digest: digest of the semantic parameters (stored; the
-                adapter does not recompute it).
+            parameter_digest: digest of the semantic parameters, stored; when
+                the adapter knows its sink's name and every digest input is
+                given, it recomputes it first and refuses a mismatch
+                (``rejected``, nothing written): parameters that are not the
+                ones admitted never reach the database.
             params: the parameters, the effect statement's placeholders.
             fencing_token: the operation's current token, or ``None`` (not fenced).
             attempt_id: this attempt's identity (stored).
             use_key: deduplicate by the key; ``False`` makes a new effect each call.
-            action: unused (a digest input the ledger already folded in).
-            subject: unused (as ``action``).
-            purpose: unused (as ``action``).
-            decision_version: unused (as ``action``).
+            action: a digest input.
+            subject: a digest input.
+            purpose: a digest input.
+            decision_version: a digest input.
             idempotency_key: the key when ``use_key``; default the operation ID.
 
         Returns:
@@ -168,6 +209,11 @@ class PostgresAdapter(UnsupportedParts):
             SinkConfigError: the DSN's credentials, the tables or the
                 adapter's own statements do not work (a configuration problem).
         """
+        mismatch = self._digest_mismatch(
+            parameter_digest, params, action, subject, purpose, decision_version
+        )
+        if mismatch is not None:
+            return SubmitResult("rejected", operation_id, detail=mismatch, sent=False)
         effect_id = f"pg-{uuid.uuid4().hex}"
         key = (idempotency_key or operation_id) if use_key else effect_id
         values = {
@@ -388,17 +434,19 @@ class PostgresAdapter(UnsupportedParts):
             self._session.drop()
 
 
-def open_adapter(endpoint: Any, *, timeout_s: float) -> PostgresAdapter:
+def open_adapter(endpoint: Any, *, timeout_s: float, name: str = "") -> PostgresAdapter:
     """The ``postgres`` adapter (:mod:`sinks.port`) for a sink registry entry.
 
     Args:
         endpoint: the sink's :class:`~sinks.registry.SinkEndpoint` (``url`` is the DSN).
         timeout_s: the deadline of every call, in seconds.
+        name: the sink's registered name (the adapter recomputes parameter
+            digests with it; empty: it does not).
 
     Raises:
         SinkConfigError: psycopg is missing, or the url or config is invalid.
     """
-    return PostgresAdapter(endpoint.url, dict(endpoint.config), timeout_s=timeout_s)
+    return PostgresAdapter(endpoint.url, dict(endpoint.config), timeout_s=timeout_s, sink=name)
 
 
 open_adapter.capabilities = CAPABILITIES  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ import pytest
 
 from ledger.contracts import ACCOUNT_CREDITS, EffectContract
 from ledger.errors import SinkConfigError
+from ledger.identity import parameter_digest
 from sinks.adapters.postgres import PostgresAdapter
 from sinks.port import open_sink
 from sinks.registry import SinkEndpoint
@@ -97,6 +98,27 @@ def test_other_parameters_under_the_key_are_refused_and_make_nothing(
     drift = sink.submit(op, "digest-b", _params(account, 900), 1, "a2", True)
     assert drift.status == "key_reused" and "digest-a" in drift.detail
     assert _credits(pg.dsn, op) == 1 and _ops_rows(pg.dsn, op) == 1
+
+
+def test_parameters_that_are_not_the_admitted_ones_never_reach_the_database(
+    pg: PostgresServer,
+) -> None:
+    """Opened for a named sink, the adapter recomputes the parameter digest (the sink's
+    name is one of its inputs) and refuses a mismatch before it writes anything."""
+    endpoint = SinkEndpoint(url=pg.dsn, contract=EffectContract(), adapter="postgres")
+    adapter = open_sink(endpoint, timeout_s=TIMEOUT_S, name="payments")
+    op, account = _ids()
+    who = {"action": "refund", "subject": "customer-1", "purpose": "p", "decision_version": 1}
+    admitted = parameter_digest(params=_params(account), sink="payments", **who)  # type: ignore[arg-type]
+    try:
+        swapped = adapter.submit(op, admitted, _params("acct-attacker"), 1, "a1", True, **who)  # type: ignore[arg-type]
+        assert swapped.status == "rejected" and not swapped.sent, swapped
+        assert "parameter_digest_mismatch" in swapped.detail
+        assert _credits(pg.dsn, op) == 0 and _ops_rows(pg.dsn, op) == 0
+        ok = adapter.submit(op, admitted, _params(account), 1, "a2", True, **who)  # type: ignore[arg-type]
+        assert ok.status == "committed" and _credits(pg.dsn, op) == 1
+    finally:
+        adapter.close()
 
 
 def test_a_lower_fencing_token_is_refused_on_submit_and_readback(

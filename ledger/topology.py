@@ -158,6 +158,15 @@ TOPICS: tuple[TopicSpec, ...] = (
         "reconciliation", "operation ID", "compact", writers="processor", roles=("processor",)
     ),
     TopicSpec(
+        "compensation-tally",
+        "operation ID (a request or release: the original's; a verdict: the compensation's)",
+        "delete",
+        retention_ms=7 * 24 * 3600 * 1000,
+        audited=False,
+        writers="processor (the original's owner decides each compensation's claim on it)",
+        roles=("processor",),
+    ),
+    TopicSpec(
         "operating-events",
         "operation ID",
         "delete",

@@ -159,11 +159,12 @@ TOPICS: tuple[TopicSpec, ...] = (
     ),
     TopicSpec(
         "compensation-tally",
-        "operation ID (a request or release: the original's; a verdict: the compensation's)",
+        "operation ID",
         "delete",
         retention_ms=7 * 24 * 3600 * 1000,
         audited=False,
-        writers="processor (the original's owner decides each compensation's claim on it)",
+        writers="processor (a request or release keyed by the original, whose owner "
+        "decides it; the verdict keyed by the compensation)",
         roles=("processor",),
     ),
     TopicSpec(

@@ -458,8 +458,8 @@ def compensation_counts(states: Mapping[str, OperationState]) -> CompensationCou
 
     Returns:
         The :class:`CompensationCounts`; when two compensations of one
-        original settled (which the ledger does not prevent across
-        partitions), ``compensated_by`` names the lower operation ID.
+        original settled (partial ones, or ones decided by a release before
+        the original's tally), ``compensated_by`` names the lower operation ID.
     """
     linked: dict[str, str] = {}
     settled = attempts = failures = refused = 0

@@ -14,7 +14,9 @@ from __future__ import annotations
 import pytest
 
 from consumers.auditor import run_audit
+from consumers.history import read_history
 from consumers.reader import current_states
+from ledger.events import CompensationTally
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from ledger.topology import partition_for
@@ -78,6 +80,11 @@ def test_two_compensations_decided_unseen_by_two_processors_pay_once(
         assert harness.effects("credits", refused.operation_id) == 0
         assert states[paid].tally == "GRANTED"
         assert states[ORIGINAL].compensations_granted == f'[["{paid}",{AMOUNT}]]'
+        history = read_history(settings, ORIGINAL, links=True)
+        assert history.compensated_by == (paid,)
+        tallies = [e.record.event for e in history.entries]
+        kinds = sorted(t.kind for t in tallies if isinstance(t, CompensationTally))
+        assert "REQUEST" in kinds, kinds  # the original's owner decided the claims
         assert run_audit(settings, read_sinks=False).violations == []
         assert not harness.crashed() and not harness.failed()
     finally:

@@ -23,10 +23,12 @@ approval's partition:
    :func:`_verdict`): refused, it is ``ABANDONED`` with the reason; granted,
    it goes on as before (admission requested, or reauthorisation when the
    intent carried no approval).
-4. A granted compensation that ends ``ABANDONED`` (the sink refused it, an
-   operator abandoned it) writes a ``RELEASE`` keyed by the original
+4. A granted compensation that ends ``ABANDONED`` without effect (the sink
+   refused it) writes a ``RELEASE`` keyed by the original
    (:func:`with_release`), which returns its share: the tally counts every
-   compensation that may still take effect, or has.
+   compensation that may still take effect, or has. One abandoned from
+   ``UNKNOWN_OUTCOME`` by a person's disposition may have acted: its share
+   stays counted.
 
 Every step is a decision of the fold, journaled with the facts it was made
 with, so the auditor's replay reaches ``ledger.state`` exactly.
@@ -352,14 +354,17 @@ def with_release(before: OperationState | None, decision: Decision, ref: str) ->
 
     Returns:
         ``decision`` itself, or, when it abandons a compensation whose claim
-        was granted, the decision with ``tally`` ``RELEASED`` and a
-        ``RELEASE`` keyed by the original.
+        was granted and whose effect is known absent (the sink refused it),
+        the decision with ``tally`` ``RELEASED`` and a ``RELEASE`` keyed by
+        the original. A compensation abandoned from ``UNKNOWN_OUTCOME`` (a
+        person accepted not knowing whether it acted) keeps its share.
     """
     new = decision.state
     if (
         before is None
         or before.tally != "GRANTED"
         or before.compensates is None
+        or before.state == S.UNKNOWN_OUTCOME  # abandoned not knowing: it may have acted
         or decision.outcome != "APPLIED"
         or new is None
         or new.state != S.ABANDONED

@@ -13,7 +13,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.events import CompensationTally, Event, Intent, JournalEntry, OperationState
+from ledger.events import (
+    CompensationTally,
+    Disposition,
+    Event,
+    Intent,
+    JournalEntry,
+    OperationState,
+)
 from ledger.fold import CompensationFacts, Decision, decide, journal_entry, replay
 from ledger.fold.tally import grants_of
 from ledger.states import RecoveryState as S
@@ -237,3 +244,25 @@ def test_facts_journaled_before_the_tally_ask_for_admission_at_once() -> None:
     old = entry.model_copy(update={"compensation_facts": text.replace(', "tally": false', "")})
     assert CompensationFacts.from_json(old.compensation_facts) == legacy
     assert replay([old])[FIRST] == d.state
+
+
+def test_a_compensation_abandoned_not_knowing_whether_it_acted_keeps_its_share() -> None:
+    ledger = Ledger()
+    ledger.feed(ledger.at_original(ask(ledger, reversal(FIRST))))
+    ledger.feed(helpers.admission(reversal(FIRST)))
+    unknown = ledger.feed(helpers.receipt(FIRST, f"{FIRST}#1.1", "AMBIGUOUS"))
+    assert unknown.state is not None and unknown.state.state == S.UNKNOWN_OUTCOME
+    abandon = Disposition(
+        disposition_id="d-1",
+        operation_id=FIRST,
+        decision="ABANDON",
+        by="operator-3",
+        evidence="gateway cannot say",
+        disposed_at_ms=9000,
+        episode=unknown.state.entered_version,
+    )
+    d = ledger.feed(abandon)
+    assert d.state is not None and d.state.state == S.ABANDONED and d.state.tally == "GRANTED"
+    assert not tallies(d)
+    assert grants_of(ledger.states[ORIGINAL]) == ((FIRST, AMOUNT),)
+    assert ledger.at_original(ask(ledger, reversal(SECOND))).kind == "REFUSED"

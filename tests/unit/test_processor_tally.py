@@ -20,10 +20,12 @@ from consumers.processor import Processor
 from consumers.stage import Record
 from ledger.contracts import EffectContract
 from ledger.events import AdmissionRequest, CompensationTally, Event, Intent, OperationState
+from ledger.fold import CompensationFacts, decide
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from sinks.registry import SinkEndpoint, save_sinks
 from tests.helpers import admission, intent, keyed, receipt
+from tests.unit.test_processor_restore import FakeTopics
 from tests.unit.test_processor_verify import Captured
 
 ORIGINAL = "credit:pt:v1"
@@ -99,3 +101,40 @@ def test_the_originals_owner_admits_one_of_two_compensations_decided_unseen(
     second = two.current(SECOND)
     assert isinstance(second, OperationState) and second.state == S.ABANDONED
     assert f"already compensated by {FIRST}" in second.reason, second.reason
+
+
+def test_a_restored_compensation_waiting_for_the_tally_is_no_admission_resume(
+    settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topics = FakeTopics(settings)
+    monkeypatch.setattr(processor_module, "read_partition", topics.read_partition)
+    monkeypatch.setattr(processor_module, "await_settled", lambda *a, **k: 0.0)
+    # Both keys name partition 1 of 3, where the fake state topic's records are.
+    waiting = decide(
+        None, reversal("credit-reversal:pt:v3"), "intents:1:1", compensation=_observed()
+    )
+    plain = decide(None, intent("refund:pt:v2"), "intents:1:2")
+    for d in (waiting, plain):
+        assert d.state is not None and d.state.state == S.NOT_ADMITTED
+        topics.append("state", d.state.operation_id, d.state.to_bytes())
+    assert waiting.state is not None and waiting.state.tally == "REQUESTED"
+    p = Processor(settings)
+    p.on_assign({1})
+    # The plain one waits for the kernel (its decision resumes it); the
+    # compensation waits for its original's tally and asks for admission later.
+    assert p.admission_resumes == {"refund:pt:v2"}
+
+
+def _observed() -> CompensationFacts:
+    return CompensationFacts(
+        original_state="OUTCOME_VERIFIED",
+        original_sink="credits",
+        consequence="reversible-internal",
+        compensable=True,
+        observed_scope=True,
+        original_subject="customer-1",
+        original_account='"acct-1"',
+        original_amount_minor=3000,
+        amount_field="amount_minor",
+        tally=True,
+    )

@@ -1,11 +1,12 @@
 """The processor: the single writer of every operation's recovery state.
 
 Inputs (co-partitioned, ``range``-assigned): intents, admission decisions,
-effect receipts, readbacks and claims. For each input it runs the pure
-:func:`ledger.fold.decide` and writes, in one Kafka transaction with its
-consumer offsets: the new state (``ledger.state``), the journal entry
-(``ledger.journal``), and any dispatch, admission request, recovery receipt,
-reconciliation item or operating event. Its in-memory state is restored from
+effect receipts, readbacks, claims, dispositions and compensation tallies.
+For each input it runs the pure :func:`ledger.fold.decide` and writes, in
+one Kafka transaction with its consumer offsets: the new state
+(``ledger.state``), the journal entry (``ledger.journal``), and any
+dispatch, admission request, tally record, recovery receipt, reconciliation
+item or operating event. Its in-memory state is restored from
 ``ledger.state`` on partition assignment (the changelog pattern).
 
 Before an intent can consume an approval, the processor looks its sink up in
@@ -29,7 +30,11 @@ recovery receipt.
 An intent that ``compensates`` another operation is decided with what the
 processor observed of the original and of its other compensations
 (:meth:`Processor.compensation_facts`: ``ledger.state`` with its own open
-transaction laid over it), journaled with the decision for replay.
+transaction laid over it), journaled with the decision for replay. One that
+passes waits for the original's tally: its claim on the original's effect
+is decided by the processor that owns the original, from the
+``compensation-tally`` requests it reads on the original's partition (see
+:mod:`ledger.fold.tally`; the original's amount it observes is journaled too).
 
 A state record that is refused on restore (its seal is missing or wrong, or
 it does not decode) and is the latest record of its key has displaced the
@@ -45,9 +50,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 from confluent_kafka import Message
 
+from consumers.compensations import observe_compensation, observe_tally
 from consumers.metrics import refusal_kind
 from consumers.stage import (
     Record,
@@ -61,12 +68,12 @@ from consumers.stage import (
     seal_refusal_kind,
 )
 from ledger.authn import unverifiable
-from ledger.authority import DEFAULT_AMOUNT_FIELD
 from ledger.contracts import postcondition_request
 from ledger.errors import LedgerError, LocalFileError
 from ledger.events import (
     AdmissionDecision,
     Claim,
+    CompensationTally,
     Dispatch,
     Intent,
     JournalEntry,
@@ -77,11 +84,8 @@ from ledger.events import (
 from ledger.fold import (
     CompensationFacts,
     Decision,
-    account_of,
-    amount_of,
     decide,
     journal_entry,
-    priors_of,
     ref_of,
     replay_decisions,
 )
@@ -121,7 +125,15 @@ class Processor(Stage):
     """
 
     component = "processor"
-    inputs = ("intents", "admissions", "receipts", "readbacks", "claims", "dispositions")
+    inputs = (
+        "intents",
+        "admissions",
+        "receipts",
+        "readbacks",
+        "claims",
+        "dispositions",
+        "compensation-tally",
+    )
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -191,80 +203,26 @@ class Processor(Stage):
     def compensation_facts(self, intent: Intent) -> CompensationFacts:
         """What the ledger knows of the original a compensation names, and of its compensations.
 
-        A compensation's key differs from its original's, and from its
-        siblings', so they may sit on other processors' partitions: every
-        partition of ``ledger.state`` is read (``read_committed``, seals
-        checked) for the original and for the other compensations of it,
-        and this processor's own decisions of the open transaction and
-        table are laid over what was read. Compensations are rare; the read
-        costs one pass over the compacted state topic each. A stale read is
-        safe for the original: settled states only move on to settled
-        states, so an original seen settled stays settled, and one not yet
-        seen settled is refused (publish the compensation again, under a
-        new ID, once it has). For the siblings it is what the auditor's
-        ``compensation-bounds`` check is for: two compensations of one
-        original decided at the same moment on two partitions each see the
-        other not yet (see DESIGN.md, "Effect contracts"). The sink registry
-        gives the original's consequence class, whether the compensation's
-        sink is ``compensable`` and where each sink's amount is. The fold
-        decides with these facts; the journal keeps them for replay.
+        Every partition of ``ledger.state`` is read, with this processor's
+        own decisions (table and open transaction) laid over it; see
+        :func:`consumers.compensations.observe_compensation`.
 
         Args:
             intent: an intent whose ``compensates`` is set.
 
         Returns:
-            The observed :class:`CompensationFacts`.
+            The observed :class:`CompensationFacts` (``tally`` true).
         """
-        original = intent.compensates or ""
-        read: dict[str, OperationState] = {}
 
-        def load(rec: Record | None, msg: Message) -> None:
-            if rec is None or not isinstance(rec.event, OperationState):
-                read.pop(key_text(msg), None)  # a tombstone or another kind ends what was read
-                return
-            if rec.key == original or rec.event.compensates == original:
-                read[rec.key] = rec.event
-            else:
-                read.pop(rec.key, None)
+        def read_state(load: Callable[[Record | None, Message], None]) -> int:
+            return read_partition(
+                self.settings, "state", None, load, keyring=self.keyring, retry=self.retry
+            )
 
-        read_partition(self.settings, "state", None, load, keyring=self.keyring, retry=self.retry)
-        for op in [*read, *self.pending]:
-            mine = self.current(op) if op in self.states or op in self.pending else None
-            if mine is not None and (op == original or mine.compensates == original):
-                read[op] = mine
-        found = read.pop(original, None)
-        read.pop(intent.operation_id, None)
-        log.info(
-            "processor: compensation %s: read %s from ledger.state: %s, %d other compensation(s)",
-            intent.operation_id,
-            original,
-            found.state if found is not None else "unknown",
-            len(read),
-        )
-        try:
-            sinks = self.registry.current()
-        except LedgerError:
-            sinks = {}  # unreadable: the original's sink counts as unregistered (refused)
-        fields = {name: e.contract.amount_field for name, e in sinks.items()}
-        original_sink = found.sink if found is not None else None
-        endpoint = sinks.get(original_sink) if original_sink is not None else None
-        own = sinks.get(intent.sink)
-        return CompensationFacts(
-            original_state=str(found.state) if found is not None else None,
-            original_sink=original_sink,
-            consequence=endpoint.contract.consequence if endpoint is not None else None,
-            compensable=own.contract.compensable if own is not None else False,
-            observed_scope=found is not None,
-            original_subject=found.subject if found is not None else None,
-            original_account=account_of(found.params_json) if found is not None else None,
-            original_amount_minor=(
-                amount_of(found.params_json, fields.get(found.sink, DEFAULT_AMOUNT_FIELD))[0]
-                if found is not None
-                else None
-            ),
-            amount_field=own.contract.amount_field if own is not None else DEFAULT_AMOUNT_FIELD,
-            prior=priors_of(original, read.values(), fields),
-        )
+        def mine(op: str) -> OperationState | None:
+            return self.current(op) if op in self.states or op in self.pending else None
+
+        return observe_compensation(intent, read_state, mine, list(self.pending), self.registry)
 
     def verification_pointless(self, dispatch: Dispatch) -> bool:
         """Whether a dispatch is an ordinary verification its sink cannot perform.
@@ -357,7 +315,11 @@ class Processor(Stage):
             self.partition_of[op] = partition
             restored[op] = (S(state.state) in RESUMABLE, state.version)
             self._track_unknown(op, state.state)
-            if state.state == S.NOT_ADMITTED and state.approval_id is not None:
+            if (
+                state.state == S.NOT_ADMITTED
+                and state.approval_id is not None
+                and state.tally != "REQUESTED"  # waits for its original's tally, not the kernel
+            ):
                 awaiting.add(op)
             else:
                 awaiting.discard(op)
@@ -744,13 +706,7 @@ class Processor(Stage):
                 and op not in self.admission_resumed
                 else None
             )
-            facts = (
-                self.compensation_facts(rec.event)
-                if isinstance(rec.event, Intent)
-                and rec.event.compensates is not None
-                and state is None
-                else None
-            )
+            facts = self._facts(rec.event, state)
             decision = decide(
                 state,
                 rec.event,
@@ -808,6 +764,14 @@ class Processor(Stage):
                         continue
                     event = self.stamped(event)
                 out.write(output.topic, output.key, event)
+
+    def _facts(self, event: object, state: OperationState | None) -> CompensationFacts | None:
+        """What the fold needs observed for a new compensation, or for a tally request."""
+        if isinstance(event, Intent) and event.compensates is not None and state is None:
+            return self.compensation_facts(event)
+        if isinstance(event, CompensationTally) and event.kind == "REQUEST" and state is not None:
+            return observe_tally(state, self.registry)
+        return None
 
     def _seams(self, rec: Record, decision: Decision) -> None:
         if (

@@ -98,7 +98,15 @@ STAGE_COMPONENTS: Mapping[str, str] = {
 #: Topics each stage consumes in its group (``Stage.inputs``; a unit test
 #: holds these to the stage classes).
 STAGE_INPUTS: Mapping[str, tuple[str, ...]] = {
-    "processor": ("intents", "admissions", "receipts", "readbacks", "claims", "dispositions"),
+    "processor": (
+        "intents",
+        "admissions",
+        "receipts",
+        "readbacks",
+        "claims",
+        "dispositions",
+        "compensation-tally",
+    ),
     "authority": ("admission-requests",),
     "relay": ("dispatches",),
 }

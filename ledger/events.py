@@ -301,6 +301,40 @@ class Claim(Event):
     expected_version: int
 
 
+#: Where a compensation's claim on its original's effect stands (``OperationState.tally``).
+TallyStatus = Literal["REQUESTED", "GRANTED", "REFUSED", "RELEASED"]
+
+#: The records of the original's tally (:class:`CompensationTally`).
+TallyKind = Literal["REQUEST", "GRANTED", "REFUSED", "RELEASE"]
+
+
+class CompensationTally(Event):
+    """A compensation's claim on its original's effect (written by the processor only).
+
+    The owner of the original decides every claim on its effect, one at a
+    time (see :mod:`ledger.fold.tally`): a compensation's ``REQUEST`` and,
+    once it ends abandoned without effect, its ``RELEASE`` are keyed by the
+    original's operation ID; the verdict (``GRANTED`` or ``REFUSED``, with
+    the reason) is keyed by the compensation's. ``request_state_version`` is
+    the compensation's episode when it asked (a verdict for another episode
+    changes nothing). ``amount_minor`` is the compensation's amount in minor
+    units (``None``: the whole effect); ``account`` its ``account`` parameter
+    as JSON text.
+    """
+
+    KIND: ClassVar[str] = "CompensationTally"
+    tally_id: str
+    operation_id: str
+    kind: TallyKind
+    original: str
+    compensation: str
+    request_state_version: int
+    subject: str | None = None
+    account: str | None = None
+    amount_minor: int | None = None
+    reason: str = ""
+
+
 class OperationState(Event):
     """Recovery state of one operation (key: operation ID; written by the processor only).
 
@@ -309,6 +343,13 @@ class OperationState(Event):
     transition sets it, a self-loop (a claim) keeps it. It names the episode
     that admission decisions (NOT_ADMITTED) and dispositions
     (UNKNOWN_OUTCOME) must answer; ``None`` in states of versions 1 to 4.
+
+    Schema version 6: ``tally`` is where a compensation's claim on its
+    original's effect stands (``REQUESTED`` while it waits for the
+    original's owner, then ``GRANTED``, ``REFUSED`` or, granted and then
+    abandoned without effect, ``RELEASED``); ``compensations_granted`` is an
+    original's tally, a JSON array of ``[compensation ID, amount in minor
+    units or null]`` in grant order (see :mod:`ledger.fold.tally`).
     """
 
     KIND: ClassVar[str] = "OperationState"
@@ -343,6 +384,8 @@ class OperationState(Event):
     absent_retries: int = 0
     compensates: str | None = None
     entered_version: int | None = None
+    tally: TallyStatus | None = None
+    compensations_granted: str | None = None
 
 
 class JournalEntry(Event):
@@ -501,6 +544,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         OperatingEvent,
         Disposition,
         PolicyChange,
+        CompensationTally,
     )
 }
 

@@ -65,7 +65,8 @@ TRANSITIONS: dict[tuple[S, S], str] = {
     ),
     (S.NOT_ADMITTED, S.ABANDONED): (
         "a compensation refused before admission: its original is unknown, has not settled, "
-        "is irreversible, or its sink is not compensable (no approval consumed)"
+        "is irreversible, or its sink is not compensable, or the original's tally refused "
+        "its claim on the effect (no approval consumed)"
     ),
     (S.NEEDS_REAUTHORISATION, S.NOT_ADMITTED): (
         "a new approval for the same operation and digest (reauthorisation)"

@@ -158,6 +158,16 @@ TOPICS: tuple[TopicSpec, ...] = (
         "reconciliation", "operation ID", "compact", writers="processor", roles=("processor",)
     ),
     TopicSpec(
+        "compensation-tally",
+        "operation ID",
+        "delete",
+        retention_ms=7 * 24 * 3600 * 1000,
+        audited=False,
+        writers="processor (a request or release keyed by the original, whose owner "
+        "decides it; the verdict keyed by the compensation)",
+        roles=("processor",),
+    ),
+    TopicSpec(
         "operating-events",
         "operation ID",
         "delete",

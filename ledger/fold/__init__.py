@@ -16,7 +16,8 @@ EFFECT_PENDING``) is checked and recorded hop by hop (:attr:`Decision.hops`).
 The fold is split by input kind: :mod:`~ledger.fold.core` (decisions,
 outputs, the one move, refusals, receipts), :mod:`~ledger.fold.intents`,
 :mod:`~ledger.fold.admissions`, :mod:`~ledger.fold.effects` (receipts and
-readbacks), :mod:`~ledger.fold.claims` and :mod:`~ledger.fold.dispositions`;
+readbacks), :mod:`~ledger.fold.claims`, :mod:`~ledger.fold.dispositions` and
+:mod:`~ledger.fold.tally` (a compensation's claim on its original's effect);
 :mod:`~ledger.fold.apply` routes an input to its module (:func:`decide`) and
 :mod:`~ledger.fold.journal` records decisions and replays them. Import from
 ``ledger.fold``: the modules are its layout, not its interface.

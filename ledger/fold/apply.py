@@ -5,6 +5,7 @@ from __future__ import annotations
 from ledger.events import (
     AdmissionDecision,
     Claim,
+    CompensationTally,
     Disposition,
     EffectReceipt,
     Event,
@@ -19,6 +20,7 @@ from ledger.fold.core import Decision, _refuse
 from ledger.fold.dispositions import _disposition
 from ledger.fold.effects import _readback, _receipt
 from ledger.fold.intents import _intent
+from ledger.fold.tally import decide_tally, with_release
 
 
 def decide(
@@ -35,8 +37,11 @@ def decide(
     Args:
         state: current state of the operation the event is keyed by, or
             ``None`` when the ledger has never seen it.
-        event: an Intent, AdmissionDecision, EffectReceipt, Readback, Claim
-            or Disposition (any other event is refused as ``BAD_INPUT``).
+        event: an Intent, AdmissionDecision, EffectReceipt, Readback, Claim,
+            Disposition or CompensationTally (any other event is refused as
+            ``BAD_INPUT``). A decision that abandons a compensation whose
+            claim its original's tally granted also returns that claim
+            (:func:`ledger.fold.tally.with_release`).
         ref: the input's position, ``topic:partition:offset``; IDs of the
             outputs are derived from it, so replay yields the same IDs.
         sink_problem: what the processor observed of an intent's sink.
@@ -46,7 +51,8 @@ def decide(
             written) after a crash or a takeover. The decision then writes a
             recovery receipt. Recorded in the journal, so replay decides the same.
         compensation: what the processor observed of the original an intent
-            ``compensates`` (see :mod:`ledger.fold.compensation`).
+            ``compensates`` (see :mod:`ledger.fold.compensation`), or, for a
+            tally request, of the original it is keyed by (:mod:`ledger.fold.tally`).
 
     Returns:
         The :class:`Decision`: the new state, ``APPLIED``/``REFUSED``/``NOOP``,
@@ -57,21 +63,23 @@ def decide(
     """
     if isinstance(event, Intent):
         return _intent(state, event, ref, sink_problem, compensation)
+    if isinstance(event, CompensationTally):
+        return with_release(state, decide_tally(state, event, ref, compensation), ref)
     if state is None:
         op = getattr(event, "operation_id", None)
         return _refuse(
             None, ref, op, "UNKNOWN_OPERATION", f"no operation {op!r} is known to the ledger"
         )
     if isinstance(event, AdmissionDecision):
-        return _admission(state, event, ref, resumed_by=resumed_by)
+        return with_release(state, _admission(state, event, ref, resumed_by=resumed_by), ref)
     if isinstance(event, EffectReceipt):
-        return _receipt(state, event, ref)
+        return with_release(state, _receipt(state, event, ref), ref)
     if isinstance(event, Readback):
-        return _readback(state, event, ref)
+        return with_release(state, _readback(state, event, ref), ref)
     if isinstance(event, Claim):
         return _claim(state, event, ref)
     if isinstance(event, Disposition):
-        return _disposition(state, event, ref)
+        return with_release(state, _disposition(state, event, ref), ref)
     return _refuse(
         state, ref, state.operation_id, "BAD_INPUT", f"{event.KIND} is not a processor input"
     )

@@ -22,8 +22,13 @@ compensations of the original that may still take or have taken effect
 approval) at most the original's amount in total. The processor observes
 those compensations (:class:`PriorCompensation`) with the original; facts a
 release before this check journaled carry none (``scoped`` false) and replay
-decides as that release did. The auditor checks the same rules on what the
-ledger holds (:func:`ledger.audit.invariants.compensation_bounds`).
+decides as that release did. Those observations may be stale: two
+compensations of one original decided at once on two partitions each see
+the other not yet. So a compensation that passes them does not ask for
+admission yet: it waits while the original's owner, the single writer of
+the original's state, decides its claim on the effect with every claim
+granted before it (:mod:`ledger.fold.tally`). The auditor checks the same
+rules on what the ledger holds (:func:`ledger.audit.invariants.compensation_bounds`).
 
 ``compensates`` is not part of the parameter digest (the digest describes the
 effect the sink makes); it is bound to the operation ID instead: an intent for
@@ -33,7 +38,7 @@ a known operation that names another original is parameter drift.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -94,6 +99,12 @@ class CompensationFacts:
             amount, so it compensates the whole effect).
         prior: the other compensations of the original on ``ledger.state``
             (and in the processor's open transaction), whatever their state.
+        tally: the compensation's claim on the original's effect is decided
+            by the original's owner (:mod:`ledger.fold.tally`): one that
+            passes these checks waits for that verdict before it asks for
+            admission (``False`` in facts journaled by releases before the
+            tally: replay then asks for admission at once, as they did). In
+            the facts of a tally request, the original as its owner observed it.
     """
 
     original_state: str | None
@@ -106,6 +117,7 @@ class CompensationFacts:
     original_amount_minor: int | None = None
     amount_field: str | None = None
     prior: tuple[PriorCompensation, ...] = ()
+    tally: bool = False
 
     def to_json(self) -> str:
         """The facts as the journal keeps them (a JSON object, sorted keys)."""
@@ -145,6 +157,7 @@ class CompensationFacts:
                 original_amount_minor=_int_or_none(data.get("original_amount_minor")),
                 amount_field=data.get("amount_field"),
                 prior=prior,
+                tally=bool(data.get("tally", False)),
             )
         except (ValueError, AttributeError, TypeError, KeyError):
             return None
@@ -275,23 +288,88 @@ def tally_refusal(
         compensations (operation ID, state, amount), the first by operation
         ID first.
     """
-    if subject != facts.original_subject:
-        return (
-            f"compensation refused: {operation_id} is for subject {subject}, but {original} "
-            f"was for subject {facts.original_subject}; a compensation reverses its "
-            "original's effect, for the same subject"
-        )
-    account = account_of(params_json)
-    if account != facts.original_account:
-        return (
-            f"compensation refused: {operation_id} is on account {account or '(none)'}, but "
-            f"{original} was on account {facts.original_account or '(none)'}; a compensation "
-            "reverses its original's effect, on the same account"
-        )
+    problem = scope_refusal(
+        operation_id,
+        original,
+        subject=subject,
+        account=account_of(params_json),
+        original_subject=facts.original_subject,
+        original_account=facts.original_account,
+    )
+    if problem is not None:
+        return problem
     total = facts.original_amount_minor
     own, problem = amount_of(params_json, facts.amount_field)
     if problem is not None:
         return f"compensation refused: {problem}"
+    live = sorted(
+        (p for p in facts.prior if p.state != S.ABANDONED and p.operation_id != operation_id),
+        key=lambda p: p.operation_id,
+    )
+    return total_refusal(operation_id, original, total, own, live)
+
+
+def scope_refusal(
+    operation_id: str,
+    original: str,
+    *,
+    subject: str | None,
+    account: str | None,
+    original_subject: str | None,
+    original_account: str | None,
+) -> str | None:
+    """Why a compensation is not for its original's subject and account, or ``None``.
+
+    Args:
+        operation_id: the compensation's own operation ID.
+        original: the operation it compensates.
+        subject: the compensation's subject.
+        account: its ``account`` parameter as JSON text (:func:`account_of`).
+        original_subject: the original's subject.
+        original_account: the original's ``account`` parameter as JSON text.
+
+    Returns:
+        ``None``, or the reason (the subject is checked first).
+    """
+    if subject != original_subject:
+        return (
+            f"compensation refused: {operation_id} is for subject {subject}, but {original} "
+            f"was for subject {original_subject}; a compensation reverses its "
+            "original's effect, for the same subject"
+        )
+    if account != original_account:
+        return (
+            f"compensation refused: {operation_id} is on account {account or '(none)'}, but "
+            f"{original} was on account {original_account or '(none)'}; a compensation "
+            "reverses its original's effect, on the same account"
+        )
+    return None
+
+
+def total_refusal(
+    operation_id: str,
+    original: str,
+    total: int | None,
+    own: int | None,
+    live: Sequence[PriorCompensation],
+) -> str | None:
+    """Why a compensation would exceed its original's effect, with the others that claim it.
+
+    Args:
+        operation_id: the compensation's own operation ID.
+        original: the operation it compensates.
+        total: the original's amount in minor units (``None``: it carries
+            none that can be read, so it is compensated once, whole).
+        own: the compensation's amount (``None``: the whole effect).
+        live: the other compensations that may still take, or have taken,
+            effect on the original, in the order the reason names them
+            (the first first).
+
+    Returns:
+        ``None``, or the reason: the compensation alone exceeds the effect,
+        or the compensations in ``live`` (up to :data:`NAMED_PRIORS` named:
+        operation ID, state, amount) leave too little of it.
+    """
     if own is None:
         own = total  # no amount of its own: it reverses the whole effect
     if total is not None and own is not None and own > total:
@@ -299,10 +377,6 @@ def tally_refusal(
             f"compensation refused: {operation_id} would compensate {own} minor units, more "
             f"than the {total} of {original}'s effect"
         )
-    live = sorted(
-        (p for p in facts.prior if p.state != S.ABANDONED and p.operation_id != operation_id),
-        key=lambda p: p.operation_id,
-    )
     if not live:
         return None
     named = ", ".join(
@@ -384,8 +458,8 @@ def compensation_counts(states: Mapping[str, OperationState]) -> CompensationCou
 
     Returns:
         The :class:`CompensationCounts`; when two compensations of one
-        original settled (which the ledger does not prevent across
-        partitions), ``compensated_by`` names the lower operation ID.
+        original settled (partial ones, or ones decided by a release before
+        the original's tally), ``compensated_by`` names the lower operation ID.
     """
     linked: dict[str, str] = {}
     settled = attempts = failures = refused = 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypedDict
 
 from ledger.events import (
+    AdmissionRequest,
     Dispatch,
     DispatchKind,
     Event,
@@ -426,3 +427,31 @@ def _reconciliation(state: OperationState) -> Output:
 def _reconciliation_done(state: OperationState) -> Output:
     """Take an operation off the reconciliation queue (a tombstone)."""
     return Output("reconciliation", state.operation_id, None)
+
+
+def _admission_request(state: OperationState, approval_id: str) -> Output:
+    """Ask the authority kernel to admit ``state`` under ``approval_id``.
+
+    The request names the episode it belongs to (``state_version``: the
+    version at which the operation entered NOT_ADMITTED, its current
+    version for a state that names none), which the kernel's decision
+    answers (see :mod:`ledger.fold.admissions`).
+    """
+    episode = state.entered_version if state.entered_version is not None else state.version
+    return Output(
+        "admission-requests",
+        approval_id,
+        AdmissionRequest(
+            operation_id=state.operation_id,
+            approval_id=approval_id,
+            parameter_digest=state.parameter_digest,
+            subject=state.subject,
+            amount_minor=state.amount_minor,
+            state_version=episode,
+            sink=state.sink,
+            action=state.action,
+            purpose=state.purpose,
+            params_json=state.params_json,
+            compensates=state.compensates,
+        ),
+    )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from ledger.events import AdmissionRequest, Intent, OperationState
+from ledger.events import Intent, OperationState
 from ledger.fold.compensation import CompensationFacts, compensation_refusal
-from ledger.fold.core import STAY, Decision, Output, _move, _noop, _refuse
+from ledger.fold.core import STAY, Decision, _admission_request, _move, _noop, _refuse
+from ledger.fold.tally import await_tally
 from ledger.identity import amount_of, digest_version, operation_id_problem, parameter_digest
 from ledger.states import ENTRY
 from ledger.states import RecoveryState as S
@@ -172,6 +173,8 @@ def _intent(
             )
             if refusal is not None:
                 return _move(new, S.ABANDONED, ref, refusal, created=True)
+            if compensation is not None and compensation.tally:
+                return await_tally(new, intent, compensation, ref)
         if intent.approval_id is None:
             return _move(
                 new,
@@ -270,23 +273,3 @@ def _same_request(state: OperationState, intent: Intent) -> bool:
         params_checked=True,
     )
     return recomputed == state.parameter_digest
-
-
-def _admission_request(state: OperationState, approval_id: str) -> Output:
-    return Output(
-        "admission-requests",
-        approval_id,
-        AdmissionRequest(
-            operation_id=state.operation_id,
-            approval_id=approval_id,
-            parameter_digest=state.parameter_digest,
-            subject=state.subject,
-            amount_minor=state.amount_minor,
-            state_version=state.version,
-            sink=state.sink,
-            action=state.action,
-            purpose=state.purpose,
-            params_json=state.params_json,
-            compensates=state.compensates,
-        ),
-    )

@@ -100,6 +100,7 @@ PURE = [
     "fold/effects.py",
     "fold/claims.py",
     "fold/compensation.py",
+    "fold/tally.py",
     "fold/dispositions.py",
     "fold/apply.py",
     "fold/journal.py",

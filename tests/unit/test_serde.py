@@ -65,6 +65,17 @@ def _sample(name: str):  # one valid instance of every event kind
         "Dispatch": admitted.outputs[0].event,
         "RecoveryReceipt": None,
         "PolicyChange": EVENT_TYPES["PolicyChange"](version=2, set_by="ops", effective_at_ms=5),
+        "CompensationTally": EVENT_TYPES["CompensationTally"](
+            tally_id="tally:intents:0:7",
+            operation_id="credit:o1:v1",
+            kind="REQUEST",
+            original="credit:o1:v1",
+            compensation=i.operation_id,
+            request_state_version=1,
+            subject="customer-1",
+            account='"acct-1"',
+            amount_minor=2500,
+        ),
         "Disposition": EVENT_TYPES["Disposition"](
             disposition_id="d1",
             operation_id=i.operation_id,

@@ -34,6 +34,7 @@ STAGE_INPUTS: dict[str, str] = {
     "readbacks": "processor",
     "claims": "processor",
     "dispositions": "processor",
+    "compensation-tally": "processor",  # requests, verdicts and releases of the tally
     "admission-requests": "authority",
     "approvals": "authority",  # table
     "approval-uses": "authority",  # table

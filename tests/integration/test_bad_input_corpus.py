@@ -46,6 +46,7 @@ from ledger.errors import LedgerError
 from ledger.events import (
     AdmissionRequest,
     ApprovalUse,
+    CompensationTally,
     Dispatch,
     Disposition,
     Event,
@@ -171,6 +172,15 @@ def valid_record(topic: str, op: str, ctx: Ledger) -> Event:
         "policy": PolicyChange(version=1, set_by=OPERATOR, effective_at_ms=0),
         # A real dispatch (an authentic outbox record the audit can account for).
         "dispatches": ctx.base_dispatch,
+        # The record a forger would want: a grant of a compensation's claim.
+        "compensation-tally": CompensationTally(
+            tally_id=f"tally:{op}",
+            operation_id=op,
+            kind="GRANTED",
+            original="refund:corpus-original:v1",
+            compensation=op,
+            request_state_version=1,
+        ),
     }
     return records[topic]
 

@@ -12,6 +12,7 @@ The hierarchy (``retryable`` classes marked *)::
     ├── BrokerError
     │   └── BrokerUnavailableError *
     ├── DeliveryUnknownError *
+    ├── ScopeNotBoundError
     ├── TopicConfigError
     ├── SchemaError
     │   ├── UnknownSchemaError
@@ -96,6 +97,14 @@ class DeliveryUnknownError(LedgerError):
     """
 
     retryable: ClassVar[bool] = True
+
+
+class ScopeNotBoundError(LedgerError):
+    """A grant would admit any value of a field nobody chose to leave open.
+
+    ``observed`` lists the fields (:data:`ledger.scope.BINDABLE`) to bind, or
+    to name as open on purpose (:func:`producers.review.grant`).
+    """
 
 
 class BrokerUnavailableError(BrokerError):

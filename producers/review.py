@@ -25,14 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from ledger.errors import LedgerError
+from ledger.errors import ScopeNotBoundError
 from ledger.events import Approval, Intent
 from ledger.scope import BINDABLE, unbound
 from ledger.signing import ReviewerKey
 
-
-class ScopeNotBoundError(LedgerError):
-    """A grant would admit any value of a field nobody chose to leave open."""
+__all__ = ["ScopeNotBoundError", "grant", "grant_for"]
 
 
 def grant(

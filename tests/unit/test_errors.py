@@ -33,6 +33,7 @@ from ledger.errors import (
     ScenarioError,
     SchemaError,
     SchemaValidationError,
+    ScopeNotBoundError,
     SettingsError,
     SinkAuthError,
     SinkConfigError,
@@ -69,6 +70,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     InputBoundsError: False,  # the same input is refused again: change it
     ForbiddenTransitionError: False,
     ScenarioError: False,
+    ScopeNotBoundError: False,  # bind the field, or open it on purpose
     SinkError: False,
     SinkConfigError: False,  # the registry entry is wrong: fix it, then it is used
     SinkUnavailableError: True,  # no answer: the sink may be down or restarting

@@ -26,6 +26,51 @@ BINDABLE: tuple[str, ...] = ("operation-id", "account", "action", "sink", "curre
 BOUND_BY_DIGEST: frozenset[str] = frozenset({"account", "action", "sink", "currency"})
 
 
+def scope_values(
+    *,
+    operation_id: str | None,
+    account: str | None,
+    action: str | None,
+    sink: str | None,
+    currency: str | None,
+    parameter_digest: str | None,
+) -> dict[str, str | None]:
+    """The binding fields of a grant as :func:`problem` and :func:`unbound` take them."""
+    return {
+        "operation-id": operation_id,
+        "account": account,
+        "action": action,
+        "sink": sink,
+        "currency": currency,
+        "parameter-digest": parameter_digest,
+    }
+
+
+def problem(
+    given: Mapping[str, str | None], opened: Collection[str]
+) -> tuple[str, list[str]] | None:
+    """What keeps a grant from being made, or ``None`` when its scope is complete.
+
+    Args:
+        given: :func:`scope_values`.
+        opened: the fields left open on purpose.
+
+    Returns:
+        ``("unknown", fields)`` -- ``opened`` names fields not in
+        :data:`BINDABLE`; ``("both", fields)`` -- fields both given and
+        opened; ``("unbound", fields)`` -- fields neither (see :func:`unbound`).
+        Each caller words the remedy in its own terms (options, arguments).
+    """
+    unknown = [f for f in opened if f not in BINDABLE]
+    if unknown:
+        return "unknown", unknown
+    both = [f for f in opened if given.get(f) is not None]
+    if both:
+        return "both", both
+    missing = unbound(given, opened)
+    return ("unbound", missing) if missing else None
+
+
 def unbound(given: Mapping[str, str | None], opened: Collection[str]) -> list[str]:
     """The fields neither bound nor deliberately left open, in :data:`BINDABLE` order.
 
@@ -50,12 +95,12 @@ def open_fields(approval: Approval) -> list[str]:
     Returns:
         Names from :data:`BINDABLE`; empty for an approval bound to one exact operation.
     """
-    values = {
-        "operation-id": approval.scope_operation_id,
-        "account": approval.scope_account,
-        "action": approval.scope_action,
-        "sink": approval.scope_sink,
-        "currency": approval.scope_currency,
-        "parameter-digest": approval.scope_parameter_digest,
-    }
+    values = scope_values(
+        operation_id=approval.scope_operation_id,
+        account=approval.scope_account,
+        action=approval.scope_action,
+        sink=approval.scope_sink,
+        currency=approval.scope_currency,
+        parameter_digest=approval.scope_parameter_digest,
+    )
     return unbound(values, ())

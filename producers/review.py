@@ -27,7 +27,7 @@ from collections.abc import Collection
 
 from ledger.errors import ScopeNotBoundError
 from ledger.events import Approval, Intent
-from ledger.scope import BINDABLE, unbound
+from ledger.scope import BINDABLE, problem, scope_values
 from ledger.signing import ReviewerKey
 
 __all__ = ["ScopeNotBoundError", "grant", "grant_for"]
@@ -76,33 +76,33 @@ def grant(
         ScopeNotBoundError: a bindable field is neither given nor opened, a
             field is both given and opened, or ``opened`` names an unknown field.
     """
-    given = {
-        "operation-id": operation_id,
-        "account": account,
-        "action": action,
-        "sink": sink,
-        "currency": currency,
-        "parameter-digest": parameter_digest,
-    }
-    unknown = [f for f in opened if f not in BINDABLE]
-    if unknown:
+    given = scope_values(
+        operation_id=operation_id,
+        account=account,
+        action=action,
+        sink=sink,
+        currency=currency,
+        parameter_digest=parameter_digest,
+    )
+    found = problem(given, opened)
+    if found is not None:
+        kind, fields = found
+        if kind == "unknown":
+            raise ScopeNotBoundError(
+                f"cannot open {', '.join(fields)}: the fields a grant may leave open are "
+                + ", ".join(BINDABLE),
+                observed=fields,
+            )
+        if kind == "both":
+            raise ScopeNotBoundError(
+                f"{fields[0]} is both bound and opened: bind the field or leave it open, not both",
+                observed=fields,
+            )
         raise ScopeNotBoundError(
-            f"cannot open {', '.join(unknown)}: the fields a grant may leave open are "
-            + ", ".join(BINDABLE)
-        )
-    both = [f for f in opened if given.get(f) is not None]
-    if both:
-        raise ScopeNotBoundError(
-            f"{both[0]} is both bound and opened: bind the field or leave it open, not both"
-        )
-    missing = unbound(given, opened)
-    if missing:
-        raise ScopeNotBoundError(
-            f"the grant would admit any {', '.join(missing)}: bind "
-            + ", ".join(missing)
-            + f" (an approval is for one exact operation), or leave them open on purpose "
-            f"with opened={missing!r}",
-            observed=missing,
+            f"the grant would admit any {', '.join(fields)}: bind {', '.join(fields)} (an "
+            f"approval is for one exact operation), or leave them open on purpose with "
+            f"opened={fields!r}",
+            observed=fields,
         )
     return key.sign(
         Approval(

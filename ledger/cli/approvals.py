@@ -19,7 +19,7 @@ from ledger.cli.inputs import digest as _digest
 from ledger.cli.inputs import non_blank as _non_blank
 from ledger.cli.inputs import publisher as _publisher
 from ledger.cli.inputs import ready as _ready
-from ledger.scope import BINDABLE, unbound
+from ledger.scope import BINDABLE, problem, scope_values
 from ledger.settings import LedgerSettings
 
 
@@ -182,26 +182,29 @@ def approve_cmd(
     from ledger.clock import clock_for
     from producers.review import grant
 
-    given = {
-        "operation-id": operation_id,
-        "account": account,
-        "action": action,
-        "sink": sink,
-        "currency": currency,
-        "parameter-digest": parameter_digest,
-    }
-    both = [f for f in opened if given.get(f) is not None]
-    if both:
+    found = problem(
+        scope_values(
+            operation_id=operation_id,
+            account=account,
+            action=action,
+            sink=sink,
+            currency=currency,
+            parameter_digest=parameter_digest,
+        ),
+        opened,
+    )
+    if found is not None:  # (--open takes only BINDABLE: "unknown" cannot happen here)
+        kind, fields = found
+        if kind == "both":
+            raise click.UsageError(
+                f"--open {fields[0]} and --{fields[0]} contradict each other: bind the field "
+                "or open it"
+            )
         raise click.UsageError(
-            f"--open {both[0]} and --{both[0]} contradict each other: bind the field or open it"
-        )
-    missing = unbound(given, opened)
-    if missing:
-        raise click.UsageError(
-            f"the approval would admit any {', '.join(missing)}: bind "
-            + " ".join(f"--{f} ..." for f in missing)
+            f"the approval would admit any {', '.join(fields)}: bind "
+            + " ".join(f"--{f} ..." for f in fields)
             + " (an approval is for one exact operation), or leave them open on purpose with "
-            + " ".join(f"--open {f}" for f in missing)
+            + " ".join(f"--open {f}" for f in fields)
         )
     settings = current_settings()
     _ready(settings)

@@ -67,6 +67,7 @@ from consumers.stage import (
     record_event,
     seal_refusal_kind,
 )
+from ledger.acl import STAGE_INPUTS
 from ledger.authn import unverifiable
 from ledger.contracts import postcondition_request
 from ledger.errors import LedgerError, LocalFileError
@@ -125,15 +126,7 @@ class Processor(Stage):
     """
 
     component = "processor"
-    inputs = (
-        "intents",
-        "admissions",
-        "receipts",
-        "readbacks",
-        "claims",
-        "dispositions",
-        "compensation-tally",
-    )
+    inputs = STAGE_INPUTS["processor"]  # the ACL plan grants what it reads
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -344,8 +344,21 @@ def test_every_stage_rides_out_a_90_s_broker_outage_and_the_work_resumes(
         assert _until(
             lambda: not any(_status(settings, name).get("waiting") for name in STAGES), 60
         ), {name: _status(settings, name) for name in STAGES}
+        # Quiescence is read group by group, so it can fall between two hand-offs of an
+        # intent the service's retries delivered last (its effect made, its receipt not
+        # yet folded): wait for the outcomes themselves, within a bound.
+        work = settled + in_flight + during
+        _until(
+            lambda: all(
+                (st := current_states(settings).get(op)) is not None
+                and st.state == S.OUTCOME_VERIFIED
+                for op in work
+            ),
+            120,
+            poll_s=1.0,
+        )
         states = current_states(settings)
-        for op in settled + in_flight + during:
+        for op in work:
             assert states[op].state == S.OUTCOME_VERIFIED, (op, states[op])
             assert harness.effects("payments", op) == 1, op
         assert states[held].state == S.UNKNOWN_OUTCOME  # only a person releases it

@@ -32,18 +32,22 @@ def publisher(tmp_path: Path) -> LedgerPublisher:
     return LedgerPublisher(settings, send_timeout_s=0.5)
 
 
+#: One refund's intent, as a service publishes it.
+INTENT = {
+    "operation_id": "refund:1:v1",
+    "sink": "payments",
+    "action": "refund",
+    "params": {"account": "acct-1", "amount_minor": 5, "currency": "GBP"},
+    "actor": "svc",
+    "subject": "customer-1",
+    "purpose": "p",
+    "decision_version": 1,
+    "approval_id": "review-1",
+}
+
+
 def _publish(pub: LedgerPublisher) -> object:
-    return pub.publish(
-        operation_id="refund:1:v1",
-        sink="payments",
-        action="refund",
-        params={"account": "acct-1", "amount_minor": 5, "currency": "GBP"},
-        actor="svc",
-        subject="customer-1",
-        purpose="p",
-        decision_version=1,
-        approval_id="review-1",
-    )
+    return pub.publish(**INTENT)  # type: ignore[arg-type]
 
 
 def test_an_unacknowledged_publish_may_still_be_delivered_and_says_how_to_find_out(
@@ -58,19 +62,6 @@ def test_an_unacknowledged_publish_may_still_be_delivered_and_says_how_to_find_o
 
 
 def test_an_unacknowledged_flush_says_the_same(publisher: LedgerPublisher) -> None:
-    publisher.publish_intent(
-        build_intent(
-            operation_id="refund:2:v1",
-            sink="payments",
-            action="refund",
-            params={"account": "acct-2", "amount_minor": 5, "currency": "GBP"},
-            actor="svc",
-            subject="customer-2",
-            purpose="p",
-            decision_version=1,
-            approval_id="review-2",
-        ),
-        wait=False,
-    )
+    publisher.publish_intent(build_intent(**INTENT), wait=False)  # type: ignore[arg-type]
     with pytest.raises(DeliveryUnknownError, match="may still be delivered"):
         publisher.flush(0.5)

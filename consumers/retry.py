@@ -285,6 +285,13 @@ class KafkaRetry:
         started = time.monotonic()
         try:
             result = retrying(fn)
+        except KafkaException as exc:
+            if not is_retriable(exc):
+                # Kafka answered (with a refusal): the outage is over, whatever
+                # the caller makes of the answer. Left open, ``waiting`` would
+                # stay in the status file and keep the fetch-stall check off.
+                self.recovered()
+            raise
         finally:
             if failures:
                 self.waited_s += time.monotonic() - started

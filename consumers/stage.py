@@ -125,6 +125,14 @@ ABORTS_BEFORE_NEW_PRODUCER = 2
 #: connections, whether Kafka answers (then its consumer is the one stuck).
 CONSUMER_STUCK_AFTER_S = 30.0
 
+#: Longest a single ask for committed offsets may block (seconds). A restore
+#: waits longer than this in all (for a previous owner's transaction, for an
+#: outage), but in tries of this length, so that a consumer stuck on a stale
+#: coordinator is noticed between them (:meth:`Stage._check_consumer_stuck`):
+#: one try as long as the whole takeover wait (180 s) held an authority
+#: kernel, its loop unpolled, for minutes after a broker outage.
+COMMITTED_TRY_S = 10.0
+
 #: Seconds an assigned partition may stay behind its last stable offset, its
 #: position unmoved, before a fresh reader checks whether the stage's consumer
 #: stopped fetching it (see :meth:`Stage._check_fetching`).
@@ -597,7 +605,7 @@ class Stage:
                     answer = self._committed(
                         asked,
                         "stable committed offsets of the assigned partitions",
-                        max(5.0, deadline - time.monotonic()),
+                        COMMITTED_TRY_S,
                     )
                     break
                 except KafkaException as exc:

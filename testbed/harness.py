@@ -484,9 +484,16 @@ class Harness:
             if stable >= 2:
                 return
             time.sleep(poll_s)
+        try:
+            held: object = self.held_back(
+                [self.settings.topic(t) for c in behind if c in STAGES for t in STAGES[c].inputs]
+            )
+        except KafkaException as exc:
+            held = f"(not read: {exc})"
         raise LedgerError(
             f"ledger {self.settings.topic_prefix} not quiescent after {timeout_s} s; "
-            f"behind: {behind}; logs in {self.run_dir / 'logs'}"
+            f"behind: {behind}; held back by an open transaction: {held or 'none'}; "
+            f"logs in {self.run_dir / 'logs'}\n{self.log_tail(20)}"
         )
 
     def held_back(self, topics: list[str]) -> dict[str, tuple[int, int]]:

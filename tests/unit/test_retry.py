@@ -237,3 +237,25 @@ def test_the_status_file_shows_a_stage_waiting_for_kafka(tmp_path: Path) -> None
     assert status["ready"] is False
     stage.retry.recovered()
     assert json.loads(stage.status_path().read_text())["waiting"] is None
+
+
+def test_an_outage_that_ends_in_a_refusal_is_over() -> None:
+    """Kafka that answers, even with a refusal, ends the outage and the status's wait."""
+    changes: list[dict[str, Any] | None] = []
+    retry, sleeps = _retry(on_change=changes.append)
+    call = _Flaky([_exc(KafkaError._TRANSPORT)] * 3 + [_exc(KafkaError.FENCED_INSTANCE_ID)])
+    with pytest.raises(KafkaException):
+        retry.call(call, "Kafka to answer")
+    assert len(sleeps) == 3 and retry.outages == 1
+    assert not retry.down and retry.waiting is None and changes[-1] is None
+
+
+def test_an_outage_cut_short_by_a_stop_request_stays_open() -> None:
+    """A wait the caller gave up on proves nothing about Kafka: the outage stays open."""
+    sleeps: list[float] = []
+    retry = KafkaRetry(
+        "relay-0", RetryPolicy(), should_stop=lambda: len(sleeps) >= 2, sleep=sleeps.append
+    )
+    with pytest.raises(KafkaException):
+        retry.call(_Flaky([_exc(KafkaError._TRANSPORT)] * 5), "metadata")
+    assert len(sleeps) == 2 and retry.down and retry.waiting is not None

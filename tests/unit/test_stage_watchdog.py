@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+import consumers.stage as stage_module
 from consumers.processor import Processor
 from consumers.retry import KafkaRetry, RetryPolicy
 from ledger.settings import LedgerSettings
@@ -443,3 +444,32 @@ def test_the_loop_replaces_a_stuck_consumer_before_handling_what_it_read(
     # What the stuck member read is left to its replacement; the next batch is handled.
     assert events == ["rejoin", "process"]
     assert not stage._consumer_stuck
+
+
+class _RecordingConsumer(_TimingOutConsumer):
+    """Times out every ask, recording how long each was allowed to block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float] = []
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        self.timeouts.append(timeout)
+        return super().committed(partitions, timeout)
+
+
+def test_a_restore_asks_in_short_tries_so_a_stuck_consumer_is_noticed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI after a 90 s broker outage: an authority kernel restoring after a new
+    producer asked for its committed offsets with the whole takeover wait (180 s) as one
+    try; its consumer was stuck, the loop went unpolled, and the work behind it waited
+    past the test's five minutes. Every try is short, and the stuck consumer is replaced."""
+    stage, _, _ = _stuck_stage(tmp_path, monkeypatch)
+    consumer = _RecordingConsumer()
+    stage.consumer = consumer  # type: ignore[assignment]
+    restored: list[set[int]] = []
+    monkeypatch.setattr(stage, "on_assign", restored.append)
+    stage._restore([TopicPartition("t", 0)])
+    assert consumer.timeouts and max(consumer.timeouts) <= stage_module.COMMITTED_TRY_S <= 10.0
+    assert restored == [] and stage._consumer_stuck

@@ -124,8 +124,22 @@ lint: venv
 check: lint
 	$(BIN)/pytest -q tests/unit
 
+# The suite in two phases: first everything but the `serial` tests in
+# $(TEST_WORKERS) processes (pytest-xdist; a test's waits on the broker leave
+# the cores mostly idle), then the `serial` ones (they stop or restart the
+# broker) alone. The local broker is started first, for both phases, and
+# stopped at the end unless it was running before. `pytest` alone still runs
+# everything in one process.
+TEST_WORKERS ?= 2
+PYTEST_PHASES = $(BIN)/pytest -n $(TEST_WORKERS) -m "not serial" \
+	  --durations=15 && $(BIN)/pytest -m serial --durations=10
+
 test: lint kafka
-	$(BIN)/pytest
+	@if [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ]; then $(PYTEST_PHASES); exit $$?; fi; \
+	was_up=0; $(BIN)/ledger broker status > /dev/null 2>&1 && was_up=1; \
+	$(BIN)/ledger broker start > /dev/null || exit 1; \
+	$(PYTEST_PHASES); rc=$$?; \
+	[ $$was_up = 1 ] || $(BIN)/ledger broker stop > /dev/null; exit $$rc
 	$(MAKE) --no-print-directory wheel-check
 
 # The wheel as a user gets it: built from the checkout, installed with its

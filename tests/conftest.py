@@ -6,7 +6,9 @@ Broker, in this order (a missing broker is a failure, never a skip):
 2. The local broker (``testbed.broker``, Java 17 + Maven jars) with
    ``kafka_home=<project>/.cache/kafka`` on ``LEDGER_KAFKA_PORT`` (19092). If
    this session started it, it is stopped at the end; a broker that was
-   already running is left running.
+   already running is left running. Under pytest-xdist (``make test``) the
+   workers start it under a file lock and leave it running: a worker that
+   finishes first must not stop it under the other (``make test`` stops it).
 3. testcontainers, if it is installed and Docker answers.
 4. Otherwise the session fails with instructions.
 
@@ -23,6 +25,7 @@ own folder under the session's temporary directory, on ports
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import uuid
@@ -88,17 +91,22 @@ def _local(reasons: list[str]) -> Iterator[KafkaUnderTest] | None:
     if not have_jars and shutil.which("mvn") is None:
         reasons.append("local broker: no jars in .cache/kafka/libs and `mvn` is not on PATH")
         return None
+    LOCAL_KAFKA_HOME.mkdir(parents=True, exist_ok=True)
     try:
-        status = broker.start(settings)
+        # Parallel workers: one starts the broker, the others wait and find it running.
+        with (LOCAL_KAFKA_HOME / "start.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            status = broker.start(settings)
     except BrokerError as exc:
         reasons.append(f"local broker: {exc.message}")
         return None
+    parallel_worker = os.environ.get("PYTEST_XDIST_WORKER") is not None
 
     def gen() -> Iterator[KafkaUnderTest]:
         try:
             yield KafkaUnderTest(status.bootstrap, "local", settings)
         finally:
-            if status.started:
+            if status.started and not parallel_worker:
                 broker.stop(settings)
 
     return gen()
@@ -308,6 +316,56 @@ def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureC
         )
     finally:
         running.stop()
+
+
+#: Test files whose tests pytest-xdist may hand to different workers one by one
+#: (no fixture of theirs is wider than a test); every other file's tests stay on
+#: one worker, so that a module's fixtures (a mission, a PostgreSQL server) run once.
+SPREAD_FILES = ("tests/testbed/test_gameday.py",)
+
+
+#: Test files whose tests use the session's secured cluster: one worker runs them
+#: all (its ports are fixed, ``LEDGER_KAFKA_PORT + 10`` upwards, so a second
+#: worker would start a second cluster on them).
+SECURE_CLUSTER_FILES = ("tests/integration/test_acl.py", "tests/integration/test_cluster.py")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Refuse a test that uses the secured cluster from a file not in SECURE_CLUSTER_FILES.
+
+    Raises:
+        pytest.UsageError: naming the file to add.
+    """
+    path = item.nodeid.split("::", 1)[0]
+    if "secure_cluster" in getattr(item, "fixturenames", ()) and path not in SECURE_CLUSTER_FILES:
+        raise pytest.UsageError(
+            f"{item.nodeid} uses the secured cluster: add {path} to SECURE_CLUSTER_FILES in "
+            "tests/conftest.py, so that `make test`'s workers do not start two on its ports"
+        )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """How ``pytest -n N`` (``make test``) hands tests to its workers: by file, with exceptions.
+
+    The tests of one file run on one worker, so that a module's fixtures (a
+    mission, a PostgreSQL server) run once; the tests of
+    :data:`SECURE_CLUSTER_FILES` run on one worker together; the tests of
+    :data:`SPREAD_FILES` go one by one. This is a scheduler of our own
+    (pytest-xdist's ``LoadScopeScheduling`` with its documented scope
+    split) rather than ``--dist loadgroup`` with ``xdist_group`` marks:
+    with pytest 9.2 loadgroup silently stops grouping, the node-ID suffix
+    it relies on no longer takes effect (pytest-dev/pytest-xdist#1386).
+    """
+    from xdist.scheduler import LoadScopeScheduling  # only under pytest-xdist
+
+    class _ByFile(LoadScopeScheduling):  # type: ignore[misc]  # xdist is untyped
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path in SECURE_CLUSTER_FILES:
+                return "secure-cluster"
+            return nodeid if path in SPREAD_FILES else path
+
+    return _ByFile(config, log)
 
 
 @pytest.hookimpl(trylast=True)

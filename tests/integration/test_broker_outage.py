@@ -42,7 +42,8 @@ from testbed import broker
 from testbed.harness import Harness, settings_env
 from tests.conftest import KafkaUnderTest
 
-pytestmark = pytest.mark.integration
+#: ``serial``: it stops the session's broker (``make test`` runs it alone).
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 #: How long the broker stays down (seconds): the subject of the test.
 OUTAGE_S = 90.0

@@ -331,6 +331,7 @@ def test_broker_status_reports_running_with_a_log_file(kafka: KafkaUnderTest) ->
     assert (again.running, again.started, again.pid) == (True, False, st.pid)
 
 
+@pytest.mark.serial  # restarts the session's broker: `make test` runs it alone
 def test_broker_restart_keeps_topics_and_records(
     kafka: KafkaUnderTest, ledger_settings: LedgerSettings
 ) -> None:

@@ -34,12 +34,23 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 #: Public scenarios written for later issues: each still runs, and is expected to
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
 AWAITING: dict[str, str] = {}
-PARAMS = [
-    pytest.param(p, marks=pytest.mark.xfail(reason=AWAITING[p.stem], strict=False))
-    if p.parent == PUBLIC and p.stem in AWAITING
-    else p
-    for p in FILES
-]
+
+
+def _marks(path: Path) -> list[pytest.MarkDecorator]:
+    """A scenario's marks: ``serial`` when it restarts the session's broker."""
+    marks = []
+    if path.parent == PUBLIC and path.stem in AWAITING:
+        marks.append(pytest.mark.xfail(reason=AWAITING[path.stem], strict=False))
+    try:
+        restarts = any(s.kind == "broker_restart" for s in load(path).steps)
+    except ScenarioError:
+        restarts = False  # the test itself reports the scenario's error
+    if restarts:  # `make test` runs it alone, after the parallel part
+        marks.append(pytest.mark.serial)
+    return marks
+
+
+PARAMS = [pytest.param(p, marks=_marks(p)) for p in FILES]
 
 
 def test_scenario_folders_are_found() -> None:

@@ -94,6 +94,7 @@ class OutcomeWatch:
         *,
         answer_to: tuple[int, int] | None = None,
         parameter_digest: str | None = None,
+        answer_only: bool = False,
     ) -> Waited:
         """Read until a final outcome of the operation, or the deadline.
 
@@ -106,6 +107,8 @@ class OutcomeWatch:
             parameter_digest: the intent's digest: outcomes for another
                 request of the operation (a drifted intent's refusal) are
                 skipped.
+            answer_only: return the answer to the caller's intent itself,
+                final or not (what the processor decided on it).
 
         Returns:
             :class:`Waited`: the first final outcome, else on the deadline
@@ -138,8 +141,8 @@ class OutcomeWatch:
             if parameter_digest is not None and outcome.parameter_digest != parameter_digest:
                 continue
             last = outcome
-            if outcome.kind in FINAL_KINDS:
-                return Waited(outcome, True, read, refused)
+            if outcome.kind in FINAL_KINDS or answer_only:
+                return Waited(outcome, outcome.kind in FINAL_KINDS, read, refused)
         return Waited(last, False, read, refused)
 
     def close(self) -> None:

@@ -473,3 +473,16 @@ def test_perform_async_runs_several_operations_at_once() -> None:
     results = asyncio.run(both())
     assert sorted(type(r).__name__ for r in results) == ["Refused", "Verified"]
     assert sorted(i.operation_id for i in publisher.intents) == ["refund:a1:v1", "refund:a2:v1"]
+
+
+def test_wait_for_on_a_host_without_keys_stops_and_creates_none(tmp_path: Path) -> None:
+    from producers.publisher import LedgerPublisher
+
+    bare = LedgerSettings(run_dir=tmp_path / "svc", topic_prefix="t", kafka_port=1)
+    pub = LedgerPublisher(bare)
+    try:
+        with pytest.raises(MissingKeyError):
+            pub.wait_for(OP, {"OUTCOME_VERIFIED"}, timeout_s=1.0)
+    finally:
+        pub.producer.flush(0)
+    assert not (tmp_path / "svc").exists()

@@ -497,6 +497,9 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
             raise _missing(settings, "authority.pub", "every stage (to check the kernel's records)")
         if public is not None:
             ring.add_public(public[0], ROLE_AUTHORITY, public[1])
+        if settings.outcome_public_path().exists():  # readers of outcomes (history, console)
+            key_id, outcome = outcome_public(settings)
+            ring.add_public(key_id, ROLE_OUTCOME, outcome)
         for key_id, (role, key) in load_trusted_roles(settings.trusted_keys_path()).items():
             if not key_id.startswith(AUTHORITY_KEY_ID):
                 ring.add_public(key_id, role, key)
@@ -506,6 +509,7 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
         settings.trusted_keys_path(),
         keys_dir(settings) / "authority.pub",
         keys_dir(settings) / "deployment.key",
+        settings.outcome_public_path(),
     )
 
     def stamp() -> tuple[tuple[int, int], ...]:

@@ -486,3 +486,50 @@ def test_wait_for_on_a_host_without_keys_stops_and_creates_none(tmp_path: Path) 
     finally:
         pub.producer.flush(0)
     assert not (tmp_path / "svc").exists()
+
+
+# ----------------------------------------------------------------- the processor writes them
+
+
+def test_the_processor_answers_every_intent_and_announces_settlements_in_the_same_batch(
+    tmp_path: Path,
+) -> None:
+    from consumers.processor import Processor
+    from consumers.stage import Record
+    from ledger.contracts import PAYMENT_GATEWAY
+    from ledger.credentials import stage_sealer
+    from sinks.registry import SinkEndpoint, save_sinks
+    from tests.unit.test_processor_verify import Captured
+
+    settings = helpers.keyed(LedgerSettings(run_dir=tmp_path))
+    save_sinks(
+        settings.sinks_path(),
+        {"payments": SinkEndpoint(url="http://payments.test", contract=PAYMENT_GATEWAY)},
+    )
+    processor = Processor(settings)
+    good = helpers.intent(OP)
+    typo = helpers.intent("refund:typo:v1", sink="paymnets")
+    events = [good, typo, helpers.admission(good, admitted=False, reason="expired"), good]
+    out = Captured()
+    batches: list[list[str]] = []
+    for n, event in enumerate(events):
+        key = event.operation_id  # type: ignore[attr-defined]
+        rec = Record("intents", 0, n, key, event.to_bytes(), event, timestamp_ms=1000 + n)
+        before = len(out.written)
+        processor.handle([rec], out)  # type: ignore[arg-type]
+        processor.after_commit()
+        batches.append([t for t, _, _ in out.written[before:]])
+    told = [(k, e) for t, k, e in out.written if t == "outcomes"]
+    assert [(k, e.kind, e.state, e.at_ms) for k, e in told] == [  # type: ignore[union-attr]
+        (OP, "PENDING", "NOT_ADMITTED", 1000),
+        ("refund:typo:v1", "REFUSED", None, 1001),
+        (OP, "NEEDS_REAUTHORISATION", "NEEDS_REAUTHORISATION", 1002),
+        (OP, "NEEDS_REAUTHORISATION", "NEEDS_REAUTHORISATION", 1003),  # the re-publish
+    ]
+    # Each outcome is written in the batch (transaction) of the decision it derives from.
+    assert all(b.count("outcomes") == 1 and "journal" in b for b in batches), batches
+    # ... and signed with the outcome key: the processor's only outcome sealer.
+    sealer = stage_sealer(settings, "processor")("outcomes")
+    assert sealer.key_id == outcome_key(settings).key_id and sealer.role == "outcome"
+    with pytest.raises(Exception, match="only the processor"):
+        stage_sealer(settings, "relay")("outcomes")

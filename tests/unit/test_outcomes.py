@@ -533,3 +533,29 @@ def test_the_processor_answers_every_intent_and_announces_settlements_in_the_sam
     assert sealer.key_id == outcome_key(settings).key_id and sealer.role == "outcome"
     with pytest.raises(Exception, match="only the processor"):
         stage_sealer(settings, "relay")("outcomes")
+
+
+def test_a_publish_not_acknowledged_says_it_may_still_be_delivered() -> None:
+    from ledger.errors import DeliveryUnknownError
+
+    class Unacknowledged(FakePublisher):
+        def publish_intent(self, intent: Any) -> Any:
+            self.intents.append(intent)
+            raise DeliveryUnknownError(
+                "Intent 'refund:c1:v1' was not acknowledged within 30 s: it may still be "
+                "delivered (this client keeps trying), so it has not failed; publish the same "
+                "operation again to find out, which is always safe"
+            )
+
+    publisher, reader = Unacknowledged(), FakeReader([])
+    service = LedgerService(LedgerSettings(), publisher=publisher, reader=reader)  # type: ignore[arg-type]
+    with pytest.raises(DeliveryUnknownError, match="publish the same operation again") as caught:
+        service.perform(
+            operation_id=OP,
+            sink="payments",
+            action="refund",
+            params={"account": "acct-1", "amount_minor": 100, "currency": "GBP"},
+            subject="customer-1",
+            purpose="p",
+        )
+    assert caught.value.retryable and reader.waits == []  # nothing was waited for

@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 #: processor whose clock is behind the service's by up to this much.
 SKEW_MARGIN_MS = 60_000
 
-#: Errors of the group coordinator lookup that a waiter which never joins
-#: or commits can ignore (a service principal holds no group rights).
+#: Errors a waiter that never joins or commits can ignore: the coordinator
+#: lookup of the group it names (refused to a principal without DESCRIBE on
+#: it), the end of the partition, a connection librdkafka re-establishes.
 _GROUP_ERRORS = frozenset(
     {KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError._PARTITION_EOF, KafkaError._TRANSPORT}
 )

@@ -178,8 +178,10 @@ def decided_outcome(
       (``PENDING`` with its state while it is in flight). A service that
       publishes the same operation again thus always gets an answer newer
       than its publish (bounded waits, :mod:`producers.outcomes`);
-    * for any other input that moves the operation into a state whose kind
-      is final (not ``PENDING``).
+    * for any other input that moves the operation into another recovery
+      state (a self-loop, a no-op and a refusal leave it where it was): a
+      final kind, or ``PENDING`` with the new state, so that a wait that
+      runs out reports the state the operation is really in.
 
     Args:
         before: the operation's state before the input (``None``: unknown).
@@ -203,8 +205,8 @@ def decided_outcome(
             return None
         return outcome_of(decision.state, outcome_id, at_ms)
     new = decision.state
-    if decision.outcome != "APPLIED" or new is None or kind_of(new) == "PENDING":
+    if decision.outcome != "APPLIED" or new is None:
         return None
     if before is not None and before.state == new.state:
-        return None  # a self-loop in a settled state: nothing new for the service
+        return None  # a self-loop (a claim, a re-dispatch): nothing new for the service
     return outcome_of(new, outcome_id, at_ms)

@@ -3,7 +3,7 @@
 The processor answers every intent it decides with a signed
 :class:`~ledger.events.Outcome` on the operation's partition of
 ``outcomes`` (its ID names the intent's position, ``processor:intents:P:O``),
-and publishes another whenever the operation reaches a settled state (see
+and publishes another whenever the operation moves to another state (see
 :mod:`ledger.outcomes`). A waiter that knows where its own intent landed
 therefore reads one partition (:func:`ledger.topology.partition_for`),
 ``read_committed``, from where that partition ended just before it

@@ -140,15 +140,17 @@ def test_a_drifted_republish_is_refused_under_its_own_digest_not_the_operations(
     assert out.state == S.NOT_ADMITTED  # the operation itself goes on
 
 
-def test_other_inputs_publish_only_entries_into_settled_states() -> None:
+def test_other_inputs_publish_every_move_into_another_state_and_nothing_else() -> None:
     intent = helpers.intent(OP)
     created = decide(None, intent, "intents:0:1").state
     assert created is not None
     admitted = decide(created, helpers.admission(intent), "admissions:0:1")
     assert admitted.state is not None and admitted.state.state == S.EFFECT_PENDING
-    assert (
-        decided_outcome(created, admitted, helpers.admission(intent), "admissions:0:1", 1) is None
-    )
+    pending = decided_outcome(created, admitted, helpers.admission(intent), "admissions:0:1", 1)
+    assert pending is not None and (pending.kind, pending.state) == ("PENDING", S.EFFECT_PENDING)
+    stale = decide(admitted.state, helpers.admission(intent), "admissions:0:3")
+    assert stale.outcome != "APPLIED"  # the same decision again changes nothing
+    assert decided_outcome(admitted.state, stale, helpers.admission(intent), "a:0:3", 2) is None
     refused = decide(created, helpers.admission(intent, admitted=False, reason="expired"), "a:0:2")
     out = decided_outcome(created, refused, helpers.admission(intent), "admissions:0:2", 8)
     assert out is not None and out.kind == "NEEDS_REAUTHORISATION" and "expired" in out.reason

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from bench import e2e, history, replay, report, scaleout, sinklimit, throughput
+from bench import e2e, history, outcomes, replay, report, scaleout, sinklimit, throughput
 from bench.common import BENCH_DIR, median, say
 from ledger.settings import LedgerSettings
 
@@ -38,6 +38,7 @@ SECTIONS = (
     "scale",
     "peers",
     "profile",
+    "outcomes",
 )
 
 
@@ -117,6 +118,12 @@ def _peers(bootstrap: str, python: Path, runs: int) -> dict[str, Any]:
     help="Operations in one ledger.state partition for the processor restore (history).",
 )
 @click.option(
+    "--outcome-settled",
+    default=1_000_000,
+    show_default=True,
+    help="Settled operations under the large outcome wait (outcomes; the small one is 1,000).",
+)
+@click.option(
     "--peers-python",
     type=click.Path(path_type=Path),
     default=PROJECT_ROOT / ".venv-peers" / "bin" / "python",
@@ -140,6 +147,7 @@ def main(
     memory_ops: int,
     history_settled: int,
     restore_ops: int,
+    outcome_settled: int,
     peers_python: Path,
     out: Path,
 ) -> None:
@@ -234,6 +242,8 @@ def main(
         say("the lost-response crash against the ledger (200 operations, every 10th)")
         results["lost_response"] = e2e.lost_response(base, 200)
         results["peers"] = _peers(base.bootstrap_servers, peers_python, runs)
+    if "outcomes" in sections:
+        results["outcomes"] = outcomes.compare(base, (1000, outcome_settled), runs)
     if "profile" in sections:
         say("profiling the processor stage (pyinstrument)")
         results["profile"] = throughput.profile_processor(base, records)

@@ -28,6 +28,9 @@ HISTORY_RATIO = "recovery 100k settled / 1k settled"
 #: Headline name of the end-to-end latency at half the sustainable rate (bench/e2e.py).
 LATENCY = "end to end p50 at 0.5x sustainable rate (s)"
 
+#: Headline name of the outcome-wait ratio (bench/outcomes.py).
+OUTCOME_RATIO = "one outcome wait, 1,000,000 / 1,000 settled operations"
+
 #: Limits a measured ledger figure is held to: name -> (comparison, bound).
 TARGETS: dict[str, tuple[str, float]] = {
     "processor / bare loop": (">=", 0.5),
@@ -38,6 +41,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "ledger end to end / sink-only limit": (">=", 0.8),
     HISTORY_RATIO: ("<=", 1.5),
     LATENCY: ("<=", 0.25),
+    OUTCOME_RATIO: ("<=", 1.5),
 }
 
 #: What limits each figure when its target is missed (from the profiles).
@@ -142,6 +146,7 @@ def ratios(results: dict[str, Any]) -> dict[str, float | None]:
         ),
         HISTORY_RATIO: _get(results, "history", "ratio"),
         LATENCY: statistics.median(half) if half else None,
+        OUTCOME_RATIO: _get(results, "outcomes", "ratio"),
     }
 
 

@@ -6,8 +6,10 @@ For each input it runs the pure :func:`ledger.fold.decide` and writes, in
 one Kafka transaction with its consumer offsets: the new state
 (``ledger.state``), the journal entry (``ledger.journal``), and any
 dispatch, admission request, tally record, recovery receipt, reconciliation
-item or operating event. Its in-memory state is restored from
-``ledger.state`` on partition assignment (the changelog pattern).
+item, operating event or outcome for the service (``ledger.outcomes``,
+signed with the outcome key: :func:`ledger.outcomes.decided_outcome`). Its
+in-memory state is restored from ``ledger.state`` on partition assignment
+(the changelog pattern).
 
 Before an intent can consume an approval, the processor looks its sink up in
 the sink registry (``LEDGER_SINKS_FILE``, re-read when it changes): an intent
@@ -91,6 +93,7 @@ from ledger.fold import (
     replay_decisions,
 )
 from ledger.logs import bound_each
+from ledger.outcomes import decided_outcome
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
 from ledger.topology import MISPLACED, is_reserved_key
@@ -712,6 +715,9 @@ class Processor(Stage):
                 self.admission_resumed.add(op)
             self._seams(rec, decision)
             annotate(decision_attributes(decision))
+            told = decided_outcome(state, decision, rec.event, ref, rec.timestamp_ms or 0)
+            if told is not None:  # what the service learns, in the same transaction
+                out.write("outcomes", op, told)
             out.write(
                 "journal",
                 op,

@@ -24,8 +24,10 @@ Principals (role names; the Kafka principal of each is configurable, see
 * ``processor``, ``authority``, ``relay``: the transactional stages;
 * ``reconciler``: ``ledger reconcile run`` (reads the queue, writes readbacks);
 * ``auditor``: ``ledger audit`` (reads every audited, sealed topic; writes nothing);
-* ``service``: publishes intents, nothing else (reads nothing: it uses
-  ``ledger intent publish --wait-s 0`` or :class:`producers.LedgerPublisher`);
+* ``service``: publishes intents and reads ``outcomes`` (what became of its
+  operations, signed with the outcome key: :mod:`producers.outcomes`),
+  nothing internal; its outcome reader assigns one partition and names the
+  group ``{prefix}.outcomes`` (DESCRIBE only: never joined, never committed);
 * ``reviewer``: publishes approvals and revocations (reads approvals, as
   ``ledger revoke`` does);
 * ``operator``: dispositions, claims, policy and revocations, and reads what
@@ -149,7 +151,9 @@ EXTRA_READS: Mapping[str, Mapping[str, str]] = {
         "receipts": "the contract version each queued operation was attempted under "
         "(a readback across a sink upgrade the release manifest does not allow is held)",
     },
-    "service": {},
+    "service": {
+        "outcomes": "what became of its operations (producers.outcomes, the service SDK)",
+    },
     "reviewer": {"approvals": "ledger revoke reads the grant it revokes"},
     "operator": {
         "approvals": "ledger revoke reads the grant it revokes",
@@ -484,6 +488,8 @@ def _helper_groups(role: str, topic_prefix: str) -> tuple[str, ...]:
         groups.append(f"{topic_prefix}.settle")
     if role in WHOLE_TOPIC_READERS:
         groups.append(f"{topic_prefix}.reader")
+    if role == "service":
+        groups.append(f"{topic_prefix}.outcomes")  # the outcome reader's (never joined)
     for topic in follows:
         if role == "processor" and topic == "state":
             continue  # the processor restores state with read_partition, not a follower

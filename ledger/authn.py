@@ -20,7 +20,9 @@ key or value. Two schemes:
   public half is trusted under a *role*: ``reviewer`` (review grants and
   revocations), ``operator`` (policy changes, dispositions, revocations) or
   ``authority`` (admission decisions and approval uses, signed by the
-  authority kernel's own key, which no other stage holds).
+  authority kernel's own key, which no other stage holds) or ``outcome``
+  (the outcomes the processor publishes for services, which hold only its
+  public half).
 
 Which roles may write a topic is part of the topic layout
 (:attr:`ledger.topology.TopicSpec.auth`). A review grant is the exception:
@@ -76,7 +78,10 @@ ROLE_STAGE = "stage"
 ROLE_AUTHORITY = "authority"
 ROLE_OPERATOR = "operator"
 ROLE_REVIEWER = "reviewer"
-ROLES = (ROLE_STAGE, ROLE_AUTHORITY, ROLE_OPERATOR, ROLE_REVIEWER)
+#: The processor's outcome key: it signs ``outcomes`` records, which services
+#: verify with its public half (they hold no secret).
+ROLE_OUTCOME = "outcome"
+ROLES = (ROLE_STAGE, ROLE_AUTHORITY, ROLE_OPERATOR, ROLE_REVIEWER, ROLE_OUTCOME)
 
 SCHEME_MAC = "hmac-sha256"
 SCHEME_ED25519 = "ed25519"
@@ -116,6 +121,23 @@ def authority_key_id(public_raw: bytes) -> str:
         ``authority-kernel-`` followed by 12 hex digits.
     """
     return f"{AUTHORITY_KEY_PREFIX}-{hashlib.sha256(public_raw).hexdigest()[:12]}"
+
+
+#: Key IDs of the processor's outcome keys start with this (then 12 hex digits
+#: of the public key's SHA-256, as :func:`authority_key_id`).
+OUTCOME_KEY_PREFIX = "outcome"
+
+
+def outcome_key_id(public_raw: bytes) -> str:
+    """The key ID of the processor's outcome key: ``outcome-`` and its fingerprint.
+
+    Args:
+        public_raw: the 32 raw bytes of the Ed25519 public key.
+
+    Returns:
+        ``outcome-`` followed by 12 hex digits.
+    """
+    return f"{OUTCOME_KEY_PREFIX}-{hashlib.sha256(public_raw).hexdigest()[:12]}"
 
 
 def unverifiable(problem: str | None) -> bool:

@@ -9,6 +9,11 @@ noted), each written with mode 0600 when it holds a secret:
   key pair. Only the kernel needs the private half; every reader needs the
   public one. Its key ID is its fingerprint
   (:func:`ledger.authn.authority_key_id`).
+* ``outcome.key`` / ``outcome.pub`` -- the processor's Ed25519 outcome key
+  pair: the processor signs the ``outcomes`` it publishes for services with
+  the private half; a service needs only ``outcome.pub``
+  (``LEDGER_OUTCOME_PUBLIC_KEY_FILE``), which ``ledger keys export
+  --outcome-public`` prints, and holds no secret.
 * ``ledgers.json`` -- the ledgers these keys serve (``{"ledgers": [ID ...]}``,
   by ``LEDGER_ID``, default the topic prefix): a process of another ledger
   refuses to use them, so separate ledgers never share keys unless an
@@ -26,7 +31,8 @@ would read the evidence sealed with the lost one as absent (a consumed
 approval paid twice) or refuse every genuine record. On several hosts, run
 ``ledger keys init`` once and copy the files: the deployment key to every
 stage host, the authority key to the kernel's host only, ``authority.pub``,
-``ledgers.json`` and ``trusted_keys.json`` everywhere.
+``ledgers.json`` and ``trusted_keys.json`` everywhere, ``outcome.key`` to
+the processors' hosts only, ``outcome.pub`` to every service host.
 """
 
 from __future__ import annotations
@@ -48,8 +54,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from ledger.authn import (
     AUTHORITY_KEY_PREFIX,
+    OUTCOME_KEY_PREFIX,
     ROLE_AUTHORITY,
     ROLE_OPERATOR,
+    ROLE_OUTCOME,
     ROLE_REVIEWER,
     ROLE_STAGE,
     Keyring,
@@ -58,6 +66,7 @@ from ledger.authn import (
     SigningKey,
     authority_key_id,
     claimed_writer,
+    outcome_key_id,
 )
 from ledger.errors import LedgerError, LocalFileError
 from ledger.events import Approval, Event
@@ -267,6 +276,106 @@ def authority_public(settings: LedgerSettings) -> tuple[str, Ed25519PublicKey] |
         ) from exc
 
 
+#: The command that prints the outcome key's public half on a stage host.
+EXPORT_OUTCOME_PUBLIC = "ledger keys export --outcome-public"
+
+
+def outcome_key(settings: LedgerSettings) -> SigningKey:
+    """The processor's outcome signing key, bound to this ledger; never created here.
+
+    Raises:
+        MissingKeyError: there is no ``outcome.key`` (the message names the
+            folder and ``ledger keys init``).
+        KeysOfAnotherLedgerError: the folder serves another ledger.
+        LocalFileError: the file is unreadable.
+    """
+    path = keys_dir(settings) / "outcome.key"
+    if not path.exists():
+        raise _missing(settings, "outcome.key", "the processor (it signs the services' outcomes)")
+    check_binding(settings)
+    try:
+        key = ReviewerKey.from_file(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LocalFileError(
+            f"the outcome key file {path} is unreadable ({exc}); restore it from another "
+            "processor host",
+            observed=str(exc),
+        ) from exc
+    raw_public = key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return SigningKey(
+        outcome_key_id(raw_public), key.private, ROLE_OUTCOME, settings.ledger_identity
+    )
+
+
+def outcome_public(settings: LedgerSettings) -> tuple[str, Ed25519PublicKey]:
+    """The outcome key's ID and public half, as a service host holds it; never created here.
+
+    The file is ``LEDGER_OUTCOME_PUBLIC_KEY_FILE`` (default
+    ``LEDGER_KEYS_DIR/outcome.pub``): one line, the raw public key in base64.
+
+    Raises:
+        MissingKeyError: the file is absent (the message names the command
+            that prints it on a stage host).
+        LocalFileError: the file is unreadable or holds no Ed25519 public key.
+    """
+    path = settings.outcome_public_path()
+    if not path.exists():
+        raise MissingKeyError(
+            f"no outcome public key at {path} (LEDGER_OUTCOME_PUBLIC_KEY_FILE): a service "
+            f"verifies outcomes with it. On a stage host of ledger "
+            f"{settings.ledger_identity!r} run `{EXPORT_OUTCOME_PUBLIC} > outcome.pub` and "
+            "copy the file here (it holds no secret). Nothing was created: a key made on "
+            "this host would verify nothing the processor signs",
+            expected=str(path),
+            observed="absent",
+        )
+    try:
+        raw = base64.b64decode(path.read_text().strip(), validate=True)
+        return outcome_key_id(raw), Ed25519PublicKey.from_public_bytes(raw)
+    except (OSError, ValueError) as exc:
+        raise LocalFileError(
+            f"the outcome public key {path} is unreadable ({exc}); print it again on a stage "
+            f"host with `{EXPORT_OUTCOME_PUBLIC}`",
+            observed=str(exc),
+        ) from exc
+
+
+def outcome_keyring(settings: LedgerSettings) -> Keyring:
+    """The keyring a service checks outcome records with: the outcome public key only.
+
+    Raises:
+        MissingKeyError: no outcome public key (see :func:`outcome_public`).
+        LocalFileError: it is unreadable.
+    """
+    key_id, public = outcome_public(settings)
+    ring = Keyring(partitions=settings.partitions, ledger_id=settings.ledger_identity)
+    ring.add_public(key_id, ROLE_OUTCOME, public)
+    return ring
+
+
+def _provision_outcome_key(folder: Path, created: list[str]) -> None:
+    """Make the outcome key pair unless this host holds its public half already."""
+    # A host that holds outcome.pub without outcome.key is a service's: a key
+    # made here would replace the public key the services trust.
+    if (folder / "outcome.pub").exists() and not (folder / "outcome.key").exists():
+        return
+    if not (folder / "outcome.key").exists():
+        fresh = ReviewerKey.generate(OUTCOME_KEY_PREFIX)
+        content = {
+            "key_id": OUTCOME_KEY_PREFIX,
+            "private_key": base64.b64encode(fresh.private.private_bytes_raw()).decode(),
+        }
+        if _create_once(folder / "outcome.key", json.dumps(content)):
+            created.append("outcome.key")
+            log.warning("created a new outcome key in %s", folder)
+    key = ReviewerKey.from_file(folder / "outcome.key")
+    public = folder / "outcome.pub"
+    if not public.exists() or public.read_text().strip() != key.public_b64():
+        tmp = public.with_name(f".outcome.pub.{os.getpid()}")
+        tmp.write_text(key.public_b64() + "\n")
+        os.replace(tmp, public)
+
+
 @dataclass(frozen=True)
 class Provisioned:
     """What :func:`provision_keys` found or made.
@@ -287,7 +396,7 @@ class Provisioned:
 
 
 def provision_keys(settings: LedgerSettings, *, share: bool = False) -> Provisioned:
-    """Create the ledger's missing deployment and authority keys and bind the folder.
+    """Create the ledger's missing deployment, authority and outcome keys and bind the folder.
 
     Only ``ledger keys init`` (after it has checked that the ledger's topics
     hold no evidence) and the testbed call this. Keys that exist are kept;
@@ -335,6 +444,7 @@ def provision_keys(settings: LedgerSettings, *, share: bool = False) -> Provisio
         if _create_once(folder / "authority.key", json.dumps(content)):
             created.append("authority.key")
             log.warning("created a new authority key in %s", folder)
+    _provision_outcome_key(folder, created)
     mac = deployment_key(settings)
     if (folder / "authority.key").exists():
         kernel_id = authority_key(settings).key_id
@@ -387,6 +497,9 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
             raise _missing(settings, "authority.pub", "every stage (to check the kernel's records)")
         if public is not None:
             ring.add_public(public[0], ROLE_AUTHORITY, public[1])
+        if settings.outcome_public_path().exists():  # readers of outcomes (history, console)
+            key_id, outcome = outcome_public(settings)
+            ring.add_public(key_id, ROLE_OUTCOME, outcome)
         for key_id, (role, key) in load_trusted_roles(settings.trusted_keys_path()).items():
             if not key_id.startswith(AUTHORITY_KEY_ID):
                 ring.add_public(key_id, role, key)
@@ -396,6 +509,7 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
         settings.trusted_keys_path(),
         keys_dir(settings) / "authority.pub",
         keys_dir(settings) / "deployment.key",
+        settings.outcome_public_path(),
     )
 
     def stamp() -> tuple[tuple[int, int], ...]:
@@ -573,8 +687,9 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
 
     Returns:
         ``topic -> sealer``: the authority key for ``admissions`` and
-        ``approval-uses`` (the authority kernel only), the deployment key for
-        everything else.
+        ``approval-uses`` (the authority kernel only), the outcome key for
+        ``outcomes`` (the processor only), the deployment key for everything
+        else.
 
     Raises:
         MissingKeyError: a key it needs is missing (nothing is created).
@@ -582,6 +697,7 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
     """
     mac = deployment_key(settings)
     signer = authority_key(settings) if component == "authority" else None
+    outcomes = outcome_key(settings) if component == "processor" else None
 
     def choose(topic: str) -> Sealer:
         spec = TOPIC_BY_NAME.get(topic)
@@ -589,6 +705,10 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
             if signer is None:
                 raise LedgerError(f"{component} cannot write {topic}: only the authority kernel")
             return signer
+        if spec is not None and spec.auth == (ROLE_OUTCOME,):
+            if outcomes is None:
+                raise LedgerError(f"{component} cannot write {topic}: only the processor")
+            return outcomes
         return mac
 
     return choose
@@ -607,6 +727,9 @@ __all__ = [
     "authority_key",
     "authority_public",
     "deployment_key",
+    "outcome_key",
+    "outcome_keyring",
+    "outcome_public",
     "keys_dir",
     "load_keyring",
     "person_key",

@@ -526,6 +526,43 @@ class PolicyChange(Event):
     effective_at_ms: int
 
 
+#: What became of an operation, as a service sees it (:class:`Outcome`).
+OutcomeKind = Literal[
+    "VERIFIED", "NEEDS_REAUTHORISATION", "HELD", "REFUSED", "ABANDONED", "PENDING"
+]
+
+
+class Outcome(Event):
+    """What became of one operation, for the service that asked (key: operation ID).
+
+    Written by the processor only, in the transaction that decides it, and
+    signed with its outcome key (a service checks it with the public half).
+    Derived from the operation's state by :func:`ledger.outcomes.outcome_of`.
+    ``state`` is ``None`` (and ``state_version`` 0) for an intent refused
+    before its operation existed; ``parameter_digest`` is the digest of the
+    request it answers (a refused drift names the refused intent's);
+    ``at_ms`` is the Kafka timestamp of the decided input (Unix ms).
+    """
+
+    KIND: ClassVar[str] = "Outcome"
+    outcome_id: str
+    operation_id: str
+    kind: OutcomeKind
+    state: str | None = None
+    state_version: int = 0
+    reason: str
+    remedy: str = ""
+    refusal_kind: str | None = None
+    parameter_digest: str
+    effect_id: str | None = None
+    postcondition: str | None = None
+    approval_id: str | None = None
+    policy_version: int | None = None
+    owner: str | None = None
+    release_condition: str | None = None
+    at_ms: int
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.KIND: cls
     for cls in (
@@ -545,6 +582,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Disposition,
         PolicyChange,
         CompensationTally,
+        Outcome,
     )
 }
 

@@ -56,6 +56,7 @@ from ledger.events import (
     JournalEntry,
     OperatingEvent,
     OperationState,
+    Outcome,
     Readback,
     RecoveryReceipt,
     decode_event,
@@ -428,6 +429,11 @@ def _causal_order(found: Sequence[HistoryRecord]) -> list[HistoryRecord]:
             and e.source_offset is not None
         ):
             anchor = index_of_input.get((e.source_topic, e.source_partition, e.source_offset))
+        elif isinstance(e, Outcome):  # processor:TOPIC:P:O names the input it answers
+            topic, _, rest = e.outcome_id.removeprefix("processor:").partition(":")
+            part, _, off = rest.partition(":")
+            if part.isdigit() and off.isdigit():
+                anchor = index_of_input.get((topic, int(part), int(off)))
         if anchor is not None:
             return (anchor, 2, *tie)
         return (by_time(r.timestamp_ms), 3, *tie)
@@ -544,6 +550,8 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
         return f"operating event {e.kind} from {e.component}: {e.reason}{where}"
     if isinstance(e, Disposition):
         return f"disposition {e.decision} by {e.by}: {e.evidence}"
+    if isinstance(e, Outcome):
+        return f"outcome for the service: {e.kind} ({e.state or 'no operation'}): {e.reason}"
     return type(e).__name__
 
 

@@ -138,6 +138,11 @@ class LedgerSettings(BaseSettings):
         keys_dir: folder of the deployment key (the stages' shared MAC key)
             and the authority kernel's key pair (default ``run_dir/keys``;
             see :mod:`ledger.credentials`).
+        outcome_public_key_file: the public half of the processor's outcome
+            key, the only key a service needs to read what became of its
+            operations (``ledger keys export --outcome-public > FILE`` on a
+            stage host writes it; default ``keys_dir/outcome.pub``). A
+            service host never creates it.
         require_authenticated_records: readers refuse records whose seal
             (the ``ledger-auth`` header) is missing or wrong, with an
             ``UNAUTHENTICATED`` operating event (default true). Set it false
@@ -206,6 +211,7 @@ class LedgerSettings(BaseSettings):
     trusted_keys_file: Path | None = None
     require_signed_approvals: bool = True
     keys_dir: Path | None = None
+    outcome_public_key_file: Path | None = None
     require_authenticated_records: bool = True
     kafka_debug: str = ""
     kafka_config_file: Path | None = None
@@ -224,6 +230,13 @@ class LedgerSettings(BaseSettings):
     def trusted_keys_path(self) -> Path:
         """Where trusted reviewer keys live (``trusted_keys_file`` or ``run_dir/...``)."""
         return self.trusted_keys_file or self.run_dir / "trusted_keys.json"
+
+    def outcome_public_path(self) -> Path:
+        """Where the outcome key's public half is (``outcome_public_key_file`` or
+        ``keys_dir/outcome.pub``)."""
+        return self.outcome_public_key_file or (self.keys_dir or self.run_dir / "keys") / (
+            "outcome.pub"
+        )
 
     def sinks_path(self) -> Path:
         """Where the sink registry lives (``sinks_file`` or ``run_dir/sinks.json``)."""
@@ -276,6 +289,10 @@ def resolved(
         "keys_dir": (
             settings.keys_dir or settings.run_dir / "keys",
             "default: LEDGER_RUN_DIR/keys",
+        ),
+        "outcome_public_key_file": (
+            settings.outcome_public_path(),
+            "default: LEDGER_KEYS_DIR/outcome.pub",
         ),
     }
     out: list[tuple[str, object, str]] = []

@@ -42,7 +42,9 @@ class TopicSpec:
             it (a use, a revocation, the policy in force).
         auth: the key roles whose seal a reader accepts on this topic's
             records (:mod:`ledger.authn`): ``stage`` (the deployment MAC),
-            ``authority`` (the kernel's signature), ``operator`` or
+            ``authority`` (the kernel's signature), ``outcome`` (the
+            processor's outcome key, which a service verifies with its
+            public half and no secret), ``operator`` or
             ``reviewer`` (a person's signature); empty for ``intents``,
             which services publish unsealed (the approval is what carries
             authority, DESIGN.md "Trust boundary").
@@ -166,6 +168,17 @@ TOPICS: tuple[TopicSpec, ...] = (
         writers="processor (a request or release keyed by the original, whose owner "
         "decides it; the verdict keyed by the compensation)",
         roles=("processor",),
+    ),
+    TopicSpec(
+        "outcomes",
+        "operation ID",
+        "delete",
+        retention_ms=7 * 24 * 3600 * 1000,
+        audited=False,
+        writers="processor (what became of each operation, for the services that asked; "
+        "signed with the outcome key, whose public half services hold)",
+        roles=("processor",),
+        auth=("outcome",),
     ),
     TopicSpec(
         "operating-events",

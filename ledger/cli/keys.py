@@ -161,7 +161,45 @@ def keys_init(share: bool, offline: bool) -> None:
             f"authority key {done.authority_key_id}: {done.folder / 'authority.pub'}"
             + (" (+ authority.key)" if (done.folder / "authority.key").exists() else "")
         )
+    if (done.folder / "outcome.pub").exists():
+        click.echo(
+            f"outcome key: {done.folder / 'outcome.pub'}"
+            + (" (+ outcome.key)" if (done.folder / "outcome.key").exists() else "")
+            + "; give services its public half: `ledger keys export --outcome-public > F`"
+        )
     click.echo(f"serves ledger(s): {', '.join(done.ledgers)}")
+
+
+@keys_group.command("export")
+@click.option(
+    "--outcome-public",
+    "outcome_public",
+    is_flag=True,
+    required=True,
+    help="Print the public half of the processor's outcome key (no secret).",
+)
+def keys_export(outcome_public: bool) -> None:
+    """Print a public key for another host; creates nothing.
+
+    A service reads what became of its operations from the outcomes topic
+    and checks each record with the outcome key's public half, so it holds no
+    secret. On a stage host:
+
+    \b
+      ledger keys export --outcome-public > outcome.pub
+      # on the service host: LEDGER_OUTCOME_PUBLIC_KEY_FILE=/path/outcome.pub
+    """
+    from ledger.credentials import keys_dir
+
+    settings = current_settings()
+    path = keys_dir(settings) / "outcome.pub"
+    if not path.exists():
+        fail(
+            f"no outcome.pub in {keys_dir(settings)} (LEDGER_KEYS_DIR): run this on a stage "
+            "host of the ledger; `ledger keys init` there makes the outcome key",
+            EXIT_ERROR,
+        )
+    click.echo(path.read_text().strip())
 
 
 @keys_group.command("show")

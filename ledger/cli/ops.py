@@ -59,6 +59,43 @@ def _report_decision(
         sys.exit(EXIT_ERROR)
 
 
+def _outcome_watch(settings: LedgerSettings, operation_id: str) -> Any:
+    """A watch on the operation's outcomes, opened before its intent is published.
+
+    ``None`` on a host without the outcome public key (the decision is then
+    read from the journal, which needs the stages' key and read rights).
+    """
+    from producers.outcomes import OutcomeReader
+
+    if not settings.outcome_public_path().exists():
+        return None
+    return OutcomeReader(settings).watch(operation_id)
+
+
+def _report_answer(watch: Any, position: tuple[str, int, int], wait_s: float) -> None:
+    """Print the processor's answer to an intent from the signed outcome channel.
+
+    Prints ``KIND: OPERATION STATE (reason)``. Exits
+    :data:`~ledger.cli.common.EXIT_ERROR` when the intent was refused (the
+    remedy on the next line), :data:`~ledger.cli.common.EXIT_TIMEOUT` when
+    no answer came in time.
+    """
+    _, partition, offset = position
+    waited = watch.wait(wait_s, answer_to=(partition, offset), answer_only=True)
+    found = waited.outcome
+    if found is None:
+        click.echo(
+            f"no answer within {wait_s:g} s: is the processor running ('ledger processor')? "
+            "The intent may still be decided: publish it again to find out (always safe)",
+            err=True,
+        )
+        sys.exit(EXIT_TIMEOUT)
+    click.echo(f"{found.kind}: {found.operation_id} {found.state or '-'} ({found.reason})")
+    if found.kind == "REFUSED":
+        click.echo(f"{found.refusal_kind}: {found.remedy}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
 def _states_option(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> frozenset[str] | None:
@@ -176,11 +213,16 @@ def intent_publish(
     until: frozenset[str] | None,
     timeout_s: float,
 ) -> None:
-    """Publish one intent and print the processor's decision on it.
+    """Publish one intent and print the processor's answer to it.
 
     Prints the operation ID and its parameter digest, then waits for the
-    processor: 'APPLIED' with the new state, or 'REFUSED' with the reason
-    (for example parameter drift) and exit status 1. With --until, then
+    processor's answer on the signed outcome channel (a host with the
+    outcome public key, LEDGER_OUTCOME_PUBLIC_KEY_FILE: no secret and no
+    internal topic needed): 'KIND: OPERATION STATE (reason)', e.g. 'PENDING:
+    ... NOT_ADMITTED (intent recorded)', 'VERIFIED: ...' for a settled
+    operation published again, or 'REFUSED: ...' (an unknown sink, parameter
+    drift) with its remedy and exit status 1. Without that key it reads the
+    processor's decision from the journal ('APPLIED' or 'REFUSED'). With --until, then
     waits for the operation to reach one of those states and prints
     'STATE: OPERATION (reason)'; exit status 4 when it rests in another
     state, 3 when --timeout passes first (see 'ledger --help' for every code).
@@ -218,6 +260,7 @@ def intent_publish(
             err=True,
         )
     pub = _publisher(settings)
+    watch = _outcome_watch(settings, operation_id) if wait_s > 0 else None
     try:
         result = pub.publish(
             operation_id=operation_id,
@@ -234,10 +277,15 @@ def intent_publish(
         position = pub.last_position
         click.echo(json.dumps(result.__dict__))
         if wait_s > 0 and position is not None:
-            _report_decision(settings, position, wait_s)
+            if watch is not None:
+                _report_answer(watch, position, wait_s)
+            else:
+                _report_decision(settings, position, wait_s)
         if until is not None:
             _wait_until(pub, operation_id, until, timeout_s)
     finally:
+        if watch is not None:
+            watch.close()
         pub.close()
 
 

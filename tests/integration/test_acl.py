@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -35,6 +36,7 @@ from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from ledger.topics import create_topics
 from producers.publisher import LedgerPublisher
+from producers.sdk import LedgerService, Refused, Verified
 from testbed.harness import Harness
 from tests.conftest import SecureCluster
 
@@ -102,7 +104,7 @@ def _remove(admin: LedgerSettings, plan: acl.AclPlan) -> None:
 REVIEWER = ReviewerKey.generate("acl-reviewer")
 
 
-def _approve(ledger: SecuredLedger) -> None:
+def _approve(ledger: SecuredLedger, approval_id: str = "ap-acl") -> None:
     reviewer = ledger.as_("reviewer")
     trust(reviewer.trusted_keys_path(), REVIEWER)
     pub = LedgerPublisher(reviewer)
@@ -111,7 +113,7 @@ def _approve(ledger: SecuredLedger) -> None:
         pub.publish_approval(
             REVIEWER.sign(
                 Approval(
-                    approval_id="ap-acl",
+                    approval_id=approval_id,
                     reviewer="acl-reviewer",
                     policy_version=1,
                     expires_at_ms=1_000_000,
@@ -164,8 +166,52 @@ def _settled_state(settings: LedgerSettings, harness: Harness, timeout_s: float 
         harness.wait_quiescent(60)
 
 
+def _service_learns_outcomes(secured: SecuredLedger, harness: Harness, tmp_path: Path) -> None:
+    """The service principal, with the exported outcome public key and no keys folder,
+    performs a refund through the SDK and gets Verified, and a typo'd sink Refused."""
+    exported = CliRunner().invoke(
+        main,
+        ["keys", "export", "--outcome-public"],
+        env={
+            "LEDGER_RUN_DIR": str(secured.admin.run_dir),
+            "LEDGER_TOPIC_PREFIX": secured.admin.topic_prefix,
+        },
+    )
+    assert exported.exit_code == 0, exported.output
+    public = tmp_path / "outcome.pub"
+    public.write_text(exported.output)
+    settings = secured.as_("service").model_copy(
+        update={"run_dir": tmp_path / "service-run", "outcome_public_key_file": public}
+    )
+    _approve(secured, "ap-acl-sdk")
+    service = LedgerService(settings, actor="svc")
+    try:
+        refund = {
+            "sink": "payments",
+            "action": "refund",
+            "params": {"account": "acct-1", "amount_minor": 5000, "currency": "GBP"},
+            "subject": "customer-1",
+            "purpose": "fee-remediation",
+        }
+        verified = service.perform(
+            operation_id="refund:acl-sdk:v1", approval_id="ap-acl-sdk", wait_s=60.0, **refund
+        )
+        assert isinstance(verified, Verified), (verified, harness.log_tail())
+        assert verified.effect_id and harness.effects("payments", "refund:acl-sdk:v1") == 1
+        started = time.monotonic()
+        typo = service.perform(
+            operation_id="refund:acl-typo:v1", approval_id="ap-acl-sdk", wait_s=30.0,
+            **{**refund, "sink": "paymnets"},
+        )  # fmt: skip
+        assert isinstance(typo, Refused) and typo.kind == "UNKNOWN_SINK", typo
+        assert time.monotonic() - started < 10.0
+    finally:
+        service.close()
+    assert not (tmp_path / "service-run").exists()  # the service host made no key
+
+
 def test_the_ledger_reaches_a_verified_outcome_under_its_principals(
-    secured: SecuredLedger,
+    secured: SecuredLedger, tmp_path: Path
 ) -> None:
     harness = Harness(secured.admin, create=False)
     for component in acl.STAGE_COMPONENTS:
@@ -193,6 +239,7 @@ def test_the_ledger_reaches_a_verified_outcome_under_its_principals(
         report = run_audit(secured.as_("auditor"))
         assert report.violations == [] and report.unauthenticated_records == []
         assert report.operations == 1
+        _service_learns_outcomes(secured, harness, tmp_path)
     finally:
         harness.stop()
     # Nothing was granted on the way that the plan does not hold.

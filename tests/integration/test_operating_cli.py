@@ -124,7 +124,8 @@ def test_until_exits_by_where_the_operation_rests_and_the_relay_says_each_reques
         "90",
     )
     assert held.exit_code == EXIT_ENDED_ELSEWHERE, held.output + harness.log_tail()
-    assert "APPLIED: refund:until-held:v1" in held.output and "NOT_ADMITTED" in held.output
+    # The processor's answer comes from the signed outcome channel.
+    assert "PENDING: refund:until-held:v1 NOT_ADMITTED" in held.output
     assert "ended in NEEDS_REAUTHORISATION" in held.output
 
     # The publisher's own wait says the same.

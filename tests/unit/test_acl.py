@@ -23,7 +23,7 @@ from ledger.cli import main
 from ledger.cli.acl import compare, concerns, from_binding, to_binding
 from ledger.errors import LedgerError
 from ledger.settings import LedgerSettings
-from ledger.topology import TOPICS
+from ledger.topology import TOPIC_BY_NAME, TOPICS
 from tests.helpers import keyed
 
 PREFIX = "tacl"
@@ -70,13 +70,30 @@ def test_a_service_cannot_write_the_protected_topics(topic: str) -> None:
     assert writers in ({"User:authority"}, {"User:processor"})
 
 
-def test_a_service_only_writes_intents_and_reads_nothing() -> None:
+def test_a_service_only_writes_intents_and_reads_only_outcomes() -> None:
     service = PLAN.grant("service")
     assert service.writes == ("intents",)
-    assert service.reads == ()
-    assert service.transactional_id_prefix is None and service.groups() == ()
+    assert service.reads == ("outcomes",)
+    # Its outcome reader names a group librdkafka looks up; it never joins it.
+    assert service.transactional_id_prefix is None and service.group is None
+    assert service.helper_groups == (f"{PREFIX}.outcomes",)
     ops = {(a.operation, a.resource_type) for a in _entries(principal="User:service")}
-    assert ops == {("WRITE", "TOPIC"), ("DESCRIBE", "TOPIC"), ("DESCRIBE_CONFIGS", "TOPIC")}
+    assert ops == {
+        ("WRITE", "TOPIC"),
+        ("READ", "TOPIC"),
+        ("DESCRIBE", "TOPIC"),
+        ("DESCRIBE_CONFIGS", "TOPIC"),
+        ("DESCRIBE", "GROUP"),
+    }
+    read = {a.name for a in _entries(principal="User:service", operation="READ")}
+    assert read == {f"{PREFIX}.outcomes"}
+
+
+def test_outcomes_are_written_by_the_processor_alone_and_signed_by_its_outcome_key() -> None:
+    assert PLAN.writers_of("outcomes") == {"processor"}
+    spec = TOPIC_BY_NAME["outcomes"]
+    assert spec.auth == ("outcome",) and spec.cleanup == "delete" and spec.retention_ms > 0
+    assert not spec.audited and "outcomes" not in acl.auditor_topics()
 
 
 def test_operating_events_are_written_by_the_stages_only() -> None:

@@ -104,6 +104,7 @@ PURE = [
     "fold/dispositions.py",
     "fold/apply.py",
     "fold/journal.py",
+    "outcomes.py",
     "authority.py",
     "events.py",
     "serde.py",

@@ -121,7 +121,7 @@ def test_no_loader_creates_a_key_and_the_error_names_key_folder_and_command(
 def test_provisioned_keys_are_bound_to_their_ledger_and_kept(tmp_path: Path) -> None:
     a = LedgerSettings(run_dir=tmp_path / "run", topic_prefix="a")
     made = provision_keys(a)
-    assert set(made.created) == {"ledgers.json", "deployment.key", "authority.key"}
+    assert set(made.created) == {"ledgers.json", "deployment.key", "authority.key", "outcome.key"}
     assert provision_keys(a).created == ()  # kept
     assert bound_ledgers(a) == ["a"]
     kernel = authority_key(a)

@@ -54,6 +54,7 @@ def _sample(name: str):  # one valid instance of every event kind
     if name in samples:
         return samples[name]
     from ledger.fold import decide, journal_entry
+    from ledger.outcomes import outcome_of
 
     d = decide(None, i, "intents:0:7")
     assert d.state is not None
@@ -63,6 +64,7 @@ def _sample(name: str):  # one valid instance of every event kind
         "AdmissionRequest": d.outputs[0].event,
         "JournalEntry": journal_entry(d, i, i.to_bytes(), "intents", 0, 7),
         "Dispatch": admitted.outputs[0].event,
+        "Outcome": outcome_of(d.state, "processor:intents:0:7", 1_000),
         "RecoveryReceipt": None,
         "PolicyChange": EVENT_TYPES["PolicyChange"](version=2, set_by="ops", effective_at_ms=5),
         "CompensationTally": EVENT_TYPES["CompensationTally"](

@@ -528,7 +528,7 @@ class PolicyChange(Event):
 
 #: What became of an operation, as a service sees it (:class:`Outcome`).
 OutcomeKind = Literal[
-    "VERIFIED", "NEEDS_REAUTHORISATION", "HELD", "REFUSED", "ABANDONED", "PENDING"
+    "VERIFIED", "COMMITTED", "NEEDS_REAUTHORISATION", "HELD", "REFUSED", "ABANDONED", "PENDING"
 ]
 
 

@@ -11,13 +11,22 @@ state:
 state                       outcome kind
 ==========================  ==========================
 OUTCOME_VERIFIED            ``VERIFIED``
+EFFECT_COMMITTED            ``COMMITTED``
 NEEDS_REAUTHORISATION       ``NEEDS_REAUTHORISATION``
 UNKNOWN_OUTCOME             ``HELD``
 ABANDONED                   ``ABANDONED``
 any other (in flight)       ``PENDING``
 ==========================  ==========================
 
-and an intent the processor refuses (unknown sink, bad input, parameter
+``COMMITTED`` is final for a waiter: the sink's receipt says the effect was
+made once, and nothing independent has verified it -- the sink offers no
+postcondition (an e-mail relay), or the one it offers has not confirmed it
+yet (the operation then waits in reconciliation and, once read back, is
+announced again as ``VERIFIED``). Reporting it as pending would send a
+service waiting for something that may never come; reporting it as
+verified would claim evidence the ledger does not hold.
+
+An intent the processor refuses (unknown sink, bad input, parameter
 drift) is ``REFUSED`` with the operating event's kind, whatever the state.
 """
 
@@ -31,12 +40,13 @@ from ledger.states import RecoveryState as S
 
 #: Outcome kinds a waiter stops at: everything but ``PENDING``.
 FINAL_KINDS: frozenset[str] = frozenset(
-    {"VERIFIED", "NEEDS_REAUTHORISATION", "HELD", "REFUSED", "ABANDONED"}
+    {"VERIFIED", "COMMITTED", "NEEDS_REAUTHORISATION", "HELD", "REFUSED", "ABANDONED"}
 )
 
 #: The outcome kind of each recovery state (absent: ``PENDING``).
 KIND_OF_STATE: Mapping[S, str] = {
     S.OUTCOME_VERIFIED: "VERIFIED",
+    S.EFFECT_COMMITTED: "COMMITTED",
     S.NEEDS_REAUTHORISATION: "NEEDS_REAUTHORISATION",
     S.UNKNOWN_OUTCOME: "HELD",
     S.ABANDONED: "ABANDONED",
@@ -51,6 +61,11 @@ HELD_RELEASE = (
 #: The remedy of each outcome kind (refusals: see :data:`REFUSAL_REMEDY`).
 REMEDY: Mapping[str, str] = {
     "VERIFIED": "",
+    "COMMITTED": (
+        "nothing to redo: the effect was made once by the sink's own receipt; where an "
+        "independent check matters, `ledger history OPERATION` shows whether the sink offers "
+        "a postcondition and what reconciliation awaits"
+    ),
     "NEEDS_REAUTHORISATION": (
         "ask a reviewer for a new approval bound to this operation, then publish the same "
         "intent again with its approval ID"
@@ -114,11 +129,15 @@ def outcome_of(state: OperationState, outcome_id: str, at_ms: int) -> Outcome:
         reason=state.reason,
         remedy=REMEDY[kind],
         parameter_digest=state.parameter_digest,
-        effect_id=state.effect_id if kind in ("VERIFIED", "HELD", "ABANDONED") else None,
+        effect_id=(
+            state.effect_id if kind in ("VERIFIED", "COMMITTED", "HELD", "ABANDONED") else None
+        ),
         postcondition=postcondition,
         approval_id=state.approval_id if kind == "NEEDS_REAUTHORISATION" else None,
         policy_version=(
-            state.admitted_policy_version if kind in ("VERIFIED", "NEEDS_REAUTHORISATION") else None
+            state.admitted_policy_version
+            if kind in ("VERIFIED", "COMMITTED", "NEEDS_REAUTHORISATION")
+            else None
         ),
         owner=(state.owner or "reconciliation") if kind == "HELD" else None,
         release_condition=HELD_RELEASE if kind == "HELD" else None,

@@ -61,6 +61,30 @@ class Verified:
 
 
 @dataclass(frozen=True)
+class Committed:
+    """The sink's receipt says the effect was made once; nothing independent verified it.
+
+    The sink offers no postcondition (an e-mail relay, say), or the one it
+    offers has not confirmed the effect yet (the ledger reconciles it and
+    announces ``Verified`` once read back). Final for a waiter: performing
+    the operation again never makes a second effect.
+
+    Attributes:
+        operation_id: the operation.
+        effect_id: the sink's effect ID (from the receipt).
+        policy_version: the policy version it was admitted under.
+        reason: the processor's words.
+        remedy: where to look when an independent check matters.
+    """
+
+    operation_id: str
+    effect_id: str | None
+    policy_version: int | None
+    reason: str
+    remedy: str
+
+
+@dataclass(frozen=True)
 class NeedsReauthorisation:
     """No effect: the operation needs a new approval (none given, expired, consumed, revoked ...).
 
@@ -149,7 +173,7 @@ class Pending:
 
 
 #: What :meth:`LedgerService.perform` returns.
-Outcome = Verified | NeedsReauthorisation | Held | Refused | Abandoned | Pending
+Outcome = Verified | Committed | NeedsReauthorisation | Held | Refused | Abandoned | Pending
 
 
 def result_of(record: OutcomeRecord | None, operation_id: str, records_read: int = 0) -> Outcome:
@@ -174,6 +198,8 @@ def result_of(record: OutcomeRecord | None, operation_id: str, records_read: int
     r = record
     if r.kind == "VERIFIED":
         return Verified(operation_id, r.effect_id, r.postcondition, r.policy_version, r.reason)
+    if r.kind == "COMMITTED":
+        return Committed(operation_id, r.effect_id, r.policy_version, r.reason, r.remedy)
     if r.kind == "NEEDS_REAUTHORISATION":
         return NeedsReauthorisation(
             operation_id, r.reason, r.approval_id, r.policy_version, r.remedy

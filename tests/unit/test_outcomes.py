@@ -35,6 +35,7 @@ from ledger.topology import partition_for
 from producers.outcomes import OutcomeReader, OutcomeWatch
 from producers.sdk import (
     Abandoned,
+    Committed,
     Held,
     LedgerService,
     NeedsReauthorisation,
@@ -60,7 +61,7 @@ OP = "refund:c1:v1"
         (S.NOT_ADMITTED, "PENDING"),
         (S.ADMITTED, "PENDING"),
         (S.EFFECT_PENDING, "PENDING"),
-        (S.EFFECT_COMMITTED, "PENDING"),
+        (S.EFFECT_COMMITTED, "COMMITTED"),
     ],
 )
 def test_every_recovery_state_has_its_outcome_kind(state: S, kind: str) -> None:
@@ -83,6 +84,9 @@ def test_every_recovery_state_has_its_outcome_kind(state: S, kind: str) -> None:
         assert out.effect_id == "pay-9" and out.policy_version == 2
         assert out.postcondition == "payments GET /accounts/acct-1: VERIFIED"
         assert out.remedy == ""
+    elif kind == "COMMITTED":  # the receipt's evidence, and no claim of a postcondition
+        assert out.effect_id == "pay-9" and out.policy_version == 2
+        assert out.postcondition is None and "postcondition" in out.remedy
     else:
         assert out.postcondition is None and out.remedy
     if kind == "NEEDS_REAUTHORISATION":
@@ -374,6 +378,8 @@ def test_each_outcome_kind_becomes_its_typed_result() -> None:
     assert result_of(_outcome(kind="ABANDONED", remedy="new id"), OP) == Abandoned(
         OP, "abandoned", "new id"
     )
+    committed = result_of(_outcome(kind="COMMITTED", effect_id="mail-1", remedy="look"), OP)
+    assert committed == Committed(OP, "mail-1", None, "committed", "look")
     assert result_of(_outcome(kind="PENDING"), OP, 7) == Pending(OP, "NOT_ADMITTED", "pending", 7)
     assert result_of(None, OP).state is None  # type: ignore[union-attr]
     with pytest.raises(dataclasses.FrozenInstanceError):

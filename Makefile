@@ -127,13 +127,11 @@ check: lint
 # The suite in two phases: first everything but the `serial` tests in
 # $(TEST_WORKERS) processes (pytest-xdist; a test's waits on the broker leave
 # the cores mostly idle), then the `serial` ones (they stop or restart the
-# broker) alone. The first phase hands out files in collection order (the
-# chaos mission first, then the long integration files, the quick unit files
-# last to fill the gaps); see pytest_xdist_make_scheduler in tests/conftest.py. The local broker is started first, for both phases, and
+# broker) alone. The local broker is started first, for both phases, and
 # stopped at the end unless it was running before. `pytest` alone still runs
 # everything in one process.
 TEST_WORKERS ?= 2
-PYTEST_PHASES = $(BIN)/pytest -n $(TEST_WORKERS) --no-loadscope-reorder -m "not serial" \
+PYTEST_PHASES = $(BIN)/pytest -n $(TEST_WORKERS) -m "not serial" \
 	  --durations=15 && $(BIN)/pytest -m serial --durations=10
 
 test: lint kafka

@@ -370,24 +370,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the chaos mission beside the rest of the suite.
+    """Move the chaos mission's tests to the end of the run and start its mission now.
 
     The chaos mission (``tests/integration/test_chaos_mission.py``) runs its own
-    three-node cluster in a process of its own for about six minutes. In one
-    process, it is started now, at collection, and its tests (moved last) only
-    wait for its report. Under pytest-xdist (``make test``) every worker
-    collects it, so none starts it early: its tests move first instead, and
-    the worker that gets them runs the mission while the other worker goes
-    through the rest.
+    three-node cluster in a process of its own for about six minutes; started at
+    collection, it runs beside the rest of the suite instead of after it. Its
+    tests, moved last, then only wait for its report.
     """
     chaos = [i for i in items if i.nodeid.startswith("tests/integration/test_chaos_mission.py")]
     if not chaos or config.option.collectonly:
         return
-    rest = [i for i in items if i not in chaos]
-    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
-        items[:] = chaos + rest
-        return
-    items[:] = rest + chaos
+    items[:] = [i for i in items if i not in chaos] + chaos
     from tests.integration.test_chaos_mission import start_early
 
     start_early(config)

@@ -33,7 +33,8 @@ from testbed.mission.chaos import STEPS
 from testbed.netns import NetworkSpec, unavailable_reason
 from tests.conftest import LOCAL_KAFKA_HOME
 
-pytestmark = pytest.mark.integration
+#: ``serial``: its cluster runs beside the whole suite's second, one-process phase.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 CASES = 300
 SEED = 7

@@ -271,6 +271,7 @@ def pending_operation(
         "action": intent.action,
         "params": json.loads(intent.params_json),
         "subject": intent.subject,
+        "actor": intent.actor,
         "purpose": intent.purpose,
         "decision_version": intent.decision_version,
         "reason": outcome.reason,

@@ -11,13 +11,14 @@ gateway's service holds only the outcome key's public half.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult, ElicitRequestFormParams, ElicitResult, InputRequiredResult
 
 from ledger.contracts import PAYMENT_GATEWAY
@@ -32,7 +33,7 @@ from producers.integrations.mcp_gateway import (
 from producers.publisher import LedgerPublisher, build_intent
 from producers.review import grant_for
 from producers.sdk import LedgerService
-from testbed.harness import Harness
+from testbed.harness import Harness, settings_env
 from tests.integration.test_outcome_channel import service_settings
 from tests.integration.test_stages import REVIEWER
 
@@ -107,8 +108,14 @@ def test_an_mcp_refund_waits_for_approval_then_pays_once(
                 input_responses={APPROVAL_INPUT: answer},
                 allow_input_required=True,
             )
-        # A restarted agent calls again: no reviewer at hand, none needed.
-        async with Client(build_server(gateway)) as again:
+        # A restarted agent calls again, through the gateway run as its own
+        # process over stdio: no reviewer at hand, none needed.
+        stdio = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "producers.integrations.mcp_gateway"],
+            env=settings_env(service.settings),
+        )
+        async with Client(stdio) as again:
             seen["again"] = await again.call_tool("refund", REFUND)
         typo = LedgerGateway(service, refund_sink="paymnets", wait_s=30.0)
         async with Client(build_server(typo), elicitation_callback=reviewer(review_system)) as c:

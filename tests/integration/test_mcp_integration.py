@@ -42,8 +42,17 @@ pytestmark = pytest.mark.integration
 REFUND = {"case_id": "1842", "account": "acct-1842", "amount_minor": 5000, "currency": "GBP"}
 
 
-def reviewer(publisher: LedgerPublisher) -> Any:
-    """The reviewer's side: approve exactly the operation the question names."""
+def reviewer(
+    publisher: LedgerPublisher,
+    expiring: list[Harness] | None = None,
+    granted: list[str] | None = None,
+) -> Any:
+    """The reviewer's side: approve exactly the operation the question names.
+
+    ``expiring``: for each harness in it (one per question, first first), the
+    grant expires at ledger time 1 s and the harness's clock is moved past it
+    before the answer. ``granted`` collects the approval IDs answered.
+    """
 
     async def review(context: Any, params: ElicitRequestFormParams) -> ElicitResult:
         pending = pending_from_question(params.message)
@@ -64,12 +73,16 @@ def reviewer(publisher: LedgerPublisher) -> Any:
             REVIEWER,
             intent,
             approval_id=approval_id,
-            expires_at_ms=3_600_000,  # ledger time: the harness clock starts at 0
+            expires_at_ms=1_000 if expiring else 3_600_000,  # ledger time, from 0
             granted_at_ms=0,
             policy_version=1,
             ledger_id=publisher.settings.ledger_identity,
         )
         await anyio.to_thread.run_sync(publisher.publish_approval, grant)
+        if expiring:
+            expiring.pop(0).advance(5.0)
+        if granted is not None:
+            granted.append(approval_id)
         return ElicitResult(action="accept", content={"approval_id": approval_id})
 
     return review
@@ -101,6 +114,7 @@ def test_an_mcp_refund_waits_for_approval_then_pays_once(
             assert isinstance(first, InputRequiredResult) and first.input_requests
             question = first.input_requests[APPROVAL_INPUT].params
             assert isinstance(question, ElicitRequestFormParams)
+            seen["question"] = question.message
             answer = await reviewer(review_system)(None, question)
             seen["approved"] = await client.session.call_tool(
                 "refund",
@@ -117,6 +131,14 @@ def test_an_mcp_refund_waits_for_approval_then_pays_once(
         )
         async with Client(stdio) as again:
             seen["again"] = await again.call_tool("refund", REFUND)
+        # A grant that expires before it is used: the call asks again, for a
+        # fresh approval under a new ID, and pays once under that one.
+        late = {**REFUND, "case_id": "1844"}
+        async with Client(
+            build_server(gateway),
+            elicitation_callback=reviewer(review_system, [harness], seen.setdefault("asked", [])),
+        ) as client:
+            seen["late"] = await client.call_tool("refund", late)
         typo = LedgerGateway(service, refund_sink="paymnets", wait_s=30.0)
         async with Client(build_server(typo), elicitation_callback=reviewer(review_system)) as c:
             started = time.monotonic()
@@ -130,7 +152,7 @@ def test_an_mcp_refund_waits_for_approval_then_pays_once(
         seen = anyio.run(agent)
         first = seen["first"]
         assert isinstance(first, InputRequiredResult), first
-        assert op in first.input_requests[APPROVAL_INPUT].params.message
+        assert op in seen["question"]
         assert seen["effects_before"] == 0
 
         approved = seen["approved"]
@@ -149,8 +171,13 @@ def test_an_mcp_refund_waits_for_approval_then_pays_once(
         assert typo["kind"] == "UNKNOWN_SINK" and "paymnets" in typo["reason"] and typo["remedy"]
         assert seen["typo_s"] < 10.0, f"the refusal took {seen['typo_s']:.1f} s"
 
+        late = seen["late"].structured_content or {}
+        assert late["status"] == "verified", seen["late"]
+        assert harness.effects("payments", "refund:1844:v1") == 1
+        assert seen["asked"] == ["refund:1844:v1:review-1", "refund:1844:v1:review-2"]
+
         bad = seen["bad"]
-        assert bad.is_error and "currency" in bad.content[0].text  # type: ignore[union-attr]
+        assert bad.is_error and "currency" in bad.content[0].text
         assert harness.effects("payments", "refund:1842:v1") == 1
         assert not harness.crashed() and not harness.failed()
     finally:

@@ -33,7 +33,7 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ledger.events import Outcome as OutcomeRecord
 from ledger.settings import LedgerSettings
@@ -211,6 +211,55 @@ def result_of(record: OutcomeRecord | None, operation_id: str, records_read: int
     if r.kind == "ABANDONED":
         return Abandoned(operation_id, r.reason, r.remedy)
     return Pending(operation_id, r.state, r.reason, records_read)
+
+
+class Performer(Protocol):
+    """What an integration needs of a service: :meth:`LedgerService.perform` (fakes match it).
+
+    ``actor`` is the requesting actor named in every intent.
+    """
+
+    actor: str
+
+    def perform(
+        self,
+        *,
+        operation_id: str,
+        sink: str,
+        action: str,
+        params: Mapping[str, Any],
+        subject: str,
+        purpose: str,
+        decision_version: int = 1,
+        approval_id: str | None = None,
+        compensates: str | None = None,
+        wait_s: float = 30.0,
+    ) -> Outcome:
+        """See :meth:`LedgerService.perform`."""
+        ...
+
+
+class AsyncPerformer(Protocol):
+    """:class:`Performer` for asyncio: :meth:`LedgerService.perform_async`."""
+
+    actor: str
+
+    async def perform_async(
+        self,
+        *,
+        operation_id: str,
+        sink: str,
+        action: str,
+        params: Mapping[str, Any],
+        subject: str,
+        purpose: str,
+        decision_version: int = 1,
+        approval_id: str | None = None,
+        compensates: str | None = None,
+        wait_s: float = 30.0,
+    ) -> Outcome:
+        """See :meth:`LedgerService.perform_async`."""
+        ...
 
 
 class LedgerService:

@@ -41,11 +41,11 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from ledger.errors import DeliveryUnknownError, LedgerError
 from ledger.identity import operation_id_problem
-from producers.sdk import Outcome, Pending
+from producers.sdk import Outcome, Pending, Performer
 
 try:
     from dbos import DBOS
@@ -55,25 +55,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 __all__ = ["LedgerSteps", "Performer", "operation_id_for"]
-
-
-class Performer(Protocol):
-    """What :class:`LedgerSteps` needs of a service: :meth:`LedgerService.perform`'s signature."""
-
-    def perform(
-        self,
-        *,
-        operation_id: str,
-        sink: str,
-        action: str,
-        params: Mapping[str, Any],
-        subject: str,
-        purpose: str,
-        decision_version: int = 1,
-        approval_id: str | None = None,
-        compensates: str | None = None,
-        wait_s: float = 30.0,
-    ) -> Outcome: ...
 
 
 def operation_id_for(workflow_id: str, name: str, decision_version: int = 1) -> str:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from langgraph.types import interrupt
 
@@ -58,6 +58,7 @@ from producers.sdk import (
     NeedsReauthorisation,
     Outcome,
     Pending,
+    Performer,
     Refused,
     Verified,
 )
@@ -76,26 +77,6 @@ __all__ = [
 
 #: The ``kind`` of every review request this module interrupts with.
 REVIEW_KIND = "ledger.review"
-
-
-class Performer(Protocol):
-    """What the node needs of :class:`producers.sdk.LedgerService` (a fake in unit tests)."""
-
-    actor: str
-
-    def perform(
-        self,
-        *,
-        operation_id: str,
-        sink: str,
-        action: str,
-        params: Mapping[str, Any],
-        subject: str,
-        purpose: str,
-        decision_version: int = 1,
-        approval_id: str | None = None,
-        wait_s: float = 30.0,
-    ) -> Outcome: ...
 
 
 @dataclass(frozen=True)

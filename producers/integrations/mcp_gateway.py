@@ -41,7 +41,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -60,6 +60,7 @@ from ledger.events import Intent
 from producers.publisher import build_intent
 from producers.sdk import (
     Abandoned,
+    AsyncPerformer,
     Held,
     NeedsReauthorisation,
     Outcome,
@@ -79,27 +80,6 @@ CASE_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 CaseId = Annotated[str, Field(pattern=CASE_ID, description="the case (e.g. 1842)")]
 Version = Annotated[int, Field(ge=1, description="the business decision's version")]
-
-
-class Performer(Protocol):
-    """What the gateway needs of :class:`producers.sdk.LedgerService`."""
-
-    actor: str
-
-    async def perform_async(
-        self,
-        *,
-        operation_id: str,
-        sink: str,
-        action: str,
-        params: Mapping[str, Any],
-        subject: str,
-        purpose: str,
-        decision_version: int = 1,
-        approval_id: str | None = None,
-        compensates: str | None = None,
-        wait_s: float = 30.0,
-    ) -> Outcome: ...
 
 
 class ApprovalAnswer(BaseModel):
@@ -147,7 +127,7 @@ class LedgerGateway:
 
     def __init__(
         self,
-        service: Performer,
+        service: AsyncPerformer,
         *,
         refund_sink: str = "payments",
         notify_sink: str = "notifications",

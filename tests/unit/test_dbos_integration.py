@@ -33,6 +33,8 @@ REQUEST: dict[str, Any] = {
 class FakeService:
     """Answers each perform with the next scripted answer (an outcome or an error to raise)."""
 
+    actor = "svc-test"
+
     def __init__(self, *answers: Outcome | Exception) -> None:
         self.answers = list(answers)
         self.calls: list[dict[str, Any]] = []

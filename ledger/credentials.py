@@ -586,8 +586,9 @@ def person_key(settings: LedgerSettings, role: str, name: str) -> SigningKey:
     path = person_key_path(settings, role, name)
     if not path.exists():
         raise LedgerError(
-            f"{role} {name!r} has no signing key at {path}; create one with "
-            f"`ledger {role} add {name}`"
+            f"{role} {name!r} has no signing key at {path} (the folder comes from "
+            "LEDGER_HOME / LEDGER_RUN_DIR: if the key was made for a ledger elsewhere, point "
+            f"them at that ledger's folder); else create one with `ledger {role} add {name}`"
         )
     try:
         key = ReviewerKey.from_file(path)

@@ -81,7 +81,7 @@ REMEDY: Mapping[str, str] = {
 #: The remedy of a refused intent, by the operating event's kind.
 REFUSAL_REMEDY: Mapping[str, str] = {
     "UNKNOWN_SINK": (
-        "register the sink (ledger sinks) or correct its name, then publish again; no "
+        "register the sink (`ledger sink register`) or correct its name, then publish again; no "
         "approval was used"
     ),
     "PARAMETER_DRIFT": (

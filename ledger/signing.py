@@ -116,6 +116,13 @@ class ReviewerKey:
             key_id = raw["key_id"]
             if not isinstance(key_id, str) or not key_id.strip():
                 raise ValueError("key_id is not a name")
+        except FileNotFoundError as exc:
+            raise LocalFileError(
+                f"no reviewer key at {path}: the folder comes from LEDGER_HOME / LEDGER_RUN_DIR; "
+                "if the key was made for a ledger elsewhere, point them at that ledger's "
+                "folder, else create one with `ledger reviewer add NAME`",
+                observed=str(exc),
+            ) from exc
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             raise LocalFileError(
                 f"the reviewer key {path} is unreadable ({type(exc).__name__}: {exc}); restore "

@@ -8,9 +8,14 @@ the same request redirected to another account or made under another ID.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ledger.authority import evaluate
+from ledger.credentials import person_key, person_key_path
+from ledger.errors import LedgerError, LocalFileError
+from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, verify
 from producers.review import ScopeNotBoundError, grant, grant_for
 from tests import helpers
@@ -79,3 +84,19 @@ def test_a_grant_by_hand_is_refused_until_every_field_is_bound_or_opened() -> No
         grant(KEY, **base, opened=["colour"])  # type: ignore[arg-type]
     standing = grant(KEY, **base, opened=["operation-id", "account"])  # type: ignore[arg-type]
     assert standing.scope_account is None and standing.reviewer == "alice"
+
+
+def test_a_reviewer_key_missing_from_this_folder_says_where_the_folder_comes_from(
+    tmp_path: Path,
+) -> None:
+    """Tried as a new user would: a review system run from the agent's own folder looked for
+    the key there and was told to make a new key, though it existed in the ledger's folder."""
+    settings = LedgerSettings(run_dir=tmp_path / "agent")
+    with pytest.raises(LocalFileError) as loaded:
+        ReviewerKey.from_file(person_key_path(settings, "reviewer", "alice"))
+    assert "LEDGER_HOME / LEDGER_RUN_DIR" in loaded.value.message
+    assert "remove it" not in loaded.value.message  # nothing there to remove
+    with pytest.raises(LedgerError) as asked:
+        person_key(settings, "reviewer", "alice")
+    assert "LEDGER_HOME / LEDGER_RUN_DIR" in asked.value.message
+    assert "`ledger reviewer add alice`" in asked.value.message

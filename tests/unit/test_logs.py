@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+import ledger.logs as logs_module
 from consumers.processor import Processor
 from consumers.stage import Record
 from ledger.logs import (
@@ -27,8 +28,14 @@ from tests.helpers import intent, keyed, receipt
 
 
 @pytest.fixture
-def captured() -> Iterator[tuple[logging.Logger, io.StringIO]]:
-    """A logger of its own writing JSON lines into a buffer."""
+def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    """A logger of its own writing JSON lines into a buffer, in a process with no stage.
+
+    An earlier test in this process may have run a stage command in-process
+    (``ledger processor`` through click's runner), which names the process's
+    stage for good; under ``make test``'s workers such a test can come first.
+    """
+    monkeypatch.setattr(logs_module, "_process", {})
     buffer = io.StringIO()
     logger = logging.getLogger("tests.logs.captured")
     handler = make_handler("json", buffer)

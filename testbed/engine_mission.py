@@ -187,7 +187,6 @@ def say(kind: str, **fields: Any) -> None:
 
 
 def build_graph(
-    mode: str,
     gates: Gates,
     effects: Callable[[str, dict[str, Any]], dict[str, Any]],
     review_request: Callable[[dict[str, Any]], dict[str, Any]],
@@ -282,6 +281,7 @@ class LedgerEffects:
 
     def effects(self, node: str, state: dict[str, Any]) -> dict[str, Any]:
         from producers.integrations.langgraph import perform_with_review
+        from producers.sdk import NeedsReauthorisation, Pending
 
         case, given, gates, service = (
             int(state["case"]),
@@ -297,7 +297,7 @@ class LedgerEffects:
                 if kw.get("approval_id") is None and node == "refund":
                     kw["approval_id"] = given  # the review's grant, by reference
                 outcome = service.perform(**kw)
-                if type(outcome).__name__ not in ("Pending", "NeedsReauthorisation"):
+                if not isinstance(outcome, Pending | NeedsReauthorisation):
                     gates.at(case, f"call:{node}")
                 return outcome
 
@@ -409,9 +409,7 @@ def worker(life_path: Path) -> int:
     gates = Gates({int(c): p for c, p in life["armed"].items()})
     side: Any = (LedgerEffects if life["mode"] == "ledger" else DirectEffects)(life, gates)
     saver = SqliteSaver(sqlite3.connect(life["checkpoints"], check_same_thread=False))
-    app = build_graph(life["mode"], gates, side.effects, side.review_request).compile(
-        checkpointer=saver
-    )
+    app = build_graph(gates, side.effects, side.review_request).compile(checkpointer=saver)
     cases = [int(c) for c in life["cases"]]
     pool = ThreadPoolExecutor(max_workers=max(1, len(cases)))
     futures = [pool.submit(run_case, app, side, gates, life["mode"], c) for c in cases]

@@ -8,6 +8,9 @@
 #                  real broker, then the wheel check (the built wheel installed
 #                  outside the checkout runs `ledger demo --json`)
 #   make mission   the 4,000-case fee-remediation mission with crashes everywhere
+#   make mission-engine  the same mission as a LangGraph workflow (SQLite checkpoints),
+#                  its worker SIGKILLed at every step, beside its direct-call control
+#                  (CASES=, default 1000 here)
 #   make mission-chaos  the same on three brokers with broker faults (root: netns)
 #                  (CASES=, INSTANCES=, MODE=ledger|checkpoint-only to change it)
 #   make bench     benchmarks against the bare Kafka limit and against peers
@@ -27,7 +30,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := test
-.PHONY: venv venv-run kafka demo mission mission-chaos mission-compare bench check test wheel-check console-screenshot lint fmt broker-start broker-stop broker-status clean distclean
+.PHONY: venv venv-run kafka demo mission mission-engine mission-chaos mission-compare bench check test wheel-check console-screenshot lint fmt broker-start broker-stop broker-status clean distclean
 
 # Two stamps in one virtualenv: the runtime with its testbed (what the demo
 # and missions need), and the developer tools on top (what the tests need).
@@ -66,6 +69,14 @@ MODE      ?= ledger
 mission: venv-run kafka
 	$(BIN)/ledger mission run --cases $(CASES) --crash-rate 0.05 --seed 7 \
 		--instances $(INSTANCES) --mode $(MODE)
+
+# The mission as a LangGraph workflow per case, its worker killed at every
+# step and resumed from its SQLite checkpoints; the ledger beside a control
+# whose nodes call the sinks directly.
+mission-engine: venv-run kafka
+	@$(BIN)/pip install --quiet -e '.[testbed,engine-mission]' >> $(VENV)/install.log 2>&1 \
+	  || { tail -n 30 $(VENV)/install.log; exit 1; }
+	$(BIN)/python -m testbed.engine_mission --cases $(if $(filter file,$(origin CASES)),1000,$(CASES))
 
 # The same mission on a local three-broker cluster in network namespaces of
 # its own, with the leader, the controller, rolling and full restarts and a

@@ -54,6 +54,7 @@ from producers.publisher import LedgerPublisher, build_intent
 from producers.review import grant_for
 from producers.sdk import (
     Abandoned,
+    Committed,
     Held,
     NeedsReauthorisation,
     Outcome,
@@ -169,6 +170,8 @@ def _record(outcome: Outcome, approval_id: str | None) -> dict[str, Any]:
             "effect_id": outcome.effect_id,
             "postcondition": outcome.postcondition,
         }
+    if isinstance(outcome, Committed):
+        return {**record, "outcome": "COMMITTED", "effect_id": outcome.effect_id}
     if isinstance(outcome, Held):
         return {
             **record,
@@ -271,7 +274,7 @@ def perform_with_review(
 
     Returns:
         The record for the state (:func:`merge_records`): ``operation_id``,
-        ``approval_id``, ``outcome`` (``VERIFIED``, ``HELD``, ``REFUSED``,
+        ``approval_id``, ``outcome`` (``VERIFIED``, ``COMMITTED``, ``HELD``, ``REFUSED``,
         ``ABANDONED``, or ``REJECTED`` when the reviewer said no), ``reason``
         and the outcome's own fields (``effect_id`` ...). Never a grant.
 

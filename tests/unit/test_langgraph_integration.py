@@ -34,7 +34,7 @@ from producers.integrations.langgraph import (
     operation_id_for,
 )
 from producers.publisher import build_intent
-from producers.sdk import NeedsReauthorisation, Outcome, Pending, Verified
+from producers.sdk import Committed, NeedsReauthorisation, Outcome, Pending, Verified
 
 PARAMS = {"account": "acct-1", "amount_minor": 5000, "currency": "GBP"}
 
@@ -290,3 +290,14 @@ def test_operation_ids_come_from_the_case_and_keep_to_the_grammar() -> None:
     assert operation_id_for("refund", "1842", 3) == "refund:1842:v3"
     with pytest.raises(InputBoundsError):
         operation_id_for("refund", "case with spaces\n")
+
+
+def test_an_effect_committed_without_a_postcondition_is_recorded_as_committed() -> None:
+    # A sink with no readback (an e-mail relay): the ledger answers Committed.
+    ledger = FakeLedger()
+    op = "refund:1842:v1"
+    ledger.settled[op] = Committed(op, "mail-7", 1, "receipt from the relay", "read its log")
+    app, _, config = setup(ledger)
+    record = app.invoke({"case_id": "1842"}, config)["ledger"][op]
+    assert record["outcome"] == "COMMITTED" and record["effect_id"] == "mail-7", record
+    assert ledger.calls == [(op, None)]

@@ -225,6 +225,39 @@ def deployment_key(settings: LedgerSettings) -> MacKey:
     return MacKey(secret_bytes, ledger_id=settings.ledger_identity)
 
 
+def _stage_signing_key(
+    settings: LedgerSettings, name: str, who: str, remedy: str
+) -> tuple[ReviewerKey, bytes]:
+    """Load ``{name}.key`` of the keys folder, a stage's Ed25519 signing key; never create it.
+
+    Args:
+        settings: the ledger's settings (the keys folder, the ledger it serves).
+        name: ``authority`` or ``outcome``.
+        who: the stage that holds it (for the missing-key message).
+        remedy: what to do when the file is unreadable.
+
+    Returns:
+        The key and its raw public half (32 bytes).
+
+    Raises:
+        MissingKeyError: there is no such file.
+        KeysOfAnotherLedgerError: the folder serves another ledger.
+        LocalFileError: the file is unreadable.
+    """
+    path = keys_dir(settings) / f"{name}.key"
+    if not path.exists():
+        raise _missing(settings, f"{name}.key", who)
+    check_binding(settings)
+    try:
+        key = ReviewerKey.from_file(path)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LocalFileError(
+            f"the {name} key file {path} is unreadable ({exc}); {remedy}",
+            observed=str(exc),
+        ) from exc
+    return key, key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
 def authority_key(settings: LedgerSettings) -> SigningKey:
     """The authority kernel's signing key, bound to this ledger; never created here.
 
@@ -233,19 +266,12 @@ def authority_key(settings: LedgerSettings) -> SigningKey:
         KeysOfAnotherLedgerError: the folder serves another ledger.
         LocalFileError: the file is unreadable.
     """
-    path = keys_dir(settings) / "authority.key"
-    if not path.exists():
-        raise _missing(settings, "authority.key", "the authority kernel")
-    check_binding(settings)
-    try:
-        key = ReviewerKey.from_file(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LocalFileError(
-            f"the authority key file {path} is unreadable ({exc}); restore it from a backup "
-            "(records the kernel signed can only be verified with its key)",
-            observed=str(exc),
-        ) from exc
-    raw_public = key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    key, raw_public = _stage_signing_key(
+        settings,
+        "authority",
+        "the authority kernel",
+        "restore it from a backup (records the kernel signed can only be verified with its key)",
+    )
     public = keys_dir(settings) / "authority.pub"
     if not public.exists() or public.read_text().strip() != key.public_b64():
         tmp = public.with_name(f".authority.pub.{os.getpid()}")
@@ -289,19 +315,12 @@ def outcome_key(settings: LedgerSettings) -> SigningKey:
         KeysOfAnotherLedgerError: the folder serves another ledger.
         LocalFileError: the file is unreadable.
     """
-    path = keys_dir(settings) / "outcome.key"
-    if not path.exists():
-        raise _missing(settings, "outcome.key", "the processor (it signs the services' outcomes)")
-    check_binding(settings)
-    try:
-        key = ReviewerKey.from_file(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise LocalFileError(
-            f"the outcome key file {path} is unreadable ({exc}); restore it from another "
-            "processor host",
-            observed=str(exc),
-        ) from exc
-    raw_public = key.private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    key, raw_public = _stage_signing_key(
+        settings,
+        "outcome",
+        "the processor (it signs the services' outcomes)",
+        "restore it from another processor host",
+    )
     return SigningKey(
         outcome_key_id(raw_public), key.private, ROLE_OUTCOME, settings.ledger_identity
     )

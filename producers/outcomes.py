@@ -141,6 +141,15 @@ class OutcomeWatch:
                     continue
             if parameter_digest is not None and outcome.parameter_digest != parameter_digest:
                 continue
+            if last is not None and (
+                outcome.state_version < last.state_version
+                or (outcome.kind == "REFUSED" and outcome.outcome_id != answer_id)
+            ):
+                # A genuine record replayed from an earlier episode (the seal
+                # binds key and value, not position): an operation's state
+                # version never goes back. A refusal after the answer answers
+                # another intent and changes nothing of this operation.
+                continue
             last = outcome
             if outcome.kind in FINAL_KINDS or answer_only:
                 return Waited(outcome, outcome.kind in FINAL_KINDS, read, refused)

@@ -349,6 +349,28 @@ def test_the_waiter_takes_nothing_before_the_answer_to_its_own_intent(
     assert (found.records_read, found.refused) == (6, 1)
 
 
+def test_a_genuine_outcome_replayed_from_an_earlier_episode_is_not_believed(
+    stage_host: LedgerSettings,
+) -> None:
+    """Tried as an attacker with write on ``outcomes`` and no key: an operation's genuine
+    NEEDS_REAUTHORISATION, written again after the answer to its re-publish with an approval,
+    was returned as the outcome while the refund went on to be paid. Versions never go back."""
+    signer = outcome_key(stage_host)
+    answer = _signed(signer, _outcome(kind="PENDING", ref="intents:0:5", state_version=5))
+    replayed = _signed(
+        signer, _outcome(kind="NEEDS_REAUTHORISATION", ref="intents:0:3", state_version=3)
+    )
+    old_refusal = _signed(signer, _outcome(kind="REFUSED", ref="intents:0:2", state_version=5))
+    settled = _signed(
+        signer,
+        _outcome(kind="VERIFIED", ref="receipts:0:2", effect_id="pay-1", state_version=7),
+    )
+    watch = _watch(stage_host, [answer, replayed, old_refusal, settled])
+    found = watch.wait(5.0, answer_to=(0, 5), parameter_digest="d1")
+    assert found.final and found.outcome is not None
+    assert (found.outcome.kind, found.outcome.effect_id) == ("VERIFIED", "pay-1")
+
+
 def test_the_waiter_returns_the_last_outcome_seen_when_its_deadline_comes(
     stage_host: LedgerSettings,
 ) -> None:

@@ -96,6 +96,7 @@ class OutcomeWatch:
         answer_to: tuple[int, int] | None = None,
         parameter_digest: str | None = None,
         answer_only: bool = False,
+        min_state_version: int = 0,
     ) -> Waited:
         """Read until a final outcome of the operation, or the deadline.
 
@@ -110,6 +111,11 @@ class OutcomeWatch:
                 skipped.
             answer_only: return the answer to the caller's intent itself,
                 final or not (what the processor decided on it).
+            min_state_version: skip outcomes of a lower state version (the
+                floor for a wait with no answer to anchor on, such as
+                :meth:`OutcomeReader.since`: the last version the caller
+                saw). A genuine outcome replayed from an earlier episode
+                carries its old version, and versions never go back.
 
         Returns:
             :class:`Waited`: the first final outcome, else on the deadline
@@ -140,6 +146,8 @@ class OutcomeWatch:
                 if not answered:
                     continue
             if parameter_digest is not None and outcome.parameter_digest != parameter_digest:
+                continue
+            if outcome.state_version < min_state_version:
                 continue
             if last is not None and (
                 outcome.state_version < last.state_version
@@ -233,7 +241,10 @@ class OutcomeReader:
         Args:
             operation_id: the operation.
             since_ms: when its intent was published (Unix ms); reading starts
-                :data:`SKEW_MARGIN_MS` before it (``offsets_for_times``).
+                :data:`SKEW_MARGIN_MS` before it (``offsets_for_times``), so
+                an earlier outcome of the operation inside that margin can
+                be read: pass the last state version seen as
+                ``min_state_version`` to :meth:`OutcomeWatch.wait`.
             timeout_s: how long to try to learn where to start (seconds).
 
         Raises:

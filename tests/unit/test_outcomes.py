@@ -589,3 +589,21 @@ def test_a_publish_not_acknowledged_says_it_may_still_be_delivered() -> None:
             purpose="p",
         )
     assert caught.value.retryable and reader.waits == []  # nothing was waited for
+
+
+def test_a_wait_with_no_answer_to_anchor_on_skips_outcomes_below_its_floor(
+    stage_host: LedgerSettings,
+) -> None:
+    """A wait started by time (``since``) reads a margin before the publish: a genuine
+    final outcome of an earlier episode there is skipped under the caller's floor."""
+    signer = outcome_key(stage_host)
+    earlier = _signed(signer, _outcome(kind="ABANDONED", ref="intents:0:1", state_version=2))
+    settled = _signed(
+        signer,
+        _outcome(kind="VERIFIED", ref="receipts:0:2", effect_id="pay-1", state_version=6),
+    )
+    unfloored = _watch(stage_host, [earlier, settled]).wait(2.0)
+    assert unfloored.outcome is not None and unfloored.outcome.kind == "ABANDONED"
+    found = _watch(stage_host, [earlier, settled]).wait(2.0, min_state_version=4)
+    assert found.final and found.outcome is not None
+    assert (found.outcome.kind, found.outcome.effect_id) == ("VERIFIED", "pay-1")

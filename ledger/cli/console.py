@@ -45,6 +45,7 @@ from ledger.cli.render import render
 from ledger.errors import LedgerError
 from ledger.events import OperationState
 from ledger.history import journal_move
+from ledger.instants import readable_fields
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 
@@ -516,7 +517,7 @@ def create_app(
             title=f"{op} · {title}",
             page="operations",
             st=current,
-            state_rows=sorted(current.model_dump(mode="json").items()),
+            state_rows=readable_fields(current.model_dump(mode="json")),
             age_s=operation_age_s(current, data.now_ms()),
             history=history,
             timeline=_timeline(history),

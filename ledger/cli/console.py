@@ -303,14 +303,19 @@ class LedgerData:
             names = (
                 ", ".join(sorted(f"{m.instance}@{m.host}" for m in stage.members)) or "no members"
             )
+            twins = "".join(
+                f"; TWO LIVE PROCESSES named {name} ({', '.join(who)}): give each its own "
+                "--instance"
+                for name, who in sorted(stage.twins.items())
+            )
             rows.append(
                 StageHealth(
                     stage.group,
                     "consumer group",
-                    stage.live,
-                    stage.live and parts > 0,
+                    stage.live and not stage.twins,
+                    stage.live and parts > 0 and not stage.twins,
                     f"{stage.group_state}: {len(stage.members)} member(s), {parts} partition(s) "
-                    f"assigned, lag {stage.lag}; {names}",
+                    f"assigned, lag {stage.lag}; {names}{twins}",
                 )
             )
         return rows

@@ -99,7 +99,8 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
     "--sink",
     default=None,
     callback=_non_blank,
-    help="Admit only operations at this sink (its name in the sink registry, e.g. payments).",
+    help="Admit only operations at this sink (its name in the sink registry, e.g. payments; "
+    "a name the registry does not hold is refused: ledger sink list shows them).",
 )
 @click.option(
     "--currency",

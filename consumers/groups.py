@@ -16,7 +16,8 @@ broker alone says, without any file a dead process leaves behind:
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import (
@@ -35,8 +36,15 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
 
 from consumers.retry import is_retriable
 from consumers.stages import STAGES
-from ledger.errors import BrokerUnavailableError
-from ledger.kafka import admin_config, bootstrap_servers, consumer_config
+from consumers.twins import LOOK_S, incarnations, local_processes, twins
+from ledger.errors import BrokerError, BrokerUnavailableError
+from ledger.kafka import (
+    REFUSAL_CODES,
+    admin_config,
+    bootstrap_servers,
+    consumer_config,
+    kafka_error,
+)
 from ledger.settings import LedgerSettings
 
 #: Seconds one admin request may take.
@@ -98,6 +106,13 @@ class StageStatus:
             group never existed).
         members: the live instances.
         partitions: every input partition's progress.
+        twins: member name -> the processes seen holding it while status
+            looked (``relay-0.4711 at /10.0.0.5``), for names more than one
+            process held: two live processes with one instance name
+            (:mod:`consumers.twins`), or one restarted meanwhile.
+        unseen: input topics (short names) whose last records this client's
+            principal may not read, so ``last_input_ms`` is unknown there
+            (the operator of ``ledger acl plan`` reads no stage input).
     """
 
     component: str
@@ -105,6 +120,8 @@ class StageStatus:
     group_state: str
     members: tuple[Member, ...] = ()
     partitions: tuple[PartitionProgress, ...] = field(default=())
+    twins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    unseen: tuple[str, ...] = ()
 
     @property
     def live(self) -> bool:
@@ -129,6 +146,7 @@ class StageStatus:
             "live": self.live,
             "lag": self.lag,
             "last_commit_ms": self.last_commit_ms,
+            "twins": {name: list(who) for name, who in self.twins.items()},
         }
 
 
@@ -137,7 +155,20 @@ def _short(settings: LedgerSettings, topic: str) -> str:
     return topic[len(prefix) :] if topic.startswith(prefix) else topic
 
 
-def _unanswered(settings: LedgerSettings, exc: BaseException) -> BrokerUnavailableError:
+def _unanswered(settings: LedgerSettings, exc: BaseException) -> BrokerError:
+    err = kafka_error(exc)
+    if err is not None and err.code() in REFUSAL_CODES:
+        groups = ", ".join(f"{settings.topic_prefix}.{c}" for c in STAGES)
+        return BrokerError(
+            f"Kafka at {bootstrap_servers(settings)} refuses this client's principal what "
+            f"`ledger status` asks ({err.name()}: not authorised, not a broker outage): it "
+            f"needs DESCRIBE on the groups {groups} and {settings.topic_prefix}.status and on "
+            "the ledger's topics; run it as the operator (LEDGER_KAFKA_CONFIG_FILE with the "
+            "operator's credentials) after `ledger acl apply`, which grants them "
+            "(`ledger acl plan` lists them)",
+            expected="DESCRIBE on the stage groups",
+            observed=err.name(),
+        )
     return BrokerUnavailableError(
         f"Kafka at {bootstrap_servers(settings)} did not say how the stages' groups stand "
         f"({exc}); is it running (`ledger broker status`)?",
@@ -146,8 +177,13 @@ def _unanswered(settings: LedgerSettings, exc: BaseException) -> BrokerUnavailab
     )
 
 
-def stage_status(settings: LedgerSettings, partitions: int | None = None) -> list[StageStatus]:
+def stage_status(
+    settings: LedgerSettings, partitions: int | None = None, look_s: float = LOOK_S
+) -> list[StageStatus]:
     """Ask the broker how every stage stands (see the module docstring).
+
+    The groups are looked at again for ``look_s`` seconds, to see two
+    processes that hold one instance name in turn (:mod:`consumers.twins`).
 
     Retriable Kafka errors (a partition leader moving just after topics
     were created or the broker restarted) are asked again for up to
@@ -157,6 +193,7 @@ def stage_status(settings: LedgerSettings, partitions: int | None = None) -> lis
         settings: ledger settings (prefix, bootstrap servers, client properties).
         partitions: partitions of each operation-keyed input (default
             ``settings.partitions``; control topics are not stage inputs).
+        look_s: how long to watch the groups' members (seconds; 0: one look).
 
     Returns:
         One :class:`StageStatus` per component of :data:`consumers.stages.STAGES`,
@@ -168,14 +205,31 @@ def stage_status(settings: LedgerSettings, partitions: int | None = None) -> lis
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
     while True:
         try:
-            return _ask(settings, settings.partitions if partitions is None else partitions)
+            count = settings.partitions if partitions is None else partitions
+            return _with_local_twins(settings, _ask(settings, count, look_s))
         except (KafkaException, TimeoutError) as exc:
             if not is_retriable(exc) or time.monotonic() > deadline:
                 raise _unanswered(settings, exc) from exc
             time.sleep(0.5)
 
 
-def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
+def _with_local_twins(settings: LedgerSettings, stages: list[StageStatus]) -> list[StageStatus]:
+    """Add the names that two live processes of this host run (their own files)."""
+    local = {
+        name: pids for name, pids in local_processes(settings.run_dir).items() if len(pids) > 1
+    }
+    out = []
+    for st in stages:
+        found = dict(st.twins)
+        for name, pids in local.items():
+            if name.rpartition("-")[0] == st.component:
+                here = tuple(f"pid {pid} on this host" for pid in pids)
+                found[name] = tuple(found.get(name, ())) + here
+        out.append(replace(st, twins=found))
+    return out
+
+
+def _ask(settings: LedgerSettings, count: int, look_s: float) -> list[StageStatus]:
     """One round of questions for :func:`stage_status` (Kafka's errors pass through)."""
     admin = AdminClient(admin_config(settings))
     groups = {component: f"{settings.topic_prefix}.{component}" for component in STAGES}
@@ -185,12 +239,17 @@ def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
         ]
         for component, stage in STAGES.items()
     }
-    described = {
-        group: future.result(timeout=REQUEST_TIMEOUT_S)
-        for group, future in admin.describe_consumer_groups(
-            list(groups.values()), request_timeout=REQUEST_TIMEOUT_S
-        ).items()
-    }
+
+    def describe() -> dict[str, Any]:
+        return {
+            group: future.result(timeout=REQUEST_TIMEOUT_S)
+            for group, future in admin.describe_consumer_groups(
+                list(groups.values()), request_timeout=REQUEST_TIMEOUT_S
+            ).items()
+        }
+
+    described = describe()
+    held_by = incarnations(describe, described, look_s=look_s)
     committed: dict[str, dict[tuple[str, int], int | None]] = {}
     for component, group in groups.items():
         request = [ConsumerGroupTopicPartitions(group, inputs[component])]
@@ -210,7 +269,7 @@ def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
             request_timeout=REQUEST_TIMEOUT_S,
         ).items()
     }
-    last_input = _last_inputs(
+    last_input, refused = _last_inputs(
         settings,
         {at: offset for offsets in committed.values() for at, offset in offsets.items()},
     )
@@ -258,6 +317,13 @@ def _ask(settings: LedgerSettings, count: int) -> list[StageStatus]:
                 group_state=getattr(state, "name", str(state)),
                 members=members,
                 partitions=tuple(progress),
+                twins={
+                    name: tuple(str(who) for who in seen)
+                    for name, seen in twins(held_by.get(group, {})).items()
+                },
+                unseen=tuple(
+                    sorted({_short(settings, tp.topic) for tp in inputs[component]} & refused)
+                ),
             )
         )
     return out
@@ -273,20 +339,25 @@ _LOOK_S = 5.0
 
 def _last_inputs(
     settings: LedgerSettings, committed: dict[tuple[str, int], int | None]
-) -> dict[tuple[str, int], int]:
+) -> tuple[dict[tuple[str, int], int], set[str]]:
     """Kafka timestamp (ms) of the last record below each committed offset.
 
     Reads at most :data:`_LOOK_BACK` records before each offset, for at most
     :data:`_LOOK_S` seconds in all; a partition whose record is not found
-    (aborted transactions only, or time up) is left out.
+    (aborted transactions only, or time up) is left out. A topic the broker
+    refuses this client's principal to read is given up at once and named.
 
     Args:
         settings: ledger settings.
         committed: (full topic, partition) -> committed offset (``None``: never).
+
+    Returns:
+        ``((full topic, partition) -> ms, short names of the topics refused)``.
     """
     wanted = {tp: at for tp, at in committed.items() if at}
+    refused: set[str] = set()
     if not wanted:
-        return {}
+        return {}, refused
     consumer = Consumer(
         consumer_config(
             settings,
@@ -312,6 +383,11 @@ def _last_inputs(
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
                     done.add(where)
+                elif err.code() in REFUSAL_CODES:
+                    # Not allowed to read: what the principal cannot see is named.
+                    topics = {where[0]} if msg.topic() else {t for t, _ in wanted}
+                    done.update(tp for tp in wanted if tp[0] in topics)
+                    refused.update(_short(settings, t) for t in topics)
                 continue
             offset = msg.offset() or 0
             if offset >= wanted[where]:
@@ -322,4 +398,4 @@ def _last_inputs(
                 found[where] = stamp
     finally:
         consumer.close()
-    return found
+    return found, refused

@@ -53,6 +53,7 @@ from consumers.fetchwatch import FetchWatch
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.metrics import StageMetrics
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
+from consumers.twins import announce, client_id, fenced_out, fenced_out_text, withdraw
 from ledger.authn import AUTH_HEADER, Keyring, Sealer, unverifiable
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
@@ -498,7 +499,9 @@ class Stage:
             log.warning("%s: Kafka client error: %s", self.component, err)
 
     def _on_consumer_error(self, err: KafkaError) -> None:
-        if classify(err) == "retriable":
+        if fenced_out(err):  # another live process has this name (consumers.twins)
+            log.error("%s", fenced_out_text(f"{self.component}-{self.instance}", err))
+        elif classify(err) == "retriable":
             self._suspect_kafka("consumer", err)
         else:
             log.warning("%s: Kafka consumer error: %s", self.component, err)
@@ -536,7 +539,9 @@ class Stage:
                 self.settings,
                 self.group_id,
                 extra={
-                    "client.id": f"{self.component}-{self.instance}",
+                    # Names the process too, so that `ledger status` can tell two
+                    # processes given one instance name apart (consumers.twins).
+                    "client.id": client_id(self.component, self.instance, os.getpid()),
                     # Static membership (KIP-345): a restarted instance takes its
                     # predecessor's place at once instead of waiting for its
                     # session to time out.
@@ -1235,6 +1240,7 @@ class Stage:
         """
         check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
         bind_here(stage=self.component, instance=self.instance)
+        presence = announce(self.run_dir, self.component, self.instance)  # consumers.twins
         if self.settings.metrics_port is not None:
             self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         if threading.current_thread() is threading.main_thread():
@@ -1248,6 +1254,7 @@ class Stage:
             self._subscribe()
         except (KafkaException, LedgerError) as exc:
             self.close()
+            withdraw(presence)
             if not self.stopping:
                 raise
             log.info("%s-%s: stopped while starting (%s)", self.component, self.instance, exc)
@@ -1269,6 +1276,7 @@ class Stage:
             log.info("%s-%s: stopped while waiting (%s)", self.component, self.instance, exc)
         finally:
             self.close()
+            withdraw(presence)
             if self._watchdog is not None:
                 self._watchdog.cancel()
 

@@ -31,7 +31,9 @@ Principals (role names; the Kafka principal of each is configurable, see
 * ``reviewer``: publishes approvals and revocations (reads approvals, as
   ``ledger revoke`` does);
 * ``operator``: dispositions, claims, policy and revocations, and reads what
-  its commands read (state, journal, approvals, the reconciliation queue).
+  its commands read (state, journal, approvals, the reconciliation queue);
+  it may DESCRIBE the stages' groups (``ledger status``: members, committed
+  offsets), never join them.
 
 ``admin`` (the super user that creates topics and applies this matrix) is
 not in it. Every principal may DESCRIBE and DESCRIBE_CONFIGS every ledger
@@ -175,6 +177,12 @@ def auditor_topics() -> tuple[str, ...]:
 #: Roles that follow a table (a ``TableFollower``): role -> topics, beyond
 #: the topology's ``tables`` (the operator follows the journal to see a decision).
 EXTRA_FOLLOWS: Mapping[str, tuple[str, ...]] = {"operator": ("journal",)}
+
+#: Roles that run ``ledger status`` and the console's stages page: they
+#: describe the stages' groups (members, committed offsets) and name the
+#: status reader's group ``{prefix}.status`` (DESCRIBE only, read-only: no
+#: join, no commit, no offset reset).
+STATUS_READERS: frozenset[str] = frozenset({"operator"})
 
 #: Roles that read whole topics with ``read_partition`` (group ``{prefix}.reader``).
 WHOLE_TOPIC_READERS: frozenset[str] = frozenset(
@@ -490,6 +498,9 @@ def _helper_groups(role: str, topic_prefix: str) -> tuple[str, ...]:
         groups.append(f"{topic_prefix}.reader")
     if role == "service":
         groups.append(f"{topic_prefix}.outcomes")  # the outcome reader's (never joined)
+    if role in STATUS_READERS:
+        groups += [f"{topic_prefix}.{component}" for component in STAGE_COMPONENTS.values()]
+        groups.append(f"{topic_prefix}.status")
     for topic in follows:
         if role == "processor" and topic == "state":
             continue  # the processor restores state with read_partition, not a follower

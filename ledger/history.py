@@ -61,6 +61,7 @@ from ledger.events import (
     RecoveryReceipt,
     decode_event,
 )
+from ledger.instants import clock_time
 from ledger.scope import open_fields
 
 __all__ = [
@@ -481,7 +482,7 @@ def _describe(e: Event) -> str:  # noqa: PLR0911 - one branch per event type
         return (
             f"approval {e.approval_id} {e.status} by {e.reviewer}: subject {e.scope_subject}, "
             f"up to {e.scope_max_amount_minor} minor units, policy {e.policy_version}, "
-            f"expires at {e.expires_at_ms} ms{extra}"
+            f"expires at {clock_time(e.expires_at_ms)}{extra}"
         )
     if isinstance(e, ApprovalUse):
         return (
@@ -592,7 +593,7 @@ def _initiated(believed: Sequence[HistoryRecord], final: OperationState | None) 
             "initiated",
             f"{i.actor} for subject {i.subject}, purpose {i.purpose!r} (decision version "
             f"{i.decision_version}): {i.action} at {i.sink}, published at "
-            f"{i.published_at_ms} ms (ledger clock){more}",
+            f"{clock_time(i.published_at_ms)} (ledger clock){more}",
             True,
             r,
         )

@@ -7,6 +7,8 @@ honoured as well, because test harnesses and Docker users set it.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +16,27 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+log = logging.getLogger(__name__)
+
+#: ``LEDGER_*`` variables read outside :class:`LedgerSettings` (so not misspelt).
+OTHER_VARIABLES: frozenset[str] = frozenset(
+    {
+        "LEDGER_HOME",
+        "LEDGER_SINK_TOKEN",
+        "LEDGER_SCENARIOS_DIR",
+        "LEDGER_REQUIRE_BROWSER",
+        "LEDGER_CONSOLE_SCREENSHOT",
+    }
+)
+
+#: Prefixes of variable families another module reads and checks itself:
+#: librdkafka pass-through properties (:mod:`ledger.kafka`), the testbed's
+#: switches, the MCP gateway's sink names.
+OTHER_PREFIXES: tuple[str, ...] = ("LEDGER_KAFKA_", "LEDGER_TESTBED_", "LEDGER_MCP_")
+
+#: Variables already warned about in this process (each is named once).
+_warned: set[str] = set()
 
 
 def ledger_home() -> Path:
@@ -225,6 +248,7 @@ class LedgerSettings(BaseSettings):
         """With no bootstrap list given, clients go to the local broker's port."""
         if not self.bootstrap_servers:
             self.bootstrap_servers = f"127.0.0.1:{self.kafka_port}"
+        warn_unknown_variables(os.environ)
         return self
 
     def trusted_keys_path(self) -> Path:
@@ -314,3 +338,61 @@ def resolved(
             shown, source = None, f"default: {_UNSET_MEANS[name]}"
         out.append((variable, shown, source))
     return out
+
+
+def known_variables() -> frozenset[str]:
+    """Every ``LEDGER_*`` name the ledger reads by its exact name (settings and others)."""
+    fields = {f"LEDGER_{name.upper()}" for name in LedgerSettings.model_fields}
+    return frozenset(fields | OTHER_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """``LEDGER_*`` variables that no part of the ledger reads: most likely misspelt.
+
+    A misspelt setting is otherwise silently ignored and its default applies
+    (``LEDGER_TOPIC_PREFX=prod`` runs against ``ledger.*``). Families another
+    module checks (:data:`OTHER_PREFIXES`) are left to it: librdkafka names a
+    pass-through ``LEDGER_KAFKA_*`` property it does not know.
+
+    Args:
+        environ: the process environment (or any mapping of it).
+
+    Returns:
+        ``(variable, closest known name or None)`` per unknown variable, sorted
+        by name; the closest name by :func:`difflib.get_close_matches`.
+    """
+    known = known_variables()
+    suffixes = sorted(k[len("LEDGER_") :] for k in known)
+    out: list[tuple[str, str | None]] = []
+    for name in sorted(environ):
+        if not name.startswith("LEDGER_") or name in known or name.startswith(OTHER_PREFIXES):
+            continue
+        # Compared without the shared ``LEDGER_`` so that it does not make
+        # every name look close to every other.
+        close = difflib.get_close_matches(name[len("LEDGER_") :], suffixes, n=1, cutoff=0.6)
+        out.append((name, f"LEDGER_{close[0]}" if close else None))
+    return out
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Log a warning for each unknown ``LEDGER_*`` variable, once per process.
+
+    A warning, not an error: a variable meant for a newer release must not
+    stop an older process.
+
+    Args:
+        environ: the process environment.
+
+    Returns:
+        The warnings given by this call (already-named variables are skipped).
+    """
+    given: list[str] = []
+    for name, closest in unknown_variables(environ):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        hint = f"did you mean {closest}?" if closest else "see `ledger config` for the settings"
+        message = f"{name} is not a ledger setting and is ignored; {hint}"
+        log.warning("%s", message)
+        given.append(message)
+    return given

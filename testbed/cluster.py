@@ -835,11 +835,18 @@ class Cluster:
         return None
 
     def _prepare(self) -> dict[str, str] | None:
-        """Jars, security material, configs and formatted storage of every node."""
+        """Jars, security material, configs and formatted storage of every node.
+
+        Called with the broker folder's lock held (:meth:`_locked`), so it
+        fetches jars without taking that lock again.
+        """
         spec = self.spec
         if not any(spec.libs.glob("kafka_2.13-*.jar")):
             if spec.libs == spec.kafka_home / "libs":
-                broker.fetch_jars(self.settings.model_copy(update={"kafka_home": spec.kafka_home}))
+                # The caller (start) holds the folder's lock already: a second
+                # flock on a new descriptor of the same file would wait forever.
+                home_settings = self.settings.model_copy(update={"kafka_home": spec.kafka_home})
+                broker._fetch_jars(broker._Paths.of(home_settings))
             else:
                 raise BrokerError(
                     f"no Kafka jars in {spec.libs}; fetch them with `ledger broker fetch`",

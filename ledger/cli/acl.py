@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from confluent_kafka.admin._acl import (
 )
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
-from ledger import acl
+from ledger import acl, quotas
 from ledger.cli.common import EXIT_ERROR, current_settings, echo_json
 from ledger.errors import BrokerError, BrokerUnavailableError
 from ledger.kafka import admin_config, classify
@@ -132,12 +133,16 @@ def _require_cluster_rights(admin: AdminClient, *operations: str) -> None:
         )
 
 
-def broker_acls(settings: LedgerSettings, principals: Iterable[str]) -> list[AclBinding]:
-    """Every binding the cluster holds for some principals.
+def broker_acls(
+    settings: LedgerSettings, principals: Iterable[str] | None = None
+) -> list[AclBinding]:
+    """Every binding the cluster holds for some principals, or for every principal.
 
     Args:
         settings: whose client configuration reaches the cluster as admin.
-        principals: Kafka principals (``User:relay``).
+        principals: Kafka principals (``User:relay``); ``None``: every
+            principal, the wildcard ``User:*`` included (what ``acl check``
+            reads, so that a grant to anyone else is seen too).
 
     Returns:
         The bindings, any permission, resource and pattern.
@@ -149,9 +154,9 @@ def broker_acls(settings: LedgerSettings, principals: Iterable[str]) -> list[Acl
     admin = _admin(settings)
     _require_cluster_rights(admin, "DESCRIBE")
     out: list[AclBinding] = []
-    for principal in sorted(set(principals)):
-        # None matches any name and host (the stubs say str).
-        anything: Any = None
+    # None matches any principal, name and host (the stubs say str).
+    anything: Any = None
+    for principal in [anything] if principals is None else sorted(set(principals)):
         query = AclBindingFilter(
             ResourceType.ANY,
             anything,
@@ -164,7 +169,8 @@ def broker_acls(settings: LedgerSettings, principals: Iterable[str]) -> list[Acl
         try:
             out.extend(admin.describe_acls(query, request_timeout=_TIMEOUT_S).result())
         except KafkaException as exc:
-            raise _fail(f"cannot describe the ACLs of {principal}", exc) from exc
+            whose = "every principal" if principal is None else principal
+            raise _fail(f"cannot describe the ACLs of {whose}", exc) from exc
     return out
 
 
@@ -177,11 +183,23 @@ class Comparison:
         missing: plan entries the cluster lacks.
         extra: bindings of the plan's principals that the plan does not
             contain (DENY entries included), as the broker reports them.
+        wildcard: ALLOW bindings on the ledger's resources held by a
+            wildcard principal (``User:*``): every client, authenticated or
+            not, gets them, whatever the plan says.
+        others: ALLOW bindings on the ledger's resources held by a principal
+            the plan does not name (and the caller did not accept).
     """
 
     present: list[acl.Acl]
     missing: list[acl.Acl]
     extra: list[AclBinding]
+    wildcard: list[AclBinding] = dataclasses.field(default_factory=list)
+    others: list[AclBinding] = dataclasses.field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing missing and nothing granted beyond the plan."""
+        return not (self.missing or self.extra or self.wildcard or self.others)
 
 
 def concerns(binding: AclBinding, topic_prefix: str) -> bool:
@@ -202,25 +220,56 @@ def concerns(binding: AclBinding, topic_prefix: str) -> bool:
     return bool(pattern == ResourcePatternType.PREFIXED and ours.startswith(binding.name))
 
 
-def compare(acl_plan: acl.AclPlan, bindings: Iterable[AclBinding]) -> Comparison:
+def is_wildcard(principal: str) -> bool:
+    """Tell whether a Kafka principal matches every client (``User:*``, ``*``)."""
+    return principal == "*" or principal.partition(":")[2] == "*"
+
+
+def compare(
+    acl_plan: acl.AclPlan, bindings: Iterable[AclBinding], accepted: Iterable[str] = ()
+) -> Comparison:
     """Compare a plan with the bindings the cluster holds (pure).
 
     Bindings that do not concern the plan's ledger (:func:`concerns`) are
     ignored: one cluster may carry several ledgers under one set of principals.
+    A binding of a principal outside the plan counts only when it ALLOWs
+    (a DENY takes rights away): held by a wildcard principal it is in
+    ``wildcard``, by another principal not in ``accepted``, in ``others``.
+
+    Args:
+        acl_plan: the plan.
+        bindings: what the cluster holds (any principals).
+        accepted: principals outside the plan whose grants the deployment
+            knows of (a monitoring agent ...): not reported.
     """
     wanted = set(acl_plan.acls())
+    planned = {g.principal for g in acl_plan.grants}
+    known = set(accepted)
     have: set[acl.Acl] = set()
     extra: list[AclBinding] = []
+    wildcard: list[AclBinding] = []
+    others: list[AclBinding] = []
     for binding in bindings:
         entry = from_binding(binding)
         if entry is not None and entry in wanted:
             have.add(entry)
-        elif concerns(binding, acl_plan.topic_prefix):
+            continue
+        if not concerns(binding, acl_plan.topic_prefix):
+            continue
+        if binding.principal in planned:
             extra.append(binding)
+        elif binding.permission_type != AclPermissionType.ALLOW:
+            continue
+        elif is_wildcard(binding.principal):
+            wildcard.append(binding)
+        elif binding.principal not in known:
+            others.append(binding)
     return Comparison(
         present=sorted(have),
         missing=sorted(wanted - have),
         extra=sorted(extra, key=str),
+        wildcard=sorted(wildcard, key=str),
+        others=sorted(others, key=str),
     )
 
 
@@ -301,12 +350,24 @@ only), reviewer (approvals), operator (dispositions, claims, policy,
 revocations; reads what its commands read). Every principal may describe
 every ledger topic (the start-up topic check). Principals are User:{role}
 unless --principal-format or --principal ROLE=PRINCIPAL say otherwise.
-`apply` and `check` run as the admin principal: point
-LEDGER_KAFKA_CONFIG_FILE at its client properties.
+The plan also bounds the service, reviewer and operator principals with
+Kafka client quotas (--quota; set and read with kafka-configs.sh, given as
+--kafka-configs). `apply` and `check` run as the admin principal: point
+LEDGER_KAFKA_CONFIG_FILE at its client properties. `check` also reports a
+wildcard principal (User:*) or any principal outside the plan allowed
+something on the ledger's resources.
 """
 
 
 def _plan_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = click.option(
+        "--quota",
+        "quota_items",
+        multiple=True,
+        metavar="ROLE:KEY=BYTES",
+        help="A client quota of the plan (repeatable), bytes per second per broker, e.g. "
+        "service:producer_byte_rate=2097152; 0 removes it. Keys: " + ", ".join(quotas.KEYS) + ".",
+    )(func)
     func = click.option(
         "--idempotent-write",
         is_flag=True,
@@ -341,6 +402,73 @@ def _build_plan(
     )
 
 
+def _plan_quotas(
+    mapping: tuple[str, ...], principal_format: str, quota_items: tuple[str, ...]
+) -> tuple[quotas.Quota, ...]:
+    names = acl.principal_names(acl.parse_principal_mapping(mapping), principal_format)
+    return quotas.plan_quotas(names, quotas.parse_overrides(quota_items))
+
+
+def _kafka_configs(
+    settings: LedgerSettings, tool: str, args: list[str], command_config: str | None
+) -> str:
+    """Run Kafka's ``kafka-configs.sh`` as the admin; its output.
+
+    Args:
+        settings: the bootstrap servers and, when ``command_config`` is
+            ``None``, ``LEDGER_KAFKA_CONFIG_FILE`` as the tool's client properties.
+        tool: the script's path.
+        args: its arguments after the connection's.
+        command_config: the admin's Java client properties file, or ``None``.
+
+    Raises:
+        BrokerError: the tool cannot be run or fails (its last lines quoted).
+    """
+    cmd = [tool, "--bootstrap-server", settings.bootstrap_servers]
+    config = command_config or settings.kafka_config_file
+    if config is not None:
+        cmd += ["--command-config", str(config)]
+    try:
+        done = subprocess.run(cmd + args, capture_output=True, text=True, timeout=180, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BrokerError(
+            f"cannot run {tool} ({exc}); give --kafka-configs the path of Kafka's kafka-configs.sh",
+            observed=str(exc),
+        ) from exc
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise BrokerError(
+            f"{tool} {' '.join(args[:3])} failed (exit {done.returncode}): {tail}",
+            observed=done.returncode,
+        )
+    return done.stdout
+
+
+_KAFKA_CONFIGS_HELP = (
+    "Kafka's kafka-configs.sh (its path): client quotas are set and read with it, "
+    "confluent-kafka has no client-quota API."
+)
+
+
+def _tool_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    func = click.option(
+        "--tool-config",
+        default=None,
+        help="For --kafka-configs: the admin's Java client properties (sasl.jaas.config, "
+        "ssl.truststore.location ...); default LEDGER_KAFKA_CONFIG_FILE, whose keys are "
+        "librdkafka's and serve only a cluster without SASL or TLS.",
+    )(func)
+    return click.option("--kafka-configs", "kafka_configs", default=None, help=_KAFKA_CONFIGS_HELP)(
+        func
+    )
+
+
+_NO_QUOTA_API = (
+    "confluent-kafka has no client-quota API: pass --kafka-configs PATH/kafka-configs.sh, "
+    "or run `ledger acl plan --format kafka-configs`"
+)
+
+
 @click.group("acl", help=_MATRIX_HELP)
 def acl_group() -> None:
     """Least-privilege ACLs (see the group help)."""
@@ -371,11 +499,12 @@ def _table(acl_plan: acl.AclPlan) -> str:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "json", "kafka-acls"]),
+    type=click.Choice(["table", "json", "kafka-acls", "kafka-configs"]),
     default="table",
     show_default=True,
-    help="table: one row per principal; json: rows and every entry; kafka-acls: "
-    "kafka-acls.sh --add command lines.",
+    help="table: one row per principal; json: rows, every entry and the client quotas; "
+    "kafka-acls: kafka-acls.sh --add command lines; kafka-configs: kafka-configs.sh "
+    "--alter lines that set the client quotas.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option(
@@ -388,15 +517,27 @@ def acl_plan(
     mapping: tuple[str, ...],
     principal_format: str,
     idempotent_write: bool,
+    quota_items: tuple[str, ...],
     fmt: str,
     as_json: bool,
     command_config: str,
 ) -> None:
-    """Print the ACL matrix for LEDGER_TOPIC_PREFIX (no cluster needed)."""
+    """Print the ACL matrix and client quotas for LEDGER_TOPIC_PREFIX (no cluster needed)."""
     settings = current_settings()
     the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
+    the_quotas = _plan_quotas(mapping, principal_format, quota_items)
     if as_json or fmt == "json":
-        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+        data = the_plan.to_dict()
+        data["quotas"] = [
+            {"role": q.role, "principal": q.principal, **q.values} for q in the_quotas
+        ]
+        click.echo(json.dumps(data, indent=2))
+    elif fmt == "kafka-configs":
+        click.echo(
+            f"# BOOTSTRAP=host:port; {command_config} holds the admin principal's client properties"
+        )
+        for line in quotas.kafka_configs_commands(the_quotas, command_config=command_config):
+            click.echo(line)
     elif fmt == "kafka-acls":
         click.echo(
             f"# BOOTSTRAP=host:port; {command_config} holds the admin principal's client properties"
@@ -411,22 +552,50 @@ def acl_plan(
             "(never joined); "
             f"{len(the_plan.acls())} entries in all (--format json lists them)"
         )
+        click.echo(
+            "# client quotas (bytes/s per broker; --format kafka-configs sets them): "
+            + "; ".join(
+                f"{q.principal} " + ", ".join(f"{k}={v}" for k, v in q.values.items())
+                for q in the_quotas
+            )
+        )
 
 
 @acl_group.command("apply")
 @_plan_options
 @click.option("--dry-run", is_flag=True, help="Only print what would be created.")
+@_tool_options
 def acl_apply(
-    mapping: tuple[str, ...], principal_format: str, idempotent_write: bool, dry_run: bool
+    mapping: tuple[str, ...],
+    principal_format: str,
+    idempotent_write: bool,
+    quota_items: tuple[str, ...],
+    dry_run: bool,
+    kafka_configs: str | None,
+    tool_config: str | None,
 ) -> None:
     """Create the matrix's missing ACLs (idempotent), as the admin principal.
 
     Entries already there are left alone; entries not in the matrix are
-    reported, never deleted (`ledger acl check` lists them).
+    reported, never deleted (`ledger acl check` lists them). With
+    --kafka-configs, the client quotas are set as well (setting them again
+    is harmless); without it they are not set, and the command says so.
     """
     settings = current_settings()
     the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
+    the_quotas = _plan_quotas(mapping, principal_format, quota_items)
     created, before = apply_plan(settings, the_plan, dry_run=dry_run)
+    for q in the_quotas:
+        if q.user is None or kafka_configs is None:
+            continue
+        if not dry_run:
+            _kafka_configs(settings, kafka_configs, quotas.alter_args(q), tool_config)
+        click.echo(
+            f"{'would set' if dry_run else 'set'} quota: {q.principal} "
+            + ", ".join(f"{k}={v}" for k, v in q.values.items())
+        )
+    if kafka_configs is None and the_quotas:
+        click.echo(f"client quotas not set: {_NO_QUOTA_API}")
     verb = "would create" if dry_run else "created"
     for entry in created:
         click.echo(
@@ -441,20 +610,54 @@ def acl_apply(
 
 @acl_group.command("check")
 @_plan_options
+@click.option(
+    "--accept",
+    "accepted",
+    multiple=True,
+    metavar="PRINCIPAL",
+    help="A principal outside the matrix whose grants on the ledger are known and "
+    "wanted (repeatable), e.g. User:monitoring; never a wildcard.",
+)
+@_tool_options
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 def acl_check(
-    mapping: tuple[str, ...], principal_format: str, idempotent_write: bool, as_json: bool
+    mapping: tuple[str, ...],
+    principal_format: str,
+    idempotent_write: bool,
+    quota_items: tuple[str, ...],
+    accepted: tuple[str, ...],
+    kafka_configs: str | None,
+    tool_config: str | None,
+    as_json: bool,
 ) -> None:
-    """Compare the cluster's ACLs of the matrix's principals with the matrix.
+    """Compare the cluster's ACLs on the ledger's resources with the matrix.
 
-    Exit status 1 when an entry is missing or a principal holds one the
-    matrix does not grant (including any DENY). With --json: {"planned",
-    "present", "missing": [{"principal", "resource_type", "name", "pattern",
-    "operation", "host"}], "not_in_plan": [binding as text]}.
+    Reads every principal's bindings, not only the matrix's: a wildcard
+    principal (User:*) allowed anything on the ledger's topics, groups,
+    transactional IDs or the cluster, and any other principal allowed
+    something there, are reported as well as the matrix's own entries that
+    are missing or beyond it. With --kafka-configs, each principal's client
+    quotas are compared with the plan's too (without it they cannot be read,
+    and the command says so). Exit status 1 when anything is reported. With
+    --json: {"planned", "present", "missing": [{"principal", "resource_type",
+    "name", "pattern", "operation", "host"}], "not_in_plan": [binding as
+    text], "wildcard": [...], "other_principals": [...], "quotas": [problem]
+    or null when not checked}.
     """
+    wild = [p for p in accepted if is_wildcard(p)]
+    if wild:
+        raise click.UsageError(f"--accept {wild[0]}: a wildcard principal is never accepted")
     settings = current_settings()
     the_plan = _build_plan(settings, mapping, principal_format, idempotent_write)
-    result = compare(the_plan, broker_acls(settings, (g.principal for g in the_plan.grants)))
+    result = compare(the_plan, broker_acls(settings), accepted)
+    the_quotas = _plan_quotas(mapping, principal_format, quota_items)
+    quota_problems: list[str] | None = None
+    if kafka_configs is not None:
+        described = _kafka_configs(
+            settings, kafka_configs, ["--describe", "--entity-type", "users"], tool_config
+        )
+        quota_problems = quotas.quota_problems(the_quotas, quotas.parse_described(described))
+    bad = not result.clean or bool(quota_problems)
     if as_json:
         echo_json(
             {
@@ -462,9 +665,12 @@ def acl_check(
                 "present": len(result.present),
                 "missing": [dataclasses.asdict(entry) for entry in result.missing],
                 "not_in_plan": [str(binding) for binding in result.extra],
+                "wildcard": [str(binding) for binding in result.wildcard],
+                "other_principals": [str(binding) for binding in result.others],
+                "quotas": quota_problems,
             }
         )
-        if result.missing or result.extra:
+        if bad:
             raise SystemExit(EXIT_ERROR)
         return
     for entry in result.missing:
@@ -474,11 +680,29 @@ def acl_check(
         )
     for binding in result.extra:
         click.echo(f"not in the plan: {binding}")
+    for binding in result.wildcard:
+        click.echo(
+            f"wildcard principal: {binding} (every client gets it; remove it with "
+            "kafka-acls.sh --remove)"
+        )
+    for binding in result.others:
+        click.echo(
+            f"principal outside the plan: {binding} (remove it, or --accept "
+            f"{binding.principal} if it is wanted)"
+        )
     click.echo(
         f"{len(result.present)} of {len(the_plan.acls())} planned ACLs present, "
-        f"{len(result.missing)} missing, {len(result.extra)} not in the plan"
+        f"{len(result.missing)} missing, {len(result.extra)} not in the plan, "
+        f"{len(result.wildcard)} to a wildcard principal, "
+        f"{len(result.others)} to principals outside the plan"
     )
-    if result.missing or result.extra:
+    if quota_problems is None:
+        click.echo(f"client quotas not checked: {_NO_QUOTA_API}")
+    else:
+        for problem in quota_problems:
+            click.echo(f"quota: {problem}")
+        click.echo(f"client quotas: {len(quota_problems)} not as planned")
+    if bad:
         raise SystemExit(1)
 
 

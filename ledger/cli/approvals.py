@@ -99,7 +99,8 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
     "--sink",
     default=None,
     callback=_non_blank,
-    help="Admit only operations at this sink (its name in the sink registry, e.g. payments).",
+    help="Admit only operations at this sink (its name in the sink registry, e.g. payments; "
+    "a name the registry does not hold is refused: ledger sink list shows them).",
 )
 @click.option(
     "--currency",
@@ -207,6 +208,8 @@ def approve_cmd(
             + " ".join(f"--open {f}" for f in fields)
         )
     settings = current_settings()
+    if sink is not None:
+        _registered_sink(settings, sink)
     _ready(settings)
     key = _reviewer_key(settings, reviewer)
     now = clock_for(settings.clock, settings.run_dir).now_ms()
@@ -262,6 +265,30 @@ def approve_cmd(
         + instant_text(approval.expires_at_ms, now)
         + " on the ledger clock"
         + (f"; left open on purpose: {', '.join(opened)}" if opened else "")
+    )
+
+
+def _registered_sink(settings: LedgerSettings, sink: str) -> None:
+    """Refuse an approval scoped to a sink the registry does not hold.
+
+    Such an approval admits nothing (no intent can name an unregistered sink
+    and be delivered), so a typo would leave the operation waiting for a
+    review that already happened.
+
+    Raises:
+        click.UsageError: ``sink`` is not in the sink registry; names
+            ``ledger sink register`` and the sinks registered.
+        LocalFileError: the registry is unreadable.
+    """
+    from sinks.registry import load_sinks
+
+    registered = load_sinks(settings.sinks_path())
+    if sink in registered:
+        return
+    known = ", ".join(sorted(registered)) or "none"
+    raise click.UsageError(
+        f"--sink {sink!r} is not registered in {settings.sinks_path()} (registered: {known}); "
+        f"register it first (ledger sink register {sink} --url ...) or name a registered sink"
     )
 
 

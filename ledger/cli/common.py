@@ -25,6 +25,7 @@ import click
 from pydantic import ValidationError
 
 from ledger.errors import BrokerUnavailableError, InputBoundsError, LedgerError, TopicConfigError
+from ledger.instants import EPOCH_LIKE_MS
 from ledger.logs import configure_logging
 from ledger.settings import LedgerSettings
 
@@ -196,11 +197,6 @@ def reader_ready(settings: LedgerSettings) -> None:
         )
 
 
-#: Ledger-clock instants at or after this (2001-09-09 in Unix milliseconds) are
-#: wall-clock times; a manual clock (game days, demos) counts from 0.
-_EPOCH_LIKE_MS = 1_000_000_000_000
-
-
 def instant_text(at_ms: int, now_ms: int) -> str:
     """A ledger-clock instant for people: ``2026-12-01T23:10:00Z (in 3600 s)``
     on the system clock, ``3600 s (in 3600 s)`` on a manual clock.
@@ -213,7 +209,7 @@ def instant_text(at_ms: int, now_ms: int) -> str:
 
     delta_s = (at_ms - now_ms) / 1000
     relative = f"in {delta_s:.0f} s" if delta_s >= 0 else f"{-delta_s:.0f} s ago"
-    if at_ms >= _EPOCH_LIKE_MS:
+    if at_ms >= EPOCH_LIKE_MS:  # a wall-clock instant (ledger.instants)
         when = datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     else:
         when = f"{at_ms / 1000:.3f}".rstrip("0").rstrip(".") + " s"

@@ -45,6 +45,7 @@ from ledger.cli.render import render
 from ledger.errors import LedgerError
 from ledger.events import OperationState
 from ledger.history import journal_move
+from ledger.instants import readable_fields
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 
@@ -302,14 +303,19 @@ class LedgerData:
             names = (
                 ", ".join(sorted(f"{m.instance}@{m.host}" for m in stage.members)) or "no members"
             )
+            twins = "".join(
+                f"; TWO LIVE PROCESSES named {name} ({', '.join(who)}): give each its own "
+                "--instance"
+                for name, who in sorted(stage.twins.items())
+            )
             rows.append(
                 StageHealth(
                     stage.group,
                     "consumer group",
-                    stage.live,
-                    stage.live and parts > 0,
+                    stage.live and not stage.twins,
+                    stage.live and parts > 0 and not stage.twins,
                     f"{stage.group_state}: {len(stage.members)} member(s), {parts} partition(s) "
-                    f"assigned, lag {stage.lag}; {names}",
+                    f"assigned, lag {stage.lag}; {names}{twins}",
                 )
             )
         return rows
@@ -516,7 +522,7 @@ def create_app(
             title=f"{op} · {title}",
             page="operations",
             st=current,
-            state_rows=sorted(current.model_dump(mode="json").items()),
+            state_rows=readable_fields(current.model_dump(mode="json")),
             age_s=operation_age_s(current, data.now_ms()),
             history=history,
             timeline=_timeline(history),

@@ -192,14 +192,18 @@ def status_cmd(as_json: bool) -> None:
     stops heartbeating leaves it within 10 s), each with the input partitions
     assigned to it; the last commit is each input partition's committed
     offset (and the Kafka timestamp of the last input record committed past),
-    and the lag its last stable offset minus that. Exit status 0
-    when every stage has a live instance, 1 when one has none.
+    and the lag its last stable offset minus that. The groups are watched for
+    a few seconds: two processes given one instance name take its place in
+    turn, and are named with their process IDs and addresses. Exit status 0
+    when every stage has a live instance, 1 when one has none or two
+    processes share an instance name.
 
     \b
     --json: {"topic_prefix", "stages": [{"component", "group", "group_state",
       "live", "lag", "last_commit_ms", "members": [{"instance", "host",
       "member_id", "partitions": ["intents[0]", ...]}], "partitions":
-      [{"topic", "partition", "committed", "end", "lag", "last_input_ms"}]}]}
+      [{"topic", "partition", "committed", "end", "lag", "last_input_ms"}],
+      "twins": {"relay-0": ["relay-0.4711 at /10.0.0.5", ...]}}]}
     """
     from consumers.groups import stage_status
     from ledger.topics import check_topics
@@ -233,6 +237,14 @@ def status_cmd(as_json: bool) -> None:
                     f"  {m.instance} at {m.host}: {len(m.partitions)} partition(s) "
                     f"{' '.join(m.partitions)}"
                 )
+            for name, processes in sorted(st.twins.items()):
+                click.echo(twin_text(name, processes))
+            if st.unseen:
+                click.echo(
+                    f"  (last input times not shown for {', '.join(st.unseen)}: this "
+                    "client's principal may not read them; committed offsets and lag are "
+                    "complete)"
+                )
         for name, (count, sample) in sorted(held.items()):
             shown = "; ".join(f"{k}: {v}" for k, v in list(sample.items())[:3])
             click.echo(
@@ -246,8 +258,18 @@ def status_cmd(as_json: bool) -> None:
                     else ""
                 )
             )
-    if not all(st.live for st in stages) or held:
+    if not all(st.live for st in stages) or held or any(st.twins for st in stages):
         raise click.exceptions.Exit(EXIT_ERROR)
+
+
+def twin_text(name: str, processes: tuple[str, ...]) -> str:
+    """The line ``ledger status`` gives a member name several processes held while it looked."""
+    return (
+        f"  TWO LIVE PROCESSES named {name}: {'; '.join(processes)} held it in turn while "
+        "status looked; they fence each other (each join takes the other's place and "
+        "transactional ID). Give each its own --instance or LEDGER_INSTANCE (a process "
+        "restarted just now also shows twice: ask again)"
+    )
 
 
 def held_on_this_host(settings: LedgerSettings) -> dict[str, tuple[int, dict[str, str]]]:

@@ -11,6 +11,8 @@ module's own topic prefix; every other client runs as its role's principal.
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,17 +22,25 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+)
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states, read_topic, wait_for_decision
 from consumers.reconciler import reconcile_once
-from ledger import acl
+from ledger import acl, quotas
 from ledger.cli import main
 from ledger.cli.acl import apply_plan, broker_acls, compare, to_binding
+from ledger.cli.console import LedgerData
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.errors import BrokerError
 from ledger.events import Approval
-from ledger.kafka import admin_config, producer_config
+from ledger.kafka import admin_config, file_properties, producer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
@@ -38,7 +48,7 @@ from ledger.topics import create_topics
 from producers.publisher import LedgerPublisher
 from producers.sdk import LedgerService, Refused, Verified
 from testbed.harness import Harness
-from tests.conftest import SecureCluster
+from tests.conftest import LOCAL_KAFKA_HOME, SecureCluster
 
 pytestmark = pytest.mark.integration
 
@@ -308,3 +318,172 @@ def test_acl_apply_is_idempotent_and_check_is_clean(
     monkeypatch.setenv("LEDGER_KAFKA_CONFIG_FILE", str(secured.as_("operator").kafka_config_file))
     refused = runner.invoke(main, ["acl", "apply"])
     assert refused.exit_code == 1 and "admin principal" in refused.output
+
+
+def _admin_cli(secured: SecuredLedger, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """A CLI runner whose commands run as ``admin`` on this module's ledger."""
+    monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", secured.admin.bootstrap_servers)
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", secured.admin.topic_prefix)
+    monkeypatch.setenv("LEDGER_KAFKA_CONFIG_FILE", str(secured.admin.kafka_config_file))
+    return CliRunner()
+
+
+def test_acl_check_names_a_wildcard_principal_and_a_stranger(
+    secured: SecuredLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: `User:*` holding ALLOW ALL on ledger topics went unreported by `acl check`.
+
+    The grants go to a topic of this ledger that does not exist, so that they
+    widen nothing the other tests rely on while the broker still lists them.
+    """
+    runner = _admin_cli(secured, monkeypatch)
+    unused = secured.admin.topic("no-such-topic")
+    stray = [
+        AclBinding(
+            ResourceType.TOPIC,
+            unused,
+            ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            operation,
+            AclPermissionType.ALLOW,
+        )
+        for principal, operation in (
+            ("User:*", AclOperation.ALL),
+            ("User:mallory", AclOperation.READ),
+        )
+    ]
+    client = AdminClient(admin_config(secured.admin))
+    for future in client.create_acls(stray, request_timeout=30).values():
+        future.result()
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the broker lists new bindings once its authorizer loaded them
+            check = runner.invoke(main, ["acl", "check"])
+            if "User:mallory" in check.output or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert check.exit_code == 1, check.output
+        wildcard = [line for line in check.output.splitlines() if line.startswith("wildcard")]
+        assert len(wildcard) == 1 and "User:*" in wildcard[0] and unused in wildcard[0]
+        assert "principal outside the plan" in check.output and "--accept User:mallory" in (
+            check.output
+        )
+        accepted = runner.invoke(main, ["acl", "check", "--accept", "User:mallory", "--json"])
+        assert accepted.exit_code == 1
+        data = json.loads(accepted.output)
+        assert data["other_principals"] == [] and len(data["wildcard"]) == 1
+        assert not data["missing"] and not data["not_in_plan"]
+    finally:
+        filters = [
+            AclBindingFilter(
+                b.restype,
+                b.name,
+                b.resource_pattern_type,
+                b.principal,
+                b.host,
+                b.operation,
+                b.permission_type,
+            )
+            for b in stray
+        ]
+        for future in client.delete_acls(filters, request_timeout=30).values():
+            future.result()
+    deadline = time.monotonic() + 60
+    while (clean := runner.invoke(main, ["acl", "check"])).exit_code != 0:
+        assert time.monotonic() < deadline, clean.output
+        time.sleep(0.5)
+
+
+def test_the_operator_runs_status_and_sees_the_stages_groups(
+    secured: SecuredLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: under the plan the operator's `ledger status` failed with
+    GROUP_AUTHORIZATION_FAILED, shown as "is it running?"."""
+    monkeypatch.setenv("LEDGER_BOOTSTRAP_SERVERS", secured.admin.bootstrap_servers)
+    monkeypatch.setenv("LEDGER_TOPIC_PREFIX", secured.admin.topic_prefix)
+    monkeypatch.setenv("LEDGER_RUN_DIR", str(secured.admin.run_dir))
+    operator = secured.as_("operator")
+    monkeypatch.setenv("LEDGER_KAFKA_CONFIG_FILE", str(operator.kafka_config_file))
+    status = CliRunner().invoke(main, ["status", "--json"])
+    # Exit 1 when no stage runs: the answer itself is what is asked for here.
+    assert status.exit_code in (0, 1), status.output
+    stages = json.loads(status.output)["stages"]
+    assert [st["component"] for st in stages] == ["processor", "authority", "relay"]
+    for st in stages:
+        assert len(st["partitions"]) > 0
+    rows = LedgerData(operator).stages()
+    groups = [r for r in rows if r.source == "consumer group"]
+    assert [r.name for r in groups] == [st["group"] for st in stages], groups
+    # A principal without the grants hears that it is not authorised, and how to be.
+    monkeypatch.setenv("LEDGER_KAFKA_CONFIG_FILE", str(secured.as_("service").kafka_config_file))
+    refused = CliRunner().invoke(main, ["status"])
+    assert refused.exit_code != 0
+    assert "GROUP_AUTHORIZATION_FAILED" in refused.output, refused.output
+    assert "not authorised" in refused.output and "ledger acl apply" in refused.output
+    assert "is it running" not in refused.output
+
+
+def _kafka_configs_tool(folder: Path) -> Path:
+    """Kafka's ConfigCommand (what kafka-configs.sh runs) from the checkout's jars."""
+    tool = folder / "kafka-configs"
+    libs = LOCAL_KAFKA_HOME / "libs"
+    tool.write_text(
+        f'#!/bin/sh\nexec java -Xmx256m -cp "{libs}/*" kafka.admin.ConfigCommand "$@"\n'
+    )
+    tool.chmod(0o755)
+    return tool
+
+
+def _java_admin_properties(secured: SecuredLedger, folder: Path) -> Path:
+    """The admin's client properties as Java clients take them (the tool is Java)."""
+    assert secured.admin.kafka_config_file is not None
+    props = {p.key: str(p.value) for p in file_properties(secured.admin.kafka_config_file).values()}
+    lines = [
+        f"security.protocol={props['security.protocol']}",
+        f"sasl.mechanism={props['sasl.mechanism']}",
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{props["sasl.username"]}" password="{props["sasl.password"]}";',
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={props['ssl.ca.location']}",
+    ]
+    path = folder / "admin-java.properties"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def test_acl_apply_sets_the_client_quotas_and_check_verifies_them(
+    secured: SecuredLedger, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 29: the plan set no client quota, so a service could grow the journal at will."""
+    runner = _admin_cli(secured, monkeypatch)
+    tool = str(_kafka_configs_tool(tmp_path))
+    java = str(_java_admin_properties(secured, tmp_path))
+    with_tool = ["--kafka-configs", tool, "--tool-config", java]
+    planned = quotas.plan_quotas(acl.principal_names())
+    try:
+        before = runner.invoke(main, ["acl", "check", *with_tool])
+        assert before.exit_code == 1, before.output
+        assert "quota: User:service: no producer_byte_rate quota" in before.output
+        applied = runner.invoke(main, ["acl", "apply", *with_tool])
+        assert applied.exit_code == 0, applied.output
+        assert "set quota: User:service" in applied.output
+        deadline = time.monotonic() + 60
+        while (after := runner.invoke(main, ["acl", "check", *with_tool])).exit_code:
+            assert time.monotonic() < deadline, after.output
+            time.sleep(0.5)
+        assert "client quotas: 0 not as planned" in after.output
+        data = json.loads(runner.invoke(main, ["acl", "check", *with_tool, "--json"]).output)
+        assert data["quotas"] == []
+    finally:
+        for q in planned:
+            subprocess.run(
+                [tool, "--bootstrap-server", secured.admin.bootstrap_servers]
+                + ["--command-config", java, "--alter"]
+                + ["--entity-type", "users", "--entity-name", str(q.user)]
+                + ["--delete-config", ",".join(q.values)],
+                capture_output=True,
+                timeout=180,
+                check=False,
+            )

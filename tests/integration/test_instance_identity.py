@@ -17,10 +17,12 @@ import time
 from collections import Counter
 
 import pytest
+from click.testing import CliRunner
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states
 from consumers.stage import FENCED_MARKER
+from ledger.cli import main
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval
 from ledger.settings import LedgerSettings
@@ -104,6 +106,24 @@ def test_a_second_relay_with_the_same_identity_fences_the_first_and_nothing_is_p
             assert second.poll() is None, second_log_path.read_text(errors="replace")
             assert time.monotonic() < deadline, "the second relay never said it was ready"
             time.sleep(0.2)  # polling for a condition
+
+        # `ledger status` names both processes (issue 29: it showed one instance).
+        twins: dict[str, object] = {}
+        deadline = time.monotonic() + 90
+        while not twins:
+            assert time.monotonic() < deadline, "status never named the two relay processes"
+            status = CliRunner().invoke(main, ["status", "--json"], env=settings_env(settings))
+            relay = next(
+                st for st in json.loads(status.output)["stages"] if st["component"] == "relay"
+            )
+            twins = relay["twins"]
+        assert status.exit_code == 1
+        assert list(twins) == ["relay-0"]
+        held_by = " ".join(twins["relay-0"])  # type: ignore[arg-type]
+        assert f"pid {second.pid} on this host" in held_by
+        assert f"pid {harness.procs['relay-0'].pid} on this host" in held_by
+        text = CliRunner().invoke(main, ["status"], env=settings_env(settings))
+        assert "TWO LIVE PROCESSES named relay-0" in text.output, text.output
 
         _approve_and_publish(pub, later_ops)
         tally = _wait_verified(settings, first_ops + later_ops, 180)

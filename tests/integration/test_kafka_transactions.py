@@ -24,6 +24,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ledger.settings import LedgerSettings
+from testbed.harness import watermarks
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +134,9 @@ def _end_offsets(settings: LedgerSettings, topic: str) -> dict[int, int]:
     )
     try:
         return {
-            p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            # A fresh topic's leadership may still be settling: ask again on
+            # retriable answers (NOT_LEADER_FOR_PARTITION), within a bound.
+            p: watermarks(probe, TopicPartition(topic, p), 10)[1]
             for p in range(PARTITIONS)
         }
     finally:

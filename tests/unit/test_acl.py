@@ -18,7 +18,7 @@ import consumers.tables
 from consumers import auditor
 from consumers.auditor import TopicScan
 from consumers.stages import STAGES
-from ledger import acl
+from ledger import acl, quotas
 from ledger.cli import main
 from ledger.cli.acl import compare, concerns, from_binding, to_binding
 from ledger.errors import LedgerError
@@ -311,7 +311,9 @@ def test_acl_plan_command_prints_the_table_and_the_json(monkeypatch: pytest.Monk
     as_json = runner.invoke(main, ["acl", "plan", "--json", "--principal", "relay=User:sa-1"])
     assert as_json.exit_code == 0, as_json.output
     data = json.loads(as_json.output)
+    planned_quotas = data.pop("quotas")
     assert data == acl.plan(PREFIX, {"relay": "User:sa-1"}).to_dict()
+    assert {q["role"] for q in planned_quotas} == set(quotas.DEFAULT_QUOTAS)
     bad = runner.invoke(main, ["acl", "plan", "--principal", "relay"])
     assert bad.exit_code == 1 and "ROLE=PRINCIPAL" in bad.output
 
@@ -338,3 +340,36 @@ def test_check_ignores_other_ledgers_but_not_wildcards_or_covering_prefixes() ->
     other = acl.plan("other")
     result = compare(PLAN, [to_binding(e) for e in PLAN.acls() + other.acls()])
     assert not result.missing and not result.extra
+
+
+def _allow(
+    principal: str,
+    name: str,
+    pattern: ResourcePatternType = ResourcePatternType.LITERAL,
+    operation: AclOperation = AclOperation.ALL,
+    permission: AclPermissionType = AclPermissionType.ALLOW,
+) -> AclBinding:
+    return AclBinding(ResourceType.TOPIC, name, pattern, principal, "*", operation, permission)
+
+
+def test_check_names_a_wildcard_principal_and_principals_outside_the_plan() -> None:
+    """Issue 29: `User:*` holding ALLOW ALL on every topic passed `acl check` unreported."""
+    planned = [to_binding(e) for e in PLAN.acls()]
+    assert compare(PLAN, planned).clean
+    everyone = _allow("User:*", "*")
+    prefixed = _allow("User:*", f"{PREFIX}.", ResourcePatternType.PREFIXED)
+    stranger = _allow("User:mallory", f"{PREFIX}.journal", operation=AclOperation.READ)
+    accepted = _allow("User:monitoring", f"{PREFIX}.state", operation=AclOperation.DESCRIBE)
+    denied = _allow("User:*", f"{PREFIX}.state", permission=AclPermissionType.DENY)
+    elsewhere = _allow("User:*", "other.state")
+    result = compare(
+        PLAN,
+        [*planned, everyone, prefixed, stranger, accepted, denied, elsewhere],
+        accepted=["User:monitoring"],
+    )
+    assert not result.clean
+    assert not result.missing and not result.extra
+    assert {str(b) for b in result.wildcard} == {str(everyone), str(prefixed)}
+    assert [str(b) for b in result.others] == [str(stranger)]
+    unaccepted = compare(PLAN, [*planned, accepted])
+    assert [str(b) for b in unaccepted.others] == [str(accepted)]

@@ -6,6 +6,7 @@ Pure or file-only: no broker, no java.
 from __future__ import annotations
 
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from ledger.cli import main
 from ledger.errors import BrokerError
 from ledger.kafka import file_properties
 from ledger.settings import LedgerSettings
-from testbed import certs, cluster
+from testbed import broker, certs, cluster
 from testbed.broker import PRINCIPALS
 from testbed.cluster import ClusterSpec, server_properties
 
@@ -273,3 +274,41 @@ def test_cli_refuses_a_cluster_too_large() -> None:
     assert "--brokers" in result.output
     result = CliRunner().invoke(main, ["broker", "start", "--security", "kerberos"])
     assert result.exit_code == 2
+
+
+def test_a_fresh_folder_fetches_its_jars_under_the_lock_start_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``start`` on a fresh ``kafka_home`` fetches the jars while it holds the folder's lock.
+
+    Fetching must not take that lock a second time (a new descriptor's flock
+    on the same file waits forever): the preparation finishes in bounded time.
+    """
+    spec = _spec(tmp_path, 3)
+    fetched: list[Path] = []
+
+    def fake_fetch(paths: broker._Paths) -> Path:
+        paths.libs.mkdir(parents=True, exist_ok=True)
+        (paths.libs / "kafka_2.13-0.jar").write_bytes(b"")
+        fetched.append(paths.libs)
+        return paths.libs
+
+    monkeypatch.setattr(broker, "_fetch_jars", fake_fetch)
+    monkeypatch.setattr(broker, "_check_java", lambda: None)
+    monkeypatch.setattr(cluster.Cluster, "_format", lambda self, passwords: None)
+    node = cluster.Cluster(spec, LedgerSettings(kafka_home=str(spec.kafka_home)))
+    errors: list[BaseException] = []
+
+    def prepare_locked() -> None:
+        try:
+            with node._locked():
+                node._prepare()
+        except BaseException as exc:  # reported to the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=prepare_locked, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "preparing a fresh folder waited on its own lock"
+    assert errors == []
+    assert fetched == [spec.kafka_home / "libs"]

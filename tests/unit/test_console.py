@@ -25,6 +25,7 @@ from ledger.cli.console import (
 )
 from ledger.errors import LedgerError
 from ledger.events import OperationState
+from ledger.instants import clock_time
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 
@@ -395,3 +396,16 @@ def test_audit_violations_link_to_their_operations(client: TestClient, ledger: F
     assert "VIOLATIONS" in page.text and "&lt;forged&gt;" in page.text
     linked, unlinked = rows(page.text, "violations")
     assert 'href="/operation?id=refund%3A1%3Av1"' in linked and "href" not in unlinked
+
+
+def test_an_operations_instants_read_as_iso_utc_not_milliseconds(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    at_ms = 1_796_646_378_123  # a wall-clock ledger instant
+    op = "refund:1:v1"
+    ledger.states[op] = ledger.states[op].model_copy(update={"admitted_at_ms": at_ms})
+    page = client.get("/operation", params={"id": op})
+    assert page.status_code == 200
+    state = page.text.split('id="state"', 1)[1]
+    assert str(at_ms) not in state
+    assert clock_time(at_ms) in state and "admitted_at" in state

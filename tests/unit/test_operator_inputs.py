@@ -18,6 +18,7 @@ from click.testing import CliRunner, Result
 
 from consumers import reader
 from ledger.cli import approvals, main, ops
+from ledger.contracts import PAYMENT_GATEWAY
 from ledger.errors import LedgerError
 from ledger.events import Approval, Disposition, PolicyChange
 from ledger.history import describe as summary
@@ -25,6 +26,7 @@ from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, load_trusted, trust, verify
 from ledger.states import RecoveryState
 from producers.publisher import LedgerPublisher, build_intent
+from sinks.registry import SinkEndpoint, save_sinks
 from tests import helpers
 from tests.helpers import keyed
 
@@ -326,8 +328,32 @@ def test_the_publisher_refuses_blank_dispositions_policies_claims_and_approval_i
 # --------------------------------------------------------------------- scope options
 
 
+def _register_payments(run_dir: Path) -> None:
+    save_sinks(
+        run_dir / "sinks.json",
+        {"payments": SinkEndpoint(url="http://127.0.0.1:1", contract=PAYMENT_GATEWAY)},
+    )
+
+
+def test_approve_refuses_a_sink_that_is_not_registered(
+    run_dir: Path, published: FakePublisher
+) -> None:
+    """An approval scoped to an unregistered sink admits nothing: a typo is refused."""
+    ledger("reviewer", "add", "alice")
+    bound = [*APPROVE, "--action", "refund", "--currency", "GBP", "--account", "acct-1"]
+    result = ledger(*bound, "--sink", "paymnets")
+    refused(result, "'paymnets' is not registered", "registered: none", "ledger sink register")
+    _register_payments(run_dir)
+    result = ledger(*bound, "--sink", "paymnets")
+    refused(result, "'paymnets' is not registered", "registered: payments")
+    assert published.approvals == []
+    assert ledger(*bound, "--sink", "payments").exit_code == 0
+    assert [a.scope_sink for a in published.approvals] == ["payments"]
+
+
 def test_approve_signs_every_scope_option_given(run_dir: Path, published: FakePublisher) -> None:
     ledger("reviewer", "add", "alice")
+    _register_payments(run_dir)
     digest = "ab" * 32
     result = ledger(
         *APPROVE[:11],
@@ -368,6 +394,7 @@ def test_approve_binds_one_exact_operation_unless_a_field_is_opened_on_purpose(
     """Issue 28: an approval made as the README showed (subject, cap, currency, action,
     sink) left the account and the operation open, and a service paid itself with it."""
     ledger("reviewer", "add", "alice")
+    _register_payments(run_dir)
     loose = [*APPROVE[:9], "--currency", "GBP", "--action", "refund", "--sink", "payments"]
     result = ledger(*loose)
     refused(result, "would admit any operation-id, account", "--open account")

@@ -118,7 +118,9 @@ class ChainFinding:
     def text(self) -> str:
         """One line: ``deleted journal:P:A..B: evidence``."""
         if self.first_offset is None:
-            where = f"journal:{self.partition}"
+            where = f"journal:{self.partition}" + (
+                f":..{self.last_offset}" if self.last_offset is not None else ""
+            )
         elif self.last_offset is None or self.last_offset == self.first_offset:
             where = f"journal:{self.partition}:{self.first_offset}"
         else:
@@ -192,7 +194,7 @@ def _check_links(ledger_id: str, read: PartitionRead, report: ChainReport) -> No
                     ChainFinding(
                         "deleted",
                         p,
-                        read.start if read.start < link.offset else None,
+                        None,
                         link.offset - 1 if link.offset > 0 else None,
                         f"chain entries 0..{link.seq - 1} are gone: the first chained entry "
                         f"read (offset {link.offset}) has chain_seq {link.seq}; the log "

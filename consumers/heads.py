@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from consumers.stage import Writer
+from confluent_kafka import Producer
+
+from consumers.stage import Writer, bounded_call
 from ledger.audit.chain import WitnessedHead
 from ledger.authn import AUTH_HEADER, Keyring, Sealer
 from ledger.chain import ChainHead
@@ -174,18 +176,20 @@ class HeadsPublisher:
         #: witness name -> its last failure (logged once until it recovers).
         self.failing: dict[str, str] = {}
 
-    def due(self, heads: Mapping[int, ChainHead]) -> list[ChainHead]:
+    def due(self, heads: Mapping[int, ChainHead], *, now: bool = False) -> list[ChainHead]:
         """The heads to publish now: those that advanced, once the interval has passed.
 
         Args:
             heads: partition -> committed head (offset known).
+            now: whatever the interval (a clean stop publishes its last heads).
 
         Returns:
             The heads that differ from the last published ones, by
             partition; empty while the interval since the last publication
             has not passed.
         """
-        if self._last_at is not None and self.monotonic() - self._last_at < self.interval_s:
+        recent = self._last_at is not None and self.monotonic() - self._last_at < self.interval_s
+        if recent and not now:
             return []
         return [h for p, h in sorted(heads.items()) if self.published.get(p) != h]
 
@@ -236,6 +240,37 @@ class HeadsPublisher:
         else:
             if self.failing.pop(witness.name, None) is not None:
                 log.info("processor: the witness %s keeps the heads again", witness.name)
+
+    def publish_last(
+        self,
+        producer: Producer,
+        writer: Callable[[], Writer],
+        heads: Mapping[int, ChainHead],
+        timeout_s: float,
+    ) -> None:
+        """On a clean stop: publish the heads not yet published, in a transaction of their own.
+
+        Bounded by ``timeout_s`` (a broker that does not answer does not
+        hold the stop); a failure is logged, and the next owner publishes
+        the partitions' heads once their chains advance.
+
+        Args:
+            producer: the stage's transactional producer (no transaction open).
+            writer: a writer into the producer's open transaction.
+            heads: partition -> committed head.
+            timeout_s: the most the publication may take (seconds).
+        """
+        due = self.due(heads, now=True)
+        if not due:
+            return
+
+        def run() -> None:
+            producer.begin_transaction()
+            self.publish(writer(), due)
+            producer.commit_transaction(timeout_s)
+            self.commit()
+
+        bounded_call(run, timeout_s, f"{self.writer}: publishing the last journal heads")
 
     def commit(self) -> None:
         """The transaction that wrote the heads committed."""

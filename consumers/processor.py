@@ -604,6 +604,14 @@ class Processor(Stage):
         self.pending_raw.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
 
+    def close(self) -> None:
+        """Publish the journal heads not yet published (a clean stop), then close."""
+        if self.producer is not None and self.consumer is not None:
+            self.heads.publish_last(
+                self.producer, self.writer, self.journal.heads(), self.settings.stop_timeout_s
+            )
+        super().close()
+
     def settled(self) -> bool:
         """Ready once the in-flight operations it restored are claimed."""
         return not self.resume_queue

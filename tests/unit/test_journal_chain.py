@@ -364,3 +364,28 @@ def test_a_repeat_whose_reference_is_gone_is_unreadable_not_guessed() -> None:
     unreadable: list[str] = []
     replay_decisions(entries[1:], lambda e, exc: unreadable.append(str(exc)))
     assert unreadable and "no earlier entry of the operation keeps" in unreadable[0]
+
+
+def test_a_clean_stop_publishes_the_last_heads_whatever_the_interval(
+    settings: LedgerSettings,
+) -> None:
+    calls: list[str] = []
+
+    class Producer:
+        def begin_transaction(self) -> None:
+            calls.append("begin")
+
+        def commit_transaction(self, timeout_s: float) -> None:
+            calls.append("commit")
+
+    publisher = HeadsPublisher(
+        LEDGER, 3600.0, "processor-0", stage_sealer(settings, "processor"), [], lambda: 5.0
+    )
+    first, last = ChainHead(0, 1, "a" * 64, 3), ChainHead(0, 2, "b" * 64, 5)
+    publisher.publish(Out(), [first])  # type: ignore[arg-type]
+    publisher.commit()
+    assert publisher.due({0: last}) == []  # within the hour
+    out = Out()
+    publisher.publish_last(Producer(), lambda: out, {0: last}, 5.0)  # type: ignore[arg-type]
+    assert calls == ["begin", "commit"] and [r[0] for r in out.records] == ["heads"]
+    assert publisher.published == {0: last}

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from consumers.heads import FileWitness, HeadsPublisher, read_witness_file
-from consumers.journal_chain import JournalChain
+from consumers.journal_chain import JournalChain, read_heads
 from ledger.audit.chain import Link, PartitionRead, WitnessedHead, verify_chains
+from ledger.audit.report import AuditReport
 from ledger.chain import ChainHead, entry_hash, genesis
+from ledger.cli.ops import audit_lines
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.events import Event, JournalEntry, decode_event
 from ledger.fold import decide, journal_entry, keeps_intent, ref_of, repeats, replay_decisions
@@ -389,3 +391,48 @@ def test_a_clean_stop_publishes_the_last_heads_whatever_the_interval(
     publisher.publish_last(Producer(), lambda: out, {0: last}, 5.0)  # type: ignore[arg-type]
     assert calls == ["begin", "commit"] and [r[0] for r in out.records] == ["heads"]
     assert publisher.published == {0: last}
+
+
+def test_the_head_is_read_back_from_the_last_authentic_entry(settings: LedgerSettings) -> None:
+    """A restore links to the partition's last entry; an earlier release's entry starts afresh."""
+    links, values, _ = chain_of(3)
+    legacy = entry(5).to_bytes()  # no chain fields: written before the chain
+    logs: dict[int, list[_Msg]] = {
+        0: [_Msg(0, n, f"refund:c{n}:v1".encode(), v) for n, v in enumerate(values)],
+        1: [_Msg(1, 40, b"refund:c5:v1", legacy)],
+        2: [],
+    }
+    tails: list[int | None] = []
+
+    def reader(_s: Any, topic: str, parts: set[int], keep: Any, **kw: Any) -> int:
+        assert topic == "journal" and kw["keyring"] is not None
+        tails.append(kw["tail"])
+        for p in sorted(parts):
+            kw["ends_out"][p] = 10_000 if p == 2 else 50
+            for msg in logs[p]:
+                keep(None, msg)
+        return 0
+
+    heads = read_heads(
+        settings, {0, 1, 2}, load_keyring(settings), reader=reader, settle=lambda *a, **k: 0.0
+    )
+    assert heads[0] == ChainHead(0, 2, links[2].digest, 2)
+    assert heads[1] == ChainHead.empty(settings.ledger_identity, 1)
+    assert heads[2] == ChainHead.empty(settings.ledger_identity, 2)  # widened to its start
+    assert tails == [64, 512, 4096, 32768]
+
+
+def test_the_audit_text_says_where_each_chain_starts() -> None:
+    report = AuditReport()
+    report.journal_chain = {
+        "partitions": [
+            {"partition": 0, "starts_at": 3, "seq": 0, "unchained": 3},
+            {"partition": 1, "starts_at": None, "seq": None, "unchained": 0},
+        ],
+        "heads_checked": 4,
+        "witness": "heads.jsonl",
+    }
+    text = "\n".join(audit_lines(report))
+    assert "4 witnessed head(s) checked; witness file: heads.jsonl" in text
+    assert "journal:0: offset 3 (chain_seq 0), after 3 unchained entries" in text
+    assert "journal:1: no chained entry" in text

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -211,14 +211,17 @@ def _older_state(scan: TopicScan, versions: dict[str, int], key: str, msg: Messa
 
 
 def run_audit(
-    settings: LedgerSettings, *, read_sinks: bool = True, witness: Path | None = None
+    settings: LedgerSettings,
+    *,
+    read_sinks: bool = True,
+    witness: Sequence[Path] | None = None,
 ) -> AuditReport:
     """Audit one ledger.
 
     Args:
         settings: the ledger's settings.
         read_sinks: also read back effect counts from sinks with readback.
-        witness: the witness file of the journal's heads to check the
+        witness: the witness files of the journal's heads to check the
             chains against (default: ``LEDGER_WITNESS_FILE`` when it exists).
 
     Returns:
@@ -235,8 +238,8 @@ def run_audit(
         LocalFileError: a key file or the witness file is unreadable.
     """
     started_ms = int(time.time() * 1000)
-    if witness is None and settings.witness_path().exists():
-        witness = settings.witness_path()
+    if witness is None:
+        witness = [settings.witness_path()] if settings.witness_path().exists() else []
     chain = ChainCollector()
     started = time.monotonic()
     keyring = load_keyring(settings, missing_ok=True)  # reads, creates nothing

@@ -11,6 +11,7 @@ The findings are audit violations under the invariant ``journal-chain``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def check_chains(
     collector: ChainCollector,
     ends: dict[int, int],
     head_records: list[Event],
-    witness: Path | None,
+    witness: Sequence[Path],
 ) -> tuple[ChainReport, Findings, dict[str, object]]:
     """Verify every journal chain against what was read and witnessed.
 
@@ -89,14 +90,14 @@ def check_chains(
         collector: the journal records read (every partition, from its start).
         ends: partition -> end offset the journal was read to.
         head_records: the authentic records of the ``heads`` topic.
-        witness: the witness file to read (``None``: none).
+        witness: the witness files to read (none: only the heads topic).
 
     Returns:
         ``(report, findings, summary)``: the chain report, its findings as
         ``journal-chain`` violations (witness lines that cannot be used
         included), and a JSON-ready summary for the audit report
         (``{"partitions": [{"partition", "starts_at", "seq", "unchained"}],
-        "heads_checked": int, "witness": str | None}``).
+        "heads_checked": int, "witness": the files, comma-separated, or None}``).
 
     Raises:
         LocalFileError: the witness file cannot be read.
@@ -112,15 +113,16 @@ def check_chains(
         if isinstance(h, JournalHead)
     ]
     problems: list[str] = []
-    if witness is not None:
+    for path in witness:
         try:
-            found, problems = read_witness_file(witness, settings.ledger_identity, keyring)
+            found, bad = read_witness_file(path, settings.ledger_identity, keyring)
         except OSError as exc:
             raise LocalFileError(
-                f"cannot read the witness file {witness}: {exc.strerror or exc}; name a readable "
+                f"cannot read the witness file {path}: {exc.strerror or exc}; name a readable "
                 "copy with --witness FILE (or LEDGER_WITNESS_FILE)"
             ) from exc
         heads += found
+        problems += bad
     report = verify_chains(settings.ledger_identity, reads, heads)
     findings = Findings(INVARIANT)
     findings.check(report.links_checked + report.heads_checked)
@@ -139,7 +141,7 @@ def check_chains(
             for _, s in sorted(report.starts.items())
         ],
         "heads_checked": report.heads_checked,
-        "witness": str(witness) if witness is not None else None,
+        "witness": ", ".join(str(p) for p in witness) or None,
     }
     if report.findings:
         log.error("auditor: %d journal chain finding(s)", len(report.findings))

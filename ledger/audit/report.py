@@ -227,7 +227,7 @@ class AuditReport:
             (``{"partitions": [{"partition", "starts_at": offset of the
             first chained entry or None, "seq", "unchained": entries before
             it written by an earlier release}], "heads_checked": int,
-            "witness": the witness file or None}``); its findings are
+            "witness": the witness files read, or None}``); its findings are
             violations of ``journal-chain`` (:mod:`ledger.audit.chain`).
         sink_unread: what sink readback could not read (``{"sink",
             "operations": how many were left unread, "reason"}``): a sink

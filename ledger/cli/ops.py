@@ -904,13 +904,18 @@ def audit_lines(report: Any) -> list[str]:
 @click.option(
     "--witness",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
+    multiple=True,
     metavar="FILE",
     help="Check the journal's hash chains against the heads witnessed in FILE (JSON lines "
-    "the processor appends; default: LEDGER_WITNESS_FILE when it exists).",
+    "the processor appends; repeat it for the files of several processor hosts; default: "
+    "LEDGER_WITNESS_FILE when it exists).",
 )
 def audit_cmd(
-    as_json: bool, no_sinks: bool, html_path: Path | None, histories: bool, witness: Path | None
+    as_json: bool,
+    no_sinks: bool,
+    html_path: Path | None,
+    histories: bool,
+    witness: tuple[Path, ...],
 ) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
@@ -943,7 +948,7 @@ def audit_cmd(
         raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
-    report = run_audit(settings, read_sinks=not no_sinks, witness=witness)
+    report = run_audit(settings, read_sinks=not no_sinks, witness=witness or None)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

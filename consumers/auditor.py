@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from consumers.chain_audit import ChainCollector, check_chains
 from consumers.stage import key_text, read_partition
 from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items
 from ledger.authn import Keyring, unverifiable
@@ -49,7 +51,9 @@ log = logging.getLogger(__name__)
 
 #: Topics whose every record is decoded (the journal is replayed; the others
 #: name their writer, which the seal must match).
-DECODE_ALL = frozenset({"journal", "approvals", "policy", "dispositions", "operating-events"})
+DECODE_ALL = frozenset(
+    {"journal", "heads", "approvals", "policy", "dispositions", "operating-events"}
+)
 
 #: Compacted topics of which the audit reads the latest authentic value per key.
 LATEST = frozenset({"state", "dispatches", "recovery-receipts", "approval-uses", "approvals"})
@@ -98,9 +102,17 @@ class TopicScan:
 
 
 def scan_topic(
-    settings: LedgerSettings, keyring: Keyring, topic: str, timeout_s: float = 120.0
+    settings: LedgerSettings,
+    keyring: Keyring,
+    topic: str,
+    timeout_s: float = 120.0,
+    every: Callable[[Message, Event | None], None] | None = None,
 ) -> TopicScan:
     """Read one topic from the beginning, checking every record's seal.
+
+    ``every``, when given, is handed each record read (authentic or not)
+    with its decoded value (``None`` when it has none or it does not
+    decode), e.g. the journal's chain collector.
 
     Raises:
         LedgerError: the topic could not be read to its end in ``timeout_s``.
@@ -123,7 +135,11 @@ def scan_topic(
                 event = decode_event(value)
             except Exception as exc:  # reported with its position, never fatal
                 scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
+                if every is not None:
+                    every(msg, None)
                 return
+        if every is not None:
+            every(msg, event)
         problem = keyring.check(topic, key, value, msg.headers(), event, msg.partition())
         if problem is not None:
             scan.unauthenticated[where] = problem
@@ -194,12 +210,19 @@ def _older_state(scan: TopicScan, versions: dict[str, int], key: str, msg: Messa
     return False
 
 
-def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditReport:
+def run_audit(
+    settings: LedgerSettings,
+    *,
+    read_sinks: bool = True,
+    witness: Sequence[Path] | None = None,
+) -> AuditReport:
     """Audit one ledger.
 
     Args:
         settings: the ledger's settings.
         read_sinks: also read back effect counts from sinks with readback.
+        witness: the witness files of the journal's heads to check the
+            chains against (default: ``LEDGER_WITNESS_FILE`` when it exists).
 
     Returns:
         The report (``violations`` empty when every invariant holds;
@@ -212,16 +235,24 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
 
     Raises:
         LedgerError: a topic could not be read to its end.
-        LocalFileError: a key file is unreadable.
+        LocalFileError: a key file or the witness file is unreadable.
     """
     started_ms = int(time.time() * 1000)
+    if witness is None:
+        witness = [settings.witness_path()] if settings.witness_path().exists() else []
+    chain = ChainCollector()
     started = time.monotonic()
     keyring = load_keyring(settings, missing_ok=True)  # reads, creates nothing
     topics = [t.name for t in TOPICS if t.audited and t.auth]
     # Topics are read at once (each reader waits on the broker in librdkafka,
     # outside the GIL).
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-read") as pool:
-        futures = {t: pool.submit(scan_topic, settings, keyring, t) for t in topics}
+        futures = {
+            t: pool.submit(
+                scan_topic, settings, keyring, t, every=chain if t == "journal" else None
+            )
+            for t in topics
+        }
         scans = {t: f.result() for t, f in futures.items()}
     journal = [e for e in scans["journal"].records if isinstance(e, JournalEntry)]
 
@@ -242,6 +273,10 @@ def run_audit(settings: LedgerSettings, *, read_sinks: bool = True) -> AuditRepo
         provenance=provenance,
         amount_fields=_amount_fields(settings),
     )
+    _, chain_findings, report.journal_chain = check_chains(
+        settings, keyring, chain, scans["journal"].ends, scans["heads"].records, witness
+    )
+    report.merge(chain_findings)
     report.started_at_ms = started_ms
     report.sink_unread = sink_unread
     report.took_s = time.monotonic() - started

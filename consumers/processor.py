@@ -46,6 +46,13 @@ replaying its own entries of ``ledger.journal`` (the processor's sealed
 output, never compacted) with the fold the auditor uses, a ``STATE_REBUILT``
 operating event names the displacing record, and the rebuilt state is
 written again with the next input's transaction (see :meth:`Processor.on_assign`).
+
+Every journal entry is linked into its partition's hash chain
+(:mod:`consumers.journal_chain`, :mod:`ledger.chain`), and the heads of the
+chains are published to ``ledger.heads`` and handed to the witnesses outside
+Kafka at a bounded interval (:mod:`consumers.heads`). A re-published
+identical intent is journaled by reference to the intent already journaled
+(:func:`ledger.fold.repeats`), not copied again.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ from collections.abc import Callable
 from confluent_kafka import Message
 
 from consumers.compensations import observe_compensation, observe_tally
+from consumers.heads import FileWitness, HeadsPublisher
+from consumers.journal_chain import JournalChain, read_heads
 from consumers.metrics import refusal_kind
 from consumers.stage import (
     Record,
@@ -89,7 +98,9 @@ from ledger.fold import (
     Decision,
     decide,
     journal_entry,
+    keeps_intent,
     ref_of,
+    repeats,
     replay_decisions,
 )
 from ledger.logs import bound_each
@@ -173,6 +184,27 @@ class Processor(Stage):
         self.held: dict[str, tuple[int, str]] = {}
         self.metrics.unknown_outcomes.labels(self.component).set_function(
             lambda: len(self.unknown_open)
+        )
+        ledger_id = self.settings.ledger_identity
+        #: the journal partitions' hash chains (heads read back on assignment).
+        self.journal = JournalChain(
+            ledger_id,
+            lambda ps: read_heads(
+                self.settings,
+                ps,
+                self.keyring,
+                self.retry,
+                reader=read_partition,
+                settle=await_settled,
+            ),
+        )
+        #: publishes the chains' heads to ledger.heads and the witness file.
+        self.heads = HeadsPublisher(
+            ledger_id,
+            self.settings.heads_interval_s,
+            f"processor-{self.instance}",
+            self.sealer,
+            [FileWitness(self.settings.witness_path(), ledger_id)],
         )
 
     def sink_problem(self, sink: str) -> str | None:
@@ -441,6 +473,7 @@ class Processor(Stage):
         )
         self.resume_traces = {op: traces.get(op, {}) for op, _ in self.resume_queue}
         self.admission_resumes |= {op for op in awaiting if self.partition_of.get(op) in new}
+        self.journal.restore(partitions)
         if self.resume_queue:
             log.info("processor: %d in-flight operations to resume", len(self.resume_queue))
 
@@ -553,6 +586,10 @@ class Processor(Stage):
 
     def on_revoke(self, partitions: set[int]) -> None:
         """Forget the operations of revoked partitions."""
+        self.journal.forget(
+            partitions, [o for o, p in self.partition_of.items() if p in partitions]
+        )
+        self.heads.forget(partitions)
         for op in [op for op, (p, _) in self.held.items() if p in partitions]:
             self.held.pop(op, None)
         for op in [op for op, p in self.partition_of.items() if p in partitions]:
@@ -567,6 +604,14 @@ class Processor(Stage):
         self.pending_raw.clear()
         self.resume_queue = [(op, v) for op, v in self.resume_queue if op in self.states]
 
+    def close(self) -> None:
+        """Publish the journal heads not yet published (a clean stop), then close."""
+        if self.producer is not None and self.consumer is not None:
+            self.heads.publish_last(
+                self.producer, self.writer, self.journal.heads(), self.settings.stop_timeout_s
+            )
+        super().close()
+
     def settled(self) -> bool:
         """Ready once the in-flight operations it restored are claimed."""
         return not self.resume_queue
@@ -578,13 +623,16 @@ class Processor(Stage):
         when no input arrives to carry them.
         """
         self._resume()
-        if self.notes and self.producer is not None:
+        due = self.heads.due(self.journal.heads())
+        if (self.notes or due) and self.producer is not None:
             self.producer.begin_transaction()
             out = self.writer()
             for key, note in self.notes:
                 out.write("operating-events", key, note)
+            self.heads.publish(out, due)
             self._commit()
             self.notes.clear()
+            self.heads.commit()
 
     def before_transaction(self, records: list[Record]) -> None:
         """Resume first, so the claims are decided before newer inputs."""
@@ -626,6 +674,8 @@ class Processor(Stage):
 
     def rebuild(self) -> None:
         """Drop decisions of the aborted transaction; committed state stays."""
+        self.journal.abort()
+        self.heads.abort()
         self.pending.clear()
         self.pending_raw.clear()
         self.admission_resumed.clear()
@@ -633,6 +683,8 @@ class Processor(Stage):
 
     def after_commit(self) -> None:
         """Make the committed batch's states current (resting ones as bytes)."""
+        self.journal.commit()
+        self.heads.commit()
         for op in self.reasserted:
             self.reasserts.pop(op, None)
         self.reasserted.clear()
@@ -678,6 +730,7 @@ class Processor(Stage):
         for key, note in self.notes:
             out.write("operating-events", key, note)
         self.notes.clear()
+        self.heads.publish(out, self.heads.due(self.journal.heads()))
         for rebuilt, raw in sorted(self.reasserts.items()):
             out.write_raw("state", rebuilt, raw)
             self.reasserted.add(rebuilt)
@@ -718,21 +771,22 @@ class Processor(Stage):
             told = decided_outcome(state, decision, rec.event, ref, rec.timestamp_ms or 0)
             if told is not None:  # what the service learns, in the same transaction
                 out.write("outcomes", op, told)
-            out.write(
-                "journal",
-                op,
-                journal_entry(
-                    decision,
-                    rec.event,
-                    rec.raw,
-                    rec.topic,
-                    rec.partition,
-                    rec.offset,
-                    sink_problem=sink_problem,
-                    resumed_by=resumed_by,
-                    compensation=facts,
-                ),
+            repeat = self.journal.repeat_ref(op) if repeats(state, rec.event, decision) else None
+            entry = journal_entry(
+                decision,
+                rec.event,
+                rec.raw,
+                rec.topic,
+                rec.partition,
+                rec.offset,
+                sink_problem=sink_problem,
+                resumed_by=resumed_by,
+                compensation=facts,
+                repeat_of=repeat,
             )
+            self.journal.write(out, rec.partition, op, entry)
+            if repeat is None and keeps_intent(rec.event, decision):
+                self.journal.keep_ref(op, ref)
             if decision.outcome == "APPLIED" and decision.state is not None:
                 raw = decision.state.to_bytes()
                 self.pending[op] = decision.state

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -260,8 +260,21 @@ class Writer:
         if self.observe is not None:
             self.observe(topic, event)
 
-    def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
-        """Produce already-encoded bytes (dead letters keep the original bytes), sealed."""
+    def write_raw(
+        self,
+        topic: str,
+        key: str,
+        value: bytes | None,
+        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """Produce already-encoded bytes (dead letters keep the original bytes), sealed.
+
+        ``on_delivery``, when given, is called with the broker's answer (the
+        record's offset), as librdkafka's delivery report; ``partition``,
+        when given, is the partition to write to (else the key's, by the
+        ``murmur2_random`` partitioner).
+        """
         raw_key = key.encode("utf-8")
         headers: list[tuple[str, str | bytes | None]] | None = (
             [(AUTH_HEADER, self.sealer(topic).seal(topic, raw_key, value))]
@@ -270,10 +283,15 @@ class Writer:
         )
         # The current span's traceparent (advisory, outside the seal: ledger.tracing).
         headers = with_trace(headers)
+        extra: dict[str, Any] = {}
+        if on_delivery is not None:
+            extra["on_delivery"] = on_delivery
+        if partition is not None:
+            extra["partition"] = partition
         while True:
             try:
                 self.producer.produce(
-                    self.settings.topic(topic), key=raw_key, value=value, headers=headers
+                    self.settings.topic(topic), key=raw_key, value=value, headers=headers, **extra
                 )
                 break
             except BufferError:
@@ -1884,6 +1902,7 @@ def read_partition(
     on_refused: Callable[[Message, str], None] | None = None,
     retry: KafkaRetry | None = None,
     ends_out: dict[int, int] | None = None,
+    tail: int | None = None,
 ) -> int:
     """Read partitions of a ledger topic from the beginning to their end.
 
@@ -1915,6 +1934,9 @@ def read_partition(
             time).
         ends_out: when given, filled with partition -> the end offset read
             to (0 for an empty partition), e.g. for a report of what was read.
+        tail: read only the last ``tail`` offsets of each partition (from
+            ``end - tail``, or its log start if that is later) instead of
+            from the beginning (``None``: from the beginning).
 
     Returns:
         The number of records read.
@@ -1998,7 +2020,12 @@ def read_partition(
                 ends[p] = high
         if not ends:
             return 0
-        client[0].assign([TopicPartition(full, p, OFFSET_BEGINNING) for p in ends])
+        client[0].assign(
+            [
+                TopicPartition(full, p, OFFSET_BEGINNING if tail is None else max(0, e - tail))
+                for p, e in ends.items()
+            ]
+        )
         done: set[int] = set()
         count = 0
         #: partition -> next offset to read (known once the client delivered from it).

@@ -143,7 +143,8 @@ EXTRA_WRITES: Mapping[str, Mapping[str, str]] = {
 EXTRA_READS: Mapping[str, Mapping[str, str]] = {
     "processor": {
         "journal": "a restore that refused the latest state record of an operation "
-        "rebuilds it from its journal entries",
+        "rebuilds it from its journal entries; every restore reads each partition's last "
+        "entry to continue its hash chain",
     },
     "authority": {},
     "relay": {},

@@ -399,6 +399,14 @@ class JournalEntry(Event):
     ``resumed_by`` (version 4) names the restarted processor that resumed the
     operation with this input (an admission decision it met after restoring
     the operation NOT_ADMITTED); replay decides with it too.
+
+    Version 5: ``chain_seq`` and ``chain_prev`` link the entry into its
+    partition's hash chain (:mod:`ledger.chain`; ``None`` in earlier
+    entries). ``repeat_of`` is set when the input repeats an intent already
+    journaled for the operation (same ID, same parameter digest, a no-op):
+    the earlier input's ref, whose bytes an earlier entry keeps;
+    ``input_event`` is then empty and ``input_sha256`` pins the bytes
+    received (see :func:`ledger.fold.journal_entry`).
     """
 
     KIND: ClassVar[str] = "JournalEntry"
@@ -417,6 +425,10 @@ class JournalEntry(Event):
     sink_problem: str | None = None
     resumed_by: str | None = None
     compensation_facts: str | None = None
+    chain_seq: int | None = None
+    chain_prev: str | None = None
+    repeat_of: str | None = None
+    input_sha256: str | None = None
 
     @field_serializer("hops")
     def _hops_as_list(self, hops: tuple[str, ...] | None) -> list[str] | None:
@@ -429,6 +441,26 @@ class JournalEntry(Event):
         if self.hops is None:
             return self.__dict__
         return {**self.__dict__, "hops": list(self.hops)}
+
+
+class JournalHead(Event):
+    """The head of one journal partition's hash chain (key: ``journal:{partition}``).
+
+    Written by the processor that owns the partition, on the ``heads`` topic,
+    and handed to the witnesses outside Kafka (:mod:`consumers.heads`): the
+    auditor checks each journal chain against them (:mod:`ledger.audit.chain`).
+    ``offset`` and ``seq`` name the partition's last committed chained entry;
+    ``chain_hash`` is its chain hash (hex SHA-256, :func:`ledger.chain.entry_hash`);
+    ``published_at_ms`` is wall-clock milliseconds.
+    """
+
+    KIND: ClassVar[str] = "JournalHead"
+    journal_partition: int
+    offset: int
+    seq: int
+    chain_hash: str
+    published_at_ms: int
+    writer: str
 
 
 RecoveryAction = Literal["COMPLETE", "EXECUTE", "COMPENSATE", "REAUTHORISE", "RECONCILE", "ABANDON"]
@@ -577,6 +609,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Claim,
         OperationState,
         JournalEntry,
+        JournalHead,
         RecoveryReceipt,
         OperatingEvent,
         Disposition,

@@ -366,11 +366,17 @@ def _journal_copies(found: Sequence[HistoryRecord]) -> list[HistoryRecord]:
         if where in have:
             continue
         have.add(where)
-        try:
-            event: Event | None = decode_event(e.input_event)
-            problem = None
-        except Exception as exc:  # shown as such, never fatal
-            event, problem = None, f"journaled input does not decode: {type(exc).__name__}: {exc}"
+        event: Event | None = None
+        if e.repeat_of is not None and not e.input_event:
+            problem: str | None = (
+                f"journaled by reference: a repeat of the intent at {e.repeat_of} "
+                f"(sha256 {e.input_sha256}), its bytes not copied again"
+            )
+        else:
+            try:
+                event, problem = decode_event(e.input_event), None
+            except Exception as exc:  # shown as such, never fatal
+                problem = f"journaled input does not decode: {type(exc).__name__}: {exc}"
         copies.append(
             HistoryRecord(*where, r.timestamp_ms, r.key, event, problem, via_journal=True)
         )

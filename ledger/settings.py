@@ -193,6 +193,19 @@ class LedgerSettings(BaseSettings):
         health_stall_s: ``/healthz`` answers 503 once the stage's loop has not
             gone round for this many seconds (default 120), unless it is
             waiting for Kafka or restoring state, which it says instead.
+        heads_interval_s: how often at most (seconds, default 30) the
+            processor publishes the head of each journal partition it owns
+            (partition, offset, chain sequence, chain hash) to the ``heads``
+            topic and hands it to the witnesses, once the chain has advanced
+            since the last one (``LEDGER_HEADS_INTERVAL_S``; see
+            :mod:`consumers.heads`). It bounds how long the newest journal
+            entries are protected by nothing but Kafka's own word.
+        witness_file: the file witness of the journal's heads: an
+            append-only JSON-lines file the operator keeps outside Kafka,
+            one sealed head a line (``LEDGER_WITNESS_FILE``; default
+            ``run_dir/witness/journal-heads.jsonl``). The processor appends
+            to it; ``ledger audit`` checks each journal chain against it
+            (``--witness FILE`` names another copy).
         log_format: ``text`` (the default: ``time level logger: message``)
             or ``json`` (one JSON object a line with operation ID, stage,
             instance and trace ID; ``LEDGER_LOG_FORMAT``, see :mod:`ledger.logs`).
@@ -241,6 +254,8 @@ class LedgerSettings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "0.0.0.0"
     health_stall_s: float = Field(default=120.0, gt=0)
+    heads_interval_s: float = Field(default=30.0, gt=0)
+    witness_file: Path | None = None
     log_format: Literal["text", "json"] = "text"
 
     @model_validator(mode="after")
@@ -261,6 +276,11 @@ class LedgerSettings(BaseSettings):
         return self.outcome_public_key_file or (self.keys_dir or self.run_dir / "keys") / (
             "outcome.pub"
         )
+
+    def witness_path(self) -> Path:
+        """Where the file witness of the journal's heads is (``witness_file`` or
+        ``run_dir/witness/journal-heads.jsonl``)."""
+        return self.witness_file or self.run_dir / "witness" / "journal-heads.jsonl"
 
     def sinks_path(self) -> Path:
         """Where the sink registry lives (``sinks_file`` or ``run_dir/sinks.json``)."""
@@ -317,6 +337,10 @@ def resolved(
         "outcome_public_key_file": (
             settings.outcome_public_path(),
             "default: LEDGER_KEYS_DIR/outcome.pub",
+        ),
+        "witness_file": (
+            settings.witness_path(),
+            "default: LEDGER_RUN_DIR/witness/journal-heads.jsonl",
         ),
     }
     out: list[tuple[str, object, str]] = []

@@ -154,6 +154,16 @@ TOPICS: tuple[TopicSpec, ...] = (
         roles=("processor",),
     ),
     TopicSpec(
+        "heads",
+        "'journal:{partition}'",
+        "delete",
+        retention_ms=-1,
+        single_partition=True,
+        writers="processor only (the head of each journal partition's hash chain, "
+        "also handed to a witness outside Kafka)",
+        roles=("processor",),
+    ),
+    TopicSpec(
         "recovery-receipts", "operation ID", "compact", writers="processor", roles=("processor",)
     ),
     TopicSpec(

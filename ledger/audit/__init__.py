@@ -41,6 +41,11 @@ and the evidence):
 * ``compensation-bounds``: every admitted compensation is of its original's
   effect (same subject, same account, at most its amount), and the
   admitted compensations of one original total at most its effect.
+
+The auditor adds one more, checked over the journal's raw records rather
+than these facts (:mod:`ledger.audit.chain`), reported as ``journal-chain``:
+every journal partition's hash chain holds end to end and agrees with every
+witnessed head; each deleted, truncated or rewritten range is named.
 """
 
 from __future__ import annotations

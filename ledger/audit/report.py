@@ -223,6 +223,12 @@ class AuditReport:
             "reason"}``): they may be authentic evidence, so the audit cannot
             say the ledger is clean while any is left; every operation they
             cover is an open item (state ``UNVERIFIABLE``).
+        journal_chain: what the journal's hash chains were checked against
+            (``{"partitions": [{"partition", "starts_at": offset of the
+            first chained entry or None, "seq", "unchained": entries before
+            it written by an earlier release}], "heads_checked": int,
+            "witness": the witness files read, or None}``); its findings are
+            violations of ``journal-chain`` (:mod:`ledger.audit.chain`).
         sink_unread: what sink readback could not read (``{"sink",
             "operations": how many were left unread, "reason"}``): a sink
             that gave no answer within its deadline, or ran out of its share
@@ -245,6 +251,7 @@ class AuditReport:
     open_items: list[OpenItem] = field(default_factory=list)
     unverifiable_records: list[dict[str, Any]] = field(default_factory=list)
     sink_unread: list[dict[str, Any]] = field(default_factory=list)
+    journal_chain: dict[str, Any] = field(default_factory=dict)
 
     @property
     def clean(self) -> bool:
@@ -314,7 +321,8 @@ class AuditReport:
             "checked": {invariant: facts checked}, "violations": [{"invariant":
             str, "operation_id": str | None, "evidence": str}],
             "unauthenticated_records": [...], "undecodable_records": [...],
-            "replayed_records": [...], "authenticity_checked": bool}``,
+            "replayed_records": [...], "journal_chain": {...},
+            "authenticity_checked": bool}``,
             violations in the order found; ``sink_facts`` is ``None`` when
             sink readback was off.
         """
@@ -346,6 +354,7 @@ class AuditReport:
             "unverifiable_records": list(self.unverifiable_records),
             "undecodable_records": list(self.undecodable_records),
             "replayed_records": list(self.replayed_records),
+            "journal_chain": dict(self.journal_chain),
             "checked": dict(self.checked),
             "violations": [
                 {"invariant": v.invariant, "operation_id": v.operation_id, "evidence": v.evidence}

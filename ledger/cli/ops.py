@@ -862,6 +862,22 @@ def audit_lines(report: Any) -> list[str]:
         lines.append(f"  ... and {len(unauthentic) - 50} more (--json lists them all)")
     for r in report.replayed_records:
         lines.append(f"replayed: {r['topic']}:{r['partition']}:{r['offset']}\t{r['reason']}")
+    chain = data.get("journal_chain") or {}
+    if chain:
+        lines.append(
+            f"journal chain: {chain['heads_checked']} witnessed head(s) checked; witness file: "
+            f"{chain['witness'] or 'none'}; each partition's chain starts at:"
+        )
+        for c in chain["partitions"]:
+            lines.append(
+                f"  journal:{c['partition']}: "
+                + (
+                    f"offset {c['starts_at']} (chain_seq {c['seq']})"
+                    if c["starts_at"] is not None
+                    else "no chained entry"
+                )
+                + (f", after {c['unchained']} unchained entries" if c["unchained"] else "")
+            )
     lines.append("offsets covered (topic: partition:end offset, read from the beginning):")
     for topic, parts in data["offsets"].items():
         lines.append(f"  {topic}: " + " ".join(f"{p}:{end}" for p, end in parts.items()))
@@ -885,7 +901,22 @@ def audit_lines(report: Any) -> list[str]:
     help="With --html: also write the history of every open item to history/*.html next to "
     "FILE, and link each open item to it (one read of the ledger per item).",
 )
-def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: bool) -> None:
+@click.option(
+    "--witness",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    multiple=True,
+    metavar="FILE",
+    help="Check the journal's hash chains against the heads witnessed in FILE (JSON lines "
+    "the processor appends; repeat it for the files of several processor hosts; default: "
+    "LEDGER_WITNESS_FILE when it exists).",
+)
+def audit_cmd(
+    as_json: bool,
+    no_sinks: bool,
+    html_path: Path | None,
+    histories: bool,
+    witness: tuple[Path, ...],
+) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
     Exits 0 when there is no violation, 1 otherwise; each violation names the
@@ -904,6 +935,12 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
     one self-contained HTML page and 'wrote FILE' is said on stderr when
     --json keeps stdout for the JSON; --histories also writes the history of
     every open item next to it (history/*.html) and links each item to it.
+
+    Every journal partition is a hash chain: the audit checks each one end
+    to end and against the heads the processor published (the heads topic,
+    and the witness file, --witness FILE or LEDGER_WITNESS_FILE), and names
+    every deleted, truncated or rewritten range as a 'journal-chain'
+    violation.
     """
     from consumers.auditor import run_audit
 
@@ -911,7 +948,7 @@ def audit_cmd(as_json: bool, no_sinks: bool, html_path: Path | None, histories: 
         raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
-    report = run_audit(settings, read_sinks=not no_sinks)
+    report = run_audit(settings, read_sinks=not no_sinks, witness=witness or None)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

@@ -48,7 +48,15 @@ from ledger.fold.core import (
 )
 from ledger.fold.effects import MAX_ABSENT_RETRIES, MAX_UNAVAILABLE
 from ledger.fold.intents import intent_digest_problem
-from ledger.fold.journal import hop_names, journal_entry, ref_of, replay, replay_decisions
+from ledger.fold.journal import (
+    hop_names,
+    journal_entry,
+    keeps_intent,
+    ref_of,
+    repeats,
+    replay,
+    replay_decisions,
+)
 
 __all__ = [
     "MAX_ABSENT_RETRIES",
@@ -74,8 +82,10 @@ __all__ = [
     "hop_names",
     "intent_digest_problem",
     "journal_entry",
+    "keeps_intent",
     "priors_of",
     "ref_of",
+    "repeats",
     "replay",
     "replay_decisions",
 ]

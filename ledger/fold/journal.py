@@ -1,10 +1,22 @@
-"""The journal: the record of each decision, and its replay through :func:`decide`."""
+"""The journal: the record of each decision, and its replay through :func:`decide`.
+
+An intent re-published for an operation that already holds it (same
+operation ID, same parameter digest), which the fold decides a no-op, is
+journaled *by reference* (:func:`repeats`): its entry keeps no copy of the
+input bytes, only ``repeat_of`` (the ref of the earlier input of the
+operation whose bytes an earlier entry keeps) and ``input_sha256`` (what
+was received). A service that may only write intents can then not grow the
+never-deleted journal by an intent's size with each re-publish. Replay
+decides such an entry with the referenced intent (:func:`replay_decisions`).
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 
-from ledger.events import Event, JournalEntry, OperationState, decode_event
+from ledger.errors import DecodeError
+from ledger.events import Event, Intent, JournalEntry, OperationState, decode_event
 from ledger.fold.apply import decide
 from ledger.fold.compensation import CompensationFacts
 from ledger.fold.core import Decision
@@ -33,6 +45,7 @@ def journal_entry(
     sink_problem: str | None = None,
     resumed_by: str | None = None,
     compensation: CompensationFacts | None = None,
+    repeat_of: str | None = None,
 ) -> JournalEntry:
     """The journal record of one decision (the input bytes are the evidence).
 
@@ -49,11 +62,17 @@ def journal_entry(
             this input (see :func:`~ledger.fold.decide`), kept for replay.
         compensation: what the processor observed of a compensation's
             original, kept for replay.
+        repeat_of: the ref of an earlier input of this operation that the
+            input repeats (see :func:`repeats`; the caller knows an earlier
+            entry keeps its bytes): the entry then keeps no copy of ``raw``,
+            only its SHA-256.
 
     Returns:
         The entry: outcome, states before and after, every hop, the reason,
-        the input's position and its bytes; ``seq`` is the state version
-        after the input (0 when there is no state).
+        the input's position and its bytes (or, by reference, ``repeat_of``
+        and ``input_sha256``); ``seq`` is the state version after the input
+        (0 when there is no state). The chain fields are left unset (the
+        processor links the entry into its partition's chain).
     """
     op = getattr(event, "operation_id", "") or ""
     return JournalEntry(
@@ -67,12 +86,86 @@ def journal_entry(
         input_topic=topic,
         input_partition=partition,
         input_offset=offset,
-        input_event=raw,
+        input_event=raw if repeat_of is None else b"",
         hops=hop_names(decision),
         sink_problem=sink_problem,
         resumed_by=resumed_by,
         compensation_facts=compensation.to_json() if compensation is not None else None,
+        repeat_of=repeat_of,
+        input_sha256=hashlib.sha256(raw).hexdigest() if repeat_of is not None else None,
     )
+
+
+def repeats(state: OperationState | None, event: Event, decision: Decision) -> bool:
+    """Whether an input may be journaled by reference to an earlier intent of its operation.
+
+    Only an intent that repeats the request the operation is bound to (same
+    parameter digest) and that the fold decided a no-op qualifies: its
+    decision needs nothing of its bytes that the operation's earlier intent
+    does not hold. A reauthorisation (a new approval), a drift or a refusal
+    is journaled with its bytes.
+
+    Args:
+        state: the operation's state before the input.
+        event: the input.
+        decision: what :func:`~ledger.fold.decide` made of it.
+
+    Returns:
+        True when the input may be journaled by reference.
+    """
+    return (
+        isinstance(event, Intent)
+        and state is not None
+        and decision.outcome == "NOOP"
+        and event.parameter_digest == state.parameter_digest
+    )
+
+
+def keeps_intent(event: Event, decision: Decision) -> bool:
+    """Whether a journaled intent (with its bytes) can be referenced by later repeats.
+
+    Args:
+        event: the input, journaled with its bytes.
+        decision: what the fold made of it.
+
+    Returns:
+        True for an intent applied or a no-op whose digest is the one its
+        operation is bound to after it.
+    """
+    return (
+        isinstance(event, Intent)
+        and decision.outcome in ("APPLIED", "NOOP")
+        and decision.state is not None
+        and decision.state.parameter_digest == event.parameter_digest
+    )
+
+
+def _referenced(
+    entry: JournalEntry, kept: dict[tuple[str, str], bytes], before: OperationState | None
+) -> Event:
+    """The event a by-reference entry is replayed with (see :func:`replay_decisions`).
+
+    Raises:
+        DecodeError: no earlier entry of the operation keeps the referenced
+            input, or it is not an intent with the state's digest.
+    """
+    raw = kept.get((entry.operation_id, entry.repeat_of or ""))
+    if raw is None:
+        raise DecodeError(
+            f"journal entry {entry.seq} of {entry.operation_id} repeats {entry.repeat_of}, "
+            "whose bytes no earlier entry of the operation keeps"
+        )
+    event = decode_event(raw)
+    if not isinstance(event, Intent) or before is None:
+        raise DecodeError(
+            f"journal entry {entry.seq} of {entry.operation_id} repeats {entry.repeat_of}, "
+            "which is not an intent of a known operation"
+        )
+    # A repeat is decided as the referenced intent asking under the
+    # operation's current approval: its approval is the one thing a no-op
+    # repeat may differ in, and it changes nothing unless it is a
+    # reauthorisation, which is never journaled by reference.
+    return event.model_copy(update={"approval_id": before.approval_id})
 
 
 def ref_of(topic: str, partition: int, offset: int) -> str:
@@ -114,16 +207,23 @@ def replay_decisions(
     """
     states: dict[str, OperationState] = {}
     steps: list[tuple[JournalEntry, Event, OperationState | None, Decision]] = []
+    #: (operation, input ref) -> bytes of each intent journaled with its bytes.
+    kept: dict[tuple[str, str], bytes] = {}
     for entry in entries:
+        ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
+        before = states.get(entry.operation_id)
         try:
-            event = decode_event(entry.input_event)
+            if entry.repeat_of is not None and not entry.input_event:
+                event = _referenced(entry, kept, before)
+            else:
+                event = decode_event(entry.input_event)
+                if isinstance(event, Intent):
+                    kept[(entry.operation_id, ref)] = entry.input_event
         except Exception as exc:
             if on_unreadable is None:
                 raise
             on_unreadable(entry, exc)
             continue
-        ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
-        before = states.get(entry.operation_id)
         decision = decide(
             before,
             event,
@@ -142,7 +242,8 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
     """Fold journal entries (in journal order) into the state of every operation.
 
     Each entry's recorded input is decoded and applied with :func:`decide`,
-    exactly as the processor did; the result must equal ``ledger.state``.
+    exactly as the processor did (a by-reference entry with the input it
+    references); the result must equal ``ledger.state``.
 
     Args:
         entries: journal entries in journal order (per operation).
@@ -151,21 +252,8 @@ def replay(entries: Iterable[JournalEntry]) -> dict[str, OperationState]:
         Operation ID -> its state after the last entry.
 
     Raises:
-        DecodeError: an entry's input bytes do not decode.
+        DecodeError: an entry's input bytes do not decode, or a by-reference
+            entry's reference is not found.
         UnknownSchemaError: an input was written with an unknown schema.
     """
-    states: dict[str, OperationState] = {}
-    for entry in entries:
-        event = decode_event(entry.input_event)
-        ref = ref_of(entry.input_topic, entry.input_partition, entry.input_offset)
-        decision = decide(
-            states.get(entry.operation_id),
-            event,
-            ref,
-            sink_problem=entry.sink_problem,
-            resumed_by=entry.resumed_by,
-            compensation=CompensationFacts.from_json(entry.compensation_facts),
-        )
-        if decision.state is not None:
-            states[entry.operation_id] = decision.state
-    return states
+    return replay_decisions(entries)[0]

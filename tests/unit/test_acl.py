@@ -213,7 +213,7 @@ def test_the_auditor_reads_exactly_what_the_audit_replays(
 ) -> None:
     scanned: list[str] = []
 
-    def scan(settings: Any, keyring: Any, topic: str, *args: Any) -> TopicScan:
+    def scan(settings: Any, keyring: Any, topic: str, *args: Any, **kwargs: Any) -> TopicScan:
         scanned.append(topic)
         return TopicScan(topic)
 

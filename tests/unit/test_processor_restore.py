@@ -22,7 +22,14 @@ import pytest
 import consumers.processor as processor_module
 from consumers.processor import Processor
 from consumers.stage import Record, decode_record
-from ledger.events import Event, Intent, JournalEntry, OperatingEvent, OperationState
+from ledger.events import (
+    Event,
+    Intent,
+    JournalEntry,
+    OperatingEvent,
+    OperationState,
+    decode_event,
+)
 from ledger.fold import decide, journal_entry
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
@@ -88,7 +95,8 @@ class FakeTopics:
         on_refused: Callable[[Any, str], None] | None = None,
         **_: Any,
     ) -> int:
-        self.reads.append(topic)
+        # A whole topic, or its tail (the journal chain's head, read on every restore).
+        self.reads.append(topic if _.get("tail") is None else f"{topic} tail")
         count = 0
         for msg in self.logs[topic]:
             rec = decode_record(topic, msg) if decode else None  # type: ignore[arg-type]
@@ -108,14 +116,16 @@ class FakeTopics:
 class Captured:
     """A writer that keeps what the processor writes."""
 
+    observe = None  # no metrics
+
     def __init__(self) -> None:
         self.written: list[tuple[str, str, Event | bytes | None]] = []
 
     def write(self, topic: str, key: str, event: Event | None) -> None:
         self.written.append((topic, key, event))
 
-    def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
-        self.written.append((topic, key, value))
+    def write_raw(self, topic: str, key: str, value: bytes | None, **_: Any) -> None:
+        self.written.append((topic, key, decode_event(value) if topic == "journal" else value))
 
     def on(self, topic: str) -> list[Event | bytes | None]:
         return [value for t, _, value in self.written if t == topic]
@@ -180,7 +190,7 @@ def test_a_compacted_away_state_is_rebuilt_from_the_journal(
     processor.on_assign({PARTITION})
 
     assert processor.current(OP) == states[-1]
-    assert topics.reads == ["state", "journal"]
+    assert topics.reads == ["state", "journal", "journal tail"]
     [event] = _rebuilt_events(processor)
     assert (event.source_topic, event.source_partition, event.source_offset) == (
         "state",
@@ -262,7 +272,7 @@ def test_an_authentic_latest_record_reads_no_journal(
     topics.logs["state"].remove(forged)
     topics.logs["state"].insert(len(topics.logs["state"]) - 1, forged)  # then the real latest
     processor.on_assign({PARTITION})
-    assert topics.reads == ["state"]
+    assert topics.reads == ["state", "journal tail"]
     assert processor.current(OP) == states[-1]
     assert _rebuilt_events(processor) == [] and processor.reasserts == {}
 
@@ -328,7 +338,7 @@ def test_an_older_authentic_state_appended_again_does_not_take_the_operation_bac
 
     assert processor.current(OP) == states[-1]  # the highest version stands
     assert processor.resume_queue == []  # settled: nothing to claim, nothing re-sent
-    assert topics.reads == ["state"] and processor.reasserts == {}
+    assert topics.reads == ["state", "journal tail"] and processor.reasserts == {}
     [event] = [e for _, e in processor.notes if e.kind == "REPLAYED"]
     assert (event.source_topic, event.source_offset, event.operation_id) == ("state", copy.at, OP)
     assert f"at version {old.version} (EFFECT_PENDING)" in event.reason

@@ -15,7 +15,7 @@ import pytest
 from consumers.processor import Processor
 from consumers.stage import Record
 from ledger.contracts import PAYMENT_GATEWAY, EffectContract
-from ledger.events import Dispatch, Event, JournalEntry, OperationState
+from ledger.events import Dispatch, Event, JournalEntry, OperationState, decode_event
 from ledger.fold import replay
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
@@ -26,14 +26,16 @@ from tests.helpers import admission, claim, intent, keyed, receipt
 class Captured:
     """A writer that keeps what the processor writes."""
 
+    observe = None  # no metrics
+
     def __init__(self) -> None:
         self.written: list[tuple[str, str, Event | None]] = []
 
     def write(self, topic: str, key: str, event: Event | None) -> None:
         self.written.append((topic, key, event))
 
-    def write_raw(self, topic: str, key: str, value: bytes | None) -> None:
-        self.written.append((topic, key, None))
+    def write_raw(self, topic: str, key: str, value: bytes | None, **_: object) -> None:
+        self.written.append((topic, key, decode_event(value) if topic == "journal" else None))
 
     def dispatches(self) -> list[Dispatch]:
         return [e for t, _, e in self.written if t == "dispatches" and isinstance(e, Dispatch)]

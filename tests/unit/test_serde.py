@@ -67,6 +67,14 @@ def _sample(name: str):  # one valid instance of every event kind
         "Outcome": outcome_of(d.state, "processor:intents:0:7", 1_000),
         "RecoveryReceipt": None,
         "PolicyChange": EVENT_TYPES["PolicyChange"](version=2, set_by="ops", effective_at_ms=5),
+        "JournalHead": EVENT_TYPES["JournalHead"](
+            journal_partition=1,
+            offset=41,
+            seq=40,
+            chain_hash="ab" * 32,
+            published_at_ms=1_000,
+            writer="processor-0",
+        ),
         "CompensationTally": EVENT_TYPES["CompensationTally"](
             tally_id="tally:intents:0:7",
             operation_id="credit:o1:v1",

@@ -78,7 +78,7 @@ class AuthorityKernel(Stage):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.clock = LastGoodClock(
-            clock_for(self.settings.clock, self.settings.run_dir),
+            self.hooks.clock(clock_for(self.settings.clock, self.settings.run_dir)),
             component="authority",
             on_problem=self._local_file_problem,
             kind=self.settings.clock,

@@ -297,7 +297,7 @@ class Relay(Stage):
         #: tables too.
         self.notes: list[tuple[str, OperatingEvent]] = []
         self.clock = LastGoodClock(
-            clock_for(self.settings.clock, self.settings.run_dir),
+            self.hooks.clock(clock_for(self.settings.clock, self.settings.run_dir)),
             component="relay",
             on_problem=self._local_file_problem,
             kind=self.settings.clock,

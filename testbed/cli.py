@@ -416,7 +416,11 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
 
     Each scenario gets its own topics, run folder and ledger clock, its
     declared reference sinks and the real stage processes; faults are real
-    SIGKILLs at the named seams. Starts (or reuses) the local broker. Exits 0
+    SIGKILLs at the named seams. Format 3 adds wait (wall-clock seconds pass,
+    so transaction and session timeouts fire), offsets_reset (a downed
+    component's group offsets set to earliest or latest, or deleted),
+    topic_config (a topic's Kafka configs changed) and skew (one component's
+    ledger clock shifted). Starts (or reuses) the local broker. Exits 0
     when every expectation of every file holds, 1 otherwise, 2 for a
     malformed file (the message names the bad key or value). Ends by naming
     each scenario's topic prefix and run folder and the commands that

@@ -11,11 +11,17 @@ process, reaching the seam for the operation, logs the firing and sends
 itself SIGSTOP. It stays alive holding what it held (a dispatch it is about
 to send, an open transaction) until someone sends it SIGCONT: a stalled
 owner, and a zombie once continued.
+
+A skew (:func:`set_skew`) names one component: from then on every process of
+that component reads the ledger clock shifted by that many seconds (a replica
+whose clock runs ahead or behind). It is read at every reading, so it takes
+effect in running processes too.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -24,6 +30,7 @@ import time
 from pathlib import Path
 
 from consumers.hooks import SEAMS
+from ledger.clock import Clock
 
 ANY = "*"
 
@@ -190,6 +197,67 @@ def fired(run_dir: Path) -> list[dict[str, object]]:
     return out
 
 
+def _skew_file(run_dir: Path, component: str) -> Path:
+    return run_dir / "faults" / f"skew--{component}.json"
+
+
+def set_skew(run_dir: Path, component: str, seconds: float) -> Path:
+    """Shift the ledger clock every process of ``component`` reads, from now on.
+
+    Args:
+        run_dir: the ledger run folder shared by all processes.
+        component: a stage (``authority``, ``relay``, ``processor``); a
+            component that reads no clock is unaffected.
+        seconds: the shift (positive: the component's clock runs ahead);
+            it replaces any earlier skew of the component (0 removes it).
+
+    Returns:
+        The skew file.
+
+    Raises:
+        ValueError: for a shift that is not a finite number.
+    """
+    if not math.isfinite(seconds):
+        raise ValueError(f"a clock skew is a finite number of seconds, not {seconds!r}")
+    path = _skew_file(run_dir, component)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"component": component, "skew_ms": int(round(seconds * 1000))}))
+    os.replace(tmp, path)
+    return path
+
+
+def skew_ms(run_dir: Path, component: str) -> int:
+    """The shift (milliseconds) of ``component``'s clock now: 0 when none is set.
+
+    A skew file that cannot be read counts as none: a testbed's own file, never
+    an input an operator writes.
+    """
+    try:
+        return int(json.loads(_skew_file(run_dir, component).read_text())["skew_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+class SkewedClock:
+    """A :class:`~ledger.clock.Clock` read through a component's skew (:func:`set_skew`).
+
+    Args:
+        base: the clock the settings name.
+        run_dir: the run folder holding the skew files.
+        component: whose skew applies.
+    """
+
+    def __init__(self, base: Clock, run_dir: Path, component: str) -> None:
+        self.base = base
+        self.run_dir = run_dir
+        self.component = component
+
+    def now_ms(self) -> int:
+        """The base clock's reading plus the component's skew now (milliseconds)."""
+        return self.base.now_ms() + skew_ms(self.run_dir, self.component)
+
+
 class ArmedFaults:
     """Fault hooks (:class:`consumers.hooks.FaultHooks`) that fire the hooks armed in a run folder.
 
@@ -200,11 +268,21 @@ class ArmedFaults:
         run_dir: the ledger run folder whose ``faults/`` holds armed hooks.
         process: this process's name (``relay-0``), which pause hooks name;
             None: no pause hook fires.
+        component: the stage (``relay``), whose clock skew applies; None: none.
     """
 
-    def __init__(self, run_dir: Path, process: str | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, process: str | None = None, component: str | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.process = process
+        self.component = component
+
+    def clock(self, base: Clock) -> Clock:
+        """``base`` shifted by this component's skew (see :func:`set_skew`)."""
+        if self.component is None:
+            return base
+        return SkewedClock(base, self.run_dir, self.component)
 
     def seam(self, name: str, operation_id: str) -> None:
         """SIGSTOP or SIGKILL this process if a hook is armed for ``name`` and the operation.

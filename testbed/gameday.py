@@ -6,7 +6,11 @@ Faults are real SIGKILLs at the named seams; ``pause`` and ``resume`` are
 real SIGSTOP and SIGCONT (a stalled owner, then a zombie), ``scale`` starts
 or stops instances so that a consumer group rebalances; ``broker_restart``
 restarts the local broker; ``compact`` forces log compaction; ``audit``
-replays the whole ledger. The report counts effects from the sinks themselves.
+replays the whole ledger. Format v3's ``wait`` lets wall-clock time pass
+(broker-side timers run), ``offsets_reset`` and ``topic_config`` are Kafka
+admin requests (:mod:`testbed.kafkafaults`), and ``skew`` shifts the ledger
+clock one component reads (:func:`testbed.faults.set_skew`). The report
+counts effects from the sinks themselves.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from ledger.topics import force_compaction
 from producers.publisher import LedgerPublisher
-from testbed import broker
+from testbed import broker, faults, kafkafaults
 from testbed.forge import forge
 from testbed.harness import Harness, run_dir_for, stale_dispatch
+from testbed.kafkafaults import topic_layout_problems
 from testbed.people import can_sign
 from testbed.runs import RunLedger
 from testbed.scenario import (
@@ -52,6 +57,7 @@ from testbed.scenario import (
     Fault,
     Forge,
     IntentStep,
+    OffsetsReset,
     Pause,
     Policy,
     Race,
@@ -62,8 +68,11 @@ from testbed.scenario import (
     Scale,
     Scenario,
     SinkFault,
+    Skew,
     StaleDispatch,
+    TopicConfigStep,
     Upgrade,
+    Wait,
 )
 
 Say = Callable[[str], None]
@@ -308,6 +317,36 @@ class GameDay:
         now = self.harness.advance(a.seconds)
         self.say(f"    clock at {now / 1000:g} s")
 
+    def _step_wait(self, w: Wait) -> None:
+        """Let wall-clock time pass; nothing is restarted, resumed or settled meanwhile."""
+        time.sleep(w.seconds)
+        self.harness.self_paused()  # a pause hook that fired meanwhile is known as paused
+        self.say(f"    waited {w.seconds:g} s (wall clock)")
+
+    def _step_offsets_reset(self, o: OffsetsReset) -> None:
+        """Reset (or delete) the committed offsets of a component whose instances are all down."""
+        live = [
+            f"{o.component}-{n}"
+            for n in self.harness.instances(o.component)
+            if self.harness.alive(o.component, n)
+        ]
+        if live:
+            raise LedgerError(
+                f"offsets_reset: {', '.join(live)} still run (a paused one too: it keeps its "
+                "group membership); let a 'fault' step kill the component first, and "
+                "'restart' it after the reset"
+            )
+        done = kafkafaults.reset_offsets(self.settings, o.component, o.to)
+        self.say(f"    {o.component}'s offsets {o.to}" + (f": {done}" if done else ""))
+
+    def _step_topic_config(self, t: TopicConfigStep) -> None:
+        values = kafkafaults.alter_topic_config(self.settings, t.topic, t.config)
+        self.say(f"    {t.topic}: {values}")
+
+    def _step_skew(self, k: Skew) -> None:
+        faults.set_skew(self.settings.run_dir, k.component, k.seconds)
+        self.say(f"    {k.component} reads the ledger clock {k.seconds:+g} s off")
+
     def _step_upgrade(self, u: Upgrade) -> None:
         """Release a new contract of the sink: restart it with it, then register the version."""
         self.harness.upgrade_sink(u.sink, u.contract, u.contract_version)
@@ -383,10 +422,18 @@ class GameDay:
         force_compaction(self.settings)
 
     def _step_audit(self, _: object) -> None:
+        """Audit as ``ledger audit`` does: the topic layout first, then every invariant.
+
+        ``ledger audit`` refuses to run on an unsafe topic layout (a retention
+        on an audited topic, a wrong cleanup policy ...), naming each problem;
+        here each problem counts as one violation (``TOPIC_LAYOUT``), and the
+        invariants are audited all the same.
+        """
+        layout = topic_layout_problems(self.settings)
         report = run_audit(self.settings)
-        self.audit_violations = len(report.violations)
+        self.audit_violations = len(report.violations) + len(layout)
         self.audit_unauthenticated = len(report.unauthenticated_records)
-        self.audit_details = [
+        self.audit_details = [f"TOPIC_LAYOUT: {line}" for line in layout] + [
             f"{v.invariant} {v.operation_id or ''}: {v.evidence}" for v in report.violations
         ]
         self.say(

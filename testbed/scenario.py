@@ -17,9 +17,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from consumers.hooks import Seam
+from ledger.clock import MAX_ADVANCE_S
 from ledger.contracts import EffectContract
 from ledger.errors import ScenarioError as ScenarioError  # re-exported: its old home
 from ledger.events import RecoveryReceipt
+from ledger.topology import TOPICS
 
 SEAM = Seam
 SINK_FAULT = Literal[
@@ -199,6 +201,69 @@ class Upgrade(_Strict):
     contract_version: int | None = Field(default=None, ge=1)
 
 
+#: Longest ``wait`` step (seconds): broker-side timers of the ledger run in
+#: seconds (session 10 s, transaction 15 s by default); ten minutes is plenty.
+MAX_WAIT_S = 600
+
+
+class Wait(_Strict):
+    """Wall-clock time passes with every stage as it is (format v3).
+
+    Crashed stages stay down and paused ones stay paused, so broker-side
+    timers run (transaction timeouts, session and poll timeouts); the ledger
+    clock does not move.
+    """
+
+    seconds: int | float = Field(ge=0, le=MAX_WAIT_S)
+
+
+class OffsetsReset(_Strict):
+    """While the component's instances are down, its group's committed offsets go (format v3).
+
+    ``to``: ``earliest`` (each input partition's first offset still held),
+    ``latest`` (its last stable offset: what the group had not read is
+    skipped) or ``deleted`` (the group and its offsets are deleted, as offset
+    retention deletes an empty group's: the stage starts where a new reader
+    does).
+    """
+
+    component: Component
+    to: Literal["earliest", "latest", "deleted"]
+
+
+class TopicConfigStep(_Strict):
+    """A topic's configuration is changed (format v3), e.g. a retention on an audited topic.
+
+    ``topic`` is a ledger topic's short name; ``config`` maps Kafka topic
+    configs to their new values (strings, numbers or booleans; set on the
+    topic itself). What the stages make of it at their next start is part of
+    the scenario.
+    """
+
+    topic: str
+    config: dict[str, str | int | bool] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _known_topic(self) -> TopicConfigStep:
+        names = [t.name for t in TOPICS]
+        if self.topic not in names:
+            raise ValueError(
+                f"topic {self.topic!r} is not a ledger topic; short names are: {', '.join(names)}"
+            )
+        return self
+
+
+class Skew(_Strict):
+    """From now on the component reads the ledger clock shifted by ``seconds`` (format v3).
+
+    Positive: its clock runs ahead; negative: behind. A later ``skew`` of the
+    component replaces this one (``0`` ends it).
+    """
+
+    component: Component
+    seconds: int | float = Field(ge=-MAX_ADVANCE_S, le=MAX_ADVANCE_S)
+
+
 class ClaimStep(_Strict):
     """A resumer asks for ownership."""
 
@@ -281,6 +346,10 @@ STEP_TYPES: dict[str, type[BaseModel]] = {
     "scale": Scale,
     "advance": Advance,
     "upgrade": Upgrade,
+    "wait": Wait,
+    "offsets_reset": OffsetsReset,
+    "topic_config": TopicConfigStep,
+    "skew": Skew,
     "claim": ClaimStep,
     "race": Race,
     "stale_dispatch": StaleDispatch,
@@ -290,6 +359,11 @@ STEP_TYPES: dict[str, type[BaseModel]] = {
     "compact": Empty,
     "audit": Empty,
 }
+
+
+#: Steps a file may use only when it says ``"format": 3`` (``pause`` at a seam
+#: is older in this runner, so a format 2 file keeps it).
+FORMAT_3_STEPS = frozenset({"wait", "offsets_reset", "topic_config", "skew"})
 
 
 class Step(BaseModel):
@@ -505,6 +579,13 @@ class Scenario(BaseModel):
                 raise ValueError(
                     f"steps[{n}].{step.kind}: sink {sink!r} is not declared under 'sinks'"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _format_3_steps(self) -> Scenario:
+        for n, step in enumerate(self.steps):
+            if step.kind in FORMAT_3_STEPS and self.format < 3:
+                raise ValueError(f'steps[{n}]: step {step.kind!r} needs "format": 3')
         return self
 
     @model_validator(mode="after")

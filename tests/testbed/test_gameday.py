@@ -35,12 +35,26 @@ FILES = sorted(PUBLIC.glob("*.json")) + sorted([*OWN.glob("*.json"), *OWN.glob("
 #: fail until the issue named lands (then the mark goes, or pytest shows XPASS).
 AWAITING: dict[str, str] = {}
 
+#: The project's own scenarios that expect what the ledger should do and does
+#: not yet: each still runs, its report says what differs (by file stem).
+OWN_AWAITING: dict[str, str] = {
+    "g43-kernel-clock-runs-ahead": (
+        "on the manual ledger clock the kernel takes a two-hour jump ahead for the time "
+        "(readings may be ten years ahead of the last) and, once the clock is put right, "
+        "refuses the right reading as 7200 s behind (time never goes back, and there is no "
+        "witness to confirm it): current approvals are refused as expired until the wrong "
+        "time has passed"
+    ),
+}
+
 
 def _marks(path: Path) -> list[pytest.MarkDecorator]:
     """A scenario's marks: ``serial`` when it restarts the session's broker."""
     marks = []
     if path.parent == PUBLIC and path.stem in AWAITING:
         marks.append(pytest.mark.xfail(reason=AWAITING[path.stem], strict=False))
+    if path.parent == OWN and path.stem in OWN_AWAITING:
+        marks.append(pytest.mark.xfail(reason=OWN_AWAITING[path.stem], strict=False))
     try:
         restarts = any(s.kind == "broker_restart" for s in load(path).steps)
     except ScenarioError:
@@ -221,7 +235,8 @@ def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
     assert report["passed"], json.dumps(report["failures"], indent=2) + "\n" + "\n".join(lines)
     # The report always carries every total and the audit result.
     assert set(report["totals"]) >= {"duplicate_effects", "unknown_outcomes_open"}
-    if any(s.kind == "audit" for s in scenario.steps):
+    audit_expected = scenario.expect.audit.violations if scenario.expect.audit else None
+    if any(s.kind == "audit" for s in scenario.steps) and audit_expected is None:
         assert report["audit"]["violations"] == 0
     if path.stem in EVIDENCE:
         EVIDENCE[path.stem](game, report)
@@ -535,3 +550,72 @@ def test_recovery_receipt_expectation_refuses_unknown_fields() -> None:
                 "expect": {"operations": {"a": {"recovery_receipt": {"colour": "red"}}}},
             }
         )
+
+
+def test_format_3_steps_parse() -> None:
+    scenario = parse(
+        {
+            "name": "v3-steps",
+            "format": 3,
+            "steps": [
+                {"wait": {"seconds": 25}},
+                {"offsets_reset": {"component": "relay", "to": "deleted"}},
+                {"topic_config": {"topic": "journal", "config": {"retention.ms": 3600000}}},
+                {"skew": {"component": "authority", "seconds": -90.5}},
+            ],
+        }
+    )
+    assert [(s.kind, s.args.model_dump()) for s in scenario.steps] == [
+        ("wait", {"seconds": 25}),
+        ("offsets_reset", {"component": "relay", "to": "deleted"}),
+        ("topic_config", {"topic": "journal", "config": {"retention.ms": 3600000}}),
+        ("skew", {"component": "authority", "seconds": -90.5}),
+    ]
+
+
+@pytest.mark.parametrize(
+    "step, message",
+    [
+        ({"wait": {"seconds": -1}}, "steps[0].wait: seconds"),
+        ({"wait": {"seconds": 3600}}, "steps[0].wait: seconds"),
+        ({"offsets_reset": {"component": "relay", "to": "middle"}}, "steps[0].offsets_reset: to"),
+        ({"offsets_reset": {"component": "sink", "to": "latest"}}, "offsets_reset: component"),
+        ({"offsets_reset": {"component": "relay"}}, "missing key 'to'"),
+        ({"topic_config": {"topic": "ledger.journal", "config": {"a": 1}}}, "not a ledger topic"),
+        ({"topic_config": {"topic": "journal", "config": {}}}, "topic_config: config"),
+        ({"topic_config": {"topic": "journal", "config": {"a": [1]}}}, "topic_config: config"),
+        ({"skew": {"component": "relay"}}, "missing key 'seconds'"),
+        ({"skew": {"component": "relay", "seconds": 1, "by": "x"}}, "unknown key 'by'"),
+    ],
+)
+def test_malformed_format_3_steps_name_the_bad_key(step: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse({"name": "bad", "format": 3, "steps": [step]})
+
+
+@pytest.mark.parametrize("kind", ["wait", "offsets_reset", "topic_config", "skew"])
+def test_format_3_steps_need_format_3(kind: str) -> None:
+    args = {
+        "wait": {"seconds": 1},
+        "offsets_reset": {"component": "relay", "to": "latest"},
+        "topic_config": {"topic": "journal", "config": {"retention.ms": 1}},
+        "skew": {"component": "relay", "seconds": 1},
+    }[kind]
+    with pytest.raises(ScenarioError, match=f"step '{kind}' needs \"format\": 3"):
+        parse({"name": "old", "format": 2, "steps": [{kind: args}]})
+
+
+def test_topic_layout_problems_count_as_audit_violations() -> None:
+    """A scenario can expect the audit to name an unsafe topic layout (g42): the default
+    check of a clean audit steps aside when the scenario names the violations it expects."""
+    scenario = load(OWN / "g42-retention-on-audited-topic.yaml")
+    assert scenario.expect.audit is not None
+    observed = {
+        "operations": {},
+        "claims": [],
+        "totals": {},
+        "audit": {"violations": 0, "unauthenticated_records": 0},
+    }
+    assert [f["path"] for f in check(scenario, observed) if f["path"].startswith("audit")] == [
+        "audit.violations"
+    ]

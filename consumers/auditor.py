@@ -124,7 +124,9 @@ def scan_topic(
             except Exception as exc:  # reported with its position, never fatal
                 scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
                 return
-        problem = keyring.check(topic, key, value, msg.headers(), event, msg.partition())
+        problem = keyring.check(
+            topic, key, value, msg.headers(), event, msg.partition(), msg.timestamp()
+        )
         if problem is not None:
             scan.unauthenticated[where] = problem
             if unverifiable(problem):

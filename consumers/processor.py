@@ -477,7 +477,13 @@ class Processor(Stage):
                 return
             where = f"journal:{msg.partition()}:{msg.offset()}"
             problem = self.keyring.check(
-                "journal", msg.key() or b"", msg.value(), msg.headers(), None, msg.partition()
+                "journal",
+                msg.key() or b"",
+                msg.value(),
+                msg.headers(),
+                None,
+                msg.partition(),
+                msg.timestamp(),
             )
             if self.keyring.refuses(problem, self.settings.require_authenticated_records):
                 log.error("processor: %s entry for %s not replayed: %s", where, key, problem)

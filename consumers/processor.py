@@ -340,7 +340,7 @@ class Processor(Stage):
             key = key_text(msg)
             if is_reserved_key(key):
                 return
-            # Authentic, but not a state: only a holder of the deployment key
+            # Authentic, but not a state: only a holder of the processor's key
             # writes it. It is reported and treated like a refused record.
             what = (
                 "a tombstone"

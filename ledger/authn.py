@@ -310,7 +310,7 @@ class Seal:
 
 @dataclass(frozen=True)
 class MacKey:
-    """The stages' shared deployment key (HMAC-SHA256).
+    """The stages' shared deployment key of earlier releases (HMAC-SHA256; a verifier now).
 
     Attributes:
         secret: 32 random bytes.

@@ -140,9 +140,9 @@ TOPICS: tuple[TopicSpec, ...] = (
         "claims",
         "operation ID",
         "compact",
-        writers="resumers",
-        roles=("resumers",),
-        auth=("resumer",),
+        writers="resumers (ledger claim) and the processor (claiming what it restored)",
+        roles=("resumers", "processor"),
+        auth=("resumer", "processor"),
     ),
     TopicSpec(
         "dispositions",

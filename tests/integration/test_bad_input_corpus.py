@@ -703,6 +703,7 @@ FILE_CASES = [
         ("trusted-keys", "trusted_keys.json", ("keys", "show")),
         ("clock", "clock", ("clock", "show")),
         ("deployment-key", "keys/deployment.key", ("keys", "show")),
+        ("stage-keys", "keys/stage-keys.json", ("keys", "show")),
         ("authority-key", "keys/authority.key", ("keys", "init")),
         ("authority-pub", "keys/authority.pub", ("keys", "show")),
         ("reviewer-key", "reviewers/rev-files.key", _APPROVE),

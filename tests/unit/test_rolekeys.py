@@ -182,3 +182,22 @@ def test_keys_rotate_command_says_what_to_copy(
     refused = CliRunner().invoke(main, ["keys", "rotate", "authority"])
     assert refused.exit_code != 0 and "processor" in refused.output
     assert set(STAGE_KEY_ROLES) <= {row["role"] for row in rows.values()}
+
+
+def test_sealed_topics_keep_broker_time_and_a_topic_that_does_not_is_refused() -> None:
+    """A retired key's not-after is told by the broker's append time, which no writer sets."""
+    from confluent_kafka.admin import ConfigEntry
+
+    from ledger import topics
+    from ledger.topology import TOPIC_BY_NAME
+
+    for spec in TOPICS:
+        stamped = topics.topic_config(spec).get("message.timestamp.type") == "LogAppendTime"
+        assert stamped == bool(spec.auth), spec.name
+    state = TOPIC_BY_NAME["state"]
+    entries = {k: ConfigEntry(k, v) for k, v in topics.topic_config(state).items()}
+    assert topics._config_problems("x.state", state, entries) == []
+    entries["message.timestamp.type"] = ConfigEntry("message.timestamp.type", "CreateTime")
+    (problem,) = topics._config_problems("x.state", state, entries)
+    assert problem.config == "message.timestamp.type" and problem.expected == "LogAppendTime"
+    assert "set message.timestamp.type=LogAppendTime" in problem.message

@@ -327,6 +327,12 @@ def role_key(settings: LedgerSettings, role: str) -> SigningKey:
 def add_role_keys(ring: Keyring, settings: LedgerSettings, *, missing_ok: bool) -> None:
     """Trust every stage role's public keys, and the legacy key as a bounded verifier.
 
+    The legacy ``deployment.key`` verifies records appended by its not-after
+    time in the trust file; one the trust file does not name retires when the
+    first role key was made. Without any trust file (an earlier release's
+    folder, read by a command that only looks) it verifies as it did then,
+    unbounded: the cut-over is ``ledger keys init``.
+
     Args:
         ring: the keyring to add to.
         settings: the keys folder and the ledger.

@@ -33,14 +33,15 @@ Retired keys. A key (a rotated role key, or the legacy deployment key) has a
 *not-after* time, ``not_after_ms`` in ledger time (Unix milliseconds); a
 record it seals is believed only if it was appended at or before that time.
 "When" is the record's Kafka timestamp, and only where the broker set it:
-every sealed topic is created with ``message.timestamp.type=LogAppendTime``
-(:func:`ledger.topics.topic_config`), so a holder of a retired key cannot
-backdate a forgery (a producer's own ``CreateTime`` is overwritten by the
-broker at append). A record whose timestamp is ``CreateTime`` was appended
-before its topic was switched to broker time, which is the cut-over of the
-release that brought per-role keys and so earlier than any retirement; it is
-believed. A record with no timestamp (a reader that does not pass one) is not
-believed under a retired key: a reader that cannot tell when fails closed.
+every topic a stage role seals is created with
+``message.timestamp.type=LogAppendTime`` (:func:`ledger.topics.topic_config`),
+so a holder of a retired key cannot backdate a forgery (a producer's own
+``CreateTime`` is overwritten by the broker at append). A record whose
+timestamp is ``CreateTime`` was appended before its topic was switched to
+broker time, which is the cut-over of the release that brought per-role keys
+and so earlier than any retirement; it is believed. A record with no
+timestamp (a reader that does not pass one) is not believed under a retired
+key: a reader that cannot tell when fails closed.
 
 Which roles may write a topic is part of the topic layout
 (:attr:`ledger.topology.TopicSpec.auth`). A review grant is the exception:

@@ -53,6 +53,7 @@ from confluent_kafka.admin._config import (
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
+from ledger.authn import legacy_accepted
 from ledger.errors import BrokerError, BrokerUnavailableError, SettingsError, TopicConfigError
 from ledger.kafka import admin_config, bootstrap_servers, consumer_config, producer_config
 from ledger.settings import LedgerSettings
@@ -90,6 +91,17 @@ TIMESTAMP_TYPE = "message.timestamp.type"
 LOG_APPEND_TIME = "LogAppendTime"
 
 
+def broker_timed(spec: TopicSpec) -> bool:
+    """Whether the broker stamps the topic's records (``LogAppendTime``).
+
+    Topics a stage role seals do: their keys rotate, and the legacy shared
+    key sealed them, so a reader must tell whether a record was appended by
+    a key's not-after time (:mod:`ledger.rolekeys`). Other topics keep the
+    producer's time (``outcomes``: a service seeks by the time it published).
+    """
+    return legacy_accepted(spec.auth)
+
+
 def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dict[str, str]:
     """The topic-level configs :func:`create_topics` sets for one spec.
 
@@ -102,8 +114,9 @@ def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dic
         ``cleanup.policy`` plus, for compacted topics, ``min.compaction.lag.ms=0``
         and ``segment.ms`` (:data:`COMPACTED_SEGMENT_MS`); for delete topics
         ``retention.ms`` (``-1`` = forever) and ``retention.bytes=-1``; always
-        ``unclean.leader.election.enable=false``; for sealed topics
-        ``message.timestamp.type=LogAppendTime`` (the broker stamps each
+        ``unclean.leader.election.enable=false``; for topics stage roles
+        seal (:func:`broker_timed`) ``message.timestamp.type=LogAppendTime``
+        (the broker stamps each
         record at append, which tells whether a retired key sealed it before
         its not-after time: :mod:`ledger.rolekeys`); and
         ``min.insync.replicas`` when ``replication`` is given. Values are
@@ -117,7 +130,7 @@ def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dic
         config["retention.ms"] = str(spec.retention_ms)
         config["retention.bytes"] = "-1"
     config["unclean.leader.election.enable"] = "false"
-    if spec.auth:
+    if broker_timed(spec):
         config[TIMESTAMP_TYPE] = LOG_APPEND_TIME
     if replication is not None:
         config["min.insync.replicas"] = str(replication.min_insync_replicas)
@@ -1132,7 +1145,7 @@ def _config_problems(
                         f"set {key}=-1",
                     )
                 )
-    if spec.auth and value(TIMESTAMP_TYPE) not in (None, LOG_APPEND_TIME):
+    if broker_timed(spec) and value(TIMESTAMP_TYPE) not in (None, LOG_APPEND_TIME):
         problems.append(
             TopicProblem(
                 name,

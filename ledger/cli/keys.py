@@ -23,6 +23,13 @@ from ledger.cli.common import EXIT_ERROR, current_settings, fail
 PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def _when(ms: int) -> str:
+    """A not-after time as people read it: UTC, then the ledger's milliseconds."""
+    from datetime import UTC, datetime
+
+    return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC ({ms} ms)"
+
+
 def person_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
     """Click callback: a reviewer or operator name is file-safe (no path traversal)."""
     if not PERSON_NAME.fullmatch(value):
@@ -235,7 +242,8 @@ def keys_show(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        until = f"  not after {row['not_after_ms']} ms" if row["not_after_ms"] is not None else ""
+        ms = row["not_after_ms"]
+        until = f"  not after {_when(ms)}" if isinstance(ms, int) else ""
         click.echo(f"{row['role']:<14} {row['kind']:<12} {row['key_id']}{until}")
 
 
@@ -270,7 +278,7 @@ def keys_rotate(role: str, overlap_s: int) -> None:
     key_file, trust_file = done.files
     click.echo(
         f"{role}: new key {done.new_key_id} in {key_file}; {done.old_key_id} verifies records "
-        f"appended until {done.not_after_ms} ms (in {overlap_s} s)"
+        f"appended until {_when(done.not_after_ms)}, in {overlap_s} s"
     )
     click.echo(
         f"copy {key_file} to the {role}'s hosts and {trust_file} to every host, then restart "

@@ -20,7 +20,7 @@
     each synthesized operation gets copies of one template's records with the
     template's operation ID replaced by its own (same length, so the Avro
     encoding stays valid) and sealed again with the rig's own keys (the
-    deployment key, or the authority kernel's key for its topics), so every
+    key of each topic's writer role), so every
     restore accepts them as it accepts the stages' own records. Its approval
     (``approvals``, which the authority kernel restores too) is a grant
     signed by the rig's reviewer key and published by the ledger's own
@@ -62,11 +62,12 @@ from bench.replay import verified_state
 from consumers.processor import Processor
 from consumers.stage import Record, read_partition
 from consumers.stages import STAGES
-from ledger.authn import AUTH_HEADER
+from ledger.authn import AUTH_HEADER, Sealer
 from ledger.credentials import stage_sealer
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.topics import force_compaction
+from ledger.topology import TOPIC_BY_NAME
 
 #: Topics a stage restores per operation at start, with the stage that reads them.
 RESTORED = {"state": "processor", "receipts": "relay", "approval-uses": "authority"}
@@ -201,7 +202,15 @@ def settle(rig: Rig, settled: int, *, compact: bool = True) -> dict[str, Any]:
     numbers = list(range(rig.next_op - TEMPLATES, rig.next_op))
     templates = _templates(rig.settings, numbers)
     new_numbers = rig.allocate(settled)
-    sealer = stage_sealer(rig.settings, "authority")  # authority key for its topics, else MAC
+    # Each topic's records are sealed with the key of the role that writes it.
+    sealers = {
+        role: stage_sealer(rig.settings, role) for role in ("authority", "processor", "relay")
+    }
+
+    def sealer(topic: str) -> Sealer:
+        writer = TOPIC_BY_NAME[topic].auth[0]
+        return sealers["processor" if writer == "outcome" else writer](topic)
+
     now_ms = int(time.time() * 1000)
     for k, j in enumerate(new_numbers):  # approvals: signed grants, as the driver publishes
         grant = rig.key.sign(

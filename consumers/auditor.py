@@ -140,7 +140,9 @@ def scan_topic(
                 return
         if every is not None:
             every(msg, event)
-        problem = keyring.check(topic, key, value, msg.headers(), event, msg.partition())
+        problem = keyring.check(
+            topic, key, value, msg.headers(), event, msg.partition(), msg.timestamp()
+        )
         if problem is not None:
             scan.unauthenticated[where] = problem
             if unverifiable(problem):

@@ -182,7 +182,9 @@ def _read_keys(
         except Exception as exc:  # listed as such, never fatal
             problem = f"does not decode: {type(exc).__name__}: {exc}"
         if problem is None:
-            refused = keyring.check(topic, raw_key, value, msg.headers(), event, msg.partition())
+            refused = keyring.check(
+                topic, raw_key, value, msg.headers(), event, msg.partition(), msg.timestamp()
+            )
             if refused is not None:
                 problem = f"not authentic: {refused}"
         found.append(

@@ -372,7 +372,7 @@ class Processor(Stage):
             key = key_text(msg)
             if is_reserved_key(key):
                 return
-            # Authentic, but not a state: only a holder of the deployment key
+            # Authentic, but not a state: only a holder of the processor's key
             # writes it. It is reported and treated like a refused record.
             what = (
                 "a tombstone"
@@ -510,7 +510,13 @@ class Processor(Stage):
                 return
             where = f"journal:{msg.partition()}:{msg.offset()}"
             problem = self.keyring.check(
-                "journal", msg.key() or b"", msg.value(), msg.headers(), None, msg.partition()
+                "journal",
+                msg.key() or b"",
+                msg.value(),
+                msg.headers(),
+                None,
+                msg.partition(),
+                msg.timestamp(),
             )
             if self.keyring.refuses(problem, self.settings.require_authenticated_records):
                 log.error("processor: %s entry for %s not replayed: %s", where, key, problem)

@@ -32,7 +32,7 @@ from consumers.retry import KafkaRetry, policy_for
 from consumers.sinkpool import PassGuard
 from consumers.stage import Record, key_text, read_partition
 from ledger.clock import clock_for
-from ledger.credentials import load_keyring
+from ledger.credentials import Credentials, load_keyring
 from ledger.errors import LocalFileError, SinkConfigError
 from ledger.events import EffectReceipt, OperationState, Readback
 from ledger.fold import current_dispatch_id
@@ -156,7 +156,11 @@ def reconcile_once(
     retry = KafkaRetry("reconciler", policy_for(settings, indefinitely=False))
     retry.call(lambda: check_topics(settings), "topic check")
     results: list[dict[str, Any]] = []
-    publisher = LedgerPublisher(settings, client_id="reconciler")
+    # The reconciler signs its readbacks with its own role key; a host without
+    # it stops here (MissingKeyError names the key and the remedy), not mid-run.
+    credentials = Credentials(settings, role="reconciler")
+    credentials.sealer_for("readbacks", None)
+    publisher = LedgerPublisher(settings, client_id="reconciler", credentials=credentials)
     guarded: dict[str, PassGuard] = {}
     try:
         items = open_items(settings, retry)

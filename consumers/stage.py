@@ -842,7 +842,9 @@ class Stage:
             if raw is None:
                 # A tombstone is never a stage's input; one that no trusted
                 # writer sealed is a forgery first (README "Trust model").
-                problem = self.keyring.check(topic, msg.key() or b"", None, msg.headers())
+                problem = self.keyring.check(
+                    topic, msg.key() or b"", None, msg.headers(), timestamp=msg.timestamp()
+                )
                 if problem is not None and self.unauthenticated(msg, topic, problem):
                     return dead_letter(
                         self.component,
@@ -852,7 +854,9 @@ class Stage:
                         kind=seal_refusal_kind(problem),
                     )
             event = decode_event(raw)
-            problem = self.keyring.check(topic, msg.key() or b"", raw, msg.headers(), event)
+            problem = self.keyring.check(
+                topic, msg.key() or b"", raw, msg.headers(), event, timestamp=msg.timestamp()
+            )
             if problem is not None and self.unauthenticated(msg, topic, problem):
                 return dead_letter(
                     self.component,
@@ -2061,6 +2065,7 @@ def read_partition(
                         msg.headers(),
                         rec.event if rec else None,
                         msg.partition(),
+                        msg.timestamp(),
                     )
                     if problem is not None and keyring.refuses(
                         problem, settings.require_authenticated_records

@@ -316,6 +316,7 @@ class TableFollower:
             msg.headers(),
             rec.event if rec else None,
             msg.partition(),
+            msg.timestamp(),
         )
         if problem is None or not self.keyring.refuses(
             problem, self.settings.require_authenticated_records

@@ -12,17 +12,36 @@ record key and the value (or the absence of one: a tombstone is sealed too),
 each length-prefixed, so a seal cannot be moved to another ledger, topic,
 key or value. Two schemes:
 
-* ``hmac-sha256`` (RFC 2104 HMAC with SHA-256): the stages' deployment key, a
-  secret every stage loads from a file. It authenticates the records stages
-  write for each other (dispatches, receipts, readbacks, claims, states,
-  journal entries, recovery receipts, operating events ...).
 * ``ed25519`` (RFC 8032, via ``cryptography``): a signature by a key whose
-  public half is trusted under a *role*: ``reviewer`` (review grants and
-  revocations), ``operator`` (policy changes, dispositions, revocations) or
-  ``authority`` (admission decisions and approval uses, signed by the
-  authority kernel's own key, which no other stage holds) or ``outcome``
-  (the outcomes the processor publishes for services, which hold only its
-  public half).
+  public half is trusted under a *role*. Each stage role signs with its own
+  key: ``processor`` (dispatches, states, journal entries, recovery
+  receipts ...), ``relay`` (receipts, readbacks), ``reconciler``
+  (readbacks), ``resumer`` (claims, ``ledger claim``), ``authority``
+  (admission decisions and approval uses, by the authority kernel) and
+  ``outcome`` (the outcomes the processor publishes for services); people
+  sign as ``reviewer`` (review grants and revocations) or ``operator``
+  (policy changes, dispositions, revocations). Signatures, not a shared
+  MAC: a reader of a role's records holds only its public half, so a
+  compromised relay host can verify the processor's records but not forge
+  them (issue 29, per-role keys).
+* ``hmac-sha256`` (RFC 2104 HMAC with SHA-256): the *legacy* deployment key
+  that every stage shared in earlier releases (role ``stage``). It is kept
+  as a verifier only, for records written before the cut-over; see
+  "Retired keys" below.
+
+Retired keys. A key (a rotated role key, or the legacy deployment key) has a
+*not-after* time, ``not_after_ms`` in ledger time (Unix milliseconds); a
+record it seals is believed only if it was appended at or before that time.
+"When" is the record's Kafka timestamp, and only where the broker set it:
+every topic a stage role seals is created with
+``message.timestamp.type=LogAppendTime`` (:func:`ledger.topics.topic_config`),
+so a holder of a retired key cannot backdate a forgery (a producer's own
+``CreateTime`` is overwritten by the broker at append). A record whose
+timestamp is ``CreateTime`` was appended before its topic was switched to
+broker time, which is the cut-over of the release that brought per-role keys
+and so earlier than any retirement; it is believed. A record with no
+timestamp (a reader that does not pass one) is not believed under a retired
+key: a reader that cannot tell when fails closed.
 
 Which roles may write a topic is part of the topic layout
 (:attr:`ledger.topology.TopicSpec.auth`). A review grant is the exception:
@@ -74,6 +93,7 @@ Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | 
 AUTH_HEADER = "ledger-auth"
 
 #: Roles a key can be trusted under.
+#: The legacy deployment MAC every stage shared before per-role keys (verifier only).
 ROLE_STAGE = "stage"
 ROLE_AUTHORITY = "authority"
 ROLE_OPERATOR = "operator"
@@ -81,7 +101,28 @@ ROLE_REVIEWER = "reviewer"
 #: The processor's outcome key: it signs ``outcomes`` records, which services
 #: verify with its public half (they hold no secret).
 ROLE_OUTCOME = "outcome"
-ROLES = (ROLE_STAGE, ROLE_AUTHORITY, ROLE_OPERATOR, ROLE_REVIEWER, ROLE_OUTCOME)
+#: The stage roles that sign with a key of their own (``{role}.key``, :mod:`ledger.rolekeys`).
+ROLE_PROCESSOR = "processor"
+ROLE_RELAY = "relay"
+ROLE_RECONCILER = "reconciler"
+ROLE_RESUMER = "resumer"
+STAGE_KEY_ROLES = (ROLE_PROCESSOR, ROLE_RELAY, ROLE_RECONCILER, ROLE_RESUMER)
+ROLES = (
+    ROLE_STAGE,
+    ROLE_AUTHORITY,
+    ROLE_OPERATOR,
+    ROLE_REVIEWER,
+    ROLE_OUTCOME,
+    *STAGE_KEY_ROLES,
+)
+
+#: Kafka timestamp types, as a consumed record's ``timestamp()`` gives them
+#: (librdkafka's values; this module imports no Kafka client).
+TIMESTAMP_CREATE_TIME = 1
+TIMESTAMP_LOG_APPEND_TIME = 2
+
+#: A record's ``(timestamp type, milliseconds)`` as consumed.
+Timestamp = tuple[int, int] | None
 
 SCHEME_MAC = "hmac-sha256"
 SCHEME_ED25519 = "ed25519"
@@ -138,6 +179,50 @@ def outcome_key_id(public_raw: bytes) -> str:
         ``outcome-`` followed by 12 hex digits.
     """
     return f"{OUTCOME_KEY_PREFIX}-{hashlib.sha256(public_raw).hexdigest()[:12]}"
+
+
+def role_key_id(role: str, public_raw: bytes) -> str:
+    """The key ID of a stage role's key: the role and the public key's fingerprint.
+
+    Args:
+        role: one of :data:`STAGE_KEY_ROLES`.
+        public_raw: the 32 raw bytes of the Ed25519 public key.
+
+    Returns:
+        ``{role}-`` followed by 12 hex digits of the public key's SHA-256.
+    """
+    return f"{role}-{hashlib.sha256(public_raw).hexdigest()[:12]}"
+
+
+def appended_by(not_after_ms: int | None, timestamp: Timestamp) -> str | None:
+    """Why a record sealed by a key retired at ``not_after_ms`` is not believed, or ``None``.
+
+    Args:
+        not_after_ms: the key's not-after time (ledger time, Unix ms);
+            ``None`` for a key in service.
+        timestamp: the record's ``(type, ms)`` as consumed, or ``None``.
+
+    Returns:
+        ``None`` when the key is in service, the timestamp is ``CreateTime``
+        (appended before the topic kept broker time: before any retirement,
+        module docstring), or the broker appended it at or before
+        ``not_after_ms``; else the reason.
+    """
+    if not_after_ms is None:
+        return None
+    if timestamp is None or timestamp[0] not in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME):
+        return f"{RETIRED_KEY}: its not-after is {not_after_ms} ms and the record has no timestamp"
+    kind, at_ms = timestamp
+    if kind == TIMESTAMP_CREATE_TIME or at_ms <= not_after_ms:
+        return None
+    return (
+        f"{RETIRED_KEY}: appended at {at_ms} ms (broker time), after the key's "
+        f"not-after {not_after_ms} ms"
+    )
+
+
+#: How the reason for a record sealed by a key after its not-after time begins.
+RETIRED_KEY = "sealed by a retired key"
 
 
 def unverifiable(problem: str | None) -> bool:
@@ -226,7 +311,7 @@ class Seal:
 
 @dataclass(frozen=True)
 class MacKey:
-    """The stages' shared deployment key (HMAC-SHA256).
+    """The stages' shared deployment key of earlier releases (HMAC-SHA256; a verifier now).
 
     Attributes:
         secret: 32 random bytes.
@@ -285,10 +370,19 @@ Sealer = MacKey | SigningKey
 
 @dataclass(frozen=True)
 class TrustedKey:
-    """A public key and the role it is trusted under."""
+    """A public key, the role it is trusted under, and when it retires.
+
+    Attributes:
+        role: the role (:data:`ROLES`).
+        public: the Ed25519 public key.
+        not_after_ms: ledger time (Unix ms) after which records it seals are
+            not believed (a rotated key, :mod:`ledger.rolekeys`); ``None``
+            while it is in service.
+    """
 
     role: str
     public: Ed25519PublicKey
+    not_after_ms: int | None = None
 
 
 def claimed_writer(event: Event | None) -> tuple[str, tuple[str, ...]] | None:
@@ -326,8 +420,11 @@ class Keyring:
     """The keys a reader checks seals against.
 
     Attributes:
-        macs: deployment keys by key ID (several while a key is rotated).
-        trusted: public keys by key ID, each with its role.
+        macs: legacy deployment keys by key ID (verifiers of records sealed
+            before the cut-over to per-role keys).
+        mac_not_after: the not-after time (Unix ms) of each legacy key that
+            has one (:func:`appended_by`).
+        trusted: public keys by key ID, each with its role and not-after time.
         reload: called to read the key files again when a seal names an
             unknown key, so a reviewer or operator added while a stage runs
             is trusted without a restart; returns the fresh keyring, or
@@ -342,19 +439,26 @@ class Keyring:
     """
 
     macs: dict[str, bytes] = field(default_factory=dict)
+    mac_not_after: dict[str, int] = field(default_factory=dict)
     trusted: dict[str, TrustedKey] = field(default_factory=dict)
     reload: Callable[[], Keyring | None] | None = None
     unsigned_grants_ok: bool = False
     partitions: int = 0
     ledger_id: str = DEFAULT_LEDGER_ID
 
-    def add_mac(self, key: MacKey) -> None:
-        """Accept seals made with ``key``."""
+    def add_mac(self, key: MacKey, not_after_ms: int | None = None) -> None:
+        """Accept seals of the legacy key ``key`` (appended by ``not_after_ms``, if given)."""
         self.macs[key.key_id] = key.secret
+        if not_after_ms is None:
+            self.mac_not_after.pop(key.key_id, None)
+        else:
+            self.mac_not_after[key.key_id] = not_after_ms
 
-    def add_public(self, key_id: str, role: str, public: Ed25519PublicKey) -> None:
-        """Trust ``public`` under ``role`` as ``key_id``."""
-        self.trusted[key_id] = TrustedKey(role, public)
+    def add_public(
+        self, key_id: str, role: str, public: Ed25519PublicKey, not_after_ms: int | None = None
+    ) -> None:
+        """Trust ``public`` under ``role`` as ``key_id`` (until ``not_after_ms``, if given)."""
+        self.trusted[key_id] = TrustedKey(role, public, not_after_ms)
 
     def _refresh(self) -> bool:
         if self.reload is None:
@@ -362,7 +466,7 @@ class Keyring:
         fresh = self.reload()
         if fresh is None:
             return False
-        self.macs, self.trusted = fresh.macs, fresh.trusted
+        self.macs, self.mac_not_after, self.trusted = fresh.macs, fresh.mac_not_after, fresh.trusted
         return True
 
     def check(
@@ -373,6 +477,7 @@ class Keyring:
         headers: Headers,
         event: Event | None = None,
         partition: int | None = None,
+        timestamp: Timestamp = None,
     ) -> str | None:
         """Why a record is not authentic, or ``None`` when it is.
 
@@ -389,12 +494,16 @@ class Keyring:
                 :attr:`partitions` set, a record found on a partition its key
                 does not name is refused whatever its seal (the seal does not
                 cover the partition), on every topic, ``intents`` included.
+            timestamp: the record's ``(type, ms)`` as consumed
+                (``msg.timestamp()``): a record sealed by a retired key is
+                believed only if the broker appended it by the key's
+                not-after time (:func:`appended_by`).
 
         Returns:
             ``None`` or a reason such as ``no ledger-auth header``,
-            ``sealed by unknown key K``, ``key K is trusted as operator, and
-            dispatches are written by stage`` or ``the seal does not match
-            the record``.
+            ``sealed by unknown key K``, ``key K is trusted as relay; this
+            topic is written by processor``, ``sealed by a retired key: ...``
+            or ``the seal does not match the record``.
         """
         if self.partitions and partition is not None:
             where = misplaced(topic, key, partition, self.partitions)
@@ -414,9 +523,9 @@ class Keyring:
         except (ValueError, UnicodeDecodeError) as exc:
             return f"malformed {AUTH_HEADER} header ({exc})"
         message = sealed_message(topic, key, value, self.ledger_id)
-        problem = self._verify(seal, message, accept)
+        problem = self._verify(seal, message, accept, timestamp)
         if unverifiable(problem) and self._refresh():
-            problem = self._verify(seal, message, accept)
+            problem = self._verify(seal, message, accept, timestamp)
         if problem is not None:
             return problem
         named = claimed_writer(event)
@@ -463,17 +572,23 @@ class Keyring:
                 return problem
         return problem
 
-    def _verify(self, seal: Seal, message: bytes, accept: tuple[str, ...]) -> str | None:
+    def _verify(
+        self, seal: Seal, message: bytes, accept: tuple[str, ...], timestamp: Timestamp
+    ) -> str | None:
         if seal.scheme == SCHEME_MAC:
             secret = self.macs.get(seal.key_id)
             if secret is None:
                 return f"{UNKNOWN_KEY} {seal.key_id}"
-            if ROLE_STAGE not in accept:
-                return f"sealed by a stage key; this topic is written by {', '.join(accept)}"
+            if not legacy_accepted(accept):
+                return (
+                    "sealed by a stage key (the legacy deployment key); this topic is "
+                    "written by "
+                    f"{', '.join(accept)}"
+                )
             expected = hmac.digest(secret, message, "sha256")
             if not hmac.compare_digest(expected, seal.tag):
                 return "the seal does not match the record (forged or altered)"
-            return None
+            return appended_by(self.mac_not_after.get(seal.key_id), timestamp)
         trusted = self.trusted.get(seal.key_id)
         if trusted is None:
             return f"{UNKNOWN_KEY} {seal.key_id}"
@@ -486,7 +601,7 @@ class Keyring:
             trusted.public.verify(seal.tag, message)
         except InvalidSignature:
             return "the seal does not match the record (forged or altered)"
-        return None
+        return appended_by(trusted.not_after_ms, timestamp)
 
     def writer(self, headers: Headers) -> tuple[str, str] | None:
         """``(key ID, role)`` a record's seal names, without checking it (for reports)."""
@@ -499,6 +614,19 @@ class Keyring:
             return (seal.key_id, ROLE_STAGE)
         trusted = self.trusted.get(seal.key_id)
         return (seal.key_id, trusted.role if trusted else "unknown")
+
+
+def legacy_accepted(accept: tuple[str, ...]) -> bool:
+    """Whether the legacy deployment key sealed this topic's records in earlier releases.
+
+    Args:
+        accept: the topic's writer key roles (:attr:`ledger.topology.TopicSpec.auth`).
+
+    Returns:
+        True for topics a stage role writes (every stage shared the key
+        then), and for topics that still name the legacy role.
+    """
+    return ROLE_STAGE in accept or any(role in STAGE_KEY_ROLES for role in accept)
 
 
 def seal_headers(

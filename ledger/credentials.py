@@ -3,8 +3,13 @@
 Files (all under ``LEDGER_KEYS_DIR``, default ``LEDGER_RUN_DIR/keys``, unless
 noted), each written with mode 0600 when it holds a secret:
 
-* ``deployment.key`` -- the stages' shared HMAC key (``{"secret": base64}``).
-  Every stage, reconciler and resumer (``ledger claim``) holds it.
+* ``processor.key``, ``relay.key``, ``reconciler.key``, ``resumer.key`` and
+  ``stage-keys.json`` -- each stage role's own Ed25519 key, and the public
+  halves every reader trusts (:mod:`ledger.rolekeys`, which says which file
+  goes to which host, and how keys rotate).
+* ``deployment.key`` -- the stages' shared HMAC key of earlier releases
+  (``{"secret": base64}``), kept where old records are read, as a verifier of
+  records appended before the cut-over only (:mod:`ledger.rolekeys`).
 * ``authority.key`` / ``authority.pub`` -- the authority kernel's Ed25519
   key pair. Only the kernel needs the private half; every reader needs the
   public one. Its key ID is its fingerprint
@@ -29,10 +34,12 @@ needs stops with a :class:`MissingKeyError` naming the key, the folder and
 the command that provisions it -- a process that made a fresh key instead
 would read the evidence sealed with the lost one as absent (a consumed
 approval paid twice) or refuse every genuine record. On several hosts, run
-``ledger keys init`` once and copy the files: the deployment key to every
-stage host, the authority key to the kernel's host only, ``authority.pub``,
-``ledgers.json`` and ``trusted_keys.json`` everywhere, ``outcome.key`` to
-the processors' hosts only, ``outcome.pub`` to every service host.
+``ledger keys init`` once and copy the files: each ``{role}.key`` to that
+role's hosts only, the authority key to the kernel's host only,
+``stage-keys.json``, ``authority.pub``, ``ledgers.json`` and
+``trusted_keys.json`` everywhere, ``outcome.key`` to the processors' hosts
+only, ``outcome.pub`` to every service host, and an earlier release's
+``deployment.key`` to the hosts that read old records.
 """
 
 from __future__ import annotations
@@ -59,9 +66,8 @@ from ledger.authn import (
     ROLE_OPERATOR,
     ROLE_OUTCOME,
     ROLE_REVIEWER,
-    ROLE_STAGE,
+    STAGE_KEY_ROLES,
     Keyring,
-    MacKey,
     Sealer,
     SigningKey,
     authority_key_id,
@@ -70,6 +76,25 @@ from ledger.authn import (
 )
 from ledger.errors import LedgerError, LocalFileError
 from ledger.events import Approval, Event
+from ledger.keyfolder import (
+    LEDGERS_FILE,
+    TRUST_FILE,
+    KeysOfAnotherLedgerError,
+    MissingKeyError,
+    bound_ledgers,
+    check_binding,
+    create_once,
+    deployment_key,
+    keys_dir,
+    missing_key,
+)
+from ledger.rolekeys import (
+    COMPONENT_ROLE,
+    add_role_keys,
+    provision_role_keys,
+    role_key,
+    sealer_for_roles,
+)
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, load_trusted_roles, trust
 from ledger.topology import TOPIC_BY_NAME
@@ -81,148 +106,6 @@ RELOAD_EVERY_S = 1.0
 
 #: Name prefix of the authority kernel's key IDs (the rest is its fingerprint).
 AUTHORITY_KEY_ID = AUTHORITY_KEY_PREFIX
-
-#: The file that says which ledgers a keys folder serves.
-LEDGERS_FILE = "ledgers.json"
-
-
-class MissingKeyError(LocalFileError):
-    """A key the process needs is not there; the message names the key, the
-    folder and the command that provisions it. Nothing is created instead."""
-
-
-class KeysOfAnotherLedgerError(LocalFileError):
-    """The keys folder serves other ledgers (its ``ledgers.json``); separate
-    ledgers never share keys unless told to (``ledger keys init --share``)."""
-
-
-def keys_dir(settings: LedgerSettings) -> Path:
-    """The folder of the deployment and authority keys."""
-    return settings.keys_dir or settings.run_dir / "keys"
-
-
-def _create_once(path: Path, content: str) -> bool:
-    """Write ``path`` only if it does not exist yet, atomically (mode 0600).
-
-    Returns:
-        True if this call created it; False if another process had.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    tmp.write_text(content)
-    tmp.chmod(0o600)
-    try:
-        os.link(tmp, path)  # fails if the file exists: the first creator wins
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _read_json(path: Path, what: str, remedy: str) -> dict[str, str]:
-    try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError("not a JSON object")
-        return raw
-    except (OSError, ValueError) as exc:
-        raise LocalFileError(
-            f"the {what} file {path} is unreadable ({type(exc).__name__}: {exc}); {remedy}",
-            observed=str(exc),
-        ) from exc
-
-
-def _missing(settings: LedgerSettings, name: str, who: str) -> MissingKeyError:
-    folder = keys_dir(settings)
-    return MissingKeyError(
-        f"no {name} in {folder} (LEDGER_KEYS_DIR), and {who} needs it: copy the keys folder "
-        f"from the host where the keys of ledger {settings.ledger_identity!r} were made (or "
-        f"restore it from a backup); for a new ledger with no records yet, run `ledger keys init`. "
-        "Nothing was created: a fresh key would read the evidence sealed with the lost one "
-        "as absent",
-        expected=str(folder / name),
-        observed="absent",
-    )
-
-
-def bound_ledgers(settings: LedgerSettings) -> list[str] | None:
-    """The ledgers the keys folder serves (``ledgers.json``); ``None`` if it has no such file.
-
-    Raises:
-        LocalFileError: the file is unreadable.
-    """
-    path = keys_dir(settings) / LEDGERS_FILE
-    if not path.exists():
-        return None
-    raw = _read_json(path, "ledgers", "restore it from another stage host")
-    ledgers = raw.get("ledgers")
-    if not isinstance(ledgers, list) or not all(isinstance(x, str) for x in ledgers):
-        raise LocalFileError(
-            f"the ledgers file {path} has no list of ledger IDs under 'ledgers'; restore it "
-            "from another stage host",
-            observed=str(raw)[:200],
-        )
-    return list(ledgers)
-
-
-def check_binding(settings: LedgerSettings) -> None:
-    """Refuse a keys folder that serves other ledgers, or none.
-
-    Raises:
-        KeysOfAnotherLedgerError: ``ledgers.json`` does not list this ledger,
-            or the folder holds keys but no ``ledgers.json`` (an earlier
-            release's folder: ``ledger keys init`` binds it).
-        LocalFileError: ``ledgers.json`` is unreadable.
-    """
-    folder = keys_dir(settings)
-    me = settings.ledger_identity
-    ledgers = bound_ledgers(settings)
-    if ledgers is None:
-        if (folder / "deployment.key").exists() or (folder / "authority.pub").exists():
-            raise KeysOfAnotherLedgerError(
-                f"the keys in {folder} name no ledger (no {LEDGERS_FILE}, an earlier release's "
-                f"folder); if they are ledger {me!r}'s, bind them with `ledger keys init`",
-                expected=me,
-                observed="no ledgers.json",
-            )
-        return
-    if me not in ledgers:
-        raise KeysOfAnotherLedgerError(
-            f"the keys in {folder} serve ledger(s) {', '.join(map(repr, ledgers))}, not {me!r} "
-            f"(LEDGER_ID, default the topic prefix): give this ledger its own folder "
-            "(LEDGER_KEYS_DIR) and run `ledger keys init` there, or share these keys on "
-            "purpose with `ledger keys init --share`",
-            expected=me,
-            observed=",".join(ledgers),
-        )
-
-
-def deployment_key(settings: LedgerSettings) -> MacKey:
-    """The stages' deployment key, bound to this ledger; never created here.
-
-    Raises:
-        MissingKeyError: there is no ``deployment.key`` (the message names
-            the folder and ``ledger keys init``).
-        KeysOfAnotherLedgerError: the folder serves another ledger.
-        LocalFileError: the file is unreadable.
-    """
-    path = keys_dir(settings) / "deployment.key"
-    if not path.exists():
-        raise _missing(settings, "deployment.key", "every stage, resumer and reader")
-    check_binding(settings)
-    raw = _read_json(path, "deployment key", "restore it from another stage host")
-    try:
-        secret_bytes = base64.b64decode(raw["secret"], validate=True)
-        if len(secret_bytes) < 16:
-            raise ValueError("the secret is shorter than 16 bytes")
-    except (KeyError, ValueError, TypeError) as exc:
-        raise LocalFileError(
-            f"the deployment key file {path} is unreadable ({exc}); "
-            "restore it from another stage host",
-            observed=str(exc),
-        ) from exc
-    return MacKey(secret_bytes, ledger_id=settings.ledger_identity)
 
 
 def _stage_signing_key(
@@ -246,7 +129,7 @@ def _stage_signing_key(
     """
     path = keys_dir(settings) / f"{name}.key"
     if not path.exists():
-        raise _missing(settings, f"{name}.key", who)
+        raise missing_key(settings, f"{name}.key", who)
     check_binding(settings)
     try:
         key = ReviewerKey.from_file(path)
@@ -384,7 +267,7 @@ def _provision_outcome_key(folder: Path, created: list[str]) -> None:
             "key_id": OUTCOME_KEY_PREFIX,
             "private_key": base64.b64encode(fresh.private.private_bytes_raw()).decode(),
         }
-        if _create_once(folder / "outcome.key", json.dumps(content)):
+        if create_once(folder / "outcome.key", json.dumps(content)):
             created.append("outcome.key")
             log.warning("created a new outcome key in %s", folder)
     key = ReviewerKey.from_file(folder / "outcome.key")
@@ -401,21 +284,21 @@ class Provisioned:
 
     Attributes:
         folder: the keys folder.
-        deployment_key_id: the deployment key's ID.
+        role_key_ids: each stage role's key ID in service (:mod:`ledger.rolekeys`).
         authority_key_id: the authority kernel's key ID.
         created: the files this call created (names), empty when all were there.
         ledgers: the ledgers the folder serves now.
     """
 
     folder: Path
-    deployment_key_id: str
+    role_key_ids: dict[str, str]
     authority_key_id: str
     created: tuple[str, ...]
     ledgers: tuple[str, ...]
 
 
 def provision_keys(settings: LedgerSettings, *, share: bool = False) -> Provisioned:
-    """Create the ledger's missing deployment, authority and outcome keys and bind the folder.
+    """Create the ledger's missing stage role, authority and outcome keys and bind the folder.
 
     Only ``ledger keys init`` (after it has checked that the ledger's topics
     hold no evidence) and the testbed call this. Keys that exist are kept;
@@ -448,10 +331,7 @@ def provision_keys(settings: LedgerSettings, *, share: bool = False) -> Provisio
         tmp.write_text(json.dumps({"ledgers": updated}) + "\n")
         os.replace(tmp, folder / LEDGERS_FILE)
         created.append(LEDGERS_FILE)
-    secret = base64.b64encode(secrets.token_bytes(32)).decode()
-    if _create_once(folder / "deployment.key", json.dumps({"secret": secret})):
-        created.append("deployment.key")
-        log.warning("created a new deployment key in %s (every stage must share it)", folder)
+    role_ids = provision_role_keys(settings, created)
     # A host that holds authority.pub without authority.key is not the kernel's:
     # a key made here would replace the public key every reader trusts.
     if not (folder / "authority.pub").exists():
@@ -460,30 +340,33 @@ def provision_keys(settings: LedgerSettings, *, share: bool = False) -> Provisio
             "key_id": AUTHORITY_KEY_ID,
             "private_key": base64.b64encode(fresh.private.private_bytes_raw()).decode(),
         }
-        if _create_once(folder / "authority.key", json.dumps(content)):
+        if create_once(folder / "authority.key", json.dumps(content)):
             created.append("authority.key")
             log.warning("created a new authority key in %s", folder)
     _provision_outcome_key(folder, created)
-    mac = deployment_key(settings)
     if (folder / "authority.key").exists():
         kernel_id = authority_key(settings).key_id
     else:
         public = authority_public(settings)
         kernel_id = public[0] if public is not None else ""
     return Provisioned(
-        folder, mac.key_id, kernel_id, tuple(created), tuple(bound_ledgers(settings) or ())
+        folder, role_ids, kernel_id, tuple(created), tuple(bound_ledgers(settings) or ())
     )
 
 
 def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyring:
     """Every key a reader checks seals against, re-read on demand; creates nothing.
 
-    A stage (the default) needs the deployment key and the authority
-    kernel's public key: without either it stops here, before it joins its
-    group, since it could not authenticate its inputs. A reader that only
-    looks (``ledger state``, ``history``, ``audit`` ...) passes
-    ``missing_ok=True``: without a deployment key its ring has none, and
-    every sealed record reads as unverifiable (the auditor says so). When a
+    A stage (the default) needs the stage roles' public keys
+    (``stage-keys.json``) and the authority kernel's public key: without
+    either it stops here, before it joins its group, since it could not
+    authenticate its inputs. Each key is trusted under its role only, so a
+    record is believed only under a key of a role that writes its topic
+    (:mod:`ledger.rolekeys`); an earlier release's ``deployment.key``, where
+    present, verifies records appended before the cut-over. A reader that
+    only looks (``ledger state``, ``history``, ``audit`` ...) passes
+    ``missing_ok=True``: without the trust file its ring has no stage key,
+    and every sealed record reads as unverifiable (the auditor says so). When a
     seal names a key it does not know, the keyring re-reads the files: at
     once if one of them changed since it last read them (a reviewer added a
     moment ago), else at most once a second; keys that vanish meanwhile are
@@ -492,11 +375,11 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
     Args:
         settings: where the keys are (``keys_dir``, ``trusted_keys_file``)
             and the ledger they must serve.
-        missing_ok: a missing deployment or authority public key leaves the
+        missing_ok: a missing trust file or authority public key leaves the
             ring without it instead of raising.
 
     Raises:
-        MissingKeyError: (``missing_ok`` false) the deployment key or
+        MissingKeyError: (``missing_ok`` false) ``stage-keys.json`` or
             ``authority.pub`` is missing; the message names the folder and
             the command that provisions them.
         KeysOfAnotherLedgerError: the keys folder serves other ledgers.
@@ -509,18 +392,22 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
             partitions=settings.partitions,
             ledger_id=settings.ledger_identity,
         )
-        if not missing_ok or (keys_dir(settings) / "deployment.key").exists():
-            ring.add_mac(deployment_key(settings))
+        add_role_keys(ring, settings, missing_ok=missing_ok)
+        if not missing_ok:
+            check_binding(settings)
         public = authority_public(settings)
         if public is None and not missing_ok:
-            raise _missing(settings, "authority.pub", "every stage (to check the kernel's records)")
+            raise missing_key(
+                settings, "authority.pub", "every stage (to check the kernel's records)"
+            )
         if public is not None:
             ring.add_public(public[0], ROLE_AUTHORITY, public[1])
         if settings.outcome_public_path().exists():  # readers of outcomes (history, console)
             key_id, outcome = outcome_public(settings)
             ring.add_public(key_id, ROLE_OUTCOME, outcome)
         for key_id, (role, key) in load_trusted_roles(settings.trusted_keys_path()).items():
-            if not key_id.startswith(AUTHORITY_KEY_ID):
+            # A person never takes the name of a stage or kernel key.
+            if not key_id.startswith(AUTHORITY_KEY_ID) and key_id not in ring.trusted:
                 ring.add_public(key_id, role, key)
         return ring
 
@@ -528,6 +415,7 @@ def load_keyring(settings: LedgerSettings, *, missing_ok: bool = False) -> Keyri
         settings.trusted_keys_path(),
         keys_dir(settings) / "authority.pub",
         keys_dir(settings) / "deployment.key",
+        keys_dir(settings) / TRUST_FILE,
         settings.outcome_public_path(),
     )
 
@@ -624,7 +512,10 @@ class Credentials:
     """The keys a publisher seals its records with, chosen per record.
 
     * records on stage-written topics (claims, readbacks, operating events)
-      are sealed with the deployment key;
+      are signed with the key of a role that writes the topic: ``role``'s
+      when given and it does, else the first such role whose key this host
+      holds (a resumer's host holds ``resumer.key``, a reconciler's
+      ``reconciler.key``: :mod:`ledger.rolekeys`);
     * records that name their writer (approvals, revocations, policy
       changes, dispositions) are signed with that person's key: a key added
       with :meth:`add`, else the file of that name (reviewers first, then
@@ -634,12 +525,14 @@ class Credentials:
 
     Args:
         settings: where the key files are, and the ledger the seals name.
+        role: the stage role this process plays (``reconciler``), if any.
     """
 
-    def __init__(self, settings: LedgerSettings) -> None:
+    def __init__(self, settings: LedgerSettings, role: str | None = None) -> None:
         self.settings = settings
+        self.role = role
         self._people: dict[str, SigningKey] = {}
-        self._mac: MacKey | None = None
+        self._stage: dict[str, SigningKey] = {}
 
     def add(self, key: ReviewerKey | SigningKey, role: str = ROLE_REVIEWER) -> None:
         """Sign records that name ``key.key_id`` with ``key`` (held in memory)."""
@@ -660,13 +553,15 @@ class Credentials:
             LocalFileError: a key file is unreadable.
         """
         spec = TOPIC_BY_NAME.get(topic)
-        roles = spec.auth if spec is not None else (ROLE_STAGE,)
+        if spec is None:
+            raise LedgerError(f"{topic!r} is no ledger topic; topics: {', '.join(TOPIC_BY_NAME)}")
+        roles = spec.auth
         if not roles:
             return None
-        if ROLE_STAGE in roles:
-            if self._mac is None:
-                self._mac = deployment_key(self.settings)
-            return self._mac
+        if any(role in STAGE_KEY_ROLES for role in roles):
+            if topic not in self._stage:
+                self._stage[topic] = sealer_for_roles(self.settings, roles, self.role)
+            return self._stage[topic]
         if roles == (ROLE_AUTHORITY,):
             raise LedgerError(f"only the authority kernel writes {topic}")
         if isinstance(event, Approval) and event.status == "GRANTED":
@@ -703,33 +598,46 @@ class Credentials:
 
 
 def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Sealer]:
-    """The sealer of each topic a stage writes: the kernel signs its own topics.
+    """The sealer of each topic a stage writes: its own role's key, and only on its topics.
+
+    Args:
+        settings: the keys folder and the ledger.
+        component: ``processor``, ``relay``, ``authority``, ``reconciler``
+            or ``resumer`` (:data:`ledger.rolekeys.COMPONENT_ROLE`).
 
     Returns:
-        ``topic -> sealer``: the authority key for ``admissions`` and
-        ``approval-uses`` (the authority kernel only), the outcome key for
-        ``outcomes`` (the processor only), the deployment key for everything
-        else.
+        ``topic -> sealer``: the component's role key where its role writes
+        the topic (:attr:`ledger.topology.TopicSpec.auth`; the authority
+        kernel's key for its own topics and its operating events), the
+        outcome key for ``outcomes`` (the processor only); any other topic
+        raises :class:`ledger.errors.LedgerError` naming its writers.
 
     Raises:
+        LedgerError: an unknown component.
         MissingKeyError: a key it needs is missing (nothing is created).
         LocalFileError: a key file is unreadable.
     """
-    mac = deployment_key(settings)
-    signer = authority_key(settings) if component == "authority" else None
+    role = COMPONENT_ROLE.get(component)
+    if role is None:
+        raise LedgerError(f"{component!r} is no stage role; stages are {', '.join(COMPONENT_ROLE)}")
+    own: Sealer = authority_key(settings) if role == ROLE_AUTHORITY else role_key(settings, role)
     outcomes = outcome_key(settings) if component == "processor" else None
 
     def choose(topic: str) -> Sealer:
         spec = TOPIC_BY_NAME.get(topic)
-        if spec is not None and spec.auth == (ROLE_AUTHORITY,):
-            if signer is None:
-                raise LedgerError(f"{component} cannot write {topic}: only the authority kernel")
-            return signer
-        if spec is not None and spec.auth == (ROLE_OUTCOME,):
-            if outcomes is None:
-                raise LedgerError(f"{component} cannot write {topic}: only the processor")
+        auth = spec.auth if spec is not None else ()
+        if role in auth:
+            return own
+        if outcomes is not None and auth == (ROLE_OUTCOME,):
             return outcomes
-        return mac
+        only: dict[tuple[str, ...], str] = {
+            (ROLE_AUTHORITY,): "the authority kernel",
+            (ROLE_OUTCOME,): "the processor",
+        }
+        raise LedgerError(
+            f"{component} cannot write {topic}: only "
+            + only.get(auth, f"the {' or the '.join(auth) or 'no stage'}")
+        )
 
     return choose
 

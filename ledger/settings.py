@@ -158,7 +158,7 @@ class LedgerSettings(BaseSettings):
             approvals (default ``run_dir/trusted_keys.json``).
         require_signed_approvals: refuse approvals without a valid signature
             by a trusted key (default true).
-        keys_dir: folder of the deployment key (the stages' shared MAC key)
+        keys_dir: folder of the stage roles' keys (ledger.rolekeys)
             and the authority kernel's key pair (default ``run_dir/keys``;
             see :mod:`ledger.credentials`).
         outcome_public_key_file: the public half of the processor's outcome

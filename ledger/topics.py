@@ -53,6 +53,7 @@ from confluent_kafka.admin._config import (
 from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
+from ledger.authn import legacy_accepted
 from ledger.errors import BrokerError, BrokerUnavailableError, SettingsError, TopicConfigError
 from ledger.kafka import admin_config, bootstrap_servers, consumer_config, producer_config
 from ledger.settings import LedgerSettings
@@ -85,6 +86,22 @@ def topic_names(settings: LedgerSettings, names: Iterable[str] | None = None) ->
     return [settings.topic(spec.name) for spec in _specs(names)]
 
 
+#: The topic config that makes the broker stamp records, and the value sealed topics need.
+TIMESTAMP_TYPE = "message.timestamp.type"
+LOG_APPEND_TIME = "LogAppendTime"
+
+
+def broker_timed(spec: TopicSpec) -> bool:
+    """Whether the broker stamps the topic's records (``LogAppendTime``).
+
+    Topics a stage role seals do: their keys rotate, and the legacy shared
+    key sealed them, so a reader must tell whether a record was appended by
+    a key's not-after time (:mod:`ledger.rolekeys`). Other topics keep the
+    producer's time (``outcomes``: a service seeks by the time it published).
+    """
+    return legacy_accepted(spec.auth)
+
+
 def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dict[str, str]:
     """The topic-level configs :func:`create_topics` sets for one spec.
 
@@ -97,8 +114,13 @@ def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dic
         ``cleanup.policy`` plus, for compacted topics, ``min.compaction.lag.ms=0``
         and ``segment.ms`` (:data:`COMPACTED_SEGMENT_MS`); for delete topics
         ``retention.ms`` (``-1`` = forever) and ``retention.bytes=-1``; always
-        ``unclean.leader.election.enable=false``; and ``min.insync.replicas``
-        when ``replication`` is given. Values are strings, as Kafka takes them.
+        ``unclean.leader.election.enable=false``; for topics stage roles
+        seal (:func:`broker_timed`) ``message.timestamp.type=LogAppendTime``
+        (the broker stamps each
+        record at append, which tells whether a retired key sealed it before
+        its not-after time: :mod:`ledger.rolekeys`); and
+        ``min.insync.replicas`` when ``replication`` is given. Values are
+        strings, as Kafka takes them.
     """
     config: dict[str, str] = {"cleanup.policy": spec.cleanup}
     if spec.cleanup == "compact":
@@ -108,6 +130,8 @@ def topic_config(spec: TopicSpec, replication: Replication | None = None) -> dic
         config["retention.ms"] = str(spec.retention_ms)
         config["retention.bytes"] = "-1"
     config["unclean.leader.election.enable"] = "false"
+    if broker_timed(spec):
+        config[TIMESTAMP_TYPE] = LOG_APPEND_TIME
     if replication is not None:
         config["min.insync.replicas"] = str(replication.min_insync_replicas)
     return config
@@ -1121,6 +1145,18 @@ def _config_problems(
                         f"set {key}=-1",
                     )
                 )
+    if broker_timed(spec) and value(TIMESTAMP_TYPE) not in (None, LOG_APPEND_TIME):
+        problems.append(
+            TopicProblem(
+                name,
+                TIMESTAMP_TYPE,
+                LOG_APPEND_TIME,
+                value(TIMESTAMP_TYPE),
+                f"{name}: {TIMESTAMP_TYPE}={value(TIMESTAMP_TYPE)} lets a writer choose its "
+                "records' time, so a rotated key's not-after cannot be told (ledger.rolekeys); "
+                f"set {TIMESTAMP_TYPE}={LOG_APPEND_TIME}",
+            )
+        )
     return problems
 
 

@@ -41,13 +41,17 @@ class TopicSpec:
             would still make compaction delete the authentic record under
             it (a use, a revocation, the policy in force).
         auth: the key roles whose seal a reader accepts on this topic's
-            records (:mod:`ledger.authn`): ``stage`` (the deployment MAC),
-            ``authority`` (the kernel's signature), ``outcome`` (the
-            processor's outcome key, which a service verifies with its
-            public half and no secret), ``operator`` or
-            ``reviewer`` (a person's signature); empty for ``intents``,
-            which services publish unsealed (the approval is what carries
-            authority, DESIGN.md "Trust boundary").
+            records (:mod:`ledger.authn`), one per writer role: a stage
+            role's own key (``processor``, ``relay``, ``reconciler``,
+            ``resumer``), ``authority`` (the kernel's signature), ``outcome``
+            (the processor's outcome key, which a service verifies with its
+            public half and no secret), ``operator`` or ``reviewer`` (a
+            person's signature); empty for ``intents``, which services
+            publish unsealed (the approval is what carries authority,
+            DESIGN.md "Trust boundary"). ``stage`` (the default) names the
+            legacy deployment key alone, which verifies only records of
+            earlier releases: a new topic must name its writer's key role
+            (a unit test holds every topic to it).
     """
 
     name: str
@@ -97,6 +101,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         audited=False,
         writers="processor",
         roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
         "admissions",
@@ -112,6 +117,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="processor (the outbox)",
         roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
         "receipts",
@@ -119,6 +125,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="relay",
         roles=("relay",),
+        auth=("relay",),
         tables=("relay",),
     ),
     TopicSpec(
@@ -127,8 +134,16 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="relay, reconcilers",
         roles=("relay", "reconcilers"),
+        auth=("relay", "reconciler"),
     ),
-    TopicSpec("claims", "operation ID", "compact", writers="resumers", roles=("resumers",)),
+    TopicSpec(
+        "claims",
+        "operation ID",
+        "compact",
+        writers="resumers (ledger claim) and the processor (claiming what it restored)",
+        roles=("resumers", "processor"),
+        auth=("resumer", "processor"),
+    ),
     TopicSpec(
         "dispositions",
         "operation ID",
@@ -143,6 +158,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         "compact",
         writers="processor only",
         roles=("processor",),
+        auth=("processor",),
         tables=("processor",),
     ),
     TopicSpec(
@@ -152,6 +168,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         retention_ms=-1,
         writers="processor only",
         roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
         "heads",
@@ -162,12 +179,23 @@ TOPICS: tuple[TopicSpec, ...] = (
         writers="processor only (the head of each journal partition's hash chain, "
         "also handed to a witness outside Kafka)",
         roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
-        "recovery-receipts", "operation ID", "compact", writers="processor", roles=("processor",)
+        "recovery-receipts",
+        "operation ID",
+        "compact",
+        writers="processor",
+        roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
-        "reconciliation", "operation ID", "compact", writers="processor", roles=("processor",)
+        "reconciliation",
+        "operation ID",
+        "compact",
+        writers="processor",
+        roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
         "compensation-tally",
@@ -178,6 +206,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         writers="processor (a request or release keyed by the original, whose owner "
         "decides it; the verdict keyed by the compensation)",
         roles=("processor",),
+        auth=("processor",),
     ),
     TopicSpec(
         "outcomes",
@@ -197,6 +226,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         retention_ms=-1,
         writers="every component: rejected transitions, dead letters",
         roles=("every component",),
+        auth=("processor", "relay", "authority"),
     ),
     TopicSpec(
         "policy",

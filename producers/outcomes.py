@@ -296,7 +296,13 @@ class OutcomeReader:
             log.warning("outcomes:%s:%s does not decode: %s", msg.partition(), msg.offset(), exc)
             return None
         problem = self.keyring.check(
-            "outcomes", key, value, msg.headers(), event, partition=msg.partition()
+            "outcomes",
+            key,
+            value,
+            msg.headers(),
+            event,
+            partition=msg.partition(),
+            timestamp=msg.timestamp(),
         )
         if problem is None and not isinstance(event, Outcome):
             problem = f"a {event.KIND} is not an outcome"

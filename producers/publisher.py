@@ -321,7 +321,7 @@ class LedgerPublisher:
         #: the keys records are sealed with (:class:`ledger.credentials.Credentials`):
         #: intents are not sealed; a policy change, disposition or approval is
         #: signed by the person it names; claims, readbacks and operating
-        #: events by the deployment key.
+        #: events by the key of a stage role that writes the topic (ledger.rolekeys).
         self.credentials = credentials or Credentials(settings)
         #: (short topic, partition, offset) of the last record published.
         self.last_position: tuple[str, int, int] | None = None

@@ -197,6 +197,8 @@ def _state_of(msg: Message, operation_id: str, keyring: Keyring | None) -> Opera
         return None
     if not isinstance(event, OperationState):
         return None
-    if keyring is not None and keyring.check("state", key, value, msg.headers(), event):
+    if keyring is not None and keyring.check(
+        "state", key, value, msg.headers(), event, timestamp=msg.timestamp()
+    ):
         return None
     return event

@@ -13,7 +13,10 @@ is in flight, or a tombstone.
 The forger holds no key the ledger trusts. It seals the record as well as it
 can: with the right scheme and the key ID a real writer uses (key IDs are
 visible in every sealed record's header), and a tag it cannot compute, so the
-seal is plausible but wrong.
+seal is plausible but wrong. An insider is another attacker: one who took a
+stage host holds that role's key and seals with it genuinely
+(``sealed_by``: a ``state`` record sealed with the relay's key); readers
+refuse it because that role does not write the topic (:mod:`ledger.rolekeys`).
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from consumers.reader import policy_in_force, read_latest
-from ledger.authn import AUTH_HEADER, ROLE_STAGE, SCHEME_ED25519, SCHEME_MAC, Seal
+from ledger.authn import AUTH_HEADER, SCHEME_ED25519, STAGE_KEY_ROLES, Seal
 from ledger.authority import LEGACY_POLICY_KEY, policy_key
-from ledger.credentials import AUTHORITY_KEY_ID, authority_public, deployment_key
+from ledger.credentials import AUTHORITY_KEY_ID, authority_public, keys_dir
 from ledger.errors import LedgerError
 from ledger.events import (
     AdmissionDecision,
@@ -45,6 +48,7 @@ from ledger.events import (
 )
 from ledger.fold import decide
 from ledger.kafka import producer_config
+from ledger.rolekeys import current_key_id, read_trust, role_key
 from ledger.settings import LedgerSettings
 from ledger.signing import load_trusted_roles
 from ledger.states import RecoveryState as S
@@ -91,9 +95,11 @@ def _latest(settings: LedgerSettings, topic: str, key: str) -> Event | None:
 def _plausible_seal(settings: LedgerSettings, topic: str, writer: str | None) -> bytes:
     """A seal with the scheme and key ID a real writer would use, and a random tag."""
     spec = TOPIC_BY_NAME[topic]
-    if ROLE_STAGE in spec.auth:
-        key_id = deployment_key(settings).key_id
-        return Seal(SCHEME_MAC, key_id, secrets.token_bytes(32)).encode()
+    stage_roles = [r for r in spec.auth if r in STAGE_KEY_ROLES]
+    if stage_roles:
+        trust = read_trust(keys_dir(settings)) or {"keys": {}}
+        key_id = current_key_id(trust, stage_roles[0]) or stage_roles[0]
+        return Seal(SCHEME_ED25519, key_id, secrets.token_bytes(64)).encode()
     key_id = writer or AUTHORITY_KEY_ID
     if key_id == AUTHORITY_KEY_ID:  # the kernel's real key ID is its key's fingerprint
         found = authority_public(settings)
@@ -310,6 +316,7 @@ def forge(
     topic: str | None = None,
     fields: dict[str, Any] | None = None,
     now_ms: int = 0,
+    sealed_by: str | None = None,
 ) -> Forged:
     """Publish one forged record, as an attacker without a trusted key would.
 
@@ -321,6 +328,8 @@ def forge(
         topic: for ``tombstone``, the topic's short name.
         fields: values that override the built record's fields, by name.
         now_ms: the ledger clock (milliseconds), for timestamps.
+        sealed_by: seal genuinely with this stage role's key (an insider who
+            holds it, e.g. ``relay``) instead of a plausible wrong seal.
 
     Returns:
         Where it landed.
@@ -349,11 +358,11 @@ def forge(
             settings, record, operation_id=operation_id, approval_id=approval_id, now_ms=now_ms
         )
         value = _override(event, fields).to_bytes()
-    headers = (
-        [(AUTH_HEADER, _plausible_seal(settings, topic, writer))]
-        if TOPIC_BY_NAME[topic].auth
-        else None
-    )
+    if sealed_by is not None:
+        seal = role_key(settings, sealed_by).seal(topic, key.encode(), value)
+    else:
+        seal = _plausible_seal(settings, topic, writer)
+    headers = [(AUTH_HEADER, seal)] if TOPIC_BY_NAME[topic].auth or sealed_by else None
     producer = Producer(producer_config(settings, **{"client.id": "forger"}))
     delivered: list[tuple[KafkaError | None, Message]] = []
     producer.produce(

@@ -231,7 +231,7 @@ def replay(settings: Any, topic: str, msg: Any) -> tuple[int, int]:
 
 
 def stage_seal(settings: Any, topic: str, key: str, value: bytes | None) -> list[Any]:
-    """Headers sealing a hand-made record as a stage would (the deployment key).
+    """Headers sealing a hand-made record as its writer would (the topic's writer role's key).
 
     Tests that write internal records by hand (an insider's corruption, a
     takeover's open transaction) seal them so readers accept them; records
@@ -239,9 +239,9 @@ def stage_seal(settings: Any, topic: str, key: str, value: bytes | None) -> list
     """
     from ledger.authn import seal_headers
     from ledger.credentials import provision_keys, stage_sealer
+    from ledger.topology import TOPIC_BY_NAME
 
     provision_keys(settings)
-    sealer = stage_sealer(
-        settings, "authority" if topic in ("admissions", "approval-uses") else "test"
-    )
+    writer = TOPIC_BY_NAME[topic].auth[0]
+    sealer = stage_sealer(settings, "processor" if writer == "outcome" else writer)
     return seal_headers(sealer(topic), topic, key.encode(), value) or []

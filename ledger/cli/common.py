@@ -161,7 +161,8 @@ def reader_ready(settings: LedgerSettings) -> None:
 
     Checks that the topics exist (else exit 7, "topics not created"), and
     that the keys that authenticate its records are there: a run folder
-    without a deployment key can authenticate no record, so when the
+    without the stage roles' public keys (``stage-keys.json``) or an earlier
+    release's deployment key can authenticate no record, so when the
     topics hold records that is said (exit 1) instead of reporting a ledger
     that looks empty. Nothing is written: no key, no trusted-keys file.
 
@@ -171,24 +172,28 @@ def reader_ready(settings: LedgerSettings) -> None:
     Raises:
         TopicConfigError: the topics do not exist or are unsafe (exit 7 or 1).
         BrokerUnavailableError: the broker does not answer (exit 6).
-        LedgerExit: no deployment key for a ledger that holds records (exit 1).
+        LedgerExit: no stage keys for a ledger that holds records (exit 1).
     """
+    from ledger.authn import STAGE_KEY_ROLES
     from ledger.credentials import keys_dir
+    from ledger.rolekeys import TRUST_FILE
     from ledger.topics import check_topics, non_empty_topics
     from ledger.topology import TOPICS
 
     check_topics(settings)
-    key = keys_dir(settings) / "deployment.key"
-    if key.exists():
+    key = keys_dir(settings) / TRUST_FILE
+    if key.exists() or (keys_dir(settings) / "deployment.key").exists():
         return
-    # Records the run folder's keys seal: the stages' (deployment MAC) and the
-    # authority kernel's. Intents (unsealed) and people's signed records are
-    # checked without them.
-    sealed = [t.name for t in TOPICS if "stage" in t.auth or "authority" in t.auth]
+    # Records the run folder's keys seal: the stage roles' and the authority
+    # kernel's. Intents (unsealed) and people's signed records are checked
+    # without them.
+    sealed = [
+        t.name for t in TOPICS if "authority" in t.auth or any(r in STAGE_KEY_ROLES for r in t.auth)
+    ]
     held = non_empty_topics(settings, sealed)
     if held:
         fail(
-            f"no deployment key at {key}, so no record the stages sealed in the ledger with "
+            f"no stage keys at {key}, so no record the stages sealed in the ledger with "
             f"topic prefix {settings.topic_prefix!r} (records in {', '.join(held)}) can be "
             "authenticated and every reader would refuse them: LEDGER_RUN_DIR (or "
             "LEDGER_KEYS_DIR) must name the run folder of the stages that wrote this ledger "

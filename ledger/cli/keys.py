@@ -1,7 +1,8 @@
 """Who may write what: the keys that seal records, and the people the ledger trusts.
 
-* ``ledger keys init`` / ``ledger keys show`` -- the deployment key (the
-  stages' shared MAC key) and the authority kernel's key pair.
+* ``ledger keys init`` / ``ledger keys show`` / ``ledger keys rotate ROLE``
+  -- each stage role's signing key, the authority kernel's and the outcome
+  key pairs (:mod:`ledger.rolekeys`).
 * ``ledger reviewer add NAME`` -- a reviewer signs approvals and revocations.
 * ``ledger operator add NAME`` -- an operator signs policy changes,
   dispositions and revocations.
@@ -20,6 +21,13 @@ from ledger.cli.common import EXIT_ERROR, current_settings, fail
 
 #: Reviewer and operator names: they become file names under LEDGER_RUN_DIR/.
 PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _when(ms: int) -> str:
+    """A not-after time as people read it: UTC, then the ledger's milliseconds."""
+    from datetime import UTC, datetime
+
+    return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC ({ms} ms)"
 
 
 def person_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -84,7 +92,7 @@ def operator_add(name: str) -> None:
 
 @click.group("keys")
 def keys_group() -> None:
-    """The deployment key (stages' MAC key) and the authority kernel's key pair."""
+    """Each stage role's signing key, the authority kernel's key and the outcome key."""
 
 
 @keys_group.command("init")
@@ -101,7 +109,7 @@ def keys_group() -> None:
     "cannot reach it; you vouch that the ledger is new).",
 )
 def keys_init(share: bool, offline: bool) -> None:
-    """Provision this ledger's deployment and authority keys; never over existing evidence.
+    """Provision this ledger's stage role, authority and outcome keys; never over evidence.
 
     Keys are made only here (and by the testbed): a stage, command or service
     that lacks a key stops and says so, since a fresh key would read the
@@ -110,10 +118,13 @@ def keys_init(share: bool, offline: bool) -> None:
     a key is missing and the ledger's topics already hold sealed records, it
     refuses: restore the keys folder instead.
 
-    Then copy the folder to the other hosts: deployment.key to every stage
-    host (processor, relay, reconcilers, resumers), authority.key to the
-    authority kernel's host only, authority.pub, ledgers.json and
-    trusted_keys.json everywhere.
+    Then copy the files to the other hosts: each ROLE.key (processor, relay,
+    reconciler, resumer) to that role's hosts only, authority.key to the
+    authority kernel's host only, outcome.key to the processors' hosts,
+    stage-keys.json, authority.pub, ledgers.json and trusted_keys.json
+    everywhere. On a folder of an earlier release (a shared deployment.key),
+    it makes the role keys and records the cut-over: the deployment key
+    verifies records appended until now plus an hour, then only older ones.
 
     \b
       ledger keys init                      # a new ledger (LEDGER_TOPIC_PREFIX)
@@ -121,12 +132,15 @@ def keys_init(share: bool, offline: bool) -> None:
     """
     from ledger.credentials import keys_dir, provision_keys
     from ledger.errors import BrokerUnavailableError
+    from ledger.rolekeys import TRUST_FILE
     from ledger.topics import non_empty_topics
     from ledger.topology import TOPICS
 
     settings = current_settings()
     folder = keys_dir(settings)
-    missing = [n for n in ("deployment.key", "authority.pub") if not (folder / n).exists()]
+    missing = [n for n in ("authority.pub",) if not (folder / n).exists()]
+    if not (folder / TRUST_FILE).exists() and not (folder / "deployment.key").exists():
+        missing.append(TRUST_FILE)  # an earlier release's deployment.key still verifies
     if missing and not offline:
         sealed = [spec.name for spec in TOPICS if spec.auth]
         try:
@@ -155,7 +169,9 @@ def keys_init(share: bool, offline: bool) -> None:
         else "every key this host holds was there already"
     )
     click.echo(f"keys of ledger {settings.ledger_identity!r} in {done.folder}: {verb}")
-    click.echo(f"deployment key {done.deployment_key_id}: {done.folder / 'deployment.key'}")
+    for role, key_id in done.role_key_ids.items():
+        mine = " (+ private key)" if (done.folder / f"{role}.key").exists() else ""
+        click.echo(f"{role} key {key_id}: {done.folder / TRUST_FILE}{mine}")
     if done.authority_key_id:
         click.echo(
             f"authority key {done.authority_key_id}: {done.folder / 'authority.pub'}"
@@ -210,14 +226,64 @@ def keys_show(as_json: bool) -> None:
 
     settings = current_settings()
     ring = load_keyring(settings, missing_ok=True)
-    rows = [{"key_id": k, "role": "stage", "kind": "hmac-sha256"} for k in sorted(ring.macs)] + [
-        {"key_id": k, "role": t.role, "kind": "ed25519"} for k, t in sorted(ring.trusted.items())
+    rows = [
+        {
+            "key_id": k,
+            "role": "stage (legacy)",
+            "kind": "hmac-sha256",
+            "not_after_ms": ring.mac_not_after.get(k),
+        }
+        for k in sorted(ring.macs)
+    ] + [
+        {"key_id": k, "role": t.role, "kind": "ed25519", "not_after_ms": t.not_after_ms}
+        for k, t in sorted(ring.trusted.items())
     ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        click.echo(f"{row['role']:<10} {row['kind']:<12} {row['key_id']}")
+        ms = row["not_after_ms"]
+        until = f"  not after {_when(ms)}" if isinstance(ms, int) else ""
+        click.echo(f"{row['role']:<14} {row['kind']:<12} {row['key_id']}{until}")
+
+
+@keys_group.command("rotate")
+@click.argument("role", type=click.Choice(["processor", "relay", "reconciler", "resumer"]))
+@click.option(
+    "--overlap-s",
+    type=click.IntRange(min=0),
+    default=3600,
+    show_default=True,
+    help="Seconds the old key still verifies new records (copy the new key and restart "
+    "the role's stages within them).",
+)
+def keys_rotate(role: str, overlap_s: int) -> None:
+    """Give stage ROLE a new signing key; the old one retires after an overlap.
+
+    The new key replaces ROLE.key here and is listed in stage-keys.json; the
+    old key's not-after time is now plus --overlap-s. Until then both verify
+    new records; after it, the old key verifies only records the broker
+    appended by then (the topics keep broker time, LogAppendTime), so a
+    stolen old key forges nothing new. Then copy ROLE.key to the role's hosts
+    and stage-keys.json to every host, and restart the role's stages.
+
+    \b
+      ledger keys rotate relay                  # an hour of overlap
+      ledger keys rotate processor --overlap-s 600
+    """
+    from ledger.rolekeys import rotate
+
+    settings = current_settings()
+    done = rotate(settings, role, overlap_s=overlap_s)
+    key_file, trust_file = done.files
+    click.echo(
+        f"{role}: new key {done.new_key_id} in {key_file}; {done.old_key_id} verifies records "
+        f"appended until {_when(done.not_after_ms)}, in {overlap_s} s"
+    )
+    click.echo(
+        f"copy {key_file} to the {role}'s hosts and {trust_file} to every host, then restart "
+        f"the {role}'s stages within {overlap_s} s"
+    )
 
 
 #: This module's commands, in the order ``ledger --help`` lists them.

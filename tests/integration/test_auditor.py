@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 def _raw(
     settings: LedgerSettings, topic: str, key: str, value: bytes | None, *, sealed: bool = True
 ) -> None:
-    """Write a hand-made record: sealed with the stages' deployment key (an insider who
+    """Write a hand-made record: sealed with its writer role's key (an insider who
     holds it, whom only consistency can catch) or, with ``sealed=False``, as an outsider."""
     producer = Producer(client_config(settings, partitioner="murmur2_random"))
     headers = stage_seal(settings, topic, key, value) if sealed else None

@@ -38,7 +38,7 @@ from consumers.auditor import DECODE_ALL, LATEST, run_audit
 from consumers.reader import current_states, read_latest, read_topic
 from ledger import topics
 from ledger.audit import AuditReport
-from ledger.authn import ROLE_OPERATOR, SigningKey
+from ledger.authn import ROLE_OPERATOR, STAGE_KEY_ROLES, SigningKey
 from ledger.cli import main as cli
 from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK
 from ledger.credentials import add_person, provision_keys
@@ -249,7 +249,7 @@ class Ledger:
         """Headers a real writer of ``topic`` would put on this record."""
         if topic == "intents":
             return None
-        if "stage" in TOPIC_BY_NAME[topic].auth or "authority" in TOPIC_BY_NAME[topic].auth:
+        if {"authority", *STAGE_KEY_ROLES} & set(TOPIC_BY_NAME[topic].auth):
             return helpers.stage_seal(self.settings, topic, key.decode("utf-8", "replace"), value)
         from ledger.authn import AUTH_HEADER
 
@@ -703,6 +703,7 @@ FILE_CASES = [
         ("trusted-keys", "trusted_keys.json", ("keys", "show")),
         ("clock", "clock", ("clock", "show")),
         ("deployment-key", "keys/deployment.key", ("keys", "show")),
+        ("stage-keys", "keys/stage-keys.json", ("keys", "show")),
         ("authority-key", "keys/authority.key", ("keys", "init")),
         ("authority-pub", "keys/authority.pub", ("keys", "show")),
         ("reviewer-key", "reviewers/rev-files.key", _APPROVE),

@@ -149,7 +149,7 @@ def test_lost_keys_start_nothing_and_a_consumed_approval_pays_nothing_twice(
         for component in ("processor", "authority", "relay"):
             done = _ledger(settings, component, "--instance", "0")
             assert done.returncode == 1, done.stderr[-2000:]
-            assert "deployment.key" in done.stderr and "ledger keys init" in done.stderr
+            assert "stage-keys.json" in done.stderr and "ledger keys init" in done.stderr
             assert str(folder) in done.stderr
         init = _ledger(settings, "keys", "init")
         assert init.returncode == 1, init.stdout + init.stderr

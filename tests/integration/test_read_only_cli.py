@@ -55,7 +55,7 @@ def test_readers_pointed_at_another_run_folder_say_so_and_write_nothing(
     pub = LedgerPublisher(ledger_settings)  # seals with the key in ledger_settings.run_dir
     try:
         approve(pub, "ap-read-only")  # a reviewer's signature: checked without the run folder
-        pub.publish_claim("refund:read-only:v1", "worker-a", 1)  # sealed with its deployment key
+        pub.publish_claim("refund:read-only:v1", "worker-a", 1)  # sealed with its resumer key
     finally:
         pub.close()
     wrong = tmp_path / "wrong-run"
@@ -65,7 +65,7 @@ def test_readers_pointed_at_another_run_folder_say_so_and_write_nothing(
             continue
         result = CliRunner().invoke(main, command)
         assert result.exit_code == EXIT_ERROR, (command, result.output)
-        assert f"no deployment key at {wrong / 'keys' / 'deployment.key'}" in result.stderr
+        assert f"no stage keys at {wrong / 'keys' / 'stage-keys.json'}" in result.stderr
         assert "(records in claims)" in result.stderr  # the sealed topic that holds records
     assert not wrong.exists(), sorted(wrong.rglob("*"))
     # With the right run folder the same ledger reads.

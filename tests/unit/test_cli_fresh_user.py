@@ -262,9 +262,7 @@ def test_a_reader_without_the_ledgers_key_says_so_instead_of_an_empty_ledger(
     read_env["non_empty"] = ["intents", "state", "journal"]
     result = CliRunner().invoke(main, command)
     assert result.exit_code == EXIT_ERROR, result.output
-    assert f"no deployment key at {tmp_path / 'wrong' / 'keys' / 'deployment.key'}" in (
-        result.stderr
-    )
+    assert f"no stage keys at {tmp_path / 'wrong' / 'keys' / 'stage-keys.json'}" in (result.stderr)
     assert "'demo-race-abc123'" in result.stderr and "LEDGER_RUN_DIR" in result.stderr
     assert "no operations" not in result.output
     assert _files(tmp_path) == []
@@ -556,7 +554,7 @@ def test_upgrade_check_without_the_ledgers_key_says_so_instead_of_nothing_strand
     read_env["non_empty"] = ["state", "dispatches"]
     result = CliRunner().invoke(main, ["upgrade", "check", "--contract", str(proposal)])
     assert result.exit_code == EXIT_ERROR, result.output
-    assert "no deployment key at" in result.stderr
+    assert "no stage keys at" in result.stderr
     assert "stranded" not in result.stdout
     assert not (tmp_path / "wrong").exists()
 

@@ -450,7 +450,9 @@ def test_kubernetes_client_config_and_keys_come_from_secrets() -> None:
         args = container.get("args", [])
         if (args and args[0] in STAGES) or args[:2] == ["reconcile", "run"]:
             keys = mounts[env["LEDGER_KEYS_DIR"]]
-            wanted = "ledger-keys-authority" if args[0] == "authority" else "ledger-keys-stage"
+            # One Secret per role: a pod mounts its own role's private key only.
+            role = "reconciler" if args[:2] == ["reconcile", "run"] else args[0]
+            wanted = f"ledger-keys-{role}"
             assert keys["secret"]["secretName"] == wanted, workload
             assert str(Path(env["LEDGER_SINKS_FILE"]).parent) in mounts
         # The run folder is writable; the image runs as its non-root user.

@@ -8,6 +8,7 @@ ledger identity, so one ledger's evidence was accepted by another.
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ledger.credentials import (
     load_keyring,
     provision_keys,
 )
+from ledger.rolekeys import role_key
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey
 from tests import helpers
@@ -110,7 +112,7 @@ def test_no_loader_creates_a_key_and_the_error_names_key_folder_and_command(
     tmp_path: Path,
 ) -> None:
     settings = LedgerSettings(run_dir=tmp_path / "run")
-    for load in (deployment_key, authority_key, load_keyring):
+    for load in (deployment_key, authority_key, load_keyring, partial(role_key, role="relay")):
         with pytest.raises(MissingKeyError) as caught:
             load(settings)  # type: ignore[operator]
         message = str(caught.value)
@@ -121,7 +123,14 @@ def test_no_loader_creates_a_key_and_the_error_names_key_folder_and_command(
 def test_provisioned_keys_are_bound_to_their_ledger_and_kept(tmp_path: Path) -> None:
     a = LedgerSettings(run_dir=tmp_path / "run", topic_prefix="a")
     made = provision_keys(a)
-    assert set(made.created) == {"ledgers.json", "deployment.key", "authority.key", "outcome.key"}
+    roles = {f"{role}.key" for role in ("processor", "relay", "reconciler", "resumer")}
+    assert set(made.created) == {
+        "ledgers.json",
+        "stage-keys.json",
+        "authority.key",
+        "outcome.key",
+        *roles,
+    }
     assert provision_keys(a).created == ()  # kept
     assert bound_ledgers(a) == ["a"]
     kernel = authority_key(a)
@@ -130,16 +139,16 @@ def test_provisioned_keys_are_bound_to_their_ledger_and_kept(tmp_path: Path) -> 
     assert kernel.key_id.startswith("authority-kernel-")
     # Another ledger in the same folder is refused unless shared on purpose.
     b = a.model_copy(update={"topic_prefix": "b"})
-    for load in (deployment_key, load_keyring):
+    for load in (partial(role_key, role="processor"), load_keyring):
         with pytest.raises(KeysOfAnotherLedgerError, match="ledger keys init --share"):
             load(b)  # type: ignore[operator]
     with pytest.raises(KeysOfAnotherLedgerError):
         provision_keys(b)
     provision_keys(b, share=True)
-    assert bound_ledgers(b) == ["a", "b"] and deployment_key(b).ledger_id == "b"
+    assert bound_ledgers(b) == ["a", "b"] and role_key(b, "processor").ledger_id == "b"
     # LEDGER_ID keeps a ledger's identity under another prefix.
     moved = a.model_copy(update={"topic_prefix": "a2", "id": "a"})
-    assert deployment_key(moved).ledger_id == "a"
+    assert role_key(moved, "processor").ledger_id == "a"
 
 
 def test_a_host_holding_only_the_kernels_public_key_makes_no_kernel_key(tmp_path: Path) -> None:
@@ -159,13 +168,13 @@ def test_keys_that_vanish_while_a_stage_runs_are_not_replaced(tmp_path: Path) ->
     settings = LedgerSettings(run_dir=tmp_path / "run")
     provision_keys(settings)
     ring = load_keyring(settings)
-    before = dict(ring.macs)
+    before = dict(ring.trusted)
     for path in keys_dir(settings).iterdir():
         path.unlink()
     stranger = MacKey(b"s" * 32, ledger_id="ledger")
     problem = ring.check("receipts", b"op", b"v", seal_headers(stranger, "receipts", b"op", b"v"))
     assert unverifiable(problem)
-    assert ring.macs == before  # the keys already loaded stay
+    assert ring.trusted == before and before  # the keys already loaded stay
     assert list(keys_dir(settings).iterdir()) == []  # and nothing was made
 
 
@@ -174,9 +183,9 @@ def test_keys_of_an_earlier_release_are_bound_by_keys_init_not_by_a_stage(tmp_pa
     provision_keys(settings)
     (keys_dir(settings) / "ledgers.json").unlink()
     with pytest.raises(KeysOfAnotherLedgerError, match="ledger keys init"):
-        deployment_key(settings)
+        role_key(settings, "relay")
     assert provision_keys(settings).created == ("ledgers.json",)
-    deployment_key(settings)
+    role_key(settings, "relay")
 
 
 # ------------------------------------------------------------ commands
@@ -205,7 +214,7 @@ def test_a_stage_without_keys_refuses_to_start_and_creates_none(
     monkeypatch.setattr(ledger.logs, "_process", dict(ledger.logs._process))
     result = CliRunner().invoke(main, [component, "--instance", "0"])
     assert result.exit_code == 1, result.output
-    assert "deployment.key" in result.output and "ledger keys init" in result.output
+    assert "stage-keys.json" in result.output and "ledger keys init" in result.output
     assert not (tmp_path / "run" / "keys").exists()
 
 
@@ -221,13 +230,13 @@ def test_keys_init_refuses_over_existing_evidence(env: dict[str, Any], tmp_path:
 def test_keys_init_provisions_a_new_ledger_once(env: dict[str, Any], tmp_path: Path) -> None:
     first = CliRunner().invoke(main, ["keys", "init"])
     assert first.exit_code == 0, first.output
-    assert "created ledgers.json, deployment.key, authority.key" in first.output
+    assert "created ledgers.json, processor.key, relay.key" in first.output
     env["non_empty"] = ["state"]  # the ledger has records now: keys that exist are kept
     again = CliRunner().invoke(main, ["keys", "init"])
     assert again.exit_code == 0 and "was there already" in again.output
     folder = tmp_path / "run" / "keys"
     assert json.loads((folder / "ledgers.json").read_text()) == {"ledgers": ["lost"]}
-    assert (folder / "deployment.key").stat().st_mode & 0o777 == 0o600
+    assert (folder / "relay.key").stat().st_mode & 0o777 == 0o600
 
 
 # ------------------------------------------------------------ health

@@ -220,6 +220,9 @@ class FakeMessage:
     def headers(self) -> Any:
         return self._headers
 
+    def timestamp(self) -> tuple[int, int]:
+        return (2, 0)  # the broker's append time (LogAppendTime), as sealed topics keep it
+
     def partition(self) -> int:
         return self._partition
 

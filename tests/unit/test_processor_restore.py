@@ -58,6 +58,9 @@ class Msg:
     def headers(self) -> list[Any]:
         return self.header_list
 
+    def timestamp(self) -> tuple[int, int]:
+        return (2, 0)  # the broker's append time (LogAppendTime), as sealed topics keep it
+
     def partition(self) -> int:
         return PARTITION
 

@@ -42,6 +42,9 @@ class FakeMessage:
     def headers(self) -> None:
         return None
 
+    def timestamp(self) -> tuple[int, int]:
+        return (2, 0)  # the broker's append time (LogAppendTime), as sealed topics keep it
+
 
 class World:
     """What the fake clients share: how many asked, and when the partition is known."""

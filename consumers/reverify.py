@@ -7,7 +7,9 @@ the sink was away, and nothing asks again). :func:`reverify` asks the
 sink's postcondition query once more and records the answer as a
 ``POSTCONDITION`` :class:`~ledger.events.Readback` of the operation's
 current dispatch, with its current fencing token; the processor then
-decides with the fold as for any verification (``MATCH``: OUTCOME_VERIFIED).
+decides with the fold as for any verification (``MATCH``: OUTCOME_VERIFIED;
+anything else is noted in the journal and changes no state, so the operation
+stays stranded, its age still counting).
 Only a query is sent: never the effect's request, so nothing can happen
 twice. ``ledger reconcile run`` does this for every such operation, the
 console's "read back now" for one.
@@ -126,7 +128,10 @@ def reverify(
                     effect_id=st.effect_id,
                     observed_at_ms=now,
                     detail=detail,
-                    on_resume=True,
+                    # The operation's ordinary verification asked again, not a
+                    # resume: an answer that verifies nothing changes no state
+                    # (a NOOP), so the operation stays stranded and counted.
+                    on_resume=False,
                     observer="reconciler",
                     fencing_token=st.epoch,
                 )

@@ -109,7 +109,9 @@ log = logging.getLogger(__name__)
 #: after a crash as before), and for a sink without a postcondition query it
 #: is where the operation rests (no verification is written for it), so
 #: claiming it would re-verify every such operation ever committed at every
-#: restart.
+#: restart. Only one stranded there (its verification not come back within
+#: ``LEDGER_STRANDED_COMMITTED_S``, :mod:`consumers.strandwatch`) is claimed:
+#: the claim dispatches its verification again, never the effect.
 RESUMABLE = IN_FLIGHT - {S.EFFECT_COMMITTED}
 
 #: The schema versions a dispatch's records are written with (stamped on each dispatch).
@@ -315,8 +317,10 @@ class Processor(Stage):
         ) -> None:
             self.states[op] = raw
             self.partition_of[op] = partition
-            restored[op] = (S(state.state) in RESUMABLE, state.version)
             self._track_unknown(state, at)
+            # A committed effect whose verification never came is claimed too.
+            resumable = S(state.state) in RESUMABLE or self.strands.unverified(op)
+            restored[op] = (resumable, state.version)
             if (
                 state.state == S.NOT_ADMITTED
                 and state.approval_id is not None

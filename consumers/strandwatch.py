@@ -9,6 +9,10 @@ clock, the ``LEDGER_STRANDED_*_S`` bounds, :func:`bounds_of`) and exports
 ``ledger_stranded_oldest_age_seconds{reason}`` through
 :class:`consumers.metrics.StageMetrics`.
 
+A restored processor claims the ``committed_unverified`` ones of the
+partitions it takes over (:meth:`StrandWatch.unverified`): the claim
+dispatches their verification again, so a restart picks them up.
+
 Only operations at a waypoint are kept (NOT_ADMITTED, ADMITTED,
 EFFECT_PENDING, EFFECT_COMMITTED at a sink that can verify): a resting
 operation costs nothing here. The processor does not see the relay's
@@ -34,6 +38,7 @@ from ledger.stranded import (
     Evidence,
     Stranded,
     StrandedBounds,
+    StrandedReason,
     StrandedSummary,
     evaluate,
     order,
@@ -126,6 +131,21 @@ class StrandWatch:
         with self._lock:
             self.waypoints.pop(operation_id, None)
             self.held_since.pop(operation_id, None)
+
+    def unverified(self, operation_id: str) -> bool:
+        """Whether the operation is stranded ``committed_unverified`` now.
+
+        A restored processor claims such an operation: the claim's fold
+        dispatches its verification again (``VERIFY``, a query), never the
+        effect (:func:`ledger.fold.claims._claim`).
+        """
+        with self._lock:
+            row = self.waypoints.get(operation_id)
+        if row is None or row[0] != S.EFFECT_COMMITTED:
+            return False
+        state, sink, since = row
+        found = evaluate(operation_id, state, sink, Evidence(since), self._now_ms(), self.bounds)
+        return found is not None and found.reason == StrandedReason.COMMITTED_UNVERIFIED
 
     def stranded(self) -> list[Stranded]:
         """The stranded operations on this processor's partitions now, oldest first."""

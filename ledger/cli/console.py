@@ -637,11 +637,15 @@ def create_app(
     def audit(request: Request) -> Response:
         states = data.operations()
         now = data.now_ms()
-        open_items = [
-            {"state": st, "age_s": operation_age_s(st, now)}
-            for st in states
-            if st.state in OPEN_STATES
-        ]
+        stranded = {s.operation_id: s for s in data.stranded()}
+        open_items = problems_first(
+            (
+                {"state": st, "age_s": operation_age_s(st, now)}
+                for st in states
+                if st.state in OPEN_STATES or st.operation_id in stranded
+            ),
+            stranded,
+        )
         run = last_audit[-1] if last_audit else None
         return _page(
             "console_audit.html.j2",

@@ -491,3 +491,21 @@ def test_read_back_now_reads_back_an_offered_operation_and_refuses_others(
     )
     assert tokenless.status_code == foreign.status_code == 403
     assert ledger.read_backs == ["refund:c:v1", "notify:<held>:v1"]
+
+
+def test_the_audit_page_lists_stranded_operations_first_and_never_calls_them_clean(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    found = strand(ledger, "refund:c:v1", S.EFFECT_COMMITTED, 400)
+    ledger.audit_report = {
+        "operations": 4,
+        "verdict": "STRANDED: 1 operation not moving (ledger only, sink readback off)",
+        "violations": [],
+        "stranded": [found.to_dict()],
+    }
+    client.post("/audit", data={"token": TOKEN}, headers=SAME_ORIGIN)
+    page = client.get("/audit").text
+    assert '<span class="badge fail">STRANDED</span>' in page
+    items = rows(page, "open-items")
+    assert "refund:c:v1" in items[0] and "stranded (committed_unverified)" in items[0]
+    assert "notify:&lt;held&gt;:v1" in items[1]

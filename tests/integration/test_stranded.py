@@ -23,11 +23,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.exceptions import StarletteDeprecationWarning
 
 from consumers.auditor import run_audit
-from consumers.reader import current_states
+from consumers.reader import current_states, read_topic
 from consumers.stranding import ledger_stranded
 from ledger.cli.console import LedgerData, create_app
 from ledger.contracts import PAYMENT_GATEWAY, EffectContract
-from ledger.events import Disposition
+from ledger.events import Disposition, Readback
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
@@ -95,6 +95,17 @@ def _state(settings: LedgerSettings, op: str) -> str | None:
     return None if found is None else str(found.state)
 
 
+def _verifications(settings: LedgerSettings, op: str) -> list[Readback]:
+    """The postcondition readbacks recorded for ``op``."""
+    return [
+        r.event
+        for r in read_topic(settings, "readbacks")
+        if isinstance(r.event, Readback)
+        and r.event.operation_id == op
+        and r.event.kind == "POSTCONDITION"
+    ]
+
+
 def _stranded_as(settings: LedgerSettings, op: str, reason: str) -> bool:
     return any(s.operation_id == op and s.reason == reason for s in ledger_stranded(settings))
 
@@ -145,6 +156,7 @@ def stranding(ledger_settings: LedgerSettings) -> Iterator[tuple[Harness, Ledger
             "stranded_in_flight_s": 1.0,
             "stranded_committed_s": 1.0,
             "stranded_not_admitted_s": 1.0,
+            "sink_retry_attempts": 1,  # a sink away is given up on at once
         }
     )
     harness = Harness(settings, create=False)
@@ -193,8 +205,9 @@ def test_in_flight_without_a_relay_and_not_admitted_without_a_kernel_are_strande
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.parametrize("resumed_by", ["reconcile run", "processor restart"])
 def test_a_committed_disposition_whose_verification_never_came_is_verified_again(
-    stranding: tuple[Harness, LedgerPublisher, int],
+    stranding: tuple[Harness, LedgerPublisher, int], resumed_by: str
 ) -> None:
     harness, pub, port = stranding
     settings = harness.settings
@@ -216,9 +229,9 @@ def test_a_committed_disposition_whose_verification_never_came_is_verified_again
     )
     harness.start_all()
     _until("UNKNOWN_OUTCOME", lambda: _state(settings, op) == S.UNKNOWN_OUTCOME)
-    # The relay goes; an operator disposes "committed"; the verification it
-    # dispatches has nobody to perform it, and the sink is away as well.
-    harness.retire("relay", "0")
+    # The sink goes away; an operator disposes "committed"; the relay performs
+    # the verification that follows, which fails (the issue's case).
+    sink.stop()
     held = current_states(settings)[op]
     can_sign(pub, settings, "operator-7")
     pub.publish_disposition(
@@ -233,7 +246,7 @@ def test_a_committed_disposition_whose_verification_never_came_is_verified_again
         )
     )
     _until("EFFECT_COMMITTED", lambda: _state(settings, op) == S.EFFECT_COMMITTED)
-    sink.stop()
+    _until("the relay's failed verification", lambda: _verifications(settings, op))
 
     run = assert_seen_everywhere(settings, op, "committed_unverified", port)
     assert "verification UNKNOWN" in run.stderr  # it asked again; the sink did not answer
@@ -241,15 +254,21 @@ def test_a_committed_disposition_whose_verification_never_came_is_verified_again
     assert _state(settings, op) == S.EFFECT_COMMITTED
     assert _stranded_as(settings, op, "committed_unverified")
 
-    # The sink back: the next scheduled run verifies it without a person.
+    # The sink back, it is resumed without a person: by the next scheduled
+    # reconcile run, or by the owner of its partition when it restarts (its
+    # claim dispatches the verification again, which a relay performs).
     sink.restart()
     registry = load_sinks(settings.sinks_path())
     registry["notary"] = SinkEndpoint(url=sink.url, contract=NOTARY, token=sink.token)
     save_sinks(settings.sinks_path(), registry)
-    _until("stranded again", lambda: _stranded_as(settings, op, "committed_unverified"))
-    done = _reconcile_run(settings)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "verification MATCH" in done.stderr
+    if resumed_by == "reconcile run":
+        done = _reconcile_run(settings)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "verification MATCH" in done.stderr
+    else:
+        harness.kill("processor")
+        assert harness.restart("processor") == ["processor-0"]
     _until("OUTCOME_VERIFIED", lambda: _state(settings, op) == S.OUTCOME_VERIFIED)
     assert harness.effects("notary", op) == 1  # only a query was sent
     assert run_audit(settings, read_sinks=False).clean
+    assert _reconcile_run(settings).returncode == 0

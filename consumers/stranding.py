@@ -15,14 +15,19 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from confluent_kafka import Message
+
 from consumers.groups import stage_status
-from consumers.reader import read_latest, read_topic
+from consumers.reader import read_topic
+from consumers.stage import Record, decode_record, kafka_timestamp_ms, key_text, read_partition
 from consumers.strandwatch import bounds_of, verifiable_at
+from ledger.authn import unverifiable
+from ledger.credentials import load_keyring
 from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
 from ledger.settings import LedgerSettings
 from ledger.stranded import Evidence, Stranded, evaluate, order
-from ledger.topology import partition_for
+from ledger.topology import is_reserved_key, partition_for
 from sinks.registry import load_sinks
 
 log = logging.getLogger(__name__)
@@ -83,7 +88,9 @@ def find_stranded(
             (wall clock, ms); missing: its age is unknown and it is not judged.
         now_ms: wall clock now, milliseconds.
         mismatched: operations whose postcondition contradicted the effect.
-        held: operation -> why a reader holds it behind a refused record.
+        held: operation -> why a reader holds it behind a refused record (an
+            operation held with no authentic state is judged too; its age
+            runs from ``since_ms`` of the refused record).
         relay: ``dispatches`` partitions a live relay holds (default: asked
             of the consumer groups; ``None`` there: unknown).
         verifiable: whether an operation's sink can verify (default: the
@@ -97,15 +104,17 @@ def find_stranded(
     check = can_verify(settings) if verifiable is None else verifiable
     held = held or {}
     found: list[Stranded] = []
-    for op, st in states.items():
+    for op in set(states) | set(held):
+        st = states.get(op)
         evidence = Evidence(
             since_ms=since_ms.get(op),
             owner_live=None if relay is None else partition_for(op, settings.partitions) in relay,
             held=held.get(op),
-            verifiable=check(st),
+            verifiable=st is None or check(st),
             mismatched=op in mismatched,
         )
-        item = evaluate(op, str(st.state), st.sink, evidence, now_ms, bounds)
+        state, sink = ("", "") if st is None else (str(st.state), st.sink)
+        item = evaluate(op, state, sink, evidence, now_ms, bounds)
         if item is not None:
             found.append(item)
     return order(found)
@@ -126,15 +135,57 @@ def ledger_stranded(settings: LedgerSettings) -> list[Stranded]:
     """Read the ledger and return its stranded operations, oldest first.
 
     Reads ``ledger.state`` (latest authentic record per operation, with its
-    Kafka timestamp), ``ledger.operating-events``, the consumer groups and
-    the sink registry. Ages are on the wall clock, as the audit's.
+    Kafka timestamp, and the operations whose latest record is sealed by a
+    key not held here: every reader holds those), ``ledger.operating-events``,
+    the consumer groups and the sink registry. Ages are on the wall clock, as
+    the audit's.
 
     Raises:
         LedgerError: a topic could not be read to its end.
+        LocalFileError: a key file is unreadable.
     """
-    latest = read_latest(settings, "state")
-    states = {k: r.event for k, r in latest.items() if isinstance(r.event, OperationState)}
-    since = {k: r.timestamp_ms for k, r in latest.items() if r.timestamp_ms is not None}
+    latest: dict[str, Message] = {}
+    held: dict[str, str] = {}
+    since: dict[str, int] = {}
+
+    def keep(_rec: Record | None, msg: Message) -> None:
+        key = key_text(msg)
+        held.pop(key, None)
+        if msg.value() is None:
+            latest.pop(key, None)
+        else:
+            latest[key] = msg
+
+    def refused(msg: Message, problem: str) -> None:
+        key = key_text(msg)
+        if unverifiable(problem) and not is_reserved_key(key.encode()):
+            held[key] = f"state:{msg.partition()}:{msg.offset()} {problem}"
+            latest.pop(key, None)
+            stamp = kafka_timestamp_ms(msg)
+            if stamp is not None:
+                since[key] = stamp
+
+    read_partition(
+        settings,
+        "state",
+        None,
+        keep,
+        decode=False,
+        keyring=load_keyring(settings, missing_ok=True),
+        on_refused=refused,
+    )
+    states: dict[str, OperationState] = {}
+    for key, msg in latest.items():
+        rec = decode_record("state", msg)
+        if rec is not None and isinstance(rec.event, OperationState):
+            states[key] = rec.event
+            if rec.timestamp_ms is not None:
+                since[key] = rec.timestamp_ms
     return find_stranded(
-        settings, states, since, int(time.time() * 1000), mismatched=mismatches(settings)
+        settings,
+        states,
+        since,
+        int(time.time() * 1000),
+        mismatched=mismatches(settings),
+        held=held,
     )

@@ -9,6 +9,7 @@ left where it is becomes stranded within the test; every wait polls a condition.
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from consumers.reader import current_states, read_topic
 from consumers.stranding import ledger_stranded
 from ledger.cli.console import LedgerData, create_app
 from ledger.contracts import PAYMENT_GATEWAY, EffectContract
+from ledger.credentials import provision_keys
 from ledger.events import Disposition, Readback
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
@@ -117,11 +119,14 @@ def assert_seen_everywhere(
     a non-zero ``reconcile run``; returns that run."""
     _until(f"{op} stranded ({reason})", lambda: _stranded_as(settings, op, reason))
     report = run_audit(settings, read_sinks=False)
-    assert not report.clean and report.verdict.startswith("STRANDED"), report.verdict
-    assert not report.violations, report.violations
+    assert not report.clean and not report.violations, report.violations
     (item,) = [i for i in report.open_items if i.operation_id == op]
-    assert f"stranded ({reason})" in item.reason and item.age_s is not None
-    assert op in {s.operation_id for s in report.stranded}
+    if reason == "held_refused_record":  # evidence the audit cannot verify: said as such
+        assert report.verdict.startswith("NOT VERIFIED") and item.state == "UNVERIFIABLE"
+    else:
+        assert report.verdict.startswith("STRANDED"), report.verdict
+        assert f"stranded ({reason})" in item.reason and item.age_s is not None
+        assert op in {s.operation_id for s in report.stranded}
 
     # The processor judges its own partitions with the same definition.
     _until(
@@ -156,6 +161,7 @@ def stranding(ledger_settings: LedgerSettings) -> Iterator[tuple[Harness, Ledger
             "stranded_in_flight_s": 1.0,
             "stranded_committed_s": 1.0,
             "stranded_not_admitted_s": 1.0,
+            "stranded_held_s": 1.0,
             "sink_retry_attempts": 1,  # a sink away is given up on at once
         }
     )
@@ -272,3 +278,26 @@ def test_a_committed_disposition_whose_verification_never_came_is_verified_again
     assert harness.effects("notary", op) == 1  # only a query was sent
     assert run_audit(settings, read_sinks=False).clean
     assert _reconcile_run(settings).returncode == 0
+
+
+def test_an_operation_held_behind_a_record_its_keys_cannot_verify_is_stranded(
+    stranding: tuple[Harness, LedgerPublisher, int],
+) -> None:
+    harness, pub, port = stranding
+    settings = harness.settings
+    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
+    op = "refund:stranded-held:v1"
+    approve(pub)
+    publish(pub, op)
+    harness.start_all()
+    _until(f"{op} verified", lambda: _state(settings, op) == S.OUTCOME_VERIFIED)
+    # The keys folder is lost and made anew by hand: the operation's state is
+    # sealed by a key no reader holds any more, so every reader holds it.
+    for component in ("processor", "authority", "relay"):
+        harness.kill(component)
+    shutil.rmtree(settings.keys_dir or settings.run_dir / "keys")
+    provision_keys(settings)
+    harness.restart()
+
+    run = assert_seen_everywhere(settings, op, "held_refused_record", port)
+    assert "restore the keys folder" in run.stderr

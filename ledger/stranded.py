@@ -168,8 +168,8 @@ class Stranded:
 def _remedy(reason: StrandedReason, operation_id: str, held: str | None) -> str:
     if reason is StrandedReason.IN_FLIGHT_WITHOUT_OWNER:
         return (
-            "no live relay holds its partition: start the relay ('ledger status' shows who "
-            "runs); it reads the effect back before any second attempt"
+            "no live relay is known to hold its partition: start the relay ('ledger status' "
+            "shows who runs); it reads the effect back before any second attempt"
         )
     if reason is StrandedReason.IN_FLIGHT_OVERDUE:
         return (

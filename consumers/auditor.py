@@ -25,7 +25,8 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from consumers.chain_audit import ChainCollector, check_chains
 from consumers.stage import key_text, read_partition
-from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items
+from consumers.stranding import find_stranded
+from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items, stranded_items
 from ledger.authn import Keyring, unverifiable
 from ledger.credentials import load_keyring
 from ledger.errors import LocalFileError, SinkConfigError, SinkError
@@ -233,7 +234,8 @@ def run_audit(
         the end offset it read to on every partition, whether sinks were
         read back, and the open items (ages on the wall clock: from the
         Kafka timestamp of each operation's latest state record to the
-        audit's start).
+        audit's start), stranded operations among them
+        (:mod:`consumers.stranding`; the report is not clean while any is).
 
     Raises:
         LedgerError: a topic could not be read to its end.
@@ -304,6 +306,14 @@ def run_audit(
         r for r in report.unauthenticated_records if unverifiable(str(r.get("reason")))
     ]
     report.open_items += _unverifiable_items(scans, states, report.open_items)  # type: ignore[arg-type]
+    report.stranded = find_stranded(
+        settings,
+        states,  # type: ignore[arg-type]
+        scans["state"].written_ms,
+        started_ms,
+        mismatched=set(mismatched),
+    )
+    report.open_items += stranded_items(report.stranded, report.open_items)
     return report
 
 

@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 from ledger.errors import SettingsError
 from ledger.events import AdmissionDecision, EffectReceipt, Event, JournalEntry, OperatingEvent
 from ledger.events import Readback as ReadbackEvent
+from ledger.stranded import StrandedSummary
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ledger_unverifiable_held": ("gauge", ()),
     "ledger_loop_age_seconds": ("gauge", ()),
     "ledger_clock_readings_refused_total": ("counter", ("clock",)),
+    "ledger_stranded_operations": ("gauge", ("reason",)),
+    "ledger_stranded_oldest_age_seconds": ("gauge", ("reason",)),
 }
 
 #: librdkafka statistics interval of a stage's consumer while metrics are served
@@ -230,19 +233,35 @@ class _Live(Collector):
             "Seconds since the stage's loop last went round (0 before it starts)",
             labels=["stage"],
         )
+        yield GaugeMetricFamily(
+            "ledger_stranded_operations",
+            "Operations on the processor's partitions stranded short of where they should "
+            "rest, by reason (ledger.stranded; LEDGER_STRANDED_*_S)",
+            labels=["stage", "reason"],
+        )
+        yield GaugeMetricFamily(
+            "ledger_stranded_oldest_age_seconds",
+            "Age of the oldest stranded operation, by reason (seconds; 0 when none)",
+            labels=["stage", "reason"],
+        )
 
     def collect(self) -> Iterable[Metric]:
         """The current values."""
         m = self.metrics
         stage = m.component
-        lag, ready, waiting, held, age = self._families()
+        lag, ready, waiting, held, age, stranded, oldest = self._families()
         for (topic, partition), value in sorted(m.lag.items()):
             lag.add_metric([stage, topic, str(partition)], value)
         ready.add_metric([stage], 1.0 if m.readiness()[0] else 0.0)
         waiting.add_metric([stage], 1.0 if m.waiting() else 0.0)
         held.add_metric([stage], float(len(m._held())))
         age.add_metric([stage], m.loop_age_s())
-        return [lag, ready, waiting, held, age]
+        summary = m.stranded()
+        if summary is not None:  # only the processor owns operations
+            for reason, count in sorted(summary.count.items()):
+                stranded.add_metric([stage, str(reason)], float(count))
+                oldest.add_metric([stage, str(reason)], summary.oldest_age_s[reason])
+        return [lag, ready, waiting, held, age, stranded, oldest]
 
 
 class StageMetrics:
@@ -273,6 +292,8 @@ class StageMetrics:
     ) -> None:
         self.component = component
         self._held = held
+        #: the stranded operations' summary (the processor sets it; ``None``: none owned).
+        self.stranded: Callable[[], StrandedSummary | None] = lambda: None
         self.instance = instance
         self.stall_s = stall_s
         self._ready = ready

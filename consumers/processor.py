@@ -78,6 +78,7 @@ from consumers.stage import (
     record_event,
     seal_refusal_kind,
 )
+from consumers.strandwatch import StrandWatch
 from ledger.acl import STAGE_INPUTS
 from ledger.authn import unverifiable
 from ledger.contracts import postcondition_request
@@ -119,7 +120,9 @@ log = logging.getLogger(__name__)
 #: after a crash as before), and for a sink without a postcondition query it
 #: is where the operation rests (no verification is written for it), so
 #: claiming it would re-verify every such operation ever committed at every
-#: restart.
+#: restart. Only one stranded there (its verification not come back within
+#: ``LEDGER_STRANDED_COMMITTED_S``, :mod:`consumers.strandwatch`) is claimed:
+#: the claim dispatches its verification again, never the effect.
 RESUMABLE = IN_FLIGHT - {S.EFFECT_COMMITTED}
 
 #: The schema versions a dispatch's records are written with (stamped on each dispatch).
@@ -206,6 +209,9 @@ class Processor(Stage):
             self.sealer,
             [FileWitness(self.settings.witness_path(), ledger_id)],
         )
+        #: stranded operations on the assigned partitions (``ledger_stranded_*`` gauges).
+        self.strands = StrandWatch(self.settings, self.registry, lambda: self.held)
+        self.metrics.stranded = self.strands.summary
 
     def sink_problem(self, sink: str) -> str | None:
         """Why an intent's sink cannot be used, or ``None`` (registered, or no registry).
@@ -338,11 +344,15 @@ class Processor(Stage):
         #: op -> (partition, offset, why) of its latest record, while that one was refused.
         displaced: dict[str, tuple[int, int, str]] = {}
 
-        def keep(op: str, state: OperationState, raw: bytes, partition: int) -> None:
+        def keep(
+            op: str, state: OperationState, raw: bytes, partition: int, at: int | None = None
+        ) -> None:
             self.states[op] = raw
             self.partition_of[op] = partition
-            restored[op] = (S(state.state) in RESUMABLE, state.version)
-            self._track_unknown(op, state.state)
+            self._track_unknown(state, at)
+            # A committed effect whose verification never came is claimed too.
+            resumable = S(state.state) in RESUMABLE or self.strands.unverified(op)
+            restored[op] = (resumable, state.version)
             if (
                 state.state == S.NOT_ADMITTED
                 and state.approval_id is not None
@@ -361,7 +371,7 @@ class Processor(Stage):
                     # version stands; the copy is reported, not restored.
                     self.notes.append(_older_state(msg, rec.event, held[1]))
                     return
-                keep(rec.key, rec.event, rec.raw, rec.partition)
+                keep(rec.key, rec.event, rec.raw, rec.partition, rec.timestamp_ms)
                 displaced.pop(rec.key, None)
                 self.held.pop(rec.key, None)  # a later authentic state supersedes it
                 if restored[rec.key][0]:  # kept only for what may be resumed
@@ -602,6 +612,7 @@ class Processor(Stage):
             self.states.pop(op, None)
             self.partition_of.pop(op, None)
             self.unknown_open.discard(op)
+            self.strands.forget(op)
             self.admission_resumes.discard(op)
             # The next owner rebuilds it again; a late write here could
             # overwrite a newer state that owner decided.
@@ -696,18 +707,19 @@ class Processor(Stage):
         self.reasserted.clear()
         for op, st in self.pending.items():
             self.states[op] = st if S(st.state) in IN_FLIGHT else self.pending_raw[op]
-            self._track_unknown(op, st.state)
+            self._track_unknown(st)
         self.pending.clear()
         self.pending_raw.clear()
         self.admission_resumes -= self.admission_resumed
         self.admission_resumed.clear()
 
-    def _track_unknown(self, operation_id: str, state: str) -> None:
-        """Keep :attr:`unknown_open` (the ``ledger_unknown_outcomes_open`` gauge) current."""
-        if state == S.UNKNOWN_OUTCOME:
-            self.unknown_open.add(operation_id)
+    def _track_unknown(self, state: OperationState, at_ms: int | None = None) -> None:
+        """Keep :attr:`unknown_open` and :attr:`strands` (their gauges) current."""
+        self.strands.track(state, at_ms)
+        if state.state == S.UNKNOWN_OUTCOME:
+            self.unknown_open.add(state.operation_id)
         else:
-            self.unknown_open.discard(operation_id)
+            self.unknown_open.discard(state.operation_id)
 
     def current(self, operation_id: str) -> OperationState | None:
         """State including the open transaction's decisions (``None``: unknown operation).

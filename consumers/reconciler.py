@@ -135,12 +135,15 @@ def _manifest(settings: LedgerSettings, say: Callable[[str], None]) -> ReleaseMa
 
 
 def reconcile_once(
-    settings: LedgerSettings, say: Callable[[str], None] = lambda _: None
+    settings: LedgerSettings,
+    say: Callable[[str], None] = lambda _: None,
+    only: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Read back every open unknown outcome once and record what was observed.
 
     Reads the sink registry and the clock, then waits for a broker that does
-    not answer (for ``takeover_wait_s``) and checks the topics.
+    not answer (for ``takeover_wait_s``) and checks the topics. ``only``
+    limits the pass to those operations (the console's "read back now").
 
     Returns:
         One ``{"operation_id", "sink", "observed", "detail"}`` per item.
@@ -163,7 +166,9 @@ def reconcile_once(
     publisher = LedgerPublisher(settings, client_id="reconciler", credentials=credentials)
     guarded: dict[str, PassGuard] = {}
     try:
-        items = open_items(settings, retry)
+        items = [
+            st for st in open_items(settings, retry) if only is None or st.operation_id in only
+        ]
         versions = attempted_versions(settings, {st.operation_id for st in items}, retry)
         manifest = _manifest(settings, say)
         for st in items:

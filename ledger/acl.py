@@ -153,6 +153,8 @@ EXTRA_READS: Mapping[str, Mapping[str, str]] = {
         "state": "each queued operation's state and fencing token",
         "receipts": "the contract version each queued operation was attempted under "
         "(a readback across a sink upgrade the release manifest does not allow is held)",
+        "operating-events": "postcondition mismatches: such a committed operation is an "
+        "open item of its own, not stranded (consumers.stranding)",
     },
     "service": {
         "outcomes": "what became of its operations (producers.outcomes, the service SDK)",
@@ -163,6 +165,8 @@ EXTRA_READS: Mapping[str, Mapping[str, str]] = {
         "state": "ledger state, ledger claim",
         "journal": "the processor's decision on what it published (--wait-s)",
         "reconciliation": "ledger reconcile list",
+        "operating-events": "the console's stranded operations (postcondition mismatches "
+        "are not stranded)",
     },
 }
 

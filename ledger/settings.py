@@ -209,6 +209,15 @@ class LedgerSettings(BaseSettings):
         log_format: ``text`` (the default: ``time level logger: message``)
             or ``json`` (one JSON object a line with operation ID, stage,
             instance and trace ID; ``LEDGER_LOG_FORMAT``, see :mod:`ledger.logs`).
+        stranded_in_flight_s: seconds an operation may stay ADMITTED or
+            EFFECT_PENDING before it is stranded (default 300; see
+            :mod:`ledger.stranded`).
+        stranded_committed_s: seconds an operation may stay EFFECT_COMMITTED
+            at a sink that can verify before it is stranded (default 300).
+        stranded_not_admitted_s: seconds an operation may stay NOT_ADMITTED
+            before it is stranded (default 300).
+        stranded_held_s: seconds a reader may hold an operation behind a
+            record it refused before it is stranded (default 60).
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -257,6 +266,10 @@ class LedgerSettings(BaseSettings):
     heads_interval_s: float = Field(default=30.0, gt=0)
     witness_file: Path | None = None
     log_format: Literal["text", "json"] = "text"
+    stranded_in_flight_s: float = Field(default=300.0, ge=0)
+    stranded_committed_s: float = Field(default=300.0, ge=0)
+    stranded_not_admitted_s: float = Field(default=300.0, ge=0)
+    stranded_held_s: float = Field(default=60.0, ge=0)
 
     @model_validator(mode="after")
     def _local_broker_by_default(self) -> LedgerSettings:

@@ -54,7 +54,15 @@ from collections.abc import Iterable, Mapping
 
 from ledger.audit.facts import AuditInput, Provenance, gather
 from ledger.audit.invariants import INVARIANTS, Invariant, invariant
-from ledger.audit.report import OPEN_STATES, AuditReport, Findings, OpenItem, Violation, open_items
+from ledger.audit.report import (
+    OPEN_STATES,
+    AuditReport,
+    Findings,
+    OpenItem,
+    Violation,
+    open_items,
+    stranded_items,
+)
 from ledger.events import Dispatch, JournalEntry, OperationState, RecoveryReceipt
 
 __all__ = [
@@ -71,6 +79,7 @@ __all__ = [
     "gather",
     "invariant",
     "open_items",
+    "stranded_items",
 ]
 
 

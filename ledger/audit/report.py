@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledger.events import OperationState
+from ledger.stranded import Stranded
 
 #: States an operator must look at: held unknown outcomes, operations waiting
 #: for a new approval, and operations given up.
@@ -183,6 +184,25 @@ def open_items(
     return items
 
 
+def stranded_items(stranded: list[Stranded], already: list[OpenItem]) -> list[OpenItem]:
+    """Open items for stranded operations (:mod:`ledger.stranded`), oldest first.
+
+    Args:
+        stranded: the stranded operations, oldest first.
+        already: the open items listed so far (an operation is listed once).
+
+    Returns:
+        One item per stranded operation not in ``already``: its state, and
+        as reason why it is stranded, for how long and its remedy.
+    """
+    listed = {i.operation_id for i in already}
+    return [
+        OpenItem(s.operation_id, s.state, s.sink, s.sentence, s.since_ms, s.age_s)
+        for s in stranded
+        if s.operation_id not in listed
+    ]
+
+
 @dataclass
 class AuditReport:
     """The auditor's result.
@@ -233,6 +253,9 @@ class AuditReport:
             "operations": how many were left unread, "reason"}``): a sink
             that gave no answer within its deadline, or ran out of its share
             of the audit, is asked nothing more.
+        stranded: operations not resting where they should for longer than
+            their bound (:mod:`ledger.stranded`), oldest first; each is an
+            open item too, and the audit is not CLEAN while any is left.
     """
 
     operations: int = 0
@@ -252,11 +275,12 @@ class AuditReport:
     unverifiable_records: list[dict[str, Any]] = field(default_factory=list)
     sink_unread: list[dict[str, Any]] = field(default_factory=list)
     journal_chain: dict[str, Any] = field(default_factory=dict)
+    stranded: list[Stranded] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        """No violation, and no record left that these keys cannot verify."""
-        return not self.violations and not self.unverifiable_records
+        """No violation, no record left that these keys cannot verify, nothing stranded."""
+        return not self.violations and not self.unverifiable_records and not self.stranded
 
     @property
     def facts(self) -> int:
@@ -271,11 +295,13 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """``CLEAN``, ``N VIOLATION(S)`` or ``NOT VERIFIED``, and the coverage it holds for.
+        """``CLEAN``, ``N VIOLATION(S)``, ``NOT VERIFIED`` or ``STRANDED``, and its coverage.
 
         ``NOT VERIFIED`` (no violation found, but records sealed by keys the
         auditor does not hold are left): evidence it could not check is never
-        counted as absent.
+        counted as absent. ``STRANDED`` (no violation, every record checked,
+        but operations stopped short of where they should rest): sound
+        evidence of work that is not moving is not clean.
         """
         n = len(self.violations)
         if n:
@@ -283,6 +309,9 @@ class AuditReport:
         elif self.unverifiable_records:
             u = len(self.unverifiable_records)
             head = f"NOT VERIFIED: {u} record{'s' if u != 1 else ''} sealed by keys not held here"
+        elif self.stranded:
+            k = len(self.stranded)
+            head = f"STRANDED: {k} operation{'s' if k != 1 else ''} not moving"
         else:
             head = "CLEAN"
         return f"{head} ({self.coverage})"
@@ -322,7 +351,7 @@ class AuditReport:
             str, "operation_id": str | None, "evidence": str}],
             "unauthenticated_records": [...], "undecodable_records": [...],
             "replayed_records": [...], "journal_chain": {...},
-            "authenticity_checked": bool}``,
+            "authenticity_checked": bool, "stranded": [Stranded.to_dict()]}``,
             violations in the order found; ``sink_facts`` is ``None`` when
             sink readback was off.
         """
@@ -349,6 +378,7 @@ class AuditReport:
                 for t, parts in sorted(self.offsets.items())
             },
             "open_items": [i.to_dict() for i in self.open_items],
+            "stranded": [s.to_dict() for s in self.stranded],
             "authenticity_checked": self.authenticity_checked,
             "unauthenticated_records": list(self.unauthenticated_records),
             "unverifiable_records": list(self.unverifiable_records),

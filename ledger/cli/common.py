@@ -50,6 +50,9 @@ EXIT_UNKNOWN_OPERATION = 5
 EXIT_BROKER_UNREACHABLE = 6
 #: The ledger's topics do not exist under this prefix: run ``ledger topics create``.
 EXIT_TOPICS_MISSING = 7
+#: ``ledger reconcile run``: work it owns is left open (an unknown outcome
+#: still unknown, or a stranded operation, :mod:`ledger.stranded`).
+EXIT_WORK_OPEN = 8
 
 #: Every exit code and its meaning, in one table (``ledger --help`` and the README say it).
 EXIT_CODES: dict[int, str] = {
@@ -61,6 +64,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_UNKNOWN_OPERATION: "unknown operation",
     EXIT_BROKER_UNREACHABLE: "broker unreachable",
     EXIT_TOPICS_MISSING: "topics not created (run `ledger topics create`)",
+    EXIT_WORK_OPEN: "work left open: unknown or stranded operations remain (reconcile run)",
 }
 
 

@@ -7,8 +7,10 @@ HTML forms, no JavaScript):
   operation ID substring and filterable by state, sink and age;
 * ``/operation?id=OP`` -- one operation: its current state and its history
   (timeline);
-* ``/queue`` -- the unknown-outcome queue (what ``ledger reconcile list``
-  shows), each item with a disposition form;
+* ``/queue`` -- stranded operations, then the unknown-outcome queue (what
+  ``ledger reconcile list`` shows), each with "read back now" where a
+  readback can move it and a disposition form for an unknown outcome
+  (:mod:`ledger.cli.triage`; ``/operations`` lists problems first too);
 * ``/audit`` -- the latest audit this console ran, with the open items
   (held, abandoned and reauthorisation-pending operations);
 * ``/stages`` -- stage health: status files, consumer-group members and, when
@@ -42,12 +44,14 @@ import click
 
 from ledger.cli.common import current_settings
 from ledger.cli.render import render
+from ledger.cli.triage import NavCounts, problems_first
 from ledger.errors import LedgerError
 from ledger.events import OperationState
 from ledger.history import journal_move
 from ledger.instants import readable_fields
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
+from ledger.stranded import Stranded
 
 if TYPE_CHECKING:  # Starlette is imported when the console runs, not by every command
     from starlette.applications import Starlette
@@ -139,6 +143,17 @@ class ConsoleData(Protocol):
 
     def stages(self) -> list[StageHealth]:
         """Health of the ledger's stages."""
+
+    def stranded(self) -> list[Stranded]:
+        """Operations stranded short of where they should rest, oldest first."""
+
+    def read_back(self, operation_id: str) -> str:
+        """Read back one operation now (a verification or an effect readback; never the
+        effect's request) and record it; return one line saying what was observed.
+
+        Raises:
+            LedgerError: it could not be read back or recorded.
+        """
 
 
 def operation_age_s(state: OperationState, now_ms: int) -> float | None:
@@ -254,6 +269,18 @@ class LedgerData:
         from consumers.auditor import run_audit
 
         return run_audit(self.settings, read_sinks=read_sinks).to_dict()
+
+    def stranded(self) -> list[Stranded]:
+        """The ledger's stranded operations (:func:`consumers.stranding.ledger_stranded`)."""
+        from consumers.stranding import ledger_stranded
+
+        return ledger_stranded(self.settings)
+
+    def read_back(self, operation_id: str) -> str:
+        """:func:`consumers.reverify.read_back_now`."""
+        from consumers.reverify import read_back_now
+
+        return read_back_now(self.settings, operation_id)
 
     def stages(self) -> list[StageHealth]:
         """Status files, consumer-group members and metrics endpoints, in that order."""
@@ -427,7 +454,8 @@ def create_app(
 
     form_token = token or secrets.token_urlsafe(32)
     last_audit: list[AuditRun] = []
-    common: dict[str, Any] = {"ledger": title, "token": form_token}
+    nav = NavCounts(data.stranded, data.queue)
+    common: dict[str, Any] = {"ledger": title, "token": form_token, "nav_counts": nav}
 
     def refused(request: Request) -> Response | None:
         if not _same_origin(request):
@@ -490,6 +518,7 @@ def create_app(
             if min_age is not None and (age is None or age < min_age):
                 continue
             rows.append({"state": st, "age_s": age})
+        rows = problems_first(rows, {s.operation_id: s for s in data.stranded()})
         return _page(
             "console_operations.html.j2",
             400 if error else 200,
@@ -538,8 +567,9 @@ def create_app(
         return _page(
             "console_queue.html.j2",
             status_code,
-            title=f"unknown outcomes · {title}",
+            title=f"queue · {title}",
             page="queue",
+            stranded=data.stranded(),
             items=[{"state": st, "age_s": operation_age_s(st, now)} for st in items],
             decisions=DECISIONS,
             operators=data.operators(),
@@ -587,16 +617,41 @@ def create_app(
             said = data.dispose(op, decision, by, evidence)
         except LedgerError as exc:
             return queue_page(503, error=f"not disposed: {exc.message}")
+        nav.forget()
+        return RedirectResponse("/queue?" + urlencode({"done": said}), status_code=303)
+
+    async def read_back(request: Request) -> Response:
+        no = refused(request)
+        if no is not None:
+            return no
+        ok, form = await token_ok(request)
+        if not ok:
+            return bad_token()
+        return await run_in_threadpool(read_back_one, form.get("operation_id", ""))
+
+    def read_back_one(op: str) -> Response:
+        offered = {s.operation_id for s in data.stranded() if s.read_back}
+        if op not in offered | {st.operation_id for st in data.queue()}:
+            return queue_page(400, error=f"not read back: {op!r} is not in the queue")
+        try:
+            said = data.read_back(op)
+        except LedgerError as exc:
+            return queue_page(503, error=f"not read back: {exc.message}")
+        nav.forget()
         return RedirectResponse("/queue?" + urlencode({"done": said}), status_code=303)
 
     def audit(request: Request) -> Response:
         states = data.operations()
         now = data.now_ms()
-        open_items = [
-            {"state": st, "age_s": operation_age_s(st, now)}
-            for st in states
-            if st.state in OPEN_STATES
-        ]
+        stranded = {s.operation_id: s for s in data.stranded()}
+        open_items = problems_first(
+            (
+                {"state": st, "age_s": operation_age_s(st, now)}
+                for st in states
+                if st.state in OPEN_STATES or st.operation_id in stranded
+            ),
+            stranded,
+        )
         run = last_audit[-1] if last_audit else None
         return _page(
             "console_audit.html.j2",
@@ -645,6 +700,7 @@ def create_app(
         Route("/operation", operation),
         Route("/queue", queue),
         Route("/dispose", dispose, methods=["POST"]),
+        Route("/read-back", read_back, methods=["POST"]),
         Route("/audit", audit),
         Route("/audit", run_audit, methods=["POST"]),
         Route("/stages", stages),

@@ -20,6 +20,7 @@ from ledger.cli.common import (
     EXIT_ERROR,
     EXIT_TIMEOUT,
     EXIT_UNKNOWN_OPERATION,
+    EXIT_WORK_OPEN,
     OTHER_LEDGER_HINT,
     current_settings,
     echo_json,
@@ -733,13 +734,28 @@ def reconcile_list(as_json: bool) -> None:
 @reconcile_group.command("run")
 def reconcile_run() -> None:
     """Drain the reconciliation queue once: read back every open unknown outcome
-    whose sink offers readback, and record each observation in the ledger."""
-    from consumers.reconciler import reconcile_once
+    whose sink offers readback, verify again every stranded EFFECT_COMMITTED
+    operation (a postcondition query, never the effect's request), and record
+    each observation in the ledger.
+
+    Exits 0 only when nothing it owns is left open; exits 8 while an unknown
+    outcome stays unknown after its readback, or an operation is stranded
+    (LEDGER_STRANDED_*_S: in flight without a live owner, committed without
+    its verification, not admitted without a decision, held behind a refused
+    record), each named on stderr with its remedy; so a scheduled run alarms.
+    """
+    from consumers.reverify import run_pass
 
     settings = current_settings()
-    # reconcile_once checks the topics itself, waiting for a broker that is away
-    results = reconcile_once(settings, say=lambda text: click.echo(text, err=True))
+    # run_pass checks the topics itself, waiting for a broker that is away
+    results, left = run_pass(settings, say=lambda text: click.echo(text, err=True))
     click.echo(json.dumps(results, indent=2))
+    if left:
+        fail(
+            f"{len(left)} operation(s) left open: {', '.join(left[:20])}; see the lines above "
+            "for each one's remedy",
+            EXIT_WORK_OPEN,
+        )
 
 
 @reconcile_group.command("dispose")
@@ -919,7 +935,7 @@ def audit_cmd(
 ) -> None:
     """Replay the whole ledger with the processor's own fold and check its invariants.
 
-    Exits 0 when there is no violation, 1 otherwise; each violation names the
+    Exits 0 when the verdict is CLEAN, 1 otherwise; each violation names the
     operation and the evidence. Every record's seal is checked too: records
     no trusted writer produced are listed (they were refused; an admission
     or effect resting on one is a violation). The verdict says what it
@@ -930,11 +946,13 @@ def audit_cmd(
     report says when it ran (wall clock, UTC), the end offset it read to on
     every topic partition, and lists every open item (held unknown outcomes,
     reauthorisation pending, abandoned: operation, state, sink, age, reason,
-    and the 'ledger history OP' command that shows it); open items do not
-    change the exit status. With --html FILE the report is also written as
-    one self-contained HTML page and 'wrote FILE' is said on stderr when
-    --json keeps stdout for the JSON; --histories also writes the history of
-    every open item next to it (history/*.html) and links each item to it.
+    and the 'ledger history OP' command that shows it). An operation stranded
+    short of where it should rest (LEDGER_STRANDED_*_S) is an open item and
+    makes the verdict STRANDED, exit 1; other open items do not. With --html
+    FILE the report is also written as one self-contained HTML page and
+    'wrote FILE' is said on stderr when --json keeps stdout for the JSON;
+    --histories also writes the history of every open item next to it
+    (history/*.html) and links each item to it.
 
     Every journal partition is a hash chain: the audit checks each one end
     to end and against the heads the processor published (the heads topic,

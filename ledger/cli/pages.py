@@ -77,6 +77,13 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
             f"not verified: no violations in {facts} facts checked, but {u} record"
             f"{'s' if u != 1 else ''} sealed by keys not held here could not be checked ({words})"
         )
+    elif _list(audit.get("stranded")):
+        k = len(_list(audit.get("stranded")))
+        head = "STRANDED"
+        sentence = (
+            f"stranded: no violations in {facts} facts checked, but {k} operation"
+            f"{'s' if k != 1 else ''} stopped short of where they should rest ({words})"
+        )
     else:
         head = "CLEAN"
         sentence = f"clean: no violations in {facts} facts checked ({words})"
@@ -135,7 +142,7 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
     ]
     return {
         "title": f"Audit of {ledger}" if ledger else "Ledger audit",
-        "verdict": {"ok": not n, "head": head, "sentence": sentence},
+        "verdict": {"ok": not n and head != "STRANDED", "head": head, "sentence": sentence},
         "coverage": words,
         # the badge is green only for a verdict that holds for sink readback too
         "sink_readback": words == LEDGER_AND_SINKS,

@@ -252,7 +252,7 @@ def test_an_operator_disposes_a_held_operation_in_the_browser(
     Select(row.find_element(By.NAME, "decision")).select_by_value("committed")
     Select(row.find_element(By.NAME, "by")).select_by_value(OPERATOR)
     row.find_element(By.NAME, "evidence").send_keys("gateway settlement file lists the refund")
-    row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    row.find_element(By.CSS_SELECTOR, "form.dispose button[type=submit]").click()
 
     def gone(driver: Any) -> bool:
         if driver.find_elements(*held_row):

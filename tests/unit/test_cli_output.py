@@ -40,7 +40,7 @@ def _state(state: RecoveryState) -> OperationState:
 
 
 def test_exit_codes_are_distinct_and_each_error_kind_has_its_own() -> None:
-    assert len(EXIT_CODES) == len(set(EXIT_CODES)) == 8
+    assert len(EXIT_CODES) == len(set(EXIT_CODES)) == 9
     assert exit_code_for(BrokerUnavailableError("down")) == EXIT_BROKER_UNREACHABLE
     missing = TopicConfigError("topics not created", config="existence")
     assert exit_code_for(missing) == EXIT_TOPICS_MISSING

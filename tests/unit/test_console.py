@@ -28,6 +28,7 @@ from ledger.events import OperationState
 from ledger.instants import clock_time
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
+from ledger.stranded import Evidence, Stranded, StrandedBounds, evaluate
 
 with warnings.catch_warnings():  # starlette would rather have httpx2; httpx is what we ship
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
@@ -78,6 +79,8 @@ class FakeLedger:
         self.history_data: dict[str, Any] | None = None
         self.fail_dispose: LedgerError | None = None
         self.audit_report: dict[str, Any] | None = None
+        self.stranded_ops: list[Stranded] = []
+        self.read_backs: list[str] = []
 
     def now_ms(self) -> int:
         return 100_000
@@ -118,6 +121,23 @@ class FakeLedger:
     def stages(self) -> list[StageHealth]:
         return [StageHealth("ledger.processor", "consumer group", True, True, "STABLE: 1 member")]
 
+    def stranded(self) -> list[Stranded]:
+        return list(self.stranded_ops)
+
+    def read_back(self, operation_id: str) -> str:
+        self.read_backs.append(operation_id)
+        return f"{operation_id}: verification MATCH (one credit)"
+
+
+def strand(ledger: FakeLedger, op: str, state: S, age_s: float) -> Stranded:
+    """Add ``op`` in ``state`` to the fake ledger, stranded for ``age_s`` seconds."""
+    ledger.states[op] = op_state(op, state, observed_s=1)
+    since = ledger.now_ms() - int(age_s * 1000)
+    found = evaluate(op, str(state), "payments", Evidence(since), ledger.now_ms(), StrandedBounds())
+    assert found is not None
+    ledger.stranded_ops.append(found)
+    return found
+
 
 @pytest.fixture
 def ledger() -> FakeLedger:
@@ -157,7 +177,8 @@ def test_operations_lists_every_operation_escaped(client: TestClient) -> None:
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        ({"q": "refund:"}, ["refund:1:v1", "refund:2:v1"]),
+        # problems first: reauthorisation pending before settled
+        ({"q": "refund:"}, ["refund:2:v1", "refund:1:v1"]),
         ({"state": "UNKNOWN_OUTCOME"}, ["notify:&lt;held&gt;:v1"]),
         ({"sink": "payments", "q": "2"}, ["refund:2:v1"]),
         # ages at 100 s: refund:1 observed at 50 s, the held one at 10 s, refund:2 admitted at 1 s
@@ -409,3 +430,96 @@ def test_an_operations_instants_read_as_iso_utc_not_milliseconds(
     state = page.text.split('id="state"', 1)[1]
     assert str(at_ms) not in state
     assert clock_time(at_ms) in state and "admitted_at" in state
+
+
+def test_operations_list_problems_first_stranded_then_held_then_in_flight_then_settled(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    ledger.states["aaa:pending:v1"] = op_state("aaa:pending:v1", S.EFFECT_PENDING, observed_s=90)
+    strand(ledger, "zzz:committed:v1", S.EFFECT_COMMITTED, 400)
+    strand(ledger, "yyy:pending:v1", S.EFFECT_PENDING, 900)
+    page = client.get("/operations")
+    listed = [
+        re.search(r'data-operation="([^"]+)"', r).group(1) for r in rows(page.text, "operations")
+    ]  # type: ignore[union-attr]
+    assert listed == [
+        "yyy:pending:v1",  # stranded, the oldest first
+        "zzz:committed:v1",
+        "notify:&lt;held&gt;:v1",  # held for a person
+        "refund:2:v1",
+        "aaa:pending:v1",  # in flight within its bound
+        "refund:1:v1",  # settled
+    ]
+    (first,) = [r for r in rows(page.text, "operations") if "yyy:pending" in r]
+    assert "stranded (in_flight_without_owner)" in first
+
+
+def test_the_navigation_counts_stranded_and_unknown_and_the_queue_lists_stranded_first(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    quiet = client.get("/stages").text
+    assert "(0 stranded, 1 unknown)" in quiet
+    app_ledger = FakeLedger()
+    strand(app_ledger, "refund:c:v1", S.EFFECT_COMMITTED, 400)
+    strand(app_ledger, "refund:p:v1", S.EFFECT_PENDING, 500)
+    fresh = TestClient(create_app(app_ledger, title="t1", token=TOKEN), base_url=BASE)
+    page = fresh.get("/queue")
+    assert "(2 stranded, 1 unknown)" in page.text and 'class="alarm"' in page.text
+    assert page.text.index('id="stranded"') < page.text.index('id="queue"')
+    committed, pending = (
+        [r for r in rows(page.text, "stranded") if op in r] for op in ("refund:c:v1", "refund:p:v1")
+    )
+    # "Read back now" where a readback can move it (a verification), not for work in flight.
+    assert 'action="/read-back"' in committed[0] and f'value="{TOKEN}"' in committed[0]
+    assert 'action="/read-back"' not in pending[0] and "start the relay" in pending[0]
+    (held,) = rows(page.text, "queue")
+    assert 'action="/read-back"' in held and 'action="/dispose"' in held
+
+
+def test_read_back_now_reads_back_an_offered_operation_and_refuses_others(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    strand(ledger, "refund:c:v1", S.EFFECT_COMMITTED, 400)
+    strand(ledger, "refund:p:v1", S.EFFECT_PENDING, 400)
+    done = client.post(
+        "/read-back",
+        data={"token": TOKEN, "operation_id": "refund:c:v1"},
+        headers=SAME_ORIGIN,
+        follow_redirects=False,
+    )
+    assert done.status_code == 303 and "verification+MATCH" in done.headers["location"]
+    held = client.post(
+        "/read-back", data={"token": TOKEN, "operation_id": "notify:<held>:v1"}, headers=SAME_ORIGIN
+    )
+    assert held.status_code == 200 and ledger.read_backs == ["refund:c:v1", "notify:<held>:v1"]
+    for op in ("refund:p:v1", "refund:1:v1"):  # in flight: the relay's; settled: nothing to do
+        no = client.post(
+            "/read-back", data={"token": TOKEN, "operation_id": op}, headers=SAME_ORIGIN
+        )
+        assert no.status_code == 400 and "not read back" in no.text
+    tokenless = client.post("/read-back", data={"operation_id": "refund:c:v1"}, headers=SAME_ORIGIN)
+    foreign = client.post(
+        "/read-back",
+        data={"token": TOKEN, "operation_id": "refund:c:v1"},
+        headers={"Origin": "http://evil.example"},
+    )
+    assert tokenless.status_code == foreign.status_code == 403
+    assert ledger.read_backs == ["refund:c:v1", "notify:<held>:v1"]
+
+
+def test_the_audit_page_lists_stranded_operations_first_and_never_calls_them_clean(
+    client: TestClient, ledger: FakeLedger
+) -> None:
+    found = strand(ledger, "refund:c:v1", S.EFFECT_COMMITTED, 400)
+    ledger.audit_report = {
+        "operations": 4,
+        "verdict": "STRANDED: 1 operation not moving (ledger only, sink readback off)",
+        "violations": [],
+        "stranded": [found.to_dict()],
+    }
+    client.post("/audit", data={"token": TOKEN}, headers=SAME_ORIGIN)
+    page = client.get("/audit").text
+    assert '<span class="badge fail">STRANDED</span>' in page
+    items = rows(page, "open-items")
+    assert "refund:c:v1" in items[0] and "stranded (committed_unverified)" in items[0]
+    assert "notify:&lt;held&gt;:v1" in items[1]

@@ -28,7 +28,8 @@ from consumers.stage import Record
 from ledger.errors import SettingsError
 from ledger.events import AdmissionDecision, JournalEntry, OperatingEvent
 from ledger.settings import LedgerSettings
-from tests.helpers import intent, keyed, readback, receipt
+from ledger.states import RecoveryState as S
+from tests.helpers import intent, keyed, readback, receipt, state
 
 
 def _samples(metrics: StageMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -289,7 +290,7 @@ def test_the_processor_counts_its_transitions_refusals_and_unknown_outcomes(
     }
     assert sum(refusals.values()) == 1
     assert _value(m, "ledger_unknown_outcomes_open") == 0
-    stage._track_unknown("op-held", "UNKNOWN_OUTCOME")
+    stage._track_unknown(state("op-held", S.UNKNOWN_OUTCOME))
     assert _value(m, "ledger_unknown_outcomes_open") == 1
     stage.partition_of["op-held"] = 2
     stage.on_revoke({2})
@@ -316,3 +317,34 @@ def test_an_aborted_transaction_is_counted_by_the_stage_and_its_counts_dropped(
     assert _value(m, "ledger_transaction_aborts_total", error="abortable") == 1
     assert _value(m, "ledger_fencings_total") == 1
     assert _value(m, "ledger_transitions_total", from_state="NONE", to_state="NOT_ADMITTED") == 0
+
+
+def test_the_processor_exports_its_stranded_operations_by_reason_and_oldest_age(
+    tmp_path: Path,
+) -> None:
+    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path, stranded_in_flight_s=60)))
+    now = [1_000_000]
+    stage.strands._now_ms = lambda: now[0]
+    m = stage.metrics
+    pending = "ledger_stranded_operations"
+    assert _value(m, pending, reason="in_flight_without_owner") == 0
+    stage._track_unknown(state("op-a", S.EFFECT_PENDING), at_ms=now[0])
+    stage._track_unknown(state("op-b", S.EFFECT_PENDING), at_ms=now[0] - 30_000)
+    stage._track_unknown(state("op-c", S.OUTCOME_VERIFIED), at_ms=0)  # rests: never
+    assert _value(m, pending, reason="in_flight_without_owner") == 0
+    now[0] += 45_000  # op-b is 75 s old, op-a 45 s: only op-b is past 60 s
+    assert _value(m, pending, reason="in_flight_without_owner") == 1
+    age = "ledger_stranded_oldest_age_seconds"
+    assert _value(m, age, reason="in_flight_without_owner") == 75
+    # It moves on (its receipt committed): no longer stranded.
+    stage._track_unknown(state("op-b", S.OUTCOME_VERIFIED))
+    assert _value(m, pending, reason="in_flight_without_owner") == 0
+    # Held behind a refused record: stranded once held past its bound (60 s default).
+    stage.held["op-h"] = (0, "state:0:9 sealed by a key not held here")
+    assert _value(m, pending, reason="held_refused_record") == 0
+    now[0] += 61_000
+    assert _value(m, pending, reason="held_refused_record") == 1
+    assert _value(m, pending, reason="in_flight_without_owner") == 1  # op-a, 106 s now
+    stage.partition_of["op-a"] = 1
+    stage.on_revoke({1})
+    assert _value(m, pending, reason="in_flight_without_owner") == 0

@@ -107,12 +107,13 @@ def scan_topic(
     keyring: Keyring,
     topic: str,
     timeout_s: float = 120.0,
-    every: Callable[[Message, Event | None], None] | None = None,
+    every: Callable[[Message, Event | None, bool], None] | None = None,
 ) -> TopicScan:
     """Read one topic from the beginning, checking every record's seal.
 
     ``every``, when given, is handed each record read (authentic or not)
     with its decoded value (``None`` when it has none or it does not
+    decode) and whether its seal verified (``False`` for one that does not
     decode), e.g. the journal's chain collector.
 
     Raises:
@@ -137,13 +138,13 @@ def scan_topic(
             except Exception as exc:  # reported with its position, never fatal
                 scan.undecodable[where] = f"{type(exc).__name__}: {exc}"
                 if every is not None:
-                    every(msg, None)
+                    every(msg, None, False)
                 return
-        if every is not None:
-            every(msg, event)
         problem = keyring.check(
             topic, key, value, msg.headers(), event, msg.partition(), msg.timestamp()
         )
+        if every is not None:
+            every(msg, event, problem is None)
         if problem is not None:
             scan.unauthenticated[where] = problem
             if unverifiable(problem):

@@ -43,12 +43,13 @@ class ChainCollector:
 
     links: dict[int, list[Link]] = field(default_factory=dict)
 
-    def __call__(self, msg: Message, event: Event | None) -> None:
-        """One journal record (``event``: its decoded value, ``None`` if it has none)."""
+    def __call__(self, msg: Message, event: Event | None, authentic: bool = True) -> None:
+        """One journal record (``event``: its decoded value, ``None`` if it has none;
+        ``authentic``: whether its seal verified)."""
         p, offset, value = msg.partition() or 0, msg.offset() or 0, msg.value()
         digest = entry_hash(p, msg.key() or b"", value or b"")
         if isinstance(event, JournalEntry):
-            link = Link(offset, event.chain_seq, event.chain_prev, digest)
+            link = Link(offset, event.chain_seq, event.chain_prev, digest, None, authentic)
         else:
             what = (
                 "a tombstone"
@@ -57,7 +58,7 @@ class ChainCollector:
                 if event is None
                 else f"a {event.KIND}"
             )
-            link = Link(offset, None, None, digest, what)
+            link = Link(offset, None, None, digest, what, authentic)
         self.links.setdefault(p, []).append(link)
 
 

@@ -52,6 +52,10 @@ class Link:
         digest: :func:`ledger.chain.entry_hash` of its key and value as read.
         problem: why it could not be read as a journal entry (does not
             decode, no value), ``None`` when it could.
+        authentic: whether its seal verified (a record that does not decode
+            is not known to be authentic). A record that is not authentic
+            is only part of the chain where the chain does not link without
+            it (:func:`_chain_members`).
     """
 
     offset: int
@@ -59,6 +63,7 @@ class Link:
     prev: str | None
     digest: str
     problem: str | None = None
+    authentic: bool = True
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,40 @@ class ChainReport:
     heads_checked: int = 0
 
 
+def _chain_members(ledger_id: str, partition: int, links: Sequence[Link]) -> list[Link]:
+    """The links that belong to the chain: every authentic one, and each other only
+    where the chain breaks without it.
+
+    Someone who may write the journal topic but holds no processor key can
+    append records; readers refuse them (the audit lists them as
+    unauthenticated), and the processor links its next entry to its own last
+    one, so such an insertion leaves the chain whole and is not a chain
+    finding. A rewrite in place also fails its seal, but there the chain does
+    not link without it (the next entry names the hash of what was written),
+    so it stays, and the walk names it. An unauthenticated record after the
+    last authentic entry is left out (it is listed as unauthenticated; a
+    witnessed head at its offset still names a rewrite there).
+    """
+    members: list[Link] = []
+    for n, link in enumerate(links):
+        if link.authentic:
+            members.append(link)
+            continue
+        after = next((x for x in links[n + 1 :] if x.authentic and x.seq is not None), None)
+        if after is None:
+            continue
+        last = next((x for x in reversed(members) if x.seq is not None), None)
+        if last is not None:
+            whole = after.seq == (last.seq or 0) + 1 and after.prev == last.digest
+        else:
+            whole = (after.seq == 0 and after.prev == genesis(ledger_id, partition)) or (
+                link.seq is None or after.seq is None or link.seq != after.seq - 1
+            )
+        if not whole:
+            members.append(link)
+    return members
+
+
 def _check_links(ledger_id: str, read: PartitionRead, report: ChainReport) -> None:
     """Walk one partition's links in offset order (see the module docstring)."""
     p = read.partition
@@ -170,7 +209,7 @@ def _check_links(ledger_id: str, read: PartitionRead, report: ChainReport) -> No
     expected_prev = ""
     last_offset: int | None = None
     unchained = 0
-    for link in read.links:
+    for link in _chain_members(ledger_id, p, read.links):
         if link.seq is None or link.prev is None:
             if expected_seq is None and link.problem is None:
                 unchained += 1  # written before the chain: read as it is

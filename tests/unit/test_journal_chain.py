@@ -436,3 +436,25 @@ def test_the_audit_text_says_where_each_chain_starts() -> None:
     assert "4 witnessed head(s) checked; witness file: heads.jsonl" in text
     assert "journal:0: offset 3 (chain_seq 0), after 3 unchained entries" in text
     assert "journal:1: no chained entry" in text
+
+
+def test_an_unauthenticated_record_the_chain_links_around_is_no_chain_finding() -> None:
+    """Tried as a writer of the journal topic with no processor key: records appended
+    between entries are refused by readers (listed as unauthenticated), and the
+    processor's next entry links to its own last one, so the chain is whole."""
+    links, _, _ = chain_of(4)
+    copy = Link(2, links[0].seq, links[0].prev, links[0].digest, None, False)
+    junk = Link(3, None, None, "f" * 64, "it does not decode", False)
+    shifted = [Link(link.offset + 2, link.seq, link.prev, link.digest) for link in links[2:]]
+    tail = Link(6, 9, "a" * 64, "b" * 64, None, False)
+    assert kinds(links[:2] + [copy, junk] + shifted + [tail]) == []
+
+
+def test_a_rewrite_in_place_that_fails_its_seal_is_still_named() -> None:
+    links, values, _ = chain_of(5)
+    forged = values[2].replace(b"c2", b"c9")
+    links[2] = Link(
+        2, links[2].seq, links[2].prev, entry_hash(0, b"refund:c2:v1", forged), None, False
+    )
+    [found] = kinds(links)
+    assert found.startswith("rewritten journal:0:2..3:")

@@ -305,7 +305,7 @@ def run_audit(
     )
     report.unverifiable_records = [
         r for r in report.unauthenticated_records if unverifiable(str(r.get("reason")))
-    ]
+    ] + list(report.journal_chain.get("unverifiable_witness_lines", []))  # type: ignore[call-overload]
     report.open_items += _unverifiable_items(scans, states, report.open_items)  # type: ignore[arg-type]
     report.stranded = find_stranded(
         settings,

@@ -98,7 +98,9 @@ def check_chains(
         ``journal-chain`` violations (witness lines that cannot be used
         included), and a JSON-ready summary for the audit report
         (``{"partitions": [{"partition", "starts_at", "seq", "unchained"}],
-        "heads_checked": int, "witness": the files, comma-separated, or None}``).
+        "heads_checked": int, "witness": the files, comma-separated, or None,
+        "unverifiable_witness_lines": [lines sealed by keys not known here]}``:
+        the auditor lists those among its unverifiable records).
 
     Raises:
         LocalFileError: the witness file cannot be read.
@@ -114,9 +116,12 @@ def check_chains(
         if isinstance(h, JournalHead)
     ]
     problems: list[str] = []
+    unverifiable_lines: list[dict[str, object]] = []
     for path in witness:
         try:
-            found, bad = read_witness_file(path, settings.ledger_identity, keyring)
+            found, bad = read_witness_file(
+                path, settings.ledger_identity, keyring, unverifiable_lines
+            )
         except OSError as exc:
             raise LocalFileError(
                 f"cannot read the witness file {path}: {exc.strerror or exc}; name a readable "
@@ -143,6 +148,7 @@ def check_chains(
         ],
         "heads_checked": report.heads_checked,
         "witness": ", ".join(str(p) for p in witness) or None,
+        "unverifiable_witness_lines": unverifiable_lines,
     }
     if report.findings:
         log.error("auditor: %d journal chain finding(s)", len(report.findings))

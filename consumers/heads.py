@@ -45,7 +45,7 @@ from confluent_kafka import Producer
 
 from consumers.stage import Writer, bounded_call
 from ledger.audit.chain import WitnessedHead
-from ledger.authn import AUTH_HEADER, Keyring, Sealer
+from ledger.authn import AUTH_HEADER, Keyring, Sealer, unverifiable
 from ledger.chain import ChainHead
 from ledger.events import JournalHead, decode_event
 
@@ -295,7 +295,10 @@ def witnessed_head(head: JournalHead, source: str) -> WitnessedHead:
 
 
 def read_witness_file(
-    path: Path, ledger_id: str, keyring: Keyring
+    path: Path,
+    ledger_id: str,
+    keyring: Keyring,
+    unverifiable_lines: list[dict[str, object]] | None = None,
 ) -> tuple[list[WitnessedHead], list[str]]:
     """The heads a witness file holds for one ledger, each line's seal checked.
 
@@ -307,6 +310,12 @@ def read_witness_file(
         path: the witness file.
         ledger_id: the ledger audited.
         keyring: checks the seals (as for the ``heads`` topic).
+        unverifiable_lines: when given, a line sealed by a key these keys do
+            not know is added here (``{"topic": "witness", "partition":
+            None, "offset": line number, "reason": str}``, like the audit's
+            unverifiable records) instead of to the problems: it may be a
+            genuine head sealed by a key lost since, which makes the audit
+            NOT VERIFIED rather than a finding against the journal.
 
     Returns:
         ``(heads, problems)``.
@@ -337,6 +346,16 @@ def read_witness_file(
                 problems.append(f"{where} does not decode: {type(exc).__name__}: {exc}")
                 continue
             problem = keyring.check(HEADS_TOPIC, key, value, [(AUTH_HEADER, seal)], record)
+            if problem is not None and unverifiable_lines is not None and unverifiable(problem):
+                unverifiable_lines.append(
+                    {
+                        "topic": "witness",
+                        "partition": None,
+                        "offset": n,
+                        "reason": f"{where}: {problem}",
+                    }
+                )
+                continue
             if problem is not None:
                 problems.append(f"{where} is not authentic: {problem}")
                 continue

@@ -293,6 +293,26 @@ def test_the_file_witness_keeps_sealed_heads_that_the_audit_reads_back(
     )
 
 
+def test_a_witness_line_sealed_by_a_key_no_longer_held_is_unverifiable_not_a_finding(
+    settings: LedgerSettings, tmp_path: Path
+) -> None:
+    """Keys lost and made again: the heads witnessed before may be genuine, so the audit
+    says NOT VERIFIED (as for the ledger's own records), not that the journal was rewritten."""
+    path = settings.witness_path()
+    publisher = HeadsPublisher(
+        LEDGER, 1.0, "processor-0", stage_sealer(settings, "processor"), [FileWitness(path, LEDGER)]
+    )
+    publisher.publish(Out(), [ChainHead(0, 4, "a" * 64, 9)])  # type: ignore[arg-type]
+    other = keyed(LedgerSettings(run_dir=tmp_path / "new-keys", topic_prefix=LEDGER))
+    lost: list[dict[str, object]] = []
+    heads, problems = read_witness_file(path, LEDGER, load_keyring(other), lost)
+    assert heads == [] and problems == []
+    assert [line["offset"] for line in lost] == [1]
+    assert "line 1" in str(lost[0]["reason"])
+    _, without = read_witness_file(path, LEDGER, load_keyring(other))
+    assert len(without) == 1 and "is not authentic" in without[0]
+
+
 def test_a_witness_that_fails_does_not_stop_the_publisher(
     settings: LedgerSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

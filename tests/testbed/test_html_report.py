@@ -433,6 +433,8 @@ def test_audit_report_to_dict() -> None:
         "unverifiable_records": [],
         "replayed_records": [],
         "undecodable_records": [],
+        "stranded": [],
+        "journal_chain": {},
         "checked": {"state": 3, "consume-once": 2},
         "violations": [
             {

@@ -482,6 +482,15 @@ def create_app(
             **common,
         )
 
+    async def posted(request: Request) -> tuple[Response | None, dict[str, str]]:
+        """A posted form's values, or the refusal to answer instead (another
+        origin, a missing or stale form token) -- every action's first step."""
+        no = refused(request)
+        if no is not None:
+            return no, {}
+        ok, form = await token_ok(request)
+        return (None, form) if ok else (bad_token(), {})
+
     def home(request: Request) -> Response:
         return RedirectResponse("/operations", status_code=303)
 
@@ -582,12 +591,9 @@ def create_app(
         return queue_page(done=request.query_params.get("done", ""))
 
     async def dispose(request: Request) -> Response:
-        no = refused(request)
+        no, form = await posted(request)
         if no is not None:
             return no
-        ok, form = await token_ok(request)
-        if not ok:
-            return bad_token()
         op = form.get("operation_id", "")
         decision = form.get("decision", "")
         by = form.get("by", "")
@@ -621,12 +627,9 @@ def create_app(
         return RedirectResponse("/queue?" + urlencode({"done": said}), status_code=303)
 
     async def read_back(request: Request) -> Response:
-        no = refused(request)
+        no, form = await posted(request)
         if no is not None:
             return no
-        ok, form = await token_ok(request)
-        if not ok:
-            return bad_token()
         return await run_in_threadpool(read_back_one, form.get("operation_id", ""))
 
     def read_back_one(op: str) -> Response:
@@ -663,12 +666,9 @@ def create_app(
         )
 
     async def run_audit(request: Request) -> Response:
-        no = refused(request)
+        no, form = await posted(request)
         if no is not None:
             return no
-        ok, form = await token_ok(request)
-        if not ok:
-            return bad_token()
         read_sinks = form.get("read_sinks") == "on"
         try:
             report = await run_in_threadpool(data.audit, read_sinks)

@@ -135,15 +135,22 @@ lint: venv
 check: lint
 	$(BIN)/pytest -q tests/unit
 
-# The suite in two phases: first everything but the `serial` tests in
+# The suite in two parts at once: everything but the `beside` tests in
 # $(TEST_WORKERS) processes (pytest-xdist; a test's waits on the broker leave
-# the cores mostly idle), then the `serial` ones (they stop or restart the
-# broker) alone. The local broker is started first, for both phases, and
-# stopped at the end unless it was running before. `pytest` alone still runs
-# everything in one process.
+# the cores mostly idle, and a test that stops or restarts its broker has one
+# of its own), and beside them, in one more process, the `beside` ones (the
+# chaos mission on a three-node cluster of its own, which takes minutes); its
+# output is printed after the first part's. The local broker is started first
+# and stopped at the end unless it was running before. `pytest` alone still
+# runs everything in one process.
 TEST_WORKERS ?= 2
-PYTEST_PHASES = $(BIN)/pytest -n $(TEST_WORKERS) -m "not serial" \
-	  --durations=15 && $(BIN)/pytest -m serial --durations=10
+BESIDE_LOG   := .cache/tests-beside.log
+PYTEST_PHASES = mkdir -p .cache; \
+	( $(BIN)/pytest -m beside --durations=10 > $(BESIDE_LOG) 2>&1 ) & beside=$$!; \
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not beside" --durations=15; main_rc=$$?; \
+	wait $$beside; beside_rc=$$?; \
+	echo "--- beside them: pytest -m beside (exit $$beside_rc) ---"; cat $(BESIDE_LOG); \
+	[ $$main_rc = 0 ] && [ $$beside_rc = 0 ]
 
 test: lint kafka
 	@if [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ]; then $(PYTEST_PHASES); exit $$?; fi; \

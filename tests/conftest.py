@@ -15,6 +15,13 @@ Broker, in this order (a missing broker is a failure, never a skip):
 Every test gets its own topic prefix (uuid), and should use its own group and
 transactional IDs (see :func:`unique`).
 
+``private_broker`` and ``private_ledger_settings`` are a single-node broker
+of the test process's own (one per pytest-xdist worker, started on first use,
+in a folder of the session's temporary directory, on ``LEDGER_KAFKA_PORT + 40
++ 2 * worker``) for the tests that stop or restart their broker: they then run
+in ``make test``'s parallel phase without taking the session's broker from the
+others.
+
 ``secure_cluster`` (session-scoped, started only by the tests that ask for
 it) is a second, separate Kafka: a three-node ``sasl_ssl`` cluster of
 ``testbed.cluster`` with SCRAM users and the ``StandardAuthorizer``, in its
@@ -180,28 +187,29 @@ def kafka_bootstrap(kafka: KafkaUnderTest) -> str:
     return kafka.bootstrap
 
 
-@pytest.fixture
-def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSettings]:
-    """Settings with a fresh topic prefix whose topics exist; deleted afterwards.
+def _fresh_settings(base: LedgerSettings, tmp_path: Path) -> Iterator[LedgerSettings]:
+    """Settings on ``base``'s broker with a fresh topic prefix whose topics exist.
 
     partitions=3, run_dir=tmp_path/"run", clock="manual" and testbed=True
     (tests are a testbed: stages accept the manual clock); its keys are
-    provisioned (:func:`ledger.credentials.provision_keys`).
+    provisioned (:func:`ledger.credentials.provision_keys`). The topics are
+    deleted afterwards (best effort).
     """
-    settings = LedgerSettings(
-        bootstrap_servers=kafka_bootstrap,
-        topic_prefix=f"t{uuid.uuid4().hex[:12]}",
-        partitions=3,
-        run_dir=tmp_path / "run",
-        clock="manual",
-        testbed=True,
-        kafka_home=LOCAL_KAFKA_HOME,
+    settings = base.model_copy(
+        update={
+            "topic_prefix": f"t{uuid.uuid4().hex[:12]}",
+            "partitions": 3,
+            "run_dir": tmp_path / "run",
+            "clock": "manual",
+            "testbed": True,
+        }
     )
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     provision_keys(settings)  # the testbed provisions keys; stages never make them
     topics.create_topics(settings)
     yield settings
-    # Keep the session broker small: drop this test's topics (best effort).
+    # Keep the broker small: drop this test's topics (best effort).
+    kafka_bootstrap = settings.bootstrap_servers
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap}, logger=broker.CLIENT_LOGGER)
     existing = set(admin.list_topics(timeout=10).topics)
     doomed = [n for n in existing if n.startswith(settings.topic_prefix + ".")]
@@ -209,6 +217,77 @@ def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSett
         for future in admin.delete_topics(doomed, operation_timeout=30).values():
             with contextlib.suppress(Exception):  # cleanup must not fail the test
                 future.result(timeout=30)
+
+
+@pytest.fixture
+def ledger_settings(kafka_bootstrap: str, tmp_path: Path) -> Iterator[LedgerSettings]:
+    """Settings on the session's broker with a fresh topic prefix whose topics exist
+    (see :func:`_fresh_settings`); deleted afterwards."""
+    base = LedgerSettings(bootstrap_servers=kafka_bootstrap, kafka_home=LOCAL_KAFKA_HOME)
+    yield from _fresh_settings(base, tmp_path)
+
+
+def private_port() -> int:
+    """The client port of this process's private broker (its controller takes the next).
+
+    ``LEDGER_KAFKA_PORT + 40 + 2 * n`` for pytest-xdist worker ``gw<n>`` (``n = 0``
+    outside xdist): clear of the session broker (``+0``, ``+1``), the secured
+    cluster (``+10`` .. ``+15``) and the chaos mission's cluster (``+20`` ..).
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    return int(os.environ.get("LEDGER_KAFKA_PORT", "19092")) + 40 + 2 * index
+
+
+@pytest.fixture(scope="session")
+def private_broker_home(
+    kafka: KafkaUnderTest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LedgerSettings]:
+    """Settings of this process's private broker (see :func:`private_broker`), which
+    may not be running yet: ``testbed.broker.start`` it. Stopped at the session's end."""
+    if kafka.source != "local":
+        pytest.skip(f"private brokers are started from the local jars only ({kafka.source})")
+    home = tmp_path_factory.mktemp("private-broker")
+    (home / "libs").symlink_to(LOCAL_KAFKA_HOME / "libs", target_is_directory=True)
+    port = private_port()
+    settings = LedgerSettings(kafka_home=home, kafka_port=port)
+    settings = settings.model_copy(update={"bootstrap_servers": broker.local_bootstrap(settings)})
+    try:
+        yield settings
+    finally:
+        broker.stop(settings)
+
+
+@pytest.fixture
+def private_broker(private_broker_home: LedgerSettings) -> LedgerSettings:
+    """Settings addressing this test process's own single-node broker, running.
+
+    For tests that stop or restart their broker (``testbed.broker.stop``,
+    ``restart``, a game day's ``broker_restart``): the broker is this
+    process's alone, so they run beside the rest of the suite. Started on
+    first use and stopped at the end of the session; a test that left it
+    stopped finds it started again.
+    """
+    settings = private_broker_home
+    status = broker.start(settings)
+    if not status.owned:
+        pytest.fail(
+            f"port {settings.kafka_port} answers, but not with this session's private "
+            "broker: stop whatever listens there, or set LEDGER_KAFKA_PORT to move the range",
+            pytrace=False,
+        )
+    if status.started:
+        _warm_up(settings.bootstrap_servers)
+    return settings
+
+
+@pytest.fixture
+def private_ledger_settings(
+    private_broker: LedgerSettings, tmp_path: Path
+) -> Iterator[LedgerSettings]:
+    """:func:`ledger_settings` on :func:`private_broker` (its ``kafka_home`` and
+    ``kafka_port`` are the private broker's, so ``broker.restart`` restarts it)."""
+    yield from _fresh_settings(private_broker, tmp_path)
 
 
 @dataclass(frozen=True)

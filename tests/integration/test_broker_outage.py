@@ -40,10 +40,9 @@ from ledger.states import RecoveryState as S
 from producers.publisher import LedgerPublisher
 from testbed import broker
 from testbed.harness import Harness, settings_env
-from tests.conftest import KafkaUnderTest
 
-#: ``serial``: it stops the session's broker (``make test`` runs it alone).
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+#: The broker it stops is its own (``private_broker``): it runs beside the rest of the suite.
+pytestmark = [pytest.mark.integration]
 
 #: How long the broker stays down (seconds): the subject of the test.
 OUTAGE_S = 90.0
@@ -260,20 +259,11 @@ def _start_again(
     raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def own_broker(kafka: KafkaUnderTest) -> LedgerSettings:
-    """Settings of the session's broker, when this session may stop and start it."""
-    if kafka.source != "local" or kafka.settings is None:
-        pytest.skip(f"the session broker is not managed by testbed.broker ({kafka.source})")
-    if not broker.status(kafka.settings).owned:
-        pytest.skip("the broker on the port was not started by ledger; not stopping it")
-    return kafka.settings
-
-
 def test_every_stage_rides_out_a_90_s_broker_outage_and_the_work_resumes(
-    own_broker: LedgerSettings, ledger_settings: LedgerSettings
+    private_broker: LedgerSettings, private_ledger_settings: LedgerSettings
 ) -> None:
-    settings = ledger_settings
+    own_broker = private_broker
+    settings = private_ledger_settings
     harness = Harness(settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
     harness.start_sink("mailer", EffectContract(), hang_s=2 * settings.sink_timeout_s)

@@ -331,22 +331,17 @@ def test_broker_status_reports_running_with_a_log_file(kafka: KafkaUnderTest) ->
     assert (again.running, again.started, again.pid) == (True, False, st.pid)
 
 
-@pytest.mark.serial  # restarts the session's broker: `make test` runs it alone
 def test_broker_restart_keeps_topics_and_records(
-    kafka: KafkaUnderTest, ledger_settings: LedgerSettings
+    private_broker: LedgerSettings, private_ledger_settings: LedgerSettings
 ) -> None:
-    if kafka.source != "local" or kafka.settings is None:
-        pytest.skip(f"the session broker is not managed by testbed.broker ({kafka.source})")
-    if not broker.status(kafka.settings).owned:
-        pytest.skip("the broker on the port was not started by ledger; not restarting it")
-    s = ledger_settings
+    s = private_ledger_settings  # the broker restarted is this test process's own
     name = s.topic("journal")
     producer = Producer({"bootstrap.servers": s.bootstrap_servers, "partitioner": "murmur2_random"})
     producer.produce(name, key="op-1", value="before restart")
     assert producer.flush(30) == 0
-    old_pid = broker.status(kafka.settings).pid
+    old_pid = broker.status(private_broker).pid
 
-    st = broker.restart(kafka.settings)
+    st = broker.restart(private_broker)
 
     assert st.running and st.started and st.pid != old_pid
     topics.check_topics(s)

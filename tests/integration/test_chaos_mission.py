@@ -33,8 +33,8 @@ from testbed.mission.chaos import STEPS
 from testbed.netns import NetworkSpec, unavailable_reason
 from tests.conftest import LOCAL_KAFKA_HOME
 
-#: ``serial``: its cluster runs beside the whole suite's second, one-process phase.
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+#: ``beside``: its cluster runs in a process of its own beside the rest of the suite.
+pytestmark = [pytest.mark.integration, pytest.mark.beside]
 
 CASES = 300
 SEED = 7

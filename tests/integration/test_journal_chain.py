@@ -28,7 +28,6 @@ from ledger.topology import partition_for
 from producers.publisher import LedgerPublisher
 from testbed import broker
 from testbed.harness import Harness
-from tests.conftest import KafkaUnderTest
 from tests.helpers import intent
 
 pytestmark = pytest.mark.integration
@@ -158,21 +157,18 @@ def rewrite_in_segment(log_dir: Path, old: bytes, new: bytes) -> None:
 
 
 @pytest.fixture
-def own_broker(kafka: KafkaUnderTest) -> LedgerSettings:
-    """Settings of the session's broker, when this session may stop and start it."""
-    if kafka.source != "local" or kafka.settings is None:
-        pytest.skip(f"the session broker is not managed by testbed.broker ({kafka.source})")
-    if not broker.status(kafka.settings).owned:
-        pytest.skip("the broker on the port was not started by ledger; not stopping it")
-    return kafka.settings
+def own_broker(private_broker: LedgerSettings) -> LedgerSettings:
+    """This test process's own broker (``private_broker``): the test stops and starts it."""
+    return private_broker
 
 
 @pytest.fixture
 def tampered_ledger(
-    fast_heads: LedgerSettings, own_broker: LedgerSettings
+    private_ledger_settings: LedgerSettings,
 ) -> Iterator[tuple[LedgerSettings, list[tuple[int, JournalEntry]]]]:
-    """Eight intents decided on journal partition 0, their heads witnessed; stages stopped."""
-    settings = fast_heads
+    """Eight intents decided on journal partition 0 of the private broker, their heads
+    witnessed; stages stopped."""
+    settings = private_ledger_settings.model_copy(update={"heads_interval_s": 0.5})
     ops = [op for op in (f"refund:chain:{n}:v1" for n in range(200)) if partition_for(op, 3) == 0]
     ops = ops[:8]
     harness = Harness(settings, create=False)
@@ -204,7 +200,6 @@ def tampered_ledger(
     yield settings, found
 
 
-@pytest.mark.serial  # stops and starts the session's broker
 def test_a_deleted_range_and_a_record_rewritten_in_place_are_named_by_the_audit(
     tampered_ledger: tuple[LedgerSettings, list[tuple[int, JournalEntry]]],
     own_broker: LedgerSettings,

@@ -20,7 +20,6 @@ from consumers.reader import read_topic
 from ledger.events import Dispatch, EffectReceipt, Intent, JournalEntry, Readback, decode_event
 from ledger.settings import LedgerSettings
 from sinks.registry import load_sinks
-from testbed import broker
 from testbed.gameday import GameDay, check
 from testbed.scenario import ScenarioError, load, parse
 from tests.helpers import PROJECT_ROOT
@@ -49,18 +48,12 @@ OWN_AWAITING: dict[str, str] = {
 
 
 def _marks(path: Path) -> list[pytest.MarkDecorator]:
-    """A scenario's marks: ``serial`` when it restarts the session's broker."""
+    """A scenario's marks: ``xfail`` while it awaits a change (its reason says which)."""
     marks = []
     if path.parent == PUBLIC and path.stem in AWAITING:
         marks.append(pytest.mark.xfail(reason=AWAITING[path.stem], strict=False))
     if path.parent == OWN and path.stem in OWN_AWAITING:
         marks.append(pytest.mark.xfail(reason=OWN_AWAITING[path.stem], strict=False))
-    try:
-        restarts = any(s.kind == "broker_restart" for s in load(path).steps)
-    except ScenarioError:
-        restarts = False  # the test itself reports the scenario's error
-    if restarts:  # `make test` runs it alone, after the parallel part
-        marks.append(pytest.mark.serial)
     return marks
 
 
@@ -224,11 +217,13 @@ EVIDENCE: dict[str, Callable[[GameDay, dict[str, Any]], None]] = {
 
 
 @pytest.mark.parametrize("path", PARAMS, ids=[p.stem for p in FILES])
-def test_scenario_passes(path: Path, ledger_settings: LedgerSettings) -> None:
+def test_scenario_passes(path: Path, request: pytest.FixtureRequest) -> None:
     scenario = load(path)
+    # A scenario that restarts its broker runs on this test process's own (private_broker).
     uses_broker_restart = any(s.kind == "broker_restart" for s in scenario.steps)
-    if uses_broker_restart and not broker.status(ledger_settings).owned:
-        pytest.skip("broker_restart needs the broker this test session started itself")
+    ledger_settings: LedgerSettings = request.getfixturevalue(
+        "private_ledger_settings" if uses_broker_restart else "ledger_settings"
+    )
     lines: list[str] = []
     game = GameDay(scenario, ledger_settings, ledger_settings.run_dir, lines.append)
     report = game.run()

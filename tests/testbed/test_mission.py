@@ -28,10 +28,9 @@ from testbed import broker
 from testbed.mission.answers import HELD_STATES
 from testbed.mission.plan import SEAM_STAGE, MissionOptions, plan
 from testbed.mission.run import Mission
-from tests.conftest import LOCAL_KAFKA_HOME
 
-#: ``serial``: the ledger mission restarts the session's broker (``make test`` runs it alone).
-pytestmark = [pytest.mark.integration, pytest.mark.serial]
+#: The ledger mission restarts its broker: this test process's own (``private_broker_home``).
+pytestmark = [pytest.mark.integration]
 
 CASES = 120
 #: The checkpoint-only control needs only enough cases for its duplicates to show
@@ -48,10 +47,9 @@ def _drop_topics(bootstrap: str, prefix: str) -> None:
                 future.result(timeout=30)
 
 
-def _run(options: MissionOptions, bootstrap: str, root: Path) -> dict[str, Any]:
-    base = LedgerSettings(
-        bootstrap_servers=bootstrap, run_dir=root, kafka_home=LOCAL_KAFKA_HOME, partitions=3
-    )
+def _run(options: MissionOptions, own: LedgerSettings, root: Path) -> dict[str, Any]:
+    bootstrap = own.bootstrap_servers
+    base = own.model_copy(update={"run_dir": root, "partitions": 3})
     mission = Mission(options, base)
     try:
         report = mission.run()
@@ -64,12 +62,14 @@ def _run(options: MissionOptions, bootstrap: str, root: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def missions(
-    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+    private_broker_home: LedgerSettings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any], Path]]:
+    own = private_broker_home
+    broker.start(own)
     root = tmp_path_factory.mktemp("missions")
     ledger = _run(
         MissionOptions(cases=CASES, crash_rate=0.05, seed=11, instances=2, chaos_every=40),
-        kafka_bootstrap,
+        own,
         root,
     )
     control = _run(
@@ -80,7 +80,7 @@ def missions(
             mode="checkpoint-only",
             broker_restart=False,
         ),
-        kafka_bootstrap,
+        own,
         root,
     )
     yield ledger, control, root

@@ -45,7 +45,14 @@ from confluent_kafka import Producer
 
 from consumers.stage import Writer, bounded_call
 from ledger.audit.chain import WitnessedHead
-from ledger.authn import AUTH_HEADER, Keyring, Sealer, unverifiable
+from ledger.authn import (
+    AUTH_HEADER,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Keyring,
+    Sealer,
+    Timestamp,
+    unverifiable,
+)
 from ledger.chain import ChainHead
 from ledger.events import JournalHead, decode_event
 
@@ -294,6 +301,21 @@ def witnessed_head(head: JournalHead, source: str) -> WitnessedHead:
     return WitnessedHead(head.journal_partition, head.offset, head.seq, head.chain_hash, source)
 
 
+def _line_time(record: object) -> Timestamp:
+    """The time a witness line's seal is judged at: its head's publication time.
+
+    A line has no broker time. A key rotated since (``ledger keys rotate
+    processor``) verifies it if the head it holds was published by the old
+    key's not-after time, which its signed ``published_at_ms`` says. That time
+    is the sealer's own word, so the holder of a retired key could backdate a
+    head; but a line is believed on the operator's custody of the file as much
+    as on its seal, and such a forger must also write the operator's file.
+    """
+    if isinstance(record, JournalHead):
+        return (TIMESTAMP_LOG_APPEND_TIME, record.published_at_ms)
+    return None
+
+
 def read_witness_file(
     path: Path,
     ledger_id: str,
@@ -345,7 +367,9 @@ def read_witness_file(
             except Exception as exc:  # reported with its line, never fatal
                 problems.append(f"{where} does not decode: {type(exc).__name__}: {exc}")
                 continue
-            problem = keyring.check(HEADS_TOPIC, key, value, [(AUTH_HEADER, seal)], record)
+            problem = keyring.check(
+                HEADS_TOPIC, key, value, [(AUTH_HEADER, seal)], record, timestamp=_line_time(record)
+            )
             if problem is not None and unverifiable_lines is not None and unverifiable(problem):
                 unverifiable_lines.append(
                     {

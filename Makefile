@@ -126,7 +126,7 @@ bench: venv kafka $(BENCH_STAMP) $(PEERS_STAMP) $(KSTREAMS_JAR)
 	$(BIN)/ledger broker start
 	$(BIN)/python -m bench --runs $(RUNS) $(BENCH_ARGS)
 
-MYPY_PATHS := ledger consumers producers sinks testbed bench
+MYPY_PATHS := ledger consumers producers sinks testbed bench docs/gen_config.py
 
 lint: venv
 	$(BIN)/ruff check .

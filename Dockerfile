@@ -9,9 +9,9 @@
 # The entry point is the `ledger` console script; the command names the stage
 # (processor, authority, relay) or any other `ledger` command (`topics create`,
 # `reconcile run`). Without one it prints the commands and exits. Settings come
-# from the environment (LEDGER_*, see the README). The production target holds
+# from the environment (LEDGER_*, see docs/configuration.md). The production target holds
 # no testbed extras; the `sink` target adds them for the reference sink only.
-# Not built in CI (no container engine there); see the README, "Deploying".
+# Not built in CI (no container engine there); see docs/deploying.md.
 
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 

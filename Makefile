@@ -2,10 +2,12 @@
 #
 #   make demo      install the ledger and its testbed (no dev tools), then run
 #                  the demo (starts/reuses the local broker)
-#   make check     lint, format check, types, layer rules and the unit tests
-#                  (no broker; under a minute)
-#   make test      the whole suite: `make check`'s checks, every test on the
-#                  real broker, then the wheel check (the built wheel installed
+#   make check     lint, format check, types, layer rules, the docs build and
+#                  the unit tests (no broker; about a minute)
+#   make docs      the documentation site (docs/, mkdocs.yml) into .cache/site,
+#                  --strict: a broken link or a page missing from the nav fails
+#   make test      the whole suite: `make check`'s checks and the docs build,
+#                  every test on the real broker, then the wheel check (the built wheel installed
 #                  outside the checkout runs `ledger demo --json`)
 #   make mission   the 4,000-case fee-remediation mission with crashes everywhere
 #   make mission-engine  the same mission as a LangGraph workflow (SQLite checkpoints),
@@ -30,7 +32,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 
 .DEFAULT_GOAL := test
-.PHONY: venv venv-run kafka demo mission mission-engine mission-chaos mission-compare bench check test wheel-check console-screenshot lint fmt broker-start broker-stop broker-status clean distclean
+.PHONY: venv venv-run kafka demo docs mission mission-engine mission-chaos mission-compare bench check test wheel-check console-screenshot lint fmt broker-start broker-stop broker-status clean distclean
 
 # Two stamps in one virtualenv: the runtime with its testbed (what the demo
 # and missions need), and the developer tools on top (what the tests need).
@@ -124,7 +126,7 @@ bench: venv kafka $(BENCH_STAMP) $(PEERS_STAMP) $(KSTREAMS_JAR)
 	$(BIN)/ledger broker start
 	$(BIN)/python -m bench --runs $(RUNS) $(BENCH_ARGS)
 
-MYPY_PATHS := ledger consumers producers sinks testbed bench
+MYPY_PATHS := ledger consumers producers sinks testbed bench docs/gen_config.py
 
 lint: venv
 	$(BIN)/ruff check .
@@ -132,8 +134,18 @@ lint: venv
 	$(BIN)/mypy $(MYPY_PATHS)
 	$(BIN)/lint-imports
 
-check: lint
+check: lint docs
 	$(BIN)/pytest -q tests/unit
+
+# The documentation site, built strictly (mkdocs.yml's validation turns a
+# broken link, a missing anchor and a page left out of the nav into warnings,
+# --strict into failures); first the configuration reference must match the
+# settings class it is generated from (docs/gen_config.py writes it).
+DOCS_DIR := .cache/site
+
+docs: venv
+	@$(BIN)/python docs/gen_config.py --check
+	$(BIN)/mkdocs build --strict --quiet -d $(DOCS_DIR)
 
 # The suite in two parts at once: everything but the `beside` tests in
 # $(TEST_WORKERS) processes (pytest-xdist; a test's waits on the broker leave
@@ -152,7 +164,7 @@ PYTEST_PHASES = mkdir -p .cache; \
 	echo "--- beside them: pytest -m beside (exit $$beside_rc) ---"; cat $(BESIDE_LOG); \
 	[ $$main_rc = 0 ] && [ $$beside_rc = 0 ]
 
-test: lint kafka
+test: lint docs kafka
 	@if [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ]; then $(PYTEST_PHASES); exit $$?; fi; \
 	was_up=0; $(BIN)/ledger broker status > /dev/null 2>&1 && was_up=1; \
 	$(BIN)/ledger broker start > /dev/null || exit 1; \

@@ -19,7 +19,7 @@ Every metric carries the label ``stage`` (``processor``, ``authority``,
 operating events) move only when the transaction commits (:meth:`committed`);
 an aborted one's are dropped. What happened in the world (a sink request, an
 abort, a fencing, a restore, a refused clock reading) counts at once. :data:`METRICS` lists every
-metric name with its type; the README repeats it.
+metric name with its type; docs/operating.md ("Metrics and health") repeats it.
 """
 
 from __future__ import annotations

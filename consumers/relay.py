@@ -28,7 +28,7 @@ reserved again under the same key while the admission stands). The check is
 the pure rule :func:`ledger.authority.admission_withdrawn` over the
 approvals and policy tables the relay follows (authenticated records only),
 made right before the confirmation it guards: it can only withdraw an
-admission, never grant one (README, "How it works": who decides). Every end
+admission, never grant one (docs/architecture.md, "How it works": who decides). Every end
 of a hold is a receipt (``COMMITTED`` with ``reservation: CONFIRMED``,
 ``CANCELLED``, ``EXPIRED``), journaled by the processor.
 

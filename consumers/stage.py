@@ -841,7 +841,7 @@ class Stage:
                 )
             if raw is None:
                 # A tombstone is never a stage's input; one that no trusted
-                # writer sealed is a forgery first (README "Trust model").
+                # writer sealed is a forgery first (docs/trust-model.md).
                 problem = self.keyring.check(
                     topic, msg.key() or b"", None, msg.headers(), timestamp=msg.timestamp()
                 )

@@ -28,7 +28,7 @@ class TopicSpec:
             it may ever be deleted by retention.
         single_partition: a control topic (one partition, read whole by every
             instance) rather than an operation-keyed, co-partitioned one.
-        writers: who writes it (prose, for ``ledger topics list`` and the README).
+        writers: who writes it (prose, for ``ledger topics list`` and the docs).
         roles: the writer roles, one entry each (``("relay", "reconcilers")``).
         tables: the components that rebuild a table from this topic (read
             whole). Such a topic must have one writer role: compaction keeps

@@ -113,7 +113,7 @@ def _trusted_name(settings: LedgerSettings, roles: tuple[str, ...], default: str
     A forgery names a real writer, whose key the attacker does not hold: the
     ledger holds that key and proves the record forged. A record naming a
     key nobody here holds is another case (unverifiable: it holds what it
-    covers, see README "Trust model").
+    covers, see docs/trust-model.md).
     """
     trusted = load_trusted_roles(settings.trusted_keys_path())
     names = sorted(name for name, (role, _) in trusted.items() if role in roles)

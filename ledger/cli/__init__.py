@@ -48,7 +48,7 @@ see the values in force (secrets masked).
 """
 
 
-_EXIT_HELP = "\n\b\nExit codes (every command; README: JSON output and exit codes):\n" + "\n".join(
+_EXIT_HELP = "\n\b\nExit codes (every command; docs/operating.md):\n" + "\n".join(
     f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items()
 )
 

@@ -8,7 +8,7 @@
   exit status 1 (the message names the remedy), never a traceback.
 * :func:`setup_logging` -- log lines to standard error.
 * The exit codes every command uses (:data:`EXIT_CODES`, one table: the
-  README's "JSON output and exit codes" repeats it) and :func:`echo_json`,
+  docs/operating.md, "JSON output and exit codes", repeats it) and :func:`echo_json`,
   how every ``--json`` prints.
 """
 
@@ -54,7 +54,7 @@ EXIT_TOPICS_MISSING = 7
 #: still unknown, or a stranded operation, :mod:`ledger.stranded`).
 EXIT_WORK_OPEN = 8
 
-#: Every exit code and its meaning, in one table (``ledger --help`` and the README say it).
+#: Every exit code and its meaning, in one table (``ledger --help`` and docs/operating.md say it).
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_ERROR: "error, refused input or audit violation",

@@ -307,7 +307,7 @@ class LedgerData:
             ready = bool(status.get("ready")) and alive
             held = int(status.get("unverifiable_held_count") or 0)
             if held and alive:
-                # README "Trust model": a stage that holds work is not healthy.
+                # docs/trust-model.md: a stage that holds work is not healthy.
                 detail += (
                     f"; HOLDING {held} key(s) on evidence its keys cannot verify (restore the "
                     "keys folder, then restart it)"

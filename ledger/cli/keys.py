@@ -7,7 +7,7 @@
 * ``ledger operator add NAME`` -- an operator signs policy changes,
   dispositions and revocations.
 
-See :mod:`ledger.authn` for what a seal covers and README "Trust model".
+See :mod:`ledger.authn` for what a seal covers and docs/trust-model.md.
 """
 
 from __future__ import annotations

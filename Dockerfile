@@ -10,7 +10,8 @@
 # (processor, authority, relay) or any other `ledger` command (`topics create`,
 # `reconcile run`). Without one it prints the commands and exits. Settings come
 # from the environment (LEDGER_*, see docs/configuration.md). The production target holds
-# no testbed extras; the `sink` target adds them for the reference sink only.
+# the console, OTLP and postgres extras and no testbed; the `sink` target adds the
+# testbed for the reference sink only.
 # Not built in CI (no container engine there); see docs/deploying.md.
 
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
@@ -58,7 +59,7 @@ CMD ["sink", "serve", "payments", "--port", "8080"]
 # ---------------------------------------------------------------- the stages (default)
 FROM runtime AS stages
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir /wheels/kafka_recovery_ledger-*.whl
+    pip install --no-cache-dir "$(ls /wheels/kafka_recovery_ledger-*.whl)[console,otlp,postgres]"
 USER 10001:10001
 ENTRYPOINT ["ledger"]
 CMD ["--help"]

@@ -134,6 +134,11 @@ class SettingsError(LedgerError):
     production stage); the message names the variable and the remedy."""
 
 
+class MissingExtraError(SettingsError):
+    """A command needs an optional dependency (an extra) that is not installed;
+    the message names the ``pip install`` that adds it."""
+
+
 class TopicConfigError(LedgerError):
     """A ledger topic is missing or configured so that the ledger is unsafe.
 

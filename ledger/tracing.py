@@ -50,6 +50,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ledger.extras import require_extra
+
 log = logging.getLogger(__name__)
 
 #: W3C Trace Context header names, as the records and the sink requests carry them.
@@ -121,6 +123,10 @@ def configure(
     Returns:
         The exporters in force (empty: tracing off, nothing installed, the
         API's no-op tracer serves). A second call returns the first's.
+
+    Raises:
+        MissingExtraError: ``otlp`` is asked for and the ``[otlp]`` extra is
+            not installed (the message names the ``pip install``).
     """
     global _provider
     env = os.environ if environ is None else environ
@@ -152,6 +158,7 @@ def configure(
                 "http/protobuf (port 4318 by default)",
                 protocol,
             )
+        require_extra("otlp", "OTEL_TRACES_EXPORTER=otlp")
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

@@ -47,6 +47,7 @@ from ledger.cli.render import render
 from ledger.cli.triage import NavCounts, problems_first
 from ledger.errors import LedgerError
 from ledger.events import OperationState
+from ledger.extras import require_extra
 from ledger.history import journal_move
 from ledger.instants import readable_fields
 from ledger.settings import LedgerSettings
@@ -799,6 +800,7 @@ def console_cmd(host: str, port: int, metrics: dict[str, str], wait_s: float) ->
     dispose unknown outcomes with the operator keys of this host
     (LEDGER_RUN_DIR/operators/): bind elsewhere only behind an authenticating proxy.
     """
+    require_extra("console", "ledger console")
     import uvicorn
 
     settings = current_settings()

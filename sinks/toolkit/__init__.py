@@ -13,7 +13,7 @@ half, a *backend*::
             return Committed(effect_id, committed_ms)
 
     app = create_sink_app(Payments(), name="payments", token=TOKEN, contract=CONTRACT)
-    # serve `app` with any ASGI server (uvicorn)
+    # serve `app` with any ASGI server (uvicorn); install with the [sink-toolkit] extra
 
 The split of the work:
 
@@ -33,8 +33,12 @@ The reference gateway of the testbed is one such backend with an admin API
 of its own added.
 """
 
-from sinks.toolkit.app import create_sink_app, render
-from sinks.toolkit.backend import (
+from ledger.extras import require_extra
+
+require_extra("sink-toolkit", "sinks.toolkit")  # Starlette: the [sink-toolkit] extra
+
+from sinks.toolkit.app import create_sink_app, render  # noqa: E402
+from sinks.toolkit.backend import (  # noqa: E402
     MAX_TOKEN,
     MAX_TOKEN_STEP,
     Absent,
@@ -61,7 +65,7 @@ from sinks.toolkit.backend import (
     fence,
     replay,
 )
-from sinks.toolkit.wire import (
+from sinks.toolkit.wire import (  # noqa: E402
     IDEMPOTENCY_HEADER,
     MAX_BODY_BYTES,
     MAX_JSON_DEPTH,

@@ -28,6 +28,7 @@ from ledger.errors import (
     InputBoundsError,
     LedgerError,
     LocalFileError,
+    MissingExtraError,
     OperationEndedElsewhereError,
     ParameterDriftError,
     ScenarioError,
@@ -61,6 +62,7 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     DeliveryUnknownError: True,  # publishing the same operation again is safe and tells
     TopicConfigError: False,
     SettingsError: False,  # change the setting first
+    MissingExtraError: False,  # install the extra first
     SchemaError: False,
     UnknownSchemaError: False,
     SchemaValidationError: False,

@@ -168,6 +168,9 @@ def check_chains(
         interval_s=settings.heads_interval_s,
         grace_s=settings.heads_interval_s + settings.transaction_timeout_ms / 1000 + HEADS_SETTLE_S,
         now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        absent=None
+        if witness or settings.witness_path().exists()
+        else str(settings.witness_path()),
     )
     findings = Findings(INVARIANT)
     findings.check(report.links_checked + report.heads_checked)

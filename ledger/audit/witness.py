@@ -162,6 +162,7 @@ def evaluate_witness(
     interval_s: float,
     grace_s: float,
     now_ms: int,
+    absent: str | None = None,
 ) -> WitnessReport:
     """Say whether the chains' heads are witnessed outside Kafka and still on the heads topic.
 
@@ -180,6 +181,8 @@ def evaluate_witness(
             and after which a chained entry must be named by a head
             somewhere; at least ``interval_s``.
         now_ms: the audit's start (wall clock, milliseconds since the epoch).
+        absent: the witness file looked for and not found (said when no
+            witness was given), ``None`` when none was looked for.
 
     Returns:
         The :class:`WitnessReport`: violations and reasons the audit is not
@@ -224,7 +227,9 @@ def evaluate_witness(
                     f"pass the witness file of the processor host that owned journal:{p} "
                     "(--witness FILE)"
                     if files
-                    else "pass --witness FILE (the processor's LEDGER_WITNESS_FILE)"
+                    else "pass --witness FILE (the processor's LEDGER_WITNESS_FILE"
+                    + (f"; {absent} is not on this host" if absent else "")
+                    + ")"
                 )
                 report.unverified.append(
                     f"journal:{p}'s chain reached chain_seq {seq} (journal:{p}:{offset}, "
@@ -237,8 +242,9 @@ def evaluate_witness(
     if published:
         report.unverified.insert(
             0,
-            "no witness given: pass --witness FILE (the processor's LEDGER_WITNESS_FILE); "
-            f"heads up to {', '.join(published)} were published, and only their copy kept "
+            "no witness given: pass --witness FILE (the processor's LEDGER_WITNESS_FILE"
+            + (f"; {absent} is not on this host" if absent else "")
+            + f"); heads up to {', '.join(published)} were published, and only their copy kept "
             "outside Kafka shows that the heads topic and the journal were not rewritten "
             "together",
         )

@@ -54,6 +54,20 @@ def test_heads_published_and_no_witness_given_is_not_verified_naming_the_remedy(
         "no witness given: pass --witness FILE (the processor's LEDGER_WITNESS_FILE)"
     )
     assert "heads up to chain_seq 4 at journal:0:4 were published" in why
+    looked = evaluate_witness(
+        [chain(0, 5)],
+        topic_of(head(0, 4, "topic")),
+        [],
+        [],
+        interval_s=30.0,
+        grace_s=GRACE_S,
+        now_ms=NOW_MS,
+        absent=FILE,
+    )
+    assert looked.unverified[0].startswith(
+        "no witness given: pass --witness FILE (the processor's LEDGER_WITNESS_FILE; "
+        f"{FILE} is not on this host); heads up to chain_seq 4"
+    )
 
 
 def test_a_witness_holding_older_heads_than_the_topic_is_not_verified() -> None:

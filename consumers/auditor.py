@@ -100,6 +100,8 @@ class TopicScan:
     written_ms: dict[str, int] = field(default_factory=dict)
     displaced: dict[str, tuple[tuple[str, int, int], str]] = field(default_factory=dict)
     replayed: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    #: authentic records on a partition their key does not name: position -> (key, reason).
+    misplaced: dict[tuple[str, int, int], tuple[str, str]] = field(default_factory=dict)
 
 
 def scan_topic(
@@ -147,6 +149,11 @@ def scan_topic(
             every(msg, event, problem is None)
         if problem is not None:
             scan.unauthenticated[where] = problem
+            if problem.startswith(MISPLACED) and (
+                keyring.check(topic, key, value, msg.headers(), event, None, msg.timestamp())
+                is None
+            ):  # authentic, but for its place
+                scan.misplaced[where] = (key_text(msg), problem)
             if unverifiable(problem):
                 scan.unverifiable[where] = problem
                 scan.unverifiable_keys[where] = key_text(msg)
@@ -279,9 +286,18 @@ def run_audit(
         amount_fields=_amount_fields(settings),
     )
     _, chain_findings, report.journal_chain = check_chains(
-        settings, keyring, chain, scans["journal"].ends, scans["heads"].records, witness
+        settings,
+        keyring,
+        chain,
+        scans["journal"].ends,
+        scans["heads"].records,
+        witness,
+        heads_end=scans["heads"].ends.get(0, 0),
+        now_ms=started_ms,
     )
     report.merge(chain_findings)
+    unverified = report.journal_chain.get("unverified")
+    report.unverified = [str(w) for w in unverified] if isinstance(unverified, list) else []
     report.started_at_ms = started_ms
     report.sink_unread = sink_unread
     report.took_s = time.monotonic() - started
@@ -378,9 +394,11 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
     """Gather who wrote what: refused records, signed uses and grants."""
     unauthenticated: dict[tuple[str, int, int], str] = {}
     undecodable: dict[tuple[str, int, int], str] = {}
+    misplaced: dict[tuple[str, int, int], tuple[str, str]] = {}
     for scan in scans.values():
         unauthenticated.update(scan.unauthenticated)
         undecodable.update(scan.undecodable)
+        misplaced.update(scan.misplaced)
     # A record a stage refused as a dead letter (an authentic BAD_INPUT or
     # UNAUTHENTICATED operating event names its position) was handled: it is
     # listed, not a violation. Garbage nobody refused is corrupted evidence.
@@ -420,6 +438,7 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
         grants=grants,
         records=sum(s.count for s in scans.values()),
         displaced_states=dict(scans["state"].displaced),
+        misplaced=misplaced,
     )
 
 

@@ -298,7 +298,14 @@ class HeadsPublisher:
 
 def witnessed_head(head: JournalHead, source: str) -> WitnessedHead:
     """The verifier's view of a head record, found at ``source``."""
-    return WitnessedHead(head.journal_partition, head.offset, head.seq, head.chain_hash, source)
+    return WitnessedHead(
+        head.journal_partition,
+        head.offset,
+        head.seq,
+        head.chain_hash,
+        source,
+        head.published_at_ms,
+    )
 
 
 def _line_time(record: object) -> Timestamp:

@@ -1938,6 +1938,8 @@ def read_partition(
             time).
         ends_out: when given, filled with partition -> the end offset read
             to (0 for an empty partition), e.g. for a report of what was read.
+            A partition whose log start equals its end (records deleted up
+            to its end) is read through at once, with its end offset here.
         tail: read only the last ``tail`` offsets of each partition (from
             ``end - tail``, or its log start if that is later) instead of
             from the beginning (``None``: from the beginning).
@@ -1988,15 +1990,16 @@ def read_partition(
         since, waited_then = progress
         return time.monotonic() > since + timeout_s + (waits.waited_s - waited_then)
 
-    def end_of(tp: TopicPartition) -> int:
-        _, high = ask(
+    def end_of(tp: TopicPartition) -> tuple[int, int]:
+        low, high = ask(
             lambda c: c.get_watermark_offsets(tp, timeout=10, cached=False),
             f"end of {tp.topic}[{tp.partition}]",
         )
-        return int(high)
+        return int(low), int(high)
 
-    def settled_end_of(p: int) -> int:
-        """:func:`end_of`, asked again with a fresh client while it is not overdue."""
+    def settled_end_of(p: int) -> tuple[int, int]:
+        """:func:`end_of` (log start, end), asked again with a fresh client while it is
+        not overdue."""
         while True:
             try:
                 return end_of(TopicPartition(full, p))
@@ -2017,10 +2020,12 @@ def read_partition(
             partitions = set(meta.topics[full].partitions)
         ends: dict[int, int] = {}
         for p in partitions:
-            high = settled_end_of(p)
+            low, high = settled_end_of(p)
             if ends_out is not None:
                 ends_out[p] = high
-            if high > 0:
+            # A partition whose log start is its end holds nothing to read (it is
+            # empty, or DeleteRecords emptied it): read through, whatever its end.
+            if high > max(low, 0):
                 ends[p] = high
         if not ends:
             return 0

@@ -18,7 +18,10 @@ and the evidence):
 * ``authenticity``: no journal entry applied an unauthenticated record, and
   every admission rests on a grant signed by a trusted reviewer and on the
   authority kernel's signed use of it (records no trusted writer produced
-  are listed in ``unauthenticated_records``);
+  are listed in ``unauthenticated_records``), and no authentic record of a
+  topic only the ledger's components write lies on a partition its key does
+  not name (a genuine journal entry copied elsewhere: a writer's key
+  misused, or a broker administrator; copies of inputs stay refused records);
 * ``state``: replaying the journal reproduces ``ledger.state`` exactly, and
   each journal entry records the outcome the replay reaches (determinism);
   a disagreement names the fields that differ, and the latest state record
@@ -45,7 +48,10 @@ and the evidence):
 The auditor adds one more, checked over the journal's raw records rather
 than these facts (:mod:`ledger.audit.chain`), reported as ``journal-chain``:
 every journal partition's hash chain holds end to end and agrees with every
-witnessed head; each deleted, truncated or rewritten range is named.
+witnessed head; each deleted, truncated or rewritten range is named, and
+heads deleted from the heads topic that the witness still holds
+(:mod:`ledger.audit.witness`). Heads published but not in the witness
+given make the audit NOT VERIFIED (``unverified``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ processor committed:
   0: the log start was moved past entries, as ``DeleteRecords`` or a time
   limit does), or a ``chain_seq`` is skipped (entries removed in between,
   e.g. by compaction of a journal whose cleanup policy was changed), or a
-  witnessed head lies before the partition's log start;
+  witnessed head lies before the partition's log start, or the log start is
+  above 0 at all (the journal is kept forever; a partition emptied to its
+  end by ``DeleteRecords`` holds nothing else to tell it by);
 * ``truncated``: a witnessed head lies beyond what the partition holds (its
   offset at or past the end read to, or its ``chain_seq`` past the last
   entry: the tail was cut off, or the topic was deleted and made again);
@@ -56,6 +58,8 @@ class Link:
             is not known to be authentic). A record that is not authentic
             is only part of the chain where the chain does not link without
             it (:func:`_chain_members`).
+        written_ms: its Kafka timestamp (milliseconds since the epoch),
+            ``None`` when the broker gives none.
     """
 
     offset: int
@@ -64,6 +68,7 @@ class Link:
     digest: str
     problem: str | None = None
     authentic: bool = True
+    written_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class WitnessedHead:
         seq: that entry's ``chain_seq``.
         hash: that entry's chain hash.
         source: where it was found (``heads:0:12``, ``witness FILE line 3``).
+        published_at_ms: when the processor published it (its
+            ``published_at_ms``, wall clock, milliseconds), ``None`` if unknown.
     """
 
     partition: int
@@ -100,6 +107,7 @@ class WitnessedHead:
     seq: int
     hash: str
     source: str
+    published_at_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -302,6 +310,7 @@ def _check_heads(
     end = read.end if read is not None else 0
     seen: set[tuple[int, int, str]] = set()
     truncated: WitnessedHead | None = None
+    before: WitnessedHead | None = None
     for head in sorted(heads, key=lambda h: (h.offset, h.seq, h.source)):
         if (head.offset, head.seq, head.hash) in seen:
             continue
@@ -321,21 +330,12 @@ def _check_heads(
                         f"{head.source} (chain_seq {head.seq}, hash {head.hash[:16]}...)",
                     )
                 )
+        elif head.offset < start:  # whatever its chain_seq: the log start moved past it
+            if before is None or head.offset > before.offset:
+                before = head
         elif head.offset >= end or head.seq > last_seq:
             if truncated is None or head.offset > truncated.offset:
                 truncated = head
-        elif head.offset < start:
-            if not any(f.kind == "deleted" and f.partition == partition for f in report.findings):
-                report.findings.append(
-                    ChainFinding(
-                        "deleted",
-                        partition,
-                        None,
-                        start - 1,
-                        f"{head.source} witnessed chain_seq {head.seq} at offset "
-                        f"{head.offset}, before the log start {start}",
-                    )
-                )
         else:
             report.findings.append(
                 ChainFinding(
@@ -347,6 +347,21 @@ def _check_heads(
                     f"witnessed chain_seq {head.seq}",
                 )
             )
+    if before is not None and not any(
+        f.kind == "deleted" and f.partition == partition for f in report.findings
+    ):
+        emptied = " (the partition was emptied to its end)" if start >= end else ""
+        report.findings.append(
+            ChainFinding(
+                "deleted",
+                partition,
+                None,
+                start - 1,
+                f"{before.source} witnessed chain_seq {before.seq} at offset "
+                f"{before.offset}, before the log start {start}{emptied}: entries up to "
+                "there are gone",
+            )
+        )
     if truncated is not None:
         report.findings.append(
             ChainFinding(
@@ -360,6 +375,45 @@ def _check_heads(
                 "(or the topic was deleted and made again)",
             )
         )
+
+
+def _check_log_start(read: PartitionRead, report: ChainReport) -> None:
+    """Name the front of a partition whose log start was moved, when nothing named it yet.
+
+    The journal is kept forever (``retention.ms`` -1, never compacted), so a
+    log start above 0 means records were deleted, whatever is left after
+    it: nothing (the partition emptied to its end), entries written before
+    the chain, or a chain the processor started afresh at ``chain_seq`` 0
+    once the entries it would have linked to were gone.
+    """
+    p = read.partition
+    if read.start <= 0 or any(
+        f.kind == "deleted" and f.partition == p and f.first_offset is None for f in report.findings
+    ):
+        return
+    start = report.starts.get(p)
+    if read.start >= read.end:
+        left = "nothing is left to read (the partition was emptied to its end)"
+    elif start is not None and start.offset is not None:
+        left = (
+            f"what is left starts at offset {read.start}"
+            + (f" with {start.unchained} unchained entries" if start.unchained else "")
+            + f", and its chain at chain_seq {start.seq} (offset {start.offset})"
+        )
+    else:
+        left = f"what is left (offsets {read.start}..{read.end - 1}) holds no chained entry"
+    report.findings.append(
+        ChainFinding(
+            "deleted",
+            p,
+            None,
+            read.start - 1,
+            f"the log starts at offset {read.start}; the journal is kept forever, so offsets "
+            f"0..{read.start - 1} were deleted (DeleteRecords, or a retention set on the "
+            f"topic); {left}; no witnessed head names what was there (pass the witness file, "
+            "--witness FILE, to know how far the chain had reached)",
+        )
+    )
 
 
 def verify_chains(
@@ -388,6 +442,8 @@ def verify_chains(
         if read is not None:
             _check_links(ledger_id, read, report)
         _check_heads(read, p, by_partition.get(p, ()), report)
+        if read is not None:
+            _check_log_start(read, report)
         report.findings[found_before:] = sorted(
             report.findings[found_before:],
             key=lambda f: (f.first_offset if f.first_offset is not None else -1, f.kind),

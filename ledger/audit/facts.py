@@ -59,6 +59,10 @@ class Provenance:
             does not decode: that record displaced the operation's authentic
             state (once compacted, ``ledger.state`` holds no authentic state
             of it), and the findings about its state name it.
+        misplaced: position -> (record key, reason) of every record whose
+            seal verifies but that lies on a partition its key does not
+            name (:func:`ledger.topology.misplaced`; readers refused it, and
+            it is in ``unauthenticated`` too).
     """
 
     unauthenticated: Mapping[Position, str]
@@ -68,6 +72,7 @@ class Provenance:
     records: int = 0
     dead_lettered: Mapping[Position, str] = field(default_factory=dict)
     displaced_states: Mapping[str, tuple[Position, str]] = field(default_factory=dict)
+    misplaced: Mapping[Position, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

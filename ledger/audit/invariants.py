@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from ledger.audit.facts import AuditInput
+from ledger.audit.facts import AuditInput, Provenance
 from ledger.audit.report import Findings
+from ledger.authn import ROLE_OPERATOR, ROLE_REVIEWER
 from ledger.events import (
     AdmissionDecision,
     Dispatch,
@@ -27,6 +28,7 @@ from ledger.events import (
 from ledger.fold import account_of, amount_of, hop_names
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
+from ledger.topology import MISPLACED, TOPIC_BY_NAME
 
 #: The parameter holding a sink's amount when the audit is given no contract for it.
 DEFAULT_AMOUNT = "amount_minor"
@@ -99,7 +101,8 @@ def readable(facts: AuditInput, found: Findings) -> None:
 
 @invariant("authenticity")
 def authenticity(facts: AuditInput, found: Findings) -> None:
-    """No decision rests on a record no trusted writer produced.
+    """No decision rests on a record no trusted writer produced, and no genuine record
+    of the ledger's components was copied off its partition.
 
     Unauthenticated records that nothing acted on are reported
     (``unauthenticated_records``) but are not violations: readers refused
@@ -107,6 +110,18 @@ def authenticity(facts: AuditInput, found: Findings) -> None:
     input, and an admission without both a grant signed by a trusted
     reviewer and the authority kernel's signed use of that approval for that
     operation (DESIGN.md "Trust boundary").
+
+    One refused record is a violation too: an authentic record of a topic
+    only the ledger's components write (the journal, the state, the outbox
+    ...) found on a partition its key does not name. A seal covers the
+    topic, key and value but not the partition
+    (:func:`ledger.topology.misplaced`), so a genuine record copied
+    elsewhere still verifies; nobody without a writer's key could have
+    produced it and no component writes one off its key's partition, so
+    someone holding a writer's rights misbehaved, or a broker administrator
+    copied it. The violation names where it lies and where it belongs. A
+    copy of an input (an intent, a grant, a disposition) is what its writer
+    could equally have published again: it stays a refused record.
 
     Args:
         facts: the gathered facts (``steps`` and ``provenance``).
@@ -116,6 +131,7 @@ def authenticity(facts: AuditInput, found: Findings) -> None:
     if prov is None:
         return
     found.check(prov.records)
+    _misplaced_copies(prov, found)
     for entry, event, _before, decision in facts.steps:
         where = (entry.input_topic, entry.input_partition, entry.input_offset)
         reason = prov.unauthenticated.get(where)
@@ -146,6 +162,32 @@ def authenticity(facts: AuditInput, found: Findings) -> None:
                     entry.operation_id,
                     f"admitted with approval {approval}, whose grant is not authentic: {grant}",
                 )
+
+
+#: Key roles of people and services: an input they seal may be published again.
+_INPUT_ROLES = frozenset({ROLE_OPERATOR, ROLE_REVIEWER})
+
+
+def _stage_written(topic: str) -> bool:
+    """Whether only the ledger's own components write ``topic`` (no service or person)."""
+    spec = TOPIC_BY_NAME.get(topic)
+    return spec is not None and bool(spec.auth) and not _INPUT_ROLES & set(spec.auth)
+
+
+def _misplaced_copies(prov: Provenance, found: Findings) -> None:
+    """Name every authentic record of a topic the ledger's components write that lies on
+    a partition its key does not name (see :func:`authenticity`)."""
+    for (topic, partition, offset), (key, reason) in sorted(prov.misplaced.items()):
+        if not _stage_written(topic):
+            continue
+        spec = TOPIC_BY_NAME[topic]
+        belongs = reason.removeprefix(MISPLACED).strip()
+        found.violation(
+            key if spec.key == "operation ID" else None,
+            f"{_ref(topic, partition, offset)} holds an authentic {topic} record of key "
+            f"{key!r} on the wrong partition ({belongs}): only a holder of its writer's "
+            "key misbehaving, or a broker administrator, puts a copy there; readers refuse it",
+        )
 
 
 @invariant("state")

@@ -256,6 +256,11 @@ class AuditReport:
         stranded: operations not resting where they should for longer than
             their bound (:mod:`ledger.stranded`), oldest first; each is an
             open item too, and the audit is not CLEAN while any is left.
+        unverified: why evidence other than records could not be checked,
+            one sentence each with its remedy (heads of the journal were
+            published but no witness kept outside Kafka was given, or the
+            witness holds fewer or older heads: :mod:`ledger.audit.witness`);
+            the audit is NOT VERIFIED while any is left.
     """
 
     operations: int = 0
@@ -276,11 +281,18 @@ class AuditReport:
     sink_unread: list[dict[str, Any]] = field(default_factory=list)
     journal_chain: dict[str, Any] = field(default_factory=dict)
     stranded: list[Stranded] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        """No violation, no record left that these keys cannot verify, nothing stranded."""
-        return not self.violations and not self.unverifiable_records and not self.stranded
+        """No violation, nothing left unverified (records these keys cannot verify, heads
+        not witnessed), nothing stranded."""
+        return (
+            not self.violations
+            and not self.unverifiable_records
+            and not self.unverified
+            and not self.stranded
+        )
 
     @property
     def facts(self) -> int:
@@ -298,17 +310,23 @@ class AuditReport:
         """``CLEAN``, ``N VIOLATION(S)``, ``NOT VERIFIED`` or ``STRANDED``, and its coverage.
 
         ``NOT VERIFIED`` (no violation found, but records sealed by keys the
-        auditor does not hold are left): evidence it could not check is never
-        counted as absent. ``STRANDED`` (no violation, every record checked,
-        but operations stopped short of where they should rest): sound
+        auditor does not hold are left, or the journal's published heads are
+        not all in the witness given: :attr:`unverified`, the first named):
+        evidence it could not check is never counted as absent. ``STRANDED``
+        (no violation, every record checked, but operations stopped short of
+        where they should rest): sound
         evidence of work that is not moving is not clean.
         """
         n = len(self.violations)
         if n:
             head = f"{n} VIOLATION{'S' if n != 1 else ''}"
-        elif self.unverifiable_records:
+        elif self.unverifiable_records or self.unverified:
             u = len(self.unverifiable_records)
-            head = f"NOT VERIFIED: {u} record{'s' if u != 1 else ''} sealed by keys not held here"
+            why = [f"{u} record{'s' if u != 1 else ''} sealed by keys not held here"] if u else []
+            if self.unverified:
+                more = len(self.unverified) - 1
+                why.append(self.unverified[0] + (f" (and {more} more)" if more else ""))
+            head = "NOT VERIFIED: " + "; ".join(why)
         elif self.stranded:
             k = len(self.stranded)
             head = f"STRANDED: {k} operation{'s' if k != 1 else ''} not moving"
@@ -349,7 +367,8 @@ class AuditReport:
             {partition (str): end offset}}, "open_items": [OpenItem.to_dict()],
             "checked": {invariant: facts checked}, "violations": [{"invariant":
             str, "operation_id": str | None, "evidence": str}],
-            "unauthenticated_records": [...], "undecodable_records": [...],
+            "unauthenticated_records": [...], "unverified": [str],
+            "undecodable_records": [...],
             "replayed_records": [...], "journal_chain": {...},
             "authenticity_checked": bool, "stranded": [Stranded.to_dict()]}``,
             violations in the order found; ``sink_facts`` is ``None`` when
@@ -382,6 +401,7 @@ class AuditReport:
             "authenticity_checked": self.authenticity_checked,
             "unauthenticated_records": list(self.unauthenticated_records),
             "unverifiable_records": list(self.unverifiable_records),
+            "unverified": list(self.unverified),
             "undecodable_records": list(self.undecodable_records),
             "replayed_records": list(self.replayed_records),
             "journal_chain": dict(self.journal_chain),

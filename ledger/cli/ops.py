@@ -856,6 +856,8 @@ def audit_lines(report: Any) -> list[str]:
         )
     for v in report.violations:
         lines.append(f"  {v.invariant}\t{v.operation_id or '-'}\t{v.evidence}")
+    for why in report.unverified:
+        lines.append(f"not verified: {why}")
     items = report.open_items
     lines.append(
         f"{len(items)} open item(s)"
@@ -924,7 +926,8 @@ def audit_lines(report: Any) -> list[str]:
     metavar="FILE",
     help="Check the journal's hash chains against the heads witnessed in FILE (JSON lines "
     "the processor appends; repeat it for the files of several processor hosts; default: "
-    "LEDGER_WITNESS_FILE when it exists).",
+    "LEDGER_WITNESS_FILE when it exists). Required once heads were published: without it "
+    "the verdict is NOT VERIFIED.",
 )
 def audit_cmd(
     as_json: bool,
@@ -957,8 +960,11 @@ def audit_cmd(
     Every journal partition is a hash chain: the audit checks each one end
     to end and against the heads the processor published (the heads topic,
     and the witness file, --witness FILE or LEDGER_WITNESS_FILE), and names
-    every deleted, truncated or rewritten range as a 'journal-chain'
-    violation.
+    every deleted, truncated or rewritten range, and heads deleted from the
+    heads topic that the witness still holds, as a 'journal-chain'
+    violation. Once heads were published the witness is required: without
+    it, or with one holding fewer or older heads than the heads topic, the
+    verdict is NOT VERIFIED (exit 1), naming what is missing.
     """
     from consumers.auditor import run_audit
 

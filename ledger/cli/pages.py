@@ -70,12 +70,17 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
     if n:
         head = f"{n} VIOLATION{'S' if n != 1 else ''}"
         sentence = f"{n} violation{'s' if n != 1 else ''} of the ledger's invariants ({words})"
-    elif _list(audit.get("unverifiable_records")):
+    elif _list(audit.get("unverifiable_records")) or _list(audit.get("unverified")):
         u = len(_list(audit.get("unverifiable_records")))
+        why = (
+            [f"{u} record{'s' if u != 1 else ''} sealed by keys not held here could not be checked"]
+            if u
+            else []
+        )
+        why += [str(w) for w in _list(audit.get("unverified"))]
         head = "NOT VERIFIED"
         sentence = (
-            f"not verified: no violations in {facts} facts checked, but {u} record"
-            f"{'s' if u != 1 else ''} sealed by keys not held here could not be checked ({words})"
+            f"not verified: no violations in {facts} facts checked, but {'; '.join(why)} ({words})"
         )
     elif _list(audit.get("stranded")):
         k = len(_list(audit.get("stranded")))

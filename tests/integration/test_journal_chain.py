@@ -234,3 +234,65 @@ def test_a_deleted_range_and_a_record_rewritten_in_place_are_named_by_the_audit(
     ), chain
     assert any(e.startswith(f"rewritten journal:0:{rewritten_at}") for e in chain), chain
     assert report.journal_chain["partitions"][0]["seq"] == 2  # where what is left starts
+
+
+def test_the_audit_wants_the_witness_and_names_partitions_emptied_to_their_end(
+    tampered_ledger: tuple[LedgerSettings, list[tuple[int, JournalEntry]]], tmp_path: Path
+) -> None:
+    settings, entries = tampered_ledger
+    last = entries[-1][1].chain_seq
+    assert run_audit(settings, read_sinks=False).clean  # with LEDGER_WITNESS_FILE
+
+    # Heads were published: without the witness, or with a copy short of them, the
+    # audit cannot show the journal unrewritten: NOT VERIFIED, naming what is missing.
+    bare = run_audit(settings, read_sinks=False, witness=[])
+    assert bare.violations == [] and not bare.clean
+    assert bare.verdict.startswith(
+        "NOT VERIFIED: no witness given: pass --witness FILE (the processor's "
+        "LEDGER_WITNESS_FILE); heads up to chain_seq "
+    ), bare.verdict
+    older = [w for w in witnessed(settings) if int(str(w["seq"])) < (last or 0)]
+    short = tmp_path / "an-old-copy.jsonl"
+    short.write_text("".join(json.dumps(w) + "\n" for w in older))
+    stale = run_audit(settings, read_sinks=False, witness=[short])
+    top = max((int(str(w["seq"])) for w in older), default=None)
+    holds = f"up to chain_seq {top}" if top is not None else "none of journal:0"
+    assert stale.violations == [] and stale.unverified == [
+        f"heads up to chain_seq {last} at journal:0 were published; the witness {short} "
+        f"holds {holds}: pass the witness file of every processor host that owned journal:0 "
+        "(--witness FILE, repeated), or a current copy"
+    ]
+
+    # An administrator empties journal:0 and the heads topic to their ends: the audit
+    # reads through them (no wait for records that are gone) and names both.
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    emptied = [
+        TopicPartition(settings.topic("journal"), 0, -1),
+        TopicPartition(settings.topic("heads"), 0, -1),
+    ]
+    starts = {
+        tp.topic: future.result(timeout=30).low_watermark
+        for tp, future in admin.delete_records(emptied).items()
+    }
+    journal_start, heads_start = starts[settings.topic("journal")], starts[settings.topic("heads")]
+    assert journal_start > entries[-1][0] and heads_start > 0
+
+    report = run_audit(settings, read_sinks=False)
+    chain = [v.evidence for v in report.violations if v.invariant == "journal-chain"]
+    assert any(
+        e.startswith(f"deleted journal:0:..{journal_start - 1}: ")
+        and f"witnessed chain_seq {last} at offset {entries[-1][0]}" in e
+        and "(the partition was emptied to its end)" in e
+        for e in chain
+    ), chain
+    assert any(
+        e.startswith(f"deleted heads:0:0..{heads_start - 1}: ") and "emptied to its end" in e
+        for e in chain
+    ), chain
+    # With no witness at all, the log start alone names the deleted range.
+    blind = run_audit(settings, read_sinks=False, witness=[])
+    assert any(
+        v.evidence.startswith(f"deleted journal:0:..{journal_start - 1}: the log starts at ")
+        and "nothing is left to read" in v.evidence
+        for v in blind.violations
+    ), blind.violations

@@ -478,3 +478,26 @@ def test_a_rewrite_in_place_that_fails_its_seal_is_still_named() -> None:
     )
     [found] = kinds(links)
     assert found.startswith("rewritten journal:0:2..3:")
+
+
+def test_a_partition_emptied_to_its_end_is_named_deleted_by_its_witnessed_head() -> None:
+    """DeleteRecords up to the end: nothing left to read, the head lies before the log start."""
+    links, _, _ = chain_of(6)
+    report = verify_chains(LEDGER, [PartitionRead(0, 6, 6, ())], [head_of(links[5], "w")])
+    [found] = [f.text() for f in report.findings]
+    assert found.startswith("deleted journal:0:..5: w witnessed chain_seq 5 at offset 5")
+    assert "(the partition was emptied to its end)" in found
+
+
+def test_a_log_start_moved_with_nothing_witnessed_is_named_deleted() -> None:
+    """The journal is kept forever: a log start above 0 is a deletion, even with no head to
+    say how far the chain had reached, and even where the processor started a new chain."""
+    [emptied] = [f.text() for f in verify_chains(LEDGER, [PartitionRead(0, 9, 9, ())]).findings]
+    assert emptied.startswith("deleted journal:0:..8: the log starts at offset 9;")
+    assert "offsets 0..8 were deleted" in emptied and "nothing is left to read" in emptied
+    links, _, _ = chain_of(2)
+    afresh = [Link(link.offset + 9, link.seq, link.prev, link.digest) for link in links]
+    report = verify_chains(LEDGER, [PartitionRead(0, 9, 11, tuple(afresh))])
+    [restarted] = [f.text() for f in report.findings]
+    assert restarted.startswith("deleted journal:0:..8: the log starts at offset 9;")
+    assert "its chain at chain_seq 0 (offset 9)" in restarted

@@ -57,6 +57,7 @@ def bounds_of(settings: LedgerSettings) -> StrandedBounds:
         committed_s=settings.stranded_committed_s,
         not_admitted_s=settings.stranded_not_admitted_s,
         held_s=settings.stranded_held_s,
+        intents_s=settings.stranded_intents_s,
     )
 
 

@@ -504,7 +504,8 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
     Columns: operation ID, recovery state, state version (what a claim must
     name), fencing epoch, and the reason of the latest transition. With
     --json: {"topic_prefix", "operations": [state, ...]}, each state as
-    OPERATION alone prints it. An operation not in the ledger exits 5.
+    OPERATION alone prints it. An operation not in the ledger exits 5, saying
+    'not yet processed' when its intent waits for the processor.
     """
     from consumers.reader import current_states, read_latest
 
@@ -524,6 +525,15 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
                 EXIT_ERROR,
             )
         if st is None:
+            from consumers.unconsumed import awaiting_processor
+
+            if awaiting_processor(settings, operation_id):
+                fail(
+                    f"operation {operation_id!r}: not yet processed (the processor has not "
+                    "consumed its intent, which is on the intents topic; is the processor "
+                    "running? `ledger status`)",
+                    EXIT_UNKNOWN_OPERATION,
+                )
             fail(
                 f"no operation {operation_id!r} in the ledger (topic prefix "
                 f"{settings.topic_prefix!r}); an intent refused before admission (an unknown "

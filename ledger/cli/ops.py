@@ -742,7 +742,14 @@ def reconcile_list(as_json: bool) -> None:
 
 
 @reconcile_group.command("run")
-def reconcile_run() -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print the readbacks and verifications recorded as JSON: [{"operation_id", "sink", '
+    '"observed", "detail"}], a verification with "kind": "POSTCONDITION".',
+)
+def reconcile_run(as_json: bool) -> None:
     """Drain the reconciliation queue once: read back every open unknown outcome
     whose sink offers readback, verify again every stranded EFFECT_COMMITTED
     operation (a postcondition query, never the effect's request), and record
@@ -753,13 +760,19 @@ def reconcile_run() -> None:
     (LEDGER_STRANDED_*_S: in flight without a live owner, committed without
     its verification, not admitted without a decision, held behind a refused
     record), each named on stderr with its remedy; so a scheduled run alarms.
+    Standard output has a line per readback or verification recorded, then
+    one saying what is left open (--json: the rows as JSON).
     """
     from consumers.reverify import run_pass
+    from ledger.cli.reconcile_text import run_lines
 
     settings = current_settings()
     # run_pass checks the topics itself, waiting for a broker that is away
     results, left = run_pass(settings, say=lambda text: click.echo(text, err=True))
-    click.echo(json.dumps(results, indent=2))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        click.echo("\n".join(run_lines(results, left)))
     if left:
         fail(
             f"{len(left)} operation(s) left open: {', '.join(left[:20])}; see the lines above "

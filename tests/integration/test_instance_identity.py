@@ -124,6 +124,9 @@ def test_a_second_relay_with_the_same_identity_fences_the_first_and_nothing_is_p
         assert f"pid {harness.procs['relay-0'].pid} on this host" in held_by
         text = CliRunner().invoke(main, ["status"], env=settings_env(settings))
         assert "TWO LIVE PROCESSES named relay-0" in text.output, text.output
+        # The summary line above it says so too (it said "relay: live, 1 instance(s)").
+        assert "relay: 2 live processes named relay-0, fencing each other" in text.output
+        assert text.exit_code == 1
 
         _approve_and_publish(pub, later_ops)
         tally = _wait_verified(settings, first_ops + later_ops, 180)

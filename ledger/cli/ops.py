@@ -971,7 +971,10 @@ def audit_cmd(
     reauthorisation pending, abandoned: operation, state, sink, age, reason,
     and the 'ledger history OP' command that shows it). An operation stranded
     short of where it should rest (LEDGER_STRANDED_*_S) is an open item and
-    makes the verdict STRANDED, exit 1; other open items do not. With --html
+    makes the verdict STRANDED, exit 1; an operation whose outcome is unknown
+    (held in UNKNOWN_OUTCOME, or committed and contradicted by its sink's
+    postcondition) makes it OPEN, exit 1; reauthorisation pending and
+    abandoned ones are listed and leave it CLEAN. With --html
     FILE the report is also written as one self-contained HTML page and
     'wrote FILE' is said on stderr when --json keeps stdout for the JSON;
     --histories also writes the history of every open item next to it
@@ -1015,7 +1018,7 @@ def audit_cmd(
                 "choose a writable --html path"
             ) from exc
         click.echo(f"wrote {html_path}", err=as_json)
-    sys.exit(0 if report.clean else 1)
+    sys.exit(0 if report.settled else 1)
 
 
 #: The operators' and auditors' commands, in the order ``ledger --help`` lists them.

@@ -759,7 +759,8 @@ def reconcile_run(as_json: bool) -> None:
     outcome stays unknown after its readback, or an operation is stranded
     (LEDGER_STRANDED_*_S: in flight without a live owner, committed without
     its verification, not admitted without a decision, held behind a refused
-    record), each named on stderr with its remedy; so a scheduled run alarms.
+    record, an intent the processor has not consumed), each named on stderr
+    with its remedy; so a scheduled run alarms.
     Standard output has a line per readback or verification recorded, then
     one saying what is left open (--json: the rows as JSON).
     """

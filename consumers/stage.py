@@ -53,7 +53,14 @@ from consumers.fetchwatch import FetchWatch
 from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.metrics import StageMetrics
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
-from consumers.twins import announce, client_id, fenced_out, fenced_out_text, withdraw
+from consumers.twins import (
+    Presence,
+    announce,
+    client_id,
+    fenced_out,
+    fenced_out_text,
+    withdraw,
+)
 from ledger.authn import AUTH_HEADER, Keyring, Sealer, unverifiable
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
@@ -398,6 +405,8 @@ class Stage:
     component = "stage"
     inputs: tuple[str, ...] = ()
     batch_size = 500
+    #: this process's file in the run folder, touched as the loop goes round
+    _presence: Presence | None = None
 
     def __init__(
         self, settings: LedgerSettings, instance: str = "0", hooks: FaultHooks = NO_FAULTS
@@ -1263,6 +1272,7 @@ class Stage:
         check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
         bind_here(stage=self.component, instance=self.instance)
         presence = announce(self.run_dir, self.component, self.instance)  # consumers.twins
+        self._presence = Presence(presence)  # touched as the loop goes round (ledger status)
         if self.settings.metrics_port is not None:
             self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
         if threading.current_thread() is threading.main_thread():
@@ -1308,6 +1318,8 @@ class Stage:
         started = time.monotonic()
         while not self.stopping:
             self.metrics.beat()
+            if self._presence is not None:
+                self._presence.beat()
             if stop_after_s is not None and time.monotonic() - started > stop_after_s:
                 break
             if self._consumer_stuck:

@@ -5,7 +5,8 @@ what it needs from Kafka and the run folder: every operation's latest state
 and when it was written (the record's Kafka timestamp), which relay holds
 each partition (the consumer groups, as ``ledger status`` reads them),
 whether each sink can verify (the sink registry), and the postcondition
-mismatches (operating events). The audit, ``ledger reconcile run`` and the
+mismatches (operating events), and the intents the processor has not
+consumed (:mod:`consumers.unconsumed`). The audit, ``ledger reconcile run`` and the
 console ask here; the processor's metric asks :mod:`consumers.strandwatch`.
 """
 
@@ -21,6 +22,7 @@ from consumers.groups import stage_status
 from consumers.reader import read_topic
 from consumers.stage import Record, decode_record, kafka_timestamp_ms, key_text, read_partition
 from consumers.strandwatch import bounds_of, verifiable_at
+from consumers.unconsumed import not_consumed
 from ledger.authn import unverifiable
 from ledger.credentials import load_keyring
 from ledger.errors import LedgerError
@@ -78,6 +80,7 @@ def find_stranded(
     held: Mapping[str, str] | None = None,
     relay: set[int] | None = None,
     verifiable: Callable[[OperationState], bool] | None = None,
+    intents: list[Stranded] | None = None,
 ) -> list[Stranded]:
     """The stranded operations among ``states``, oldest first.
 
@@ -95,6 +98,10 @@ def find_stranded(
             of the consumer groups; ``None`` there: unknown).
         verifiable: whether an operation's sink can verify (default: the
             sink registry, :func:`can_verify`).
+        intents: the operations whose intent the processor has not consumed
+            past its bound (default: asked of Kafka,
+            :func:`consumers.unconsumed.not_consumed`); listed unless
+            stranded for another reason already.
 
     Returns:
         One :class:`~ledger.stranded.Stranded` per stranded operation.
@@ -117,6 +124,10 @@ def find_stranded(
         item = evaluate(op, state, sink, evidence, now_ms, bounds)
         if item is not None:
             found.append(item)
+    if intents is None:
+        intents = not_consumed(settings, now_ms, bounds)
+    listed = {s.operation_id for s in found}
+    found += [s for s in intents if s.operation_id not in listed]
     return order(found)
 
 

@@ -18,7 +18,11 @@ EFFECT_PENDING, EFFECT_COMMITTED at a sink that can verify): a resting
 operation costs nothing here. The processor does not see the relay's
 group, so an in-flight operation's owner is reported unknown
 (``in_flight_without_owner``); the audit and ``ledger reconcile run``,
-which read the groups, tell ``in_flight_overdue`` apart.
+which read the groups, tell ``in_flight_overdue`` apart. Nor does the
+watch count ``intent_not_consumed`` (an intent the processor's group has
+not consumed): the processor that would count it is the one not consuming;
+the readers find it (:mod:`consumers.unconsumed`), and the shipped alert
+``LedgerIntentsNotConsumed`` fires when no processor is ready.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def bounds_of(settings: LedgerSettings) -> StrandedBounds:
         committed_s=settings.stranded_committed_s,
         not_admitted_s=settings.stranded_not_admitted_s,
         held_s=settings.stranded_held_s,
+        intents_s=settings.stranded_intents_s,
     )
 
 

@@ -29,6 +29,7 @@ error naming the cause.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -215,3 +216,88 @@ def local_processes(run_dir: Path, alive: Callable[[int], bool] = _alive) -> dic
         if alive(pid):
             out.setdefault(name, []).append(pid)
     return {name: sorted(pids) for name, pids in out.items()}
+
+
+#: Seconds between two touches of a process's file (:class:`Presence`).
+BEAT_EVERY_S = 1.0
+
+
+class Presence:
+    """A stage process's file (:func:`announce`), touched as its loop goes round.
+
+    The file's modification time is the process's last heartbeat on this
+    host: ``ledger status`` tells a process that is alive but silent
+    (stopped with SIGSTOP, or stuck) from one that is gone.
+
+    Args:
+        path: the file :func:`announce` wrote.
+        every_s: touch it at most this often (seconds).
+        monotonic: the clock the interval is kept with (injected for tests).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        every_s: float = BEAT_EVERY_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self.every_s = every_s
+        self._monotonic = monotonic
+        self._last = monotonic()
+
+    def beat(self) -> None:
+        """Touch the file if ``every_s`` has passed since the last touch (never raises)."""
+        now = self._monotonic()
+        if now - self._last < self.every_s:
+            return
+        self._last = now
+        # The run folder gone: status then sees no file; never a crash of the loop.
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+
+
+@dataclass(frozen=True)
+class LocalProcess:
+    """A live stage process of this host, from its file (:func:`announce`).
+
+    Attributes:
+        name: the member name it runs (``relay-0``).
+        pid: its process ID.
+        beat_ms: when its loop last went round (its file's modification
+            time, wall clock, milliseconds).
+    """
+
+    name: str
+    pid: int
+    beat_ms: int
+
+
+def local_presences(
+    run_dir: Path, alive: Callable[[int], bool] = _alive, host: str | None = None
+) -> list[LocalProcess]:
+    """The live stage processes of this host that announced themselves in ``run_dir``.
+
+    Args:
+        run_dir: the run folder the stages share.
+        alive: tells whether a PID runs (injected for tests).
+        host: this host's name (default ``socket.gethostname()``): a file
+            written on another host sharing the folder names a PID of that
+            host, which says nothing here.
+
+    Returns:
+        One per process whose file names this host and whose PID runs, by name.
+    """
+    here = socket.gethostname() if host is None else host
+    found: list[LocalProcess] = []
+    folder = run_dir / PROCESSES_DIR
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+            name, pid = str(data["name"]), int(data["pid"])
+            beat_ms = int(path.stat().st_mtime * 1000)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if data.get("host", here) == here and alive(pid):
+            found.append(LocalProcess(name, pid, beat_ms))
+    return sorted(found, key=lambda p: (p.name, p.pid))

@@ -218,6 +218,8 @@ class LedgerSettings(BaseSettings):
             before it is stranded (default 300).
         stranded_held_s: seconds a reader may hold an operation behind a
             record it refused before it is stranded (default 60).
+        stranded_intents_s: seconds a published intent may stay unconsumed
+            by the processor's group before it is stranded (default 120).
     """
 
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore")
@@ -270,6 +272,7 @@ class LedgerSettings(BaseSettings):
     stranded_committed_s: float = Field(default=300.0, ge=0)
     stranded_not_admitted_s: float = Field(default=300.0, ge=0)
     stranded_held_s: float = Field(default=60.0, ge=0)
+    stranded_intents_s: float = Field(default=120.0, ge=0)
 
     @model_validator(mode="after")
     def _local_broker_by_default(self) -> LedgerSettings:

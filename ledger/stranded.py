@@ -29,7 +29,11 @@ when it has stayed at a waypoint for longer than the waypoint's bound
   ``LEDGER_STRANDED_NOT_ADMITTED_S``);
 * ``held_refused_record``: a reader holds the operation behind a record it
   refused (a seal it cannot verify), whatever its state
-  (``LEDGER_STRANDED_HELD_S``).
+  (``LEDGER_STRANDED_HELD_S``);
+* ``intent_not_consumed``: an intent on ``intents`` past the processor's
+  committed offset (its consumer group has not consumed it), so the
+  operation has no state at all: the processor is down or stuck
+  (``LEDGER_STRANDED_INTENTS_S``; :func:`unconsumed`).
 
 Ages are measured from ``since_ms``, the time the operation's latest state
 was written, on the caller's clock (the broker's record timestamps for the
@@ -58,6 +62,12 @@ class StrandedReason(StrEnum):
     COMMITTED_UNVERIFIED = "committed_unverified"
     NOT_ADMITTED_UNDECIDED = "not_admitted_undecided"
     HELD_REFUSED_RECORD = "held_refused_record"
+    INTENT_NOT_CONSUMED = "intent_not_consumed"
+
+
+#: The state shown for an operation whose intent the processor has not consumed
+#: (it has no recovery state yet).
+UNPROCESSED = "INTENT_NOT_PROCESSED"
 
 
 #: States in flight towards the effect: a relay owes them an outcome.
@@ -74,6 +84,8 @@ class StrandedBounds:
             (``LEDGER_STRANDED_COMMITTED_S``).
         not_admitted_s: NOT_ADMITTED (``LEDGER_STRANDED_NOT_ADMITTED_S``).
         held_s: held behind a refused record (``LEDGER_STRANDED_HELD_S``).
+        intents_s: an intent published and not consumed by the processor's
+            group (``LEDGER_STRANDED_INTENTS_S``).
 
     Raises:
         ValueError: a bound is negative.
@@ -83,9 +95,10 @@ class StrandedBounds:
     committed_s: float = 300.0
     not_admitted_s: float = 300.0
     held_s: float = 60.0
+    intents_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("in_flight_s", "committed_s", "not_admitted_s", "held_s"):
+        for name in ("in_flight_s", "committed_s", "not_admitted_s", "held_s", "intents_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"stranded bound {name} must be >= 0 seconds")
 
@@ -186,6 +199,11 @@ def _remedy(reason: StrandedReason, operation_id: str, held: str | None) -> str:
             "no admission decision came: is the authority kernel (or, for a compensation, "
             "the processor owning its original) running? see 'ledger status'"
         )
+    if reason is StrandedReason.INTENT_NOT_CONSUMED:
+        return (
+            "not yet processed: the processor has not consumed its intent; is the processor "
+            "running? see 'ledger status' (start it, or look at its log if it runs)"
+        )
     return (
         f"a reader holds it behind a record it refused ({held}): restore the keys folder "
         "the ledger's records were sealed with, then restart the stage"
@@ -246,6 +264,77 @@ def evaluate(
         remedy=_remedy(reason, operation_id, evidence.held),
         read_back=read_back,
     )
+
+
+@dataclass(frozen=True)
+class PublishedIntent:
+    """One record on ``intents``, as a reader found it (no seal checked: its key only).
+
+    Attributes:
+        operation_id: the record's key.
+        partition: its ``intents`` partition.
+        offset: its offset there.
+        written_ms: its Kafka timestamp (milliseconds, the clock of
+            ``now_ms``); ``None``: unknown, and it is not judged.
+    """
+
+    operation_id: str
+    partition: int
+    offset: int
+    written_ms: int | None
+
+
+def unconsumed(
+    intents: Iterable[PublishedIntent],
+    committed: Mapping[int, int | None],
+    now_ms: int,
+    bounds: StrandedBounds,
+) -> list[Stranded]:
+    """The intents the processor's group has not consumed past their bound (pure).
+
+    An intent at or past its partition's committed offset has not been
+    consumed (a processor commits the offset after the record with the
+    transaction of what it decided); a partition the group never committed
+    on has consumed nothing. An operation with several such intents counts
+    once, from its oldest.
+
+    Args:
+        intents: records read on ``intents`` (any offsets; those below the
+            committed offset are consumed and ignored).
+        committed: partition -> the processor group's committed offset
+            (``None`` or absent: never committed).
+        now_ms: the time now, milliseconds, on the clock of ``written_ms``.
+        bounds: ``intents_s`` is the bound (seconds).
+
+    Returns:
+        One :class:`Stranded` (reason ``intent_not_consumed``, state
+        :data:`UNPROCESSED`, no sink) per operation, oldest first.
+    """
+    oldest: dict[str, int] = {}
+    for intent in intents:
+        at = committed.get(intent.partition)
+        if intent.written_ms is None or (at is not None and intent.offset < at):
+            continue
+        prior = oldest.get(intent.operation_id)
+        oldest[intent.operation_id] = (
+            intent.written_ms if prior is None else min(prior, intent.written_ms)
+        )
+    reason = StrandedReason.INTENT_NOT_CONSUMED
+    found = [
+        Stranded(
+            operation_id=op,
+            state=UNPROCESSED,
+            sink="",
+            reason=reason,
+            since_ms=since,
+            age_s=max(0, now_ms - since) / 1000,
+            bound_s=bounds.intents_s,
+            remedy=_remedy(reason, op, None),
+        )
+        for op, since in oldest.items()
+        if max(0, now_ms - since) / 1000 > bounds.intents_s
+    ]
+    return order(found)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ OPEN_STATES: tuple[str, ...] = ("UNKNOWN_OUTCOME", "NEEDS_REAUTHORISATION", "ABA
 #: An operation resting in EFFECT_COMMITTED is open only when its sink's
 #: postcondition contradicted the committed effect (listed after the above).
 MISMATCHED = "EFFECT_COMMITTED"
+#: Open items whose outcome the ledger does not know: the verdict is not CLEAN
+#: while one is open (:attr:`AuditReport.unsettled`).
+UNSETTLED_STATES: frozenset[str] = frozenset({"UNKNOWN_OUTCOME", MISMATCHED})
 
 
 #: Coverage words: sinks read back and at least one fact checked against them.
@@ -286,13 +289,36 @@ class AuditReport:
     @property
     def clean(self) -> bool:
         """No violation, nothing left unverified (records these keys cannot verify, heads
-        not witnessed), nothing stranded."""
+        not witnessed), nothing stranded.
+
+        The evidence is sound; missions and game days judge a run by it. An
+        outcome still unknown is not a fault of the evidence, so it does not
+        count here; it does in :attr:`settled`, which the verdict and
+        ``ledger audit``'s exit status follow.
+        """
         return (
             not self.violations
             and not self.unverifiable_records
             and not self.unverified
             and not self.stranded
         )
+
+    @property
+    def unsettled(self) -> list[OpenItem]:
+        """Open items whose outcome at the sink is not known to the ledger.
+
+        An operation held in UNKNOWN_OUTCOME (nobody knows whether its
+        effect happened) and one resting in EFFECT_COMMITTED after its
+        sink's postcondition contradicted it (:data:`UNSETTLED_STATES`).
+        NEEDS_REAUTHORISATION and ABANDONED are open items too, but their
+        outcome is known (no effect), so they leave the verdict CLEAN.
+        """
+        return [i for i in self.open_items if i.state in UNSETTLED_STATES]
+
+    @property
+    def settled(self) -> bool:
+        """:attr:`clean`, and no open item whose outcome is unknown (:attr:`unsettled`)."""
+        return self.clean and not self.unsettled
 
     @property
     def facts(self) -> int:
@@ -307,15 +333,17 @@ class AuditReport:
 
     @property
     def verdict(self) -> str:
-        """``CLEAN``, ``N VIOLATION(S)``, ``NOT VERIFIED`` or ``STRANDED``, and its coverage.
+        """``CLEAN``, ``N VIOLATION(S)``, ``NOT VERIFIED``, ``STRANDED`` or ``OPEN``, with coverage.
 
         ``NOT VERIFIED`` (no violation found, but records sealed by keys the
         auditor does not hold are left, or the journal's published heads are
         not all in the witness given: :attr:`unverified`, the first named):
         evidence it could not check is never counted as absent. ``STRANDED``
         (no violation, every record checked, but operations stopped short of
-        where they should rest): sound
-        evidence of work that is not moving is not clean.
+        where they should rest): sound evidence of work that is not moving is
+        not clean. ``OPEN`` (sound, nothing stranded, but an outcome is
+        unknown: :attr:`unsettled`): a ledger that cannot say whether an
+        effect happened is not clean.
         """
         n = len(self.violations)
         if n:
@@ -330,6 +358,12 @@ class AuditReport:
         elif self.stranded:
             k = len(self.stranded)
             head = f"STRANDED: {k} operation{'s' if k != 1 else ''} not moving"
+        elif self.unsettled:
+            k = len(self.unsettled)
+            head = (
+                f"OPEN: {k} operation{'s' if k != 1 else ''} whose outcome is unknown, held for "
+                "a person (open items below)"
+            )
         else:
             head = "CLEAN"
         return f"{head} ({self.coverage})"

@@ -504,7 +504,8 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
     Columns: operation ID, recovery state, state version (what a claim must
     name), fencing epoch, and the reason of the latest transition. With
     --json: {"topic_prefix", "operations": [state, ...]}, each state as
-    OPERATION alone prints it. An operation not in the ledger exits 5.
+    OPERATION alone prints it. An operation not in the ledger exits 5, saying
+    'not yet processed' when its intent waits for the processor.
     """
     from consumers.reader import current_states, read_latest
 
@@ -524,6 +525,15 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
                 EXIT_ERROR,
             )
         if st is None:
+            from consumers.unconsumed import awaiting_processor
+
+            if awaiting_processor(settings, operation_id):
+                fail(
+                    f"operation {operation_id!r}: not yet processed (the processor has not "
+                    "consumed its intent, which is on the intents topic; is the processor "
+                    "running? `ledger status`)",
+                    EXIT_UNKNOWN_OPERATION,
+                )
             fail(
                 f"no operation {operation_id!r} in the ledger (topic prefix "
                 f"{settings.topic_prefix!r}); an intent refused before admission (an unknown "
@@ -732,7 +742,14 @@ def reconcile_list(as_json: bool) -> None:
 
 
 @reconcile_group.command("run")
-def reconcile_run() -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print the readbacks and verifications recorded as JSON: [{"operation_id", "sink", '
+    '"observed", "detail"}], a verification with "kind": "POSTCONDITION".',
+)
+def reconcile_run(as_json: bool) -> None:
     """Drain the reconciliation queue once: read back every open unknown outcome
     whose sink offers readback, verify again every stranded EFFECT_COMMITTED
     operation (a postcondition query, never the effect's request), and record
@@ -742,14 +759,21 @@ def reconcile_run() -> None:
     outcome stays unknown after its readback, or an operation is stranded
     (LEDGER_STRANDED_*_S: in flight without a live owner, committed without
     its verification, not admitted without a decision, held behind a refused
-    record), each named on stderr with its remedy; so a scheduled run alarms.
+    record, an intent the processor has not consumed), each named on stderr
+    with its remedy; so a scheduled run alarms.
+    Standard output has a line per readback or verification recorded, then
+    one saying what is left open (--json: the rows as JSON).
     """
     from consumers.reverify import run_pass
+    from ledger.cli.reconcile_text import run_lines
 
     settings = current_settings()
     # run_pass checks the topics itself, waiting for a broker that is away
     results, left = run_pass(settings, say=lambda text: click.echo(text, err=True))
-    click.echo(json.dumps(results, indent=2))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        click.echo("\n".join(run_lines(results, left)))
     if left:
         fail(
             f"{len(left)} operation(s) left open: {', '.join(left[:20])}; see the lines above "
@@ -951,7 +975,10 @@ def audit_cmd(
     reauthorisation pending, abandoned: operation, state, sink, age, reason,
     and the 'ledger history OP' command that shows it). An operation stranded
     short of where it should rest (LEDGER_STRANDED_*_S) is an open item and
-    makes the verdict STRANDED, exit 1; other open items do not. With --html
+    makes the verdict STRANDED, exit 1; an operation whose outcome is unknown
+    (held in UNKNOWN_OUTCOME, or committed and contradicted by its sink's
+    postcondition) makes it OPEN, exit 1; reauthorisation pending and
+    abandoned ones are listed and leave it CLEAN. With --html
     FILE the report is also written as one self-contained HTML page and
     'wrote FILE' is said on stderr when --json keeps stdout for the JSON;
     --histories also writes the history of every open item next to it
@@ -998,7 +1025,7 @@ def audit_cmd(
                 "choose a writable --html path"
             ) from exc
         click.echo(f"wrote {html_path}", err=as_json)
-    sys.exit(0 if report.clean else 1)
+    sys.exit(0 if report.settled else 1)
 
 
 #: The operators' and auditors' commands, in the order ``ledger --help`` lists them.

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ledger.audit.report import LEDGER_AND_SINKS, coverage_words
+from ledger.audit.report import LEDGER_AND_SINKS, UNSETTLED_STATES, coverage_words
 from ledger.cli.render import render
 
 __all__ = ["audit_context", "audit_page", "coverage_label"]
@@ -89,6 +89,15 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
             f"stranded: no violations in {facts} facts checked, but {k} operation"
             f"{'s' if k != 1 else ''} stopped short of where they should rest ({words})"
         )
+    elif unsettled := [
+        i for i in map(_map, _list(audit.get("open_items"))) if i.get("state") in UNSETTLED_STATES
+    ]:
+        k = len(unsettled)
+        head = "OPEN"
+        sentence = (
+            f"open: no violations in {facts} facts checked, but {k} operation"
+            f"{'s' if k != 1 else ''} whose outcome is unknown, held for a person ({words})"
+        )
     else:
         head = "CLEAN"
         sentence = f"clean: no violations in {facts} facts checked ({words})"
@@ -147,7 +156,11 @@ def audit_context(audit: Mapping[str, Any], plot: str | None = None) -> dict[str
     ]
     return {
         "title": f"Audit of {ledger}" if ledger else "Ledger audit",
-        "verdict": {"ok": not n and head != "STRANDED", "head": head, "sentence": sentence},
+        "verdict": {
+            "ok": not n and head not in ("STRANDED", "OPEN"),
+            "head": head,
+            "sentence": sentence,
+        },
         "coverage": words,
         # the badge is green only for a verdict that holds for sink readback too
         "sink_readback": words == LEDGER_AND_SINKS,

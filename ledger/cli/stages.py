@@ -194,41 +194,57 @@ def status_cmd(as_json: bool) -> None:
     offset (and the Kafka timestamp of the last input record committed past),
     and the lag its last stable offset minus that. The groups are watched for
     a few seconds: two processes given one instance name take its place in
-    turn, and are named with their process IDs and addresses. Exit status 0
-    when every stage has a live instance, 1 when one has none or two
-    processes share an instance name.
+    turn, and are named with their process IDs and addresses, and the
+    summary says how many processes fence each other. A process of this host
+    that runs but is not in its group and whose loop has been silent for 10 s
+    (stopped, or stuck) is NOT RESPONDING, not DOWN: do not start another
+    with its name; inspect or kill it first. Exit status 0 when every stage
+    has a live instance and nothing is wrong, 1 when one has none, two
+    processes share an instance name, or a process does not respond.
 
     \b
     --json: {"topic_prefix", "stages": [{"component", "group", "group_state",
       "live", "lag", "last_commit_ms", "members": [{"instance", "host",
       "member_id", "partitions": ["intents[0]", ...]}], "partitions":
       [{"topic", "partition", "committed", "end", "lag", "last_input_ms"}],
-      "twins": {"relay-0": ["relay-0.4711 at /10.0.0.5", ...]}}]}
+      "twins": {"relay-0": ["relay-0.4711 at /10.0.0.5", ...]}, "summary":
+      "live, 1 instance(s)"}]}
     """
     from consumers.groups import stage_status
+    from consumers.liveness import summary
+    from consumers.twins import local_presences
     from ledger.topics import check_topics
 
     settings = current_settings()
     check_topics(settings)
     stages = stage_status(settings)
     held = held_on_this_host(settings)
+    now_ms = int(time.time() * 1000)
+    local = local_presences(settings.run_dir)
+    words = {
+        st.component: summary(
+            [m.instance for m in st.members],
+            st.twins,
+            [p for p in local if p.name.rpartition("-")[0] == st.component],
+            now_ms,
+        )
+        for st in stages
+    }
     if as_json:
         echo_json(
             {
                 "topic_prefix": settings.topic_prefix,
-                "stages": [s.to_dict() for s in stages],
+                "stages": [{**s.to_dict(), "summary": words[s.component][0]} for s in stages],
                 "unverifiable_held": held,
             }
         )
     else:
-        now_ms = int(time.time() * 1000)
         for st in stages:
             committed = sum(p.committed or 0 for p in st.partitions)
             end = sum(p.end for p in st.partitions)
             last = st.last_commit_ms
             click.echo(
-                f"{st.component}: {'live' if st.live else 'DOWN (no live instance)'}, "
-                f"{len(st.members)} instance(s), group {st.group} {st.group_state}, "
+                f"{st.component}: {words[st.component][0]}, group {st.group} {st.group_state}, "
                 f"lag {st.lag} (committed {committed} of {end} input offsets; last input "
                 f"committed past: {instant_text(last, now_ms) if last is not None else 'none'})"
             )
@@ -258,7 +274,7 @@ def status_cmd(as_json: bool) -> None:
                     else ""
                 )
             )
-    if not all(st.live for st in stages) or held or any(st.twins for st in stages):
+    if not all(healthy for _, healthy in words.values()) or held:
         raise click.exceptions.Exit(EXIT_ERROR)
 
 

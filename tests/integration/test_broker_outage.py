@@ -297,7 +297,7 @@ def test_every_stage_rides_out_a_90_s_broker_outage_and_the_work_resumes(
             service.start()
             with reconciler_log.open("wb") as log_file:
                 reconciler = subprocess.Popen(
-                    [sys.executable, "-m", "ledger.cli", "reconcile", "run"],
+                    [sys.executable, "-m", "ledger.cli", "reconcile", "run", "--json"],
                     env=settings_env(settings),
                     stdout=subprocess.PIPE,
                     stderr=log_file,

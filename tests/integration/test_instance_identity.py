@@ -124,6 +124,9 @@ def test_a_second_relay_with_the_same_identity_fences_the_first_and_nothing_is_p
         assert f"pid {harness.procs['relay-0'].pid} on this host" in held_by
         text = CliRunner().invoke(main, ["status"], env=settings_env(settings))
         assert "TWO LIVE PROCESSES named relay-0" in text.output, text.output
+        # The summary line above it says so too (it said "relay: live, 1 instance(s)").
+        assert "relay: 2 live processes named relay-0, fencing each other" in text.output
+        assert text.exit_code == 1
 
         _approve_and_publish(pub, later_ops)
         tally = _wait_verified(settings, first_ops + later_ops, 180)
@@ -155,4 +158,32 @@ def test_a_second_relay_with_the_same_identity_fences_the_first_and_nothing_is_p
                 second.kill()
                 second.wait()
         pub.close()
+        harness.stop()
+
+
+def test_a_stopped_relay_is_not_responding_not_down(ledger_settings: LedgerSettings) -> None:
+    """SIGSTOP: the broker drops the relay from its group, its process still runs here;
+    `ledger status` must not say DOWN (whose remedy would start a second relay-0)."""
+    settings = ledger_settings
+    harness = Harness(settings, create=False)
+    try:
+        harness.start("relay")
+        deadline = time.monotonic() + 60
+        while _status_pid(settings, "relay-0") != harness.procs["relay-0"].pid:
+            assert time.monotonic() < deadline, "the relay never said it was ready"
+            time.sleep(0.2)  # polling for a condition
+        assert harness.pause("relay")
+        pid = harness.procs["relay-0"].pid
+        deadline = time.monotonic() + 60
+        while True:
+            text = CliRunner().invoke(main, ["status"], env=settings_env(settings))
+            relay = next(ln for ln in text.output.splitlines() if ln.startswith("relay: "))
+            if "NOT RESPONDING" in relay:
+                break
+            assert time.monotonic() < deadline, text.output
+            time.sleep(1.0)  # polling for a condition (the group drops it within 10 s)
+        assert f"relay-0 NOT RESPONDING (pid {pid} alive, silent for " in relay
+        assert "do not start another" in relay and "DOWN" not in relay
+        assert text.exit_code == 1
+    finally:
         harness.stop()

@@ -20,12 +20,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.exceptions import StarletteDeprecationWarning
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states, read_topic
 from consumers.stranding import ledger_stranded
+from consumers.unconsumed import intent_offsets
+from ledger.cli import main
 from ledger.cli.console import LedgerData, create_app
 from ledger.contracts import PAYMENT_GATEWAY, EffectContract
 from ledger.credentials import provision_keys
@@ -162,6 +165,7 @@ def stranding(ledger_settings: LedgerSettings) -> Iterator[tuple[Harness, Ledger
             "stranded_committed_s": 1.0,
             "stranded_not_admitted_s": 1.0,
             "stranded_held_s": 1.0,
+            "stranded_intents_s": 1.0,
             "sink_retry_attempts": 1,  # a sink away is given up on at once
         }
     )
@@ -301,3 +305,56 @@ def test_an_operation_held_behind_a_record_its_keys_cannot_verify_is_stranded(
 
     run = assert_seen_everywhere(settings, op, "held_refused_record", port)
     assert "restore the keys folder" in run.stderr
+
+
+def _ledger(settings: LedgerSettings, *args: str) -> Result:
+    """One ``ledger`` command in this process (``output`` holds stdout and stderr)."""
+    return CliRunner().invoke(main, list(args), env=settings_env(settings))
+
+
+def _all_consumed(settings: LedgerSettings) -> bool:
+    found = intent_offsets(settings)
+    if found is None:
+        return False
+    committed, ends = found
+    return all((committed.get(p) or 0) >= end for p, end in ends.items()) and any(ends.values())
+
+
+def test_an_intent_the_processor_has_not_consumed_is_stranded_and_not_called_refused(
+    stranding: tuple[Harness, LedgerPublisher, int],
+) -> None:
+    harness, pub, _port = stranding
+    settings = harness.settings
+    first, waiting = "refund:stranded-consumed:v1", "refund:stranded-unconsumed:v1"
+    # The processor consumes one intent and is stopped; the next one waits for it.
+    harness.start("processor")
+    publish(pub, first)
+    _until("the processor's commit past the first intent", lambda: _all_consumed(settings))
+    harness.retire("processor", "0")
+    publish(pub, waiting)
+
+    reason = "intent_not_consumed"
+    _until(f"{waiting} stranded ({reason})", lambda: _stranded_as(settings, waiting, reason))
+    report = run_audit(settings, read_sinks=False)
+    assert report.verdict.startswith("STRANDED") and not report.violations, report.verdict
+    (item,) = [i for i in report.open_items if i.operation_id == waiting]
+    assert f"stranded ({reason})" in item.reason and "processor" in item.reason
+    assert [s.operation_id for s in report.stranded if s.reason == reason] == [waiting]
+
+    run = _ledger(settings, "reconcile", "run")
+    assert run.exit_code == 8 and waiting in run.stderr, run.output[-3000:]
+    assert "LEFT OPEN" in run.stdout and waiting in run.stdout, run.stdout  # not a bare []
+
+    state = _ledger(settings, "state", waiting)
+    assert state.exit_code == 5 and "not yet processed" in state.stderr, state.output
+    assert "refused before admission" not in state.stderr
+    assert _ledger(settings, "state", first).exit_code == 0  # consumed: it has a state
+
+    console = TestClient(
+        create_app(LedgerData(settings), title=settings.topic_prefix, token=TOKEN),
+        base_url="http://127.0.0.1:8088",
+    )
+    table = re.search(r'<table id="stranded">(.*?)</table>', console.get("/queue").text, re.S)
+    assert table is not None and f'data-operation="{waiting}" data-reason="{reason}"' in (
+        table.group(1)
+    )

@@ -98,3 +98,24 @@ def test_order_is_oldest_first() -> None:
     assert young is not None and old is not None
     assert order([young, old]) == [old, young]
     assert old.to_dict()["reason"] == "not_admitted_undecided"
+
+
+def test_an_intent_past_the_processors_committed_offset_is_stranded_past_its_bound() -> None:
+    from ledger.stranded import UNPROCESSED, PublishedIntent, unconsumed
+
+    bounds = StrandedBounds(intents_s=20)
+    at = {0: 5, 1: None}  # partition 1: the group never committed there
+    intents = [
+        PublishedIntent("consumed", 0, 4, NOW - 90_000),  # below the committed offset
+        PublishedIntent("old", 0, 5, NOW - 30_000),
+        PublishedIntent("young", 0, 6, NOW - 10_000),  # within its bound
+        PublishedIntent("never-committed", 1, 0, NOW - 21_000),
+        PublishedIntent("old", 0, 7, NOW - 25_000),  # published again: counted once
+        PublishedIntent("no-time", 1, 1, None),
+    ]
+    found = unconsumed(intents, at, NOW, bounds)
+    assert [(s.operation_id, s.age_s) for s in found] == [("old", 30.0), ("never-committed", 21.0)]
+    assert {s.reason for s in found} == {StrandedReason.INTENT_NOT_CONSUMED}
+    assert {s.state for s in found} == {UNPROCESSED} and found[0].bound_s == 20
+    assert "not yet processed" in found[0].sentence and "ledger status" in found[0].sentence
+    assert unconsumed(intents, {0: 8, 1: 2}, NOW, bounds) == []  # all consumed

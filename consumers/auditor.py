@@ -329,6 +329,7 @@ def run_audit(
         scans["state"].written_ms,
         started_ms,
         mismatched=set(mismatched),
+        unknown=report.unverified,
     )
     report.open_items += stranded_items(report.stranded, report.open_items)
     return report

@@ -81,6 +81,7 @@ def find_stranded(
     relay: set[int] | None = None,
     verifiable: Callable[[OperationState], bool] | None = None,
     intents: list[Stranded] | None = None,
+    unknown: list[str] | None = None,
 ) -> list[Stranded]:
     """The stranded operations among ``states``, oldest first.
 
@@ -102,6 +103,8 @@ def find_stranded(
             past its bound (default: asked of Kafka,
             :func:`consumers.unconsumed.not_consumed`); listed unless
             stranded for another reason already.
+        unknown: when given, what could not be looked for is added to it
+            (:data:`consumers.unconsumed.UNCHECKED`).
 
     Returns:
         One :class:`~ledger.stranded.Stranded` per stranded operation.
@@ -125,7 +128,7 @@ def find_stranded(
         if item is not None:
             found.append(item)
     if intents is None:
-        intents = not_consumed(settings, now_ms, bounds)
+        intents = not_consumed(settings, now_ms, bounds, unknown)
     listed = {s.operation_id for s in found}
     found += [s for s in intents if s.operation_id not in listed]
     return order(found)

@@ -169,24 +169,41 @@ def pending_intents(
     return found
 
 
-def not_consumed(settings: LedgerSettings, now_ms: int, bounds: StrandedBounds) -> list[Stranded]:
+#: What an audit says when it could not look for intents the processor has not consumed.
+UNCHECKED = (
+    "intents the processor has not consumed were not looked for: Kafka refused this "
+    "principal or did not answer (the ACL plan grants the auditor, reconciler and "
+    "operator roles READ on intents and DESCRIBE on the processor's group; see the log)"
+)
+
+
+def not_consumed(
+    settings: LedgerSettings,
+    now_ms: int,
+    bounds: StrandedBounds,
+    unknown: list[str] | None = None,
+) -> list[Stranded]:
     """The operations whose intent the processor has not consumed past the bound.
 
     Args:
         settings: ledger settings.
         now_ms: wall clock now (milliseconds; Kafka timestamps are on it).
         bounds: the stranded bounds (``intents_s``).
+        unknown: when given, :data:`UNCHECKED` is added to it when Kafka could
+            not tell (the audit's ``unverified``: its verdict is then NOT
+            VERIFIED, never CLEAN by not looking).
 
     Returns:
         Oldest first (:func:`ledger.stranded.unconsumed`); empty when Kafka
-        could not tell (logged).
+        could not tell (logged, and said in ``unknown``).
     """
     offsets = intent_offsets(settings)
-    if offsets is None:
+    intents = None if offsets is None else pending_intents(settings, *offsets)
+    if offsets is None or intents is None:
+        if unknown is not None:
+            unknown.append(UNCHECKED)
         return []
-    committed, ends = offsets
-    intents = pending_intents(settings, committed, ends)
-    return [] if intents is None else unconsumed(intents, committed, now_ms, bounds)
+    return unconsumed(intents, offsets[0], now_ms, bounds)
 
 
 def awaiting_processor(settings: LedgerSettings, operation_id: str) -> bool:

@@ -189,6 +189,14 @@ EXTRA_FOLLOWS: Mapping[str, tuple[str, ...]] = {"operator": ("journal",)}
 #: join, no commit, no offset reset).
 STATUS_READERS: frozenset[str] = frozenset({"operator"})
 
+#: Roles that look for intents the processor has not consumed (the stranded
+#: reason ``intent_not_consumed``: ``ledger audit``, ``ledger reconcile run``,
+#: the console): they fetch the processor group's committed offsets on
+#: ``intents`` (DESCRIBE on ``{prefix}.processor``) and read the records past
+#: them, keys and timestamps (READ on ``intents``). Without these the audit is
+#: NOT VERIFIED rather than blind.
+UNCONSUMED_READERS: frozenset[str] = frozenset({"auditor", "reconciler", "operator"})
+
 #: Roles that read whole topics with ``read_partition`` (group ``{prefix}.reader``).
 WHOLE_TOPIC_READERS: frozenset[str] = frozenset(
     {"processor", "reconciler", "auditor", "reviewer", "operator"}
@@ -489,6 +497,10 @@ def _reads() -> dict[str, dict[str, str]]:
     for role, extra in EXTRA_READS.items():
         for topic, why in extra.items():
             out[role].setdefault(topic, why)
+    for role in UNCONSUMED_READERS:
+        out[role].setdefault(
+            "intents", "intents the processor has not consumed (stranded: intent_not_consumed)"
+        )
     return out
 
 
@@ -506,6 +518,8 @@ def _helper_groups(role: str, topic_prefix: str) -> tuple[str, ...]:
     if role in STATUS_READERS:
         groups += [f"{topic_prefix}.{component}" for component in STAGE_COMPONENTS.values()]
         groups.append(f"{topic_prefix}.status")
+    elif role in UNCONSUMED_READERS:
+        groups.append(f"{topic_prefix}.processor")  # its committed offsets on intents
     for topic in follows:
         if role == "processor" and topic == "state":
             continue  # the processor restores state with read_partition, not a follower

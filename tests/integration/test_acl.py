@@ -248,6 +248,9 @@ def test_the_ledger_reaches_a_verified_outcome_under_its_principals(
         assert reconcile_once(secured.as_("reconciler")) == []
         report = run_audit(secured.as_("auditor"))
         assert report.violations == [] and report.unauthenticated_records == []
+        # It looked for intents the processor has not consumed (its READ on
+        # intents, DESCRIBE on the processor's group): not NOT VERIFIED for want of them.
+        assert report.unverified == [] and report.stranded == [], report.unverified
         assert report.operations == 1
         _service_learns_outcomes(secured, harness, tmp_path)
     finally:

@@ -10,6 +10,9 @@ reason; every stage stays alive and a new operation still goes through.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 from confluent_kafka import Message, Producer
 
@@ -57,10 +60,9 @@ def _journal_copy_sealed_by_relay(settings: LedgerSettings) -> tuple[int, int]:
     return landed[0]
 
 
-def test_processor_records_sealed_with_the_relays_key_are_refused_and_named(
-    ledger_settings: LedgerSettings,
-) -> None:
-    settings = ledger_settings
+@contextmanager
+def _one_refund_verified(settings: LedgerSettings) -> Iterator[tuple[Harness, LedgerPublisher]]:
+    """Every stage running against the payment gateway, refund ``OP`` verified; stopped after."""
     harness = Harness(settings, create=False)
     harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
     pub = LedgerPublisher(settings)
@@ -70,6 +72,17 @@ def test_processor_records_sealed_with_the_relays_key_are_refused_and_named(
         harness.start_all()
         harness.wait_quiescent(90)
         assert current_states(settings)[OP].state == S.OUTCOME_VERIFIED
+        yield harness, pub
+    finally:
+        pub.close()
+        harness.stop()
+
+
+def test_processor_records_sealed_with_the_relays_key_are_refused_and_named(
+    ledger_settings: LedgerSettings,
+) -> None:
+    settings = ledger_settings
+    with _one_refund_verified(settings) as (harness, pub):
         assert run_audit(settings, read_sinks=False).unauthenticated_records == []
 
         forged_state = forge(settings, "state", operation_id=OP, sealed_by="relay")
@@ -107,9 +120,6 @@ def test_processor_records_sealed_with_the_relays_key_are_refused_and_named(
         assert RELAY_ON_PROCESSOR in named.get(state_at, ""), named
         assert RELAY_ON_PROCESSOR in named.get(("journal", *journal_at), ""), named
         assert report.violations == [], report.violations
-    finally:
-        pub.close()
-        harness.stop()
 
 
 def _state_sealers(settings: LedgerSettings, ops: set[str]) -> set[str]:
@@ -154,16 +164,7 @@ def test_a_rotated_processor_key_verifies_through_its_overlap_and_not_after_it(
     it sealed in service are not.
     """
     settings = ledger_settings
-    harness = Harness(settings, create=False)
-    harness.start_sink("payments", PAYMENT_GATEWAY, hang_s=1.0)
-    pub = LedgerPublisher(settings)
-    try:
-        approve(pub, "ap-1")
-        publish(pub, OP, approval="ap-1")
-        harness.start_all()
-        harness.wait_quiescent(90)
-        assert current_states(settings)[OP].state == S.OUTCOME_VERIFIED
-
+    with _one_refund_verified(settings) as (harness, pub):
         first = rotate(settings, "processor", overlap_s=3600)
         assert first.old_key_id != first.new_key_id
         harness.kill("processor")
@@ -188,6 +189,3 @@ def test_a_rotated_processor_key_verifies_through_its_overlap_and_not_after_it(
         named = {(r["topic"], r["partition"], r["offset"]) for r in report.unauthenticated_records}
         assert named == {("state", *late)}, report.unauthenticated_records
         assert report.violations == [], report.violations
-    finally:
-        pub.close()
-        harness.stop()

@@ -162,6 +162,10 @@ class JournalChain:
         #: operation -> ref of its intent whose bytes the journal keeps (committed).
         self.refs: dict[str, str] = {}
         self._pending_refs: dict[str, str] = {}
+        #: (operation, SHA-256 of the bytes) -> ref of a drifted intent journaled
+        #: with its bytes (committed), for identical drifts journaled by reference.
+        self.drift_refs: dict[tuple[str, str], str] = {}
+        self._pending_drift_refs: dict[tuple[str, str], str] = {}
 
     def restore(self, partitions: set[int]) -> None:
         """Read the heads of newly assigned partitions back from Kafka."""
@@ -181,9 +185,13 @@ class JournalChain:
         for p in partitions:
             self.committed.pop(p, None)
             self.pending.pop(p, None)
-        for op in operations:
+        gone = set(operations)
+        for op in gone:
             self.refs.pop(op, None)
             self._pending_refs.pop(op, None)
+        for refs in (self.drift_refs, self._pending_drift_refs):
+            for op_sha in [k for k in refs if k[0] in gone]:
+                del refs[op_sha]
 
     def write(self, out: Writer, partition: int, key: str, entry: JournalEntry) -> JournalEntry:
         """Link ``entry`` into its partition's chain and write it into the open transaction.
@@ -230,6 +238,20 @@ class JournalChain:
         """The open transaction journals this intent of the operation with its bytes."""
         self._pending_refs.setdefault(operation_id, ref)
 
+    def drift_ref(self, operation_id: str, sha256: str) -> str | None:
+        """The ref of a drifted intent of the operation with these very bytes, if journaled.
+
+        Args:
+            operation_id: the operation.
+            sha256: hex SHA-256 of the intent's bytes as read.
+        """
+        key = (operation_id, sha256)
+        return self._pending_drift_refs.get(key) or self.drift_refs.get(key)
+
+    def keep_drift(self, operation_id: str, sha256: str, ref: str) -> None:
+        """The open transaction journals this drifted intent with its bytes (``sha256``)."""
+        self._pending_drift_refs.setdefault((operation_id, sha256), ref)
+
     def commit(self) -> None:
         """The transaction committed: its links and refs become the committed chain."""
         for p, head in self.pending.items():
@@ -240,12 +262,16 @@ class JournalChain:
         for op, ref in self._pending_refs.items():
             self.refs.setdefault(op, ref)
         self._pending_refs.clear()
+        for op_sha, ref in self._pending_drift_refs.items():
+            self.drift_refs.setdefault(op_sha, ref)
+        self._pending_drift_refs.clear()
 
     def abort(self) -> None:
         """The transaction aborted: its links and refs never happened."""
         self.pending.clear()
         self._offsets.clear()
         self._pending_refs.clear()
+        self._pending_drift_refs.clear()
 
     def heads(self) -> dict[int, ChainHead]:
         """Committed heads whose offset is known (the ones that can be published)."""

@@ -57,6 +57,7 @@ identical intent is journaled by reference to the intent already journaled
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -98,6 +99,7 @@ from ledger.fold import (
     CompensationFacts,
     Decision,
     decide,
+    drifts,
     journal_entry,
     keeps_intent,
     ref_of,
@@ -790,6 +792,11 @@ class Processor(Stage):
             if told is not None:  # what the service learns, in the same transaction
                 out.write("outcomes", op, told)
             repeat = self.journal.repeat_ref(op) if repeats(state, rec.event, decision) else None
+            if drifts(state, rec.event, decision):  # an identical drift: by reference
+                sha = hashlib.sha256(rec.raw).hexdigest()
+                repeat = self.journal.drift_ref(op, sha)
+                if repeat is None:
+                    self.journal.keep_drift(op, sha, ref)
             entry = journal_entry(
                 decision,
                 rec.event,

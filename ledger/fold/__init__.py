@@ -49,6 +49,7 @@ from ledger.fold.core import (
 from ledger.fold.effects import MAX_ABSENT_RETRIES, MAX_UNAVAILABLE
 from ledger.fold.intents import intent_digest_problem
 from ledger.fold.journal import (
+    drifts,
     hop_names,
     journal_entry,
     keeps_intent,
@@ -85,6 +86,7 @@ __all__ = [
     "keeps_intent",
     "priors_of",
     "ref_of",
+    "drifts",
     "repeats",
     "replay",
     "replay_decisions",

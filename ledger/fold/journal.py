@@ -121,6 +121,31 @@ def repeats(state: OperationState | None, event: Event, decision: Decision) -> b
     )
 
 
+def drifts(state: OperationState | None, event: Event, decision: Decision) -> bool:
+    """Whether an input is a drifted intent the fold refused: another parameter digest.
+
+    Such an intent is journaled with its bytes the first time; an identical
+    one (the same bytes, SHA-256) of the same operation may then be journaled
+    by reference to it, as :func:`repeats` allows for a bound intent. Without
+    this, whoever may publish intents grows the journal, which is kept
+    forever, by re-publishing one large drifted intent.
+
+    Args:
+        state: the operation's state before the input.
+        event: the input.
+        decision: what :func:`~ledger.fold.decide` made of it.
+
+    Returns:
+        True for a refused intent whose digest is not the operation's.
+    """
+    return (
+        isinstance(event, Intent)
+        and state is not None
+        and decision.outcome == "REFUSED"
+        and event.parameter_digest != state.parameter_digest
+    )
+
+
 def keeps_intent(event: Event, decision: Decision) -> bool:
     """Whether a journaled intent (with its bytes) can be referenced by later repeats.
 
@@ -161,6 +186,15 @@ def _referenced(
             f"journal entry {entry.seq} of {entry.operation_id} repeats {entry.repeat_of}, "
             "which is not an intent of a known operation"
         )
+    if event.parameter_digest != before.parameter_digest:
+        # A drifted intent repeated (:func:`drifts`): by reference only when the
+        # bytes are the same, which the entry's SHA-256 pins.
+        if hashlib.sha256(raw).hexdigest() != entry.input_sha256:
+            raise DecodeError(
+                f"journal entry {entry.seq} of {entry.operation_id} repeats the drifted "
+                f"intent {entry.repeat_of}, whose bytes do not hash to its input_sha256"
+            )
+        return event
     # A repeat is decided as the referenced intent asking under the
     # operation's current approval: its approval is the one thing a no-op
     # repeat may differ in, and it changes nothing unless it is a

@@ -84,6 +84,10 @@ def test_a_republished_intent_is_journaled_by_reference_and_the_chain_audits_cle
                 harness.kill("processor")
                 harness.restart("processor")
         wait_for("51 entries", lambda: len(journal_of(settings, op)) == 51)
+        drift = intent(op, amount=4999, note="d" * 200_000)  # another digest: refused
+        for _ in range(10):
+            pub.publish_intent(drift)
+        wait_for("61 entries", lambda: len(journal_of(settings, op)) == 61)
         entries = journal_of(settings, op)
         grown = sum(len(r.raw) for r in read_topic(settings, "journal")) - before
         part = partition_for(op, settings.partitions)
@@ -98,11 +102,17 @@ def test_a_republished_intent_is_journaled_by_reference_and_the_chain_audits_cle
         pub.close()
         harness.stop()
 
-    # Copied twice in all: the first intent, and the first repeat after the restart
-    # (a restored processor knows no reference yet); the 49 other repeats by reference.
-    assert grown < 250_000 + 49 * 2_000, f"the journal grew by {grown} bytes for 50 repeats"
+    # Copied three times in all: the first intent, the first repeat after the restart
+    # (a restored processor knows no reference yet) and the first drift; the 49 other
+    # repeats and the 9 identical drifts by reference.
+    limit = 2 * 250_000 + (49 + 9) * 2_000
+    assert grown < limit, f"the journal grew by {grown} bytes for 50 repeats and 10 drifts"
     first, restarted = entries[0], entries[26]
-    assert [n for n, e in enumerate(entries) if e.input_event] == [0, 26]
+    assert [n for n, e in enumerate(entries) if e.input_event] == [0, 26, 51]
+    drifted = f"intents:{entries[51].input_partition}:{entries[51].input_offset}"
+    assert all(e.outcome == "REFUSED" for e in entries[51:])
+    assert all(e.repeat_of == drifted and e.input_event == b"" for e in entries[52:])
+    entries = entries[:51]  # the bound intent's entries, as below
     for anchor, repeats in ((first, entries[1:26]), (restarted, entries[27:])):
         ref = f"intents:{anchor.input_partition}:{anchor.input_offset}"
         assert anchor.repeat_of is None and len(anchor.input_event) > 200_000

@@ -18,7 +18,15 @@ from ledger.chain import ChainHead, entry_hash, genesis
 from ledger.cli.ops import audit_lines
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.events import Event, JournalEntry, decode_event
-from ledger.fold import decide, journal_entry, keeps_intent, ref_of, repeats, replay_decisions
+from ledger.fold import (
+    decide,
+    drifts,
+    journal_entry,
+    keeps_intent,
+    ref_of,
+    repeats,
+    replay_decisions,
+)
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from tests.helpers import admission, intent, keyed
@@ -338,11 +346,15 @@ def journal_like_the_processor(events: list[Event]) -> list[JournalEntry]:
     """Decide ``events`` in order and journal them as the processor does (repeats by reference)."""
     state = None
     first: str | None = None
+    drifted: dict[str, str] = {}  # SHA-256 of a drifted intent's bytes -> its ref
     entries: list[JournalEntry] = []
     for n, event in enumerate(events):
         ref = ref_of("intents", 0, n)
         decision = decide(state, event, ref)
         repeat = first if repeats(state, event, decision) else None
+        if drifts(state, event, decision):
+            repeat = drifted.setdefault(hashlib.sha256(event.to_bytes()).hexdigest(), ref)
+            repeat = None if repeat == ref else repeat
         entries.append(
             journal_entry(decision, event, event.to_bytes(), "intents", 0, n, repeat_of=repeat)
         )
@@ -378,6 +390,34 @@ def test_a_repeat_after_a_reauthorisation_replays_as_the_no_op_it_was() -> None:
     states, steps = replay_decisions(entries)
     assert [d.outcome for *_, d in steps] == [e.outcome for e in entries]
     assert entries[-1].outcome == "NOOP" and states[op].state == S.NEEDS_REAUTHORISATION
+
+
+def test_an_identical_drifted_intent_is_journaled_by_reference_and_replays_refused() -> None:
+    """Re-publishing one large drifted intent (another digest) does not grow the journal:
+    the first copy keeps its bytes, the identical ones name it; another drift is kept."""
+    op = "refund:drift:v1"
+    bound = intent(op)
+    drift = intent(op, amount=4999, note="d" * 50_000)
+    other = intent(op, amount=4998, note="e" * 50_000)
+    entries = journal_like_the_processor([bound, drift, drift, other, drift])
+    assert [e.outcome for e in entries] == ["APPLIED", "REFUSED", "REFUSED", "REFUSED", "REFUSED"]
+    assert entries[1].repeat_of is None and len(entries[1].input_event) > 50_000
+    assert entries[2].repeat_of == entries[4].repeat_of == "intents:0:1"
+    assert entries[2].input_event == b"" and len(entries[2].to_bytes()) < 2_000
+    assert entries[3].repeat_of is None  # other bytes: kept
+    states, steps = replay_decisions(entries)
+    assert [d.outcome for *_, d in steps] == [e.outcome for e in entries]
+    assert states[op].parameter_digest == bound.parameter_digest
+
+
+def test_a_drifted_repeat_whose_bytes_do_not_match_is_unreadable() -> None:
+    op = "refund:drift-forged:v1"
+    drift = intent(op, amount=4999)
+    entries = journal_like_the_processor([intent(op), drift, drift])
+    forged = entries[2].model_copy(update={"input_sha256": "0" * 64})
+    unreadable: list[str] = []
+    replay_decisions([*entries[:2], forged], lambda e, exc: unreadable.append(str(exc)))
+    assert unreadable and "do not hash to its input_sha256" in unreadable[0]
 
 
 def test_a_repeat_whose_reference_is_gone_is_unreadable_not_guessed() -> None:

@@ -181,8 +181,10 @@ class Stranded:
 def _remedy(reason: StrandedReason, operation_id: str, held: str | None) -> str:
     if reason is StrandedReason.IN_FLIGHT_WITHOUT_OWNER:
         return (
-            "no live relay is known to hold its partition: start the relay ('ledger status' "
-            "shows who runs); it reads the effect back before any second attempt"
+            "no live relay is known to hold its partition: run 'ledger status' first; if it "
+            "shows the relay DOWN, start the relay (it reads the effect back before any second "
+            "attempt); if NOT RESPONDING, it is alive but silent: inspect or kill it, and do "
+            "not start another beside it"
         )
     if reason is StrandedReason.IN_FLIGHT_OVERDUE:
         return (

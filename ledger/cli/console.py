@@ -35,6 +35,7 @@ import ipaddress
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -42,6 +43,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import click
 
+from consumers.liveness import SILENT_S
+from consumers.twins import local_presences
 from ledger.cli.common import current_settings
 from ledger.cli.render import render
 from ledger.cli.triage import NavCounts, problems_first
@@ -293,6 +296,9 @@ class LedgerData:
     def _status_files(self) -> list[StageHealth]:
         rows: list[StageHealth] = []
         folder = self.settings.run_dir / "status"
+        # When each process of this host last went round its loop (its file's time).
+        beats = {p.pid: p.beat_ms for p in local_presences(self.settings.run_dir)}
+        now_ms = int(time.time() * 1000)
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             try:
                 status = json.loads(path.read_text())
@@ -306,6 +312,13 @@ class LedgerData:
             if waiting:
                 detail += f"; waiting: {waiting}"
             ready = bool(status.get("ready")) and alive
+            silent_ms = now_ms - beats[pid] if alive and pid in beats else 0
+            if silent_ms > SILENT_S * 1000:  # as `ledger status` says it (consumers.liveness)
+                detail += (
+                    f"; NOT RESPONDING (silent for {silent_ms / 1000:.0f} s): do not start "
+                    "another; inspect or kill it first"
+                )
+                alive = ready = False
             held = int(status.get("unverifiable_held_count") or 0)
             if held and alive:
                 # docs/trust-model.md: a stage that holds work is not healthy.

@@ -776,8 +776,11 @@ def reconcile_run(as_json: bool) -> None:
         click.echo("\n".join(run_lines(results, left)))
     if left:
         fail(
-            f"{len(left)} operation(s) left open: {', '.join(left[:20])}; see the lines above "
-            "for each one's remedy",
+            f"{len(left)} operation(s) left open: {', '.join(left[:20])}; the lines above say "
+            "why. One whose sink did not answer stays held: run 'ledger reconcile run' again "
+            "once the sink answers, or, after checking the sink yourself, decide it with "
+            "'ledger reconcile dispose OP --decision committed|absent|abandon'; a stranded "
+            "one names its remedy in 'ledger audit'",
             EXIT_WORK_OPEN,
         )
 

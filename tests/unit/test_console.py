@@ -370,6 +370,24 @@ def test_the_ledgers_data_reads_operators_and_status_files(tmp_path: Any) -> Non
     assert broken.ok is None and "unreadable" in broken.detail
 
 
+def test_a_stage_alive_but_silent_is_not_responding_on_the_stages_page(tmp_path: Any) -> None:
+    """A process that runs but has not gone round its loop (SIGSTOP) is not shown healthy."""
+    import os
+
+    from consumers.twins import announce
+
+    settings = LedgerSettings(run_dir=tmp_path, topic_prefix="t")
+    (tmp_path / "status").mkdir()
+    (tmp_path / "status" / "relay-0.json").write_text(f'{{"pid": {os.getpid()}, "ready": true}}')
+    beat = announce(tmp_path, "relay", "0")
+    (row,) = LedgerData(settings)._status_files()
+    assert (row.ok, row.ready) == (True, True) and "NOT RESPONDING" not in row.detail
+    os.utime(beat, (0, 0))  # its loop last went round long ago
+    (row,) = LedgerData(settings)._status_files()
+    assert (row.ok, row.ready) == (False, False)
+    assert "NOT RESPONDING" in row.detail and "do not start another" in row.detail
+
+
 def test_stage_health_probes_the_metrics_endpoints_a_status_file_names(tmp_path: Any) -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer

@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
-from consumers.chain_audit import ChainCollector, check_chains
+from consumers.chain_audit import KEPT_FOREVER, ChainCollector, check_chains, deleted_ranges
 from consumers.stage import key_text, read_partition
 from consumers.stranding import find_stranded
 from ledger.audit import AuditReport, OpenItem, Provenance, audit, open_items, stranded_items
@@ -296,6 +296,8 @@ def run_audit(
         now_ms=started_ms,
     )
     report.merge(chain_findings)
+    for evidence in deleted_ranges(settings, {t: dict(scan.ends) for t, scan in scans.items()}):
+        report.add(KEPT_FOREVER, None, evidence)
     unverified = report.journal_chain.get("unverified")
     report.unverified = [str(w) for w in unverified] if isinstance(unverified, list) else []
     report.started_at_ms = started_ms

@@ -31,6 +31,7 @@ from ledger.errors import LocalFileError
 from ledger.events import Event, JournalEntry, JournalHead
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
+from ledger.topology import TOPICS
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,46 @@ def _log_starts(
         }
     finally:
         consumer.close()
+
+
+#: The invariant of records deleted from a topic kept forever (other than the journal's).
+KEPT_FOREVER = "kept-forever"
+
+
+def kept_forever_topics() -> tuple[str, ...]:
+    """Audited topics that keep every record forever by deletion policy (never compacted),
+    other than ``journal`` and ``heads`` (whose deletions the chain names).
+
+    Nothing of the ledger deletes from them, and DeleteRecords is the only way to
+    (the broker refuses it on a compacted topic): a log start above 0 there is
+    evidence removed by someone with broker rights, e.g. a revocation cut from
+    ``approvals`` with the grants before it written back, or a policy change
+    cut from ``policy``.
+    """
+    return tuple(
+        t.name
+        for t in TOPICS
+        if t.audited and t.cleanup == "delete" and t.name not in ("journal", "heads")
+    )
+
+
+def deleted_ranges(settings: LedgerSettings, ends: dict[str, dict[int, int]]) -> list[str]:
+    """``TOPIC:P:..N-1`` evidence lines for every kept-forever partition whose log start
+    ``N`` is above 0 (``ends``: topic -> partition -> end offset, as the audit read them).
+    """
+    found: list[str] = []
+    for topic in kept_forever_topics():
+        parts = {p for p, end in ends.get(topic, {}).items() if end > 0}
+        for p, start in sorted(_log_starts(settings, parts, topic).items()):
+            if start > 0:
+                found.append(
+                    f"deleted {topic}:{p}:..{start - 1}: the partition starts at offset "
+                    f"{start}, but {settings.topic(topic)} keeps every record forever and "
+                    "nothing of the ledger deletes from it: records were removed with broker "
+                    "rights (DeleteRecords), and what they said (a revocation, a policy, a use "
+                    "of an approval) is gone from what the stages read"
+                )
+    return found
 
 
 def check_chains(

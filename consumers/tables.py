@@ -386,12 +386,15 @@ class TableFollower:
         failures = 0
         while True:
             try:
-                _, high = self.retry.call(
+                low, high = self.retry.call(
                     lambda: self._ends.get_watermark_offsets(tp, timeout=10, cached=False),
                     f"end of {self.full}[{partition}]",
                     between=fresh,
                 )
-                return int(high)
+                # A partition emptied to its end (DeleteRecords) has nothing to read:
+                # its end counts as 0, or the catch-up would wait for a record that
+                # never comes (the audit names the deletion).
+                return 0 if int(low) >= int(high) else int(high)
             except KafkaException as exc:
                 if is_retriable(exc):  # the retry policy gave up: Kafka is not answering
                     raise self.retry.no_answer(self.full, exc) from exc

@@ -435,6 +435,7 @@ def test_audit_report_to_dict() -> None:
         "undecodable_records": [],
         "stranded": [],
         "journal_chain": {},
+        "unverified": [],
         "checked": {"state": 3, "consume-once": 2},
         "violations": [
             {

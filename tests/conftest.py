@@ -44,6 +44,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from hypothesis import settings as hypothesis_settings
 
 from ledger import topics
 from ledger.credentials import provision_keys
@@ -54,6 +55,11 @@ from testbed.cluster import Cluster, ClusterSpec
 from tests.helpers import PROJECT_ROOT
 
 LOCAL_KAFKA_HOME = PROJECT_ROOT / ".cache" / "kafka"
+
+# Property tests are not timed: Hypothesis's default 200-ms deadline per example
+# failed a pure test on a busy machine. Speed targets live in bench/.
+hypothesis_settings.register_profile("ledger", deadline=None)
+hypothesis_settings.load_profile("ledger")
 
 
 @dataclass(frozen=True)

@@ -45,15 +45,22 @@ def _journal_copy_sealed_by_relay(settings: LedgerSettings) -> tuple[int, int]:
         for r in read_topic(settings, "journal")
         if isinstance(r.event, JournalEntry) and r.key == OP
     )
-    value = entry.event.to_bytes()
-    seal = role_key(settings, "relay").seal("journal", OP.encode(), value)
+    return _append_sealed(
+        settings, "journal", OP, entry.event.to_bytes(), role_key(settings, "relay")
+    )
+
+
+def _append_sealed(
+    settings: LedgerSettings, topic: str, op: str, value: bytes, key: SigningKey
+) -> tuple[int, int]:
+    """Append ``value`` to ``topic`` under ``op``, sealed with ``key``; where it landed."""
     landed: list[tuple[int, int]] = []
     producer = Producer(client_config(settings, partitioner="murmur2_random"))
     producer.produce(
-        settings.topic("journal"),
-        key=OP.encode(),
+        settings.topic(topic),
+        key=op.encode(),
         value=value,
-        headers=[(AUTH_HEADER, seal)],
+        headers=[(AUTH_HEADER, key.seal(topic, op.encode(), value))],
         on_delivery=lambda err, msg: landed.append((msg.partition() or 0, msg.offset() or 0)),
     )
     assert producer.flush(30) == 0 and landed
@@ -137,18 +144,7 @@ def _state_sealers(settings: LedgerSettings, ops: set[str]) -> set[str]:
 def _copy_sealed_with(settings: LedgerSettings, key: SigningKey, op: str) -> tuple[int, int]:
     """Append a copy of the operation's latest ``state`` record, sealed with ``key``."""
     latest = [r for r in read_topic(settings, "state") if r.key == op and r.raw]
-    value = latest[-1].raw
-    landed: list[tuple[int, int]] = []
-    producer = Producer(client_config(settings, partitioner="murmur2_random"))
-    producer.produce(
-        settings.topic("state"),
-        key=op.encode(),
-        value=value,
-        headers=[(AUTH_HEADER, key.seal("state", op.encode(), value))],
-        on_delivery=lambda err, msg: landed.append((msg.partition() or 0, msg.offset() or 0)),
-    )
-    assert producer.flush(30) == 0 and landed
-    return landed[0]
+    return _append_sealed(settings, "state", op, latest[-1].raw, key)
 
 
 def test_a_rotated_processor_key_verifies_through_its_overlap_and_not_after_it(

@@ -30,7 +30,7 @@ from consumers.reader import current_states
 from consumers.reconciler import reconcile_once
 from ledger.clock import clock_for
 from ledger.contracts import judge_postcondition, postcondition_request
-from ledger.errors import LedgerError, SinkConfigError, SinkError
+from ledger.errors import InvalidStateError, SinkConfigError, SinkError
 from ledger.events import OperationState, Readback
 from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
@@ -181,7 +181,7 @@ def read_back_now(settings: LedgerSettings, operation_id: str) -> str:
             if row["operation_id"] == operation_id:
                 return f"{operation_id}: readback {row['observed']} ({row['detail']})"
         return f"{operation_id}: not queued for reconciliation yet; nothing was read back"
-    raise LedgerError(
+    raise InvalidStateError(
         f"{operation_id} is {st.state}: only UNKNOWN_OUTCOME or EFFECT_COMMITTED can be read "
         "back from here (a readback never re-sends the effect)",
         operation_id=operation_id,

@@ -58,7 +58,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ledger.errors import LedgerError
+from ledger.errors import AccessPlanError
 from ledger.topology import TOPICS
 
 ResourceType = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID", "CLUSTER"]
@@ -341,7 +341,7 @@ class AclPlan:
         for g in self.grants:
             if g.role == role:
                 return g
-        raise LedgerError(f"unknown role {role!r}; one of {', '.join(ROLES)}", observed=role)
+        raise AccessPlanError(f"unknown role {role!r}; one of {', '.join(ROLES)}", observed=role)
 
     def acls(self) -> list[Acl]:
         """Every entry of the matrix, sorted, without duplicates."""
@@ -379,17 +379,17 @@ def parse_principal_mapping(items: Iterable[str]) -> dict[str, str]:
         role, sep, principal = item.partition("=")
         role, principal = role.strip(), principal.strip()
         if not sep or not role or not principal:
-            raise LedgerError(
+            raise AccessPlanError(
                 f"principal mapping {item!r} is not ROLE=PRINCIPAL (e.g. relay=User:relay-sa)",
                 observed=item,
             )
         if role not in ROLES:
-            raise LedgerError(
+            raise AccessPlanError(
                 f"principal mapping {item!r}: unknown role {role!r}; one of {', '.join(ROLES)}",
                 observed=role,
             )
         if role in out:
-            raise LedgerError(f"principal mapping: role {role!r} given twice", observed=item)
+            raise AccessPlanError(f"principal mapping: role {role!r} given twice", observed=item)
         _check_principal(principal, item)
         out[role] = principal
     return out
@@ -398,7 +398,7 @@ def parse_principal_mapping(items: Iterable[str]) -> dict[str, str]:
 def _check_principal(principal: str, origin: str) -> None:
     kind, sep, name = principal.partition(":")
     if not sep or not kind or not name or any(c.isspace() for c in principal):
-        raise LedgerError(
+        raise AccessPlanError(
             f"{origin!r}: a Kafka principal is TYPE:NAME without spaces (User:relay), "
             f"got {principal!r}",
             observed=principal,
@@ -427,11 +427,11 @@ def principal_names(
     mapping = dict(mapping or {})
     unknown = sorted(set(mapping) - set(ROLES))
     if unknown:
-        raise LedgerError(
+        raise AccessPlanError(
             f"unknown role(s) {', '.join(unknown)}; one of {', '.join(ROLES)}", observed=unknown
         )
     if "{name}" not in principal_format:
-        raise LedgerError(
+        raise AccessPlanError(
             f"principal format {principal_format!r} must contain {{name}} (e.g. User:{{name}})",
             observed=principal_format,
         )
@@ -445,7 +445,7 @@ def principal_names(
         shared.setdefault(principal, []).append(role)
     clashes = {p: r for p, r in shared.items() if len(r) > 1}
     if clashes:
-        raise LedgerError(
+        raise AccessPlanError(
             "each role needs its own principal, or least privilege becomes their union: "
             + "; ".join(f"{p} for {', '.join(r)}" for p, r in sorted(clashes.items())),
             observed=clashes,
@@ -459,7 +459,7 @@ def _writes() -> dict[str, dict[str, str]]:
     for spec in TOPICS:
         for writer_role in spec.roles:
             if writer_role not in ROLE_PRINCIPALS:
-                raise LedgerError(
+                raise AccessPlanError(
                     f"topic {spec.name}: writer role {writer_role!r} has no principal in "
                     "ledger.acl.ROLE_PRINCIPALS; add it there",
                     observed=writer_role,
@@ -553,7 +553,7 @@ def plan(
             prefix, or a topology writer role without principals.
     """
     if not topic_prefix or any(c.isspace() for c in topic_prefix):
-        raise LedgerError(f"topic prefix {topic_prefix!r} is empty or has spaces")
+        raise AccessPlanError(f"topic prefix {topic_prefix!r} is empty or has spaces")
     names = principal_names(principals, principal_format)
     writes, reads = _writes(), _reads()
     every = tuple(t.name for t in TOPICS)

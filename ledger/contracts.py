@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.errors import LedgerError
+from ledger.errors import InvalidInputError
 
 Consequence = Literal["reversible-internal", "reversible-external", "irreversible"]
 
@@ -316,7 +316,7 @@ class RetryBudget:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.first_backoff_ms < 0 or self.max_backoff_ms < 0:
-            raise LedgerError(
+            raise InvalidInputError(
                 f"retry budget {self} is not usable: attempts must be at least 1 and "
                 "backoffs at least 0 ms",
                 expected="attempts >= 1, backoffs >= 0",
@@ -474,7 +474,7 @@ def judge_postcondition(
     if not request.offered:
         return "UNSUPPORTED", "the sink offers no postcondition query"
     if observation is None:
-        raise LedgerError(
+        raise InvalidInputError(
             f"{operation_id}: the sink offers the postcondition query "
             f"{request.query.query} of {request.subject!r}; ask it and pass its observation",
             operation_id=operation_id,

@@ -74,7 +74,7 @@ from ledger.authn import (
     claimed_writer,
     outcome_key_id,
 )
-from ledger.errors import LedgerError, LocalFileError
+from ledger.errors import CredentialError, InvalidInputError, LocalFileError
 from ledger.events import Approval, Event
 from ledger.keyfolder import (
     LEDGERS_FILE,
@@ -469,11 +469,11 @@ def add_person(settings: LedgerSettings, role: str, name: str) -> tuple[Reviewer
     """
     path = person_key_path(settings, role, name)
     if path.exists():
-        raise LedgerError(f"{role} {name!r} already has a key at {path}")
+        raise CredentialError(f"{role} {name!r} already has a key at {path}")
     known = load_trusted_roles(settings.trusted_keys_path())
     if name in known or name.startswith(AUTHORITY_KEY_ID):
         other = known[name][0] if name in known else ROLE_AUTHORITY
-        raise LedgerError(
+        raise CredentialError(
             f"{name!r} is already trusted as {other}; one name holds one role, so choose "
             "another name"
         )
@@ -492,7 +492,7 @@ def person_key(settings: LedgerSettings, role: str, name: str) -> SigningKey:
     """
     path = person_key_path(settings, role, name)
     if not path.exists():
-        raise LedgerError(
+        raise CredentialError(
             f"{role} {name!r} has no signing key at {path} (the folder comes from "
             "LEDGER_HOME / LEDGER_RUN_DIR: if the key was made for a ledger elsewhere, point "
             f"them at that ledger's folder); else create one with `ledger {role} add {name}`"
@@ -554,7 +554,9 @@ class Credentials:
         """
         spec = TOPIC_BY_NAME.get(topic)
         if spec is None:
-            raise LedgerError(f"{topic!r} is no ledger topic; topics: {', '.join(TOPIC_BY_NAME)}")
+            raise InvalidInputError(
+                f"{topic!r} is no ledger topic; topics: {', '.join(TOPIC_BY_NAME)}"
+            )
         roles = spec.auth
         if not roles:
             return None
@@ -563,12 +565,12 @@ class Credentials:
                 self._stage[topic] = sealer_for_roles(self.settings, roles, self.role)
             return self._stage[topic]
         if roles == (ROLE_AUTHORITY,):
-            raise LedgerError(f"only the authority kernel writes {topic}")
+            raise CredentialError(f"only the authority kernel writes {topic}")
         if isinstance(event, Approval) and event.status == "GRANTED":
             return None  # a grant carries its reviewer's signature (ledger.signing)
         named = claimed_writer(event)
         if named is None:
-            raise LedgerError(f"records on {topic} must name who signs them")
+            raise CredentialError(f"records on {topic} must name who signs them")
         name, allowed = named
         held = self._people.get(name)
         if held is not None:
@@ -586,12 +588,12 @@ class Credentials:
             if role not in allowed and person_key_path(self.settings, role, name).exists()
         ]
         if other:
-            raise LedgerError(
+            raise CredentialError(
                 f"{name!r} is a {other[0]} here, and a {topic} record is signed by "
                 f"{' or '.join(f'an {r}' if r[0] in 'aeiou' else f'a {r}' for r in allowed)}: "
                 f"name one (`ledger {allowed[0]} add NAME` makes one; one name holds one role)"
             )
-        raise LedgerError(
+        raise CredentialError(
             f"{name!r} has no signing key here, so the {topic} record cannot be signed; "
             f"create one with {' or '.join(errors)}"
         )
@@ -619,7 +621,9 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
     """
     role = COMPONENT_ROLE.get(component)
     if role is None:
-        raise LedgerError(f"{component!r} is no stage role; stages are {', '.join(COMPONENT_ROLE)}")
+        raise InvalidInputError(
+            f"{component!r} is no stage role; stages are {', '.join(COMPONENT_ROLE)}"
+        )
     own: Sealer = authority_key(settings) if role == ROLE_AUTHORITY else role_key(settings, role)
     outcomes = outcome_key(settings) if component == "processor" else None
 
@@ -634,7 +638,7 @@ def stage_sealer(settings: LedgerSettings, component: str) -> Callable[[str], Se
             (ROLE_AUTHORITY,): "the authority kernel",
             (ROLE_OUTCOME,): "the processor",
         }
-        raise LedgerError(
+        raise CredentialError(
             f"{component} cannot write {topic}: only "
             + only.get(auth, f"the {' or the '.join(auth) or 'no stage'}")
         )

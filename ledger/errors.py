@@ -196,6 +196,40 @@ class InputBoundsError(LedgerError):
     the input bound (:data:`ledger.identity.MAX_INPUT_BYTES`)."""
 
 
+class InvalidInputError(LedgerError):
+    """A caller's argument is not acceptable: parameters that are not JSON
+    values, an empty name, a version out of range, an integration used outside
+    the place it must be called from. The message names the argument and what
+    to pass instead."""
+
+
+class OperationExistsError(InvalidInputError):
+    """An operation ID that must be new is already in the ledger (a fork's new
+    operation); choose another, e.g. with a new decision version."""
+
+
+class InvalidStateError(LedgerError):
+    """The operation's recorded state does not allow what was asked (e.g. a
+    readback of an operation that has no effect to read back)."""
+
+
+class CredentialError(LedgerError):
+    """A signing key or a trusted name is missing, already there, or held by
+    another role; or a record cannot be signed by the role asked to sign it.
+    The message names the key file or the command that makes the key."""
+
+
+class AccessPlanError(SettingsError):
+    """The ACL or quota plan cannot be made from what was given (an unknown
+    role, a principal mapping or quota spec out of format, two roles sharing a
+    principal); the message gives the expected format with an example."""
+
+
+class PublishError(BrokerError):
+    """The broker did not accept a record the publisher sent (the message
+    carries the broker's error); nothing is known to be written."""
+
+
 class ForbiddenTransitionError(LedgerError):
     """A transition outside the closed transition table was attempted.
 

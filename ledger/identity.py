@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring
 from typing import Any
 
-from ledger.errors import InputBoundsError, LedgerError
+from ledger.errors import InputBoundsError, InvalidInputError
 
 #: Longest operation ID (characters); with the grammar below it fits every
 #: sink protocol: an HTTP path segment, a header value, a file name.
@@ -123,7 +123,7 @@ def _check_json(value: Any) -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise LedgerError("parameters must be finite numbers", observed=value)
+            raise InvalidInputError("parameters must be finite numbers", observed=value)
         return
     if isinstance(value, list | tuple):
         for item in value:
@@ -132,10 +132,10 @@ def _check_json(value: Any) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise LedgerError("parameter keys must be strings", observed=key)
+                raise InvalidInputError("parameter keys must be strings", observed=key)
             _check_json(item)
         return
-    raise LedgerError(
+    raise InvalidInputError(
         f"parameters must be JSON values, not {type(value).__name__}", observed=repr(value)
     )
 
@@ -209,7 +209,7 @@ def parameter_digest(
         ValueError: non-finite numbers in parameters passed as checked.
     """
     if version not in (1, 2):
-        raise LedgerError(f"unknown parameter digest version {version}", observed=version)
+        raise InvalidInputError(f"unknown parameter digest version {version}", observed=version)
     texts = (action, purpose, subject, sink) if version == 2 else (action, purpose, subject)
     if all(type(t) is str for t in texts):
         # The canonical JSON of {action, decision_version, params, purpose,
@@ -257,7 +257,7 @@ def operation_id(kind: str, case_id: str, decision_version: int) -> str:
     """
     for part in (kind, case_id):
         if not part or ":" in part:
-            raise LedgerError(
+            raise InvalidInputError(
                 "operation ID parts must be non-empty and contain no ':'", observed=part
             )
     return f"{kind}:{case_id}:v{int(decision_version)}"

@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 
-from ledger.errors import LedgerError, LocalFileError
+from ledger.errors import LocalFileError, SettingsError
 from ledger.settings import LedgerSettings
 
 #: Logger for librdkafka's own log lines: "connection refused" while a broker
@@ -411,7 +411,7 @@ def _checked(props: dict[str, Property], *, file: Path | None) -> dict[str, Prop
         message = f"Kafka client property refused ({prop.source}): {problem}; {remedy}"
         if file is not None:
             raise LocalFileError(message, expected="a safe value", observed=prop.source)
-        raise LedgerError(message, expected="a safe value", observed=prop.source)
+        raise SettingsError(message, expected="a safe value", observed=prop.source)
     return props
 
 

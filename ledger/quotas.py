@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ledger.errors import LedgerError
+from ledger.errors import AccessPlanError
 
 #: The quota keys the plan sets (Kafka's names; bytes per second per broker).
 KEYS: tuple[str, ...] = ("producer_byte_rate", "consumer_byte_rate")
@@ -71,7 +71,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, dict[str, int]]:
     for item in items:
         match = re.fullmatch(r"([a-z]+):([a-z_]+)=(\d+)", item.strip())
         if match is None or match.group(2) not in KEYS:
-            raise LedgerError(
+            raise AccessPlanError(
                 f"quota {item!r} is not ROLE:KEY=BYTES_PER_SECOND with KEY one of "
                 f"{', '.join(KEYS)} (e.g. service:producer_byte_rate=2097152)",
                 observed=item,
@@ -99,7 +99,7 @@ def plan_quotas(
     overrides = overrides or {}
     unknown = sorted(set(overrides) - set(principals))
     if unknown:
-        raise LedgerError(
+        raise AccessPlanError(
             f"quota for unknown role(s) {', '.join(unknown)}; one of {', '.join(principals)}",
             observed=unknown,
         )

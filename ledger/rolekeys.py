@@ -82,7 +82,7 @@ from ledger.authn import (
     SigningKey,
     role_key_id,
 )
-from ledger.errors import LedgerError, LocalFileError
+from ledger.errors import InvalidInputError, LocalFileError
 from ledger.keyfolder import (
     TRUST_FILE,
     MissingKeyError,
@@ -409,12 +409,12 @@ def rotate(settings: LedgerSettings, role: str, *, overlap_s: int = DEFAULT_OVER
         RoleKeyError: the trust file is unreadable or lists no key for the role.
     """
     if role not in STAGE_KEY_ROLES:
-        raise LedgerError(
+        raise InvalidInputError(
             f"no stage role {role!r}: rotate one of {', '.join(STAGE_KEY_ROLES)} (the authority "
             "and outcome keys are not rotated by this command)"
         )
     if overlap_s < 0:
-        raise LedgerError(f"the overlap is {overlap_s} s; give 0 or more seconds")
+        raise InvalidInputError(f"the overlap is {overlap_s} s; give 0 or more seconds")
     folder = _folder(settings)
     with _locked(folder):
         trust = read_trust(folder)

@@ -34,7 +34,13 @@ from opentelemetry.trace import Span, SpanKind, TracerProvider
 from ledger.authn import seal_headers
 from ledger.authority import policy_key
 from ledger.credentials import Credentials, load_keyring
-from ledger.errors import DeliveryUnknownError, InputBoundsError, LedgerError
+from ledger.errors import (
+    DeliveryUnknownError,
+    InputBoundsError,
+    InvalidInputError,
+    OperationExistsError,
+    PublishError,
+)
 from ledger.events import (
     Approval,
     Claim,
@@ -73,7 +79,7 @@ def require_name(what: str, value: str | None, *, operation_id: str | None = Non
         LedgerError: ``value`` is ``None``, empty or only white space.
     """
     if value is None or not value.strip():
-        raise LedgerError(
+        raise InvalidInputError(
             f"{what} must not be empty or only white space", operation_id=operation_id
         )
 
@@ -85,7 +91,7 @@ def require_policy_version(version: int) -> None:
         LedgerError: ``version`` is less than 1.
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise LedgerError(
+        raise InvalidInputError(
             f"policy version {version!r} is not valid: policy versions are integers from 1",
             expected=">= 1",
             observed=version,
@@ -164,14 +170,14 @@ def build_intent(
         ("purpose", purpose),
     ):
         if not value or not value.strip():
-            raise LedgerError(f"{name} must not be empty", operation_id=operation_id or None)
+            raise InvalidInputError(f"{name} must not be empty", operation_id=operation_id or None)
     if approval_id is not None:
         require_name("approval_id", approval_id, operation_id=operation_id)
     check_operation_id(operation_id)
     if compensates is not None:
         check_operation_id(compensates)
     if decision_version < 0:
-        raise LedgerError(
+        raise InvalidInputError(
             "decision_version must be 0 or more",
             operation_id=operation_id,
             observed=decision_version,
@@ -243,7 +249,7 @@ def fork_intent(
     """
     old = original.operation_id
     if new_operation_id == old or new_operation_id in existing:
-        raise LedgerError(
+        raise OperationExistsError(
             f"operation {new_operation_id!r} already exists in the ledger: a fork of {old} "
             "needs a new operation ID (e.g. one with a new decision version)",
             operation_id=new_operation_id,
@@ -425,7 +431,7 @@ class LedgerPublisher:
             self.producer.poll(0.1)
         err, msg = delivered[0]
         if err is not None:
-            raise LedgerError(f"publishing to {self.settings.topic(topic)} failed: {err}")
+            raise PublishError(f"publishing to {self.settings.topic(topic)} failed: {err}")
         self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
         return msg
 
@@ -447,7 +453,7 @@ class LedgerPublisher:
         self.producer.flush(timeout_s)
         failed, self._failed = self._failed, []
         if failed:
-            raise LedgerError(
+            raise PublishError(
                 f"{len(failed)} record(s) were not accepted by the broker: "
                 + "; ".join(failed[:3]),
                 observed=len(failed),
@@ -730,9 +736,9 @@ class LedgerPublisher:
         try:
             wanted = frozenset(RecoveryState(s) for s in states)
         except ValueError as exc:
-            raise LedgerError(f"wait_for: {exc}", operation_id=operation_id) from exc
+            raise InvalidInputError(f"wait_for: {exc}", operation_id=operation_id) from exc
         if not wanted:
-            raise LedgerError("wait_for: name at least one state", operation_id=operation_id)
+            raise InvalidInputError("wait_for: name at least one state", operation_id=operation_id)
         keyring = (
             load_keyring(self.settings) if self.settings.require_authenticated_records else None
         )

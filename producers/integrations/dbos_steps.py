@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.errors import DeliveryUnknownError, LedgerError
+from ledger.errors import DeliveryUnknownError, InvalidInputError
 from ledger.identity import operation_id_problem
 from producers.sdk import Outcome, Pending, Performer
 
@@ -81,7 +81,7 @@ def operation_id_for(workflow_id: str, name: str, decision_version: int = 1) -> 
             characters); the message says which.
     """
     if not name or ":" in name:
-        raise LedgerError(
+        raise InvalidInputError(
             f"ledger step name {name!r}: give each operation of the workflow a non-empty name "
             "without ':' (e.g. 'refund', 'notify-2')",
             observed=name,
@@ -89,7 +89,7 @@ def operation_id_for(workflow_id: str, name: str, decision_version: int = 1) -> 
     operation_id = f"{name}:{workflow_id}:v{decision_version}"
     problem = operation_id_problem(operation_id)
     if problem is not None:
-        raise LedgerError(
+        raise InvalidInputError(
             f"{problem}: the operation ID {operation_id!r} is made of the step's name and the "
             "workflow ID; choose a workflow ID of printable ASCII without spaces (SetWorkflowID)",
             operation_id=operation_id,
@@ -166,13 +166,13 @@ class LedgerSteps:
         """
         workflow_id = DBOS.workflow_id
         if workflow_id is None:
-            raise LedgerError(
+            raise InvalidInputError(
                 f"ledger step {name!r} called outside a DBOS workflow: call "
                 "LedgerSteps.perform from a @DBOS.workflow() function (the operation ID is "
                 "derived from the workflow ID)"
             )
         if DBOS.step_id is not None:
-            raise LedgerError(
+            raise InvalidInputError(
                 f"ledger step {name!r} called inside a DBOS step: call LedgerSteps.perform from "
                 "the workflow function itself, so that DBOS checkpoints its outcome"
             )

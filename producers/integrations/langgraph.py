@@ -46,7 +46,7 @@ from typing import Any
 from langgraph.types import interrupt
 
 from ledger.clock import SystemClock
-from ledger.errors import LedgerError
+from ledger.errors import InvalidInputError, LedgerError
 from ledger.events import Intent
 from ledger.identity import check_operation_id
 from ledger.signing import ReviewerKey
@@ -186,7 +186,9 @@ def _record(outcome: Outcome, approval_id: str | None) -> dict[str, Any]:
         return {**record, "outcome": "ABANDONED", "remedy": outcome.remedy}
     if isinstance(outcome, NeedsReauthorisation):
         return {**record, "outcome": "NEEDS_REAUTHORISATION", "remedy": outcome.remedy}
-    raise LedgerError(f"no record for {type(outcome).__name__}", operation_id=outcome.operation_id)
+    raise InvalidInputError(
+        f"no record for {type(outcome).__name__}", operation_id=outcome.operation_id
+    )
 
 
 def review_request(
@@ -443,7 +445,7 @@ class Reviewer:
             LedgerError: not a review request, or a digest that does not match.
         """
         if request.get("kind") != REVIEW_KIND:
-            raise LedgerError(
+            raise InvalidInputError(
                 f"not a ledger review request (kind {request.get('kind')!r}): pass the value "
                 "the graph interrupted with (result['__interrupt__'][0].value)"
             )
@@ -458,7 +460,7 @@ class Reviewer:
             decision_version=request["decision_version"],
         )
         if intent.parameter_digest != request["parameter_digest"]:
-            raise LedgerError(
+            raise InvalidInputError(
                 "the request's parameter digest does not match its parameters: it was altered "
                 "after the graph made it; review the request the graph interrupted with",
                 operation_id=intent.operation_id,

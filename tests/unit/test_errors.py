@@ -19,18 +19,24 @@ import producers
 import sinks
 import testbed
 from ledger.errors import (
+    AccessPlanError,
     BrokerError,
     BrokerUnavailableError,
     ConsumerStuckError,
+    CredentialError,
     DecodeError,
     DeliveryUnknownError,
     ForbiddenTransitionError,
     InputBoundsError,
+    InvalidInputError,
+    InvalidStateError,
     LedgerError,
     LocalFileError,
     MissingExtraError,
     OperationEndedElsewhereError,
+    OperationExistsError,
     ParameterDriftError,
+    PublishError,
     ScenarioError,
     SchemaError,
     SchemaValidationError,
@@ -71,6 +77,12 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     LocalFileError: False,  # fix or remove the file first
     InputBoundsError: False,  # the same input is refused again: change it
     ForbiddenTransitionError: False,
+    InvalidInputError: False,  # the same argument is refused again: change it
+    OperationExistsError: False,  # choose another operation ID
+    InvalidStateError: False,  # the state must change first (by the ledger or a person)
+    CredentialError: False,  # make, trust or point at the right key first
+    AccessPlanError: False,  # fix the mapping or the quota spec
+    PublishError: False,  # the broker refused it: read its error (size, authorization)
     ScenarioError: False,
     ScopeNotBoundError: False,  # bind the field, or open it on purpose
     SinkError: False,

@@ -43,7 +43,7 @@ from ledger.events import (
 )
 from ledger.settings import LedgerSettings
 from ledger.signing import load_trusted, verify
-from ledger.topology import MISPLACED, TOPICS, is_reserved_key
+from ledger.topology import MISPLACED, TOPICS, Topic, is_reserved_key
 from sinks.limits import Deadline
 from sinks.port import open_sink
 from sinks.registry import load_sinks
@@ -53,11 +53,20 @@ log = logging.getLogger(__name__)
 #: Topics whose every record is decoded (the journal is replayed; the others
 #: name their writer, which the seal must match).
 DECODE_ALL = frozenset(
-    {"journal", "heads", "approvals", "policy", "dispositions", "operating-events"}
+    {
+        Topic.JOURNAL,
+        Topic.HEADS,
+        Topic.APPROVALS,
+        Topic.POLICY,
+        Topic.DISPOSITIONS,
+        Topic.OPERATING_EVENTS,
+    }
 )
 
 #: Compacted topics of which the audit reads the latest authentic value per key.
-LATEST = frozenset({"state", "dispatches", "recovery-receipts", "approval-uses", "approvals"})
+LATEST = frozenset(
+    {Topic.STATE, Topic.DISPATCHES, Topic.RECOVERY_RECEIPTS, Topic.APPROVAL_USES, Topic.APPROVALS}
+)
 
 
 @dataclass
@@ -164,7 +173,11 @@ def scan_topic(
             scan.records.append(event)
         if topic in LATEST:
             text = key_text(msg)
-            if topic == "state" and value is not None and _older_state(scan, versions, text, msg):
+            if (
+                topic == Topic.STATE
+                and value is not None
+                and _older_state(scan, versions, text, msg)
+            ):
                 return
             scan.displaced.pop(text, None)
             if value is None:
@@ -211,7 +224,7 @@ def _older_state(scan: TopicScan, versions: dict[str, int], key: str, msg: Messa
         return False
     held = versions.get(key)
     if held is not None and state.version < held:
-        where = ("state", msg.partition() or 0, msg.offset() or 0)
+        where = (Topic.STATE, msg.partition() or 0, msg.offset() or 0)
         scan.replayed[where] = (
             f"state of {key} at version {state.version} ({state.state}) is older than "
             f"version {held} read before it: a copy of an earlier state; not its state"
@@ -261,19 +274,19 @@ def run_audit(
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="audit-read") as pool:
         futures = {
             t: pool.submit(
-                scan_topic, settings, keyring, t, every=chain if t == "journal" else None
+                scan_topic, settings, keyring, t, every=chain if t == Topic.JOURNAL else None
             )
             for t in topics
         }
         scans = {t: f.result() for t, f in futures.items()}
-    journal = [e for e in scans["journal"].records if isinstance(e, JournalEntry)]
+    journal = [e for e in scans[Topic.JOURNAL].records if isinstance(e, JournalEntry)]
 
     def latest(topic: str, kind: type[Event]) -> dict[str, Event]:
         return {k: e for k, e in scans[topic].latest.items() if isinstance(e, kind)}
 
-    states = latest("state", OperationState)
-    dispatches = latest("dispatches", Dispatch)
-    receipts = latest("recovery-receipts", RecoveryReceipt)
+    states = latest(Topic.STATE, OperationState)
+    dispatches = latest(Topic.DISPATCHES, Dispatch)
+    receipts = latest(Topic.RECOVERY_RECEIPTS, RecoveryReceipt)
     provenance = _provenance(settings, scans)
     sink_effects, sink_unread = _sink_effects(settings, states) if read_sinks else (None, [])
     report = audit(
@@ -289,10 +302,10 @@ def run_audit(
         settings,
         keyring,
         chain,
-        scans["journal"].ends,
-        scans["heads"].records,
+        scans[Topic.JOURNAL].ends,
+        scans[Topic.HEADS].records,
         witness,
-        heads_end=scans["heads"].ends.get(0, 0),
+        heads_end=scans[Topic.HEADS].ends.get(0, 0),
         now_ms=started_ms,
     )
     report.merge(chain_findings)
@@ -306,18 +319,18 @@ def run_audit(
     report.offsets = {t: dict(scan.ends) for t, scan in scans.items()}
     report.replayed_records = [
         {"topic": t, "partition": p, "offset": o, "reason": reason}
-        for (t, p, o), reason in sorted(scans["state"].replayed.items())
+        for (t, p, o), reason in sorted(scans[Topic.STATE].replayed.items())
     ]
     mismatched = {
         e.operation_id: e.reason
-        for e in scans["operating-events"].records
+        for e in scans[Topic.OPERATING_EVENTS].records
         if isinstance(e, OperatingEvent)
         and e.kind == "POSTCONDITION_MISMATCH"
         and e.operation_id is not None
     }
     report.open_items = open_items(
         states,  # type: ignore[arg-type]
-        scans["state"].written_ms,
+        scans[Topic.STATE].written_ms,
         started_ms,
         mismatched,
     )
@@ -328,7 +341,7 @@ def run_audit(
     report.stranded = find_stranded(
         settings,
         states,  # type: ignore[arg-type]
-        scans["state"].written_ms,
+        scans[Topic.STATE].written_ms,
         started_ms,
         mismatched=set(mismatched),
         unknown=report.unverified,
@@ -339,7 +352,7 @@ def run_audit(
 
 #: Topics keyed by approval ID: what is unverifiable there covers the
 #: operations that name the approval.
-_APPROVAL_KEYED = ("approvals", "approval-uses", "admission-requests")
+_APPROVAL_KEYED = (Topic.APPROVALS, Topic.APPROVAL_USES, Topic.ADMISSION_REQUESTS)
 
 
 def _unverifiable_items(
@@ -366,7 +379,7 @@ def _unverifiable_items(
         for (t, partition, offset), problem in sorted(scan.unverifiable.items()):
             key = scan.unverifiable_keys[(t, partition, offset)]
             what = f"{t}:{partition}:{offset} {problem}"
-            if topic == "policy":
+            if topic == Topic.POLICY:
                 covered.setdefault("(policy)", what)
             elif topic in _APPROVAL_KEYED:
                 for op in by_approval.get(key, []):
@@ -407,7 +420,7 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
     # listed, not a violation. Garbage nobody refused is corrupted evidence.
     refused = {
         (e.source_topic, e.source_partition, e.source_offset)
-        for e in scans["operating-events"].records
+        for e in scans[Topic.OPERATING_EVENTS].records
         if isinstance(e, OperatingEvent)
         and e.kind in ("BAD_INPUT", "UNAUTHENTICATED")
         and e.source_topic is not None
@@ -417,7 +430,7 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
     dead_lettered = {w: r for w, r in undecodable.items() if w in refused}
     uses = {
         k: e
-        for k, e in scans["approval-uses"].latest.items()
+        for k, e in scans[Topic.APPROVAL_USES].latest.items()
         if isinstance(e, ApprovalUse) and e.approval_id == k
     }
     trusted = load_trusted(settings.trusted_keys_path())
@@ -428,7 +441,7 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
     )
     grants = {
         k: check(e)
-        for k, e in scans["approvals"].latest.items()
+        for k, e in scans[Topic.APPROVALS].latest.items()
         if isinstance(e, Approval) and e.approval_id == k
     }
     if unauthenticated:
@@ -440,7 +453,7 @@ def _provenance(settings: LedgerSettings, scans: dict[str, TopicScan]) -> Proven
         uses=uses,
         grants=grants,
         records=sum(s.count for s in scans.values()),
-        displaced_states=dict(scans["state"].displaced),
+        displaced_states=dict(scans[Topic.STATE].displaced),
         misplaced=misplaced,
     )
 

@@ -35,12 +35,12 @@ from ledger.fold.compensation import SETTLED
 from ledger.history import History, HistoryRecord, build_history
 from ledger.settings import LedgerSettings
 from ledger.topics import partitions_for
-from ledger.topology import TOPIC_BY_NAME, TOPICS, is_reserved_key, murmur2, partition_for
+from ledger.topology import TOPIC_BY_NAME, TOPICS, Topic, is_reserved_key, murmur2, partition_for
 
 __all__ = ["UnknownOperationError", "murmur2", "partition_for", "read_history"]
 
 #: Topics keyed by approval ID (read for the approvals the operation names).
-APPROVAL_TOPICS = ("approvals", "approval-uses", "admission-requests")
+APPROVAL_TOPICS = (Topic.APPROVALS, Topic.APPROVAL_USES, Topic.ADMISSION_REQUESTS)
 
 #: Topics keyed by operation ID, read for the operation's partition.
 OPERATION_TOPICS = tuple(
@@ -107,7 +107,7 @@ def read_history(
     if links and final is not None and final.state in SETTLED:
         states = {
             r.key: r.event
-            for r in read_topic(settings, "state")
+            for r in read_topic(settings, Topic.STATE)
             if isinstance(r.event, OperationState)
         }
         linked = [
@@ -126,7 +126,7 @@ def _forks_of(settings: LedgerSettings, operation_id: str, timeout_s: float) -> 
     read; a record that does not decode is skipped (the reader of its own
     key lists it).
     """
-    count = partitions_for(settings, TOPIC_BY_NAME["intents"])
+    count = partitions_for(settings, TOPIC_BY_NAME[Topic.INTENTS])
     found: list[str] = []
 
     def keep(_: object, msg: Message) -> None:
@@ -140,7 +140,7 @@ def _forks_of(settings: LedgerSettings, operation_id: str, timeout_s: float) -> 
         if isinstance(event, Intent) and event.forked_from == operation_id:
             found.append(event.operation_id)
 
-    read_partition(settings, "intents", set(range(count)), keep, timeout_s, decode=False)
+    read_partition(settings, Topic.INTENTS, set(range(count)), keep, timeout_s, decode=False)
     return found
 
 

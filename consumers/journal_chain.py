@@ -41,6 +41,7 @@ from ledger.authn import Keyring
 from ledger.chain import ChainHead, entry_hash
 from ledger.events import JournalEntry, decode_event
 from ledger.settings import LedgerSettings
+from ledger.topology import Topic
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def read_heads(
             :func:`~consumers.stage.read_partition`).
     """
     heads: dict[int, ChainHead] = {}
-    settle(settings, "journal", partitions, retry=retry)
+    settle(settings, Topic.JOURNAL, partitions, retry=retry)
     todo, tail = set(partitions), TAIL_FIRST
     while todo:
         last: dict[int, Message] = {}
@@ -96,7 +97,7 @@ def read_heads(
 
         reader(
             settings,
-            "journal",
+            Topic.JOURNAL,
             todo,
             keep,
             decode=False,
@@ -213,9 +214,9 @@ class JournalChain:
         value = linked.to_bytes()
         digest = entry_hash(partition, key.encode("utf-8"), value)
         self.pending[partition] = ChainHead(partition, seq, digest)
-        out.write_raw("journal", key, value, on_delivery=self._delivered, partition=partition)
+        out.write_raw(Topic.JOURNAL, key, value, on_delivery=self._delivered, partition=partition)
         if out.observe is not None:
-            out.observe("journal", linked)
+            out.observe(Topic.JOURNAL, linked)
         return linked
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:

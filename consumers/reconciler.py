@@ -39,6 +39,7 @@ from ledger.fold import current_dispatch_id
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
 from ledger.topics import check_topics
+from ledger.topology import Topic
 from ledger.upgrades import ReleaseManifest, upgrade_hold
 from producers.publisher import LedgerPublisher
 from sinks.port import open_sink, readback_source
@@ -64,7 +65,7 @@ def open_items(settings: LedgerSettings, retry: KafkaRetry | None = None) -> lis
     # A forged tombstone cannot hide an item, nor a forged record add one.
     read_partition(
         settings,
-        "reconciliation",
+        Topic.RECONCILIATION,
         None,
         seen,
         keyring=load_keyring(settings, missing_ok=True),
@@ -114,7 +115,7 @@ def attempted_versions(
 
     read_partition(
         settings,
-        "receipts",
+        Topic.RECEIPTS,
         None,
         seen,
         keyring=load_keyring(settings, missing_ok=True),
@@ -162,7 +163,7 @@ def reconcile_once(
     # The reconciler signs its readbacks with its own role key; a host without
     # it stops here (MissingKeyError names the key and the remedy), not mid-run.
     credentials = Credentials(settings, role="reconciler")
-    credentials.sealer_for("readbacks", None)
+    credentials.sealer_for(Topic.READBACKS, None)
     publisher = LedgerPublisher(settings, client_id="reconciler", credentials=credentials)
     guarded: dict[str, PassGuard] = {}
     try:

@@ -29,7 +29,7 @@ from ledger.errors import LedgerError
 from ledger.events import OperatingEvent, OperationState
 from ledger.settings import LedgerSettings
 from ledger.stranded import Evidence, Stranded, evaluate, order
-from ledger.topology import is_reserved_key, partition_for
+from ledger.topology import Topic, is_reserved_key, partition_for
 from sinks.registry import load_sinks
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def relay_partitions(settings: LedgerSettings) -> set[int] | None:
         for member in stage.members:
             for name in member.partitions:
                 topic, _, rest = name.partition("[")
-                if topic == "dispatches" and rest.endswith("]") and rest[:-1].isdigit():
+                if topic == Topic.DISPATCHES and rest.endswith("]") and rest[:-1].isdigit():
                     held.add(int(rest[:-1]))
     return held
 
@@ -141,7 +141,7 @@ def mismatches(settings: LedgerSettings) -> set[str]:
     operation is then shown stranded, never hidden.
     """
     try:
-        records = read_topic(settings, "operating-events")
+        records = read_topic(settings, Topic.OPERATING_EVENTS)
     except LedgerError as exc:
         log.warning("stranded: operating events unread, mismatches unknown (%s)", exc.message)
         return set()
@@ -190,7 +190,7 @@ def ledger_stranded(settings: LedgerSettings) -> list[Stranded]:
 
     read_partition(
         settings,
-        "state",
+        Topic.STATE,
         None,
         keep,
         decode=False,
@@ -199,7 +199,7 @@ def ledger_stranded(settings: LedgerSettings) -> list[Stranded]:
     )
     states: dict[str, OperationState] = {}
     for key, msg in latest.items():
-        rec = decode_record("state", msg)
+        rec = decode_record(Topic.STATE, msg)
         if rec is not None and isinstance(rec.event, OperationState):
             states[key] = rec.event
             if rec.timestamp_ms is not None:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ledger.errors import AccessPlanError
-from ledger.topology import TOPICS
+from ledger.topology import TOPICS, Topic
 
 ResourceType = Literal["TOPIC", "GROUP", "TRANSACTIONAL_ID", "CLUSTER"]
 PatternType = Literal["LITERAL", "PREFIXED"]
@@ -103,16 +103,16 @@ STAGE_COMPONENTS: Mapping[str, str] = {
 #: holds these to the stage classes).
 STAGE_INPUTS: Mapping[str, tuple[str, ...]] = {
     "processor": (
-        "intents",
-        "admissions",
-        "receipts",
-        "readbacks",
-        "claims",
-        "dispositions",
-        "compensation-tally",
+        Topic.INTENTS,
+        Topic.ADMISSIONS,
+        Topic.RECEIPTS,
+        Topic.READBACKS,
+        Topic.CLAIMS,
+        Topic.DISPOSITIONS,
+        Topic.COMPENSATION_TALLY,
     ),
-    "authority": ("admission-requests",),
-    "relay": ("dispatches",),
+    "authority": (Topic.ADMISSION_REQUESTS,),
+    "relay": (Topic.DISPATCHES,),
 }
 
 #: Writer and table roles of :data:`ledger.topology.TOPICS` -> the principals
@@ -134,7 +134,7 @@ ROLE_PRINCIPALS: Mapping[str, tuple[str, ...]] = {
 #: Writes beyond the topology's writer roles, with the reason.
 EXTRA_WRITES: Mapping[str, Mapping[str, str]] = {
     "operator": {
-        "approvals": "revocations (DESIGN.md: operators revoke; the authority kernel "
+        Topic.APPROVALS: "revocations (DESIGN.md: operators revoke; the authority kernel "
         "accepts an operator's signature on a revocation only, never on a grant)",
     },
 }
@@ -142,30 +142,30 @@ EXTRA_WRITES: Mapping[str, Mapping[str, str]] = {
 #: Reads beyond stage inputs and tables: role -> topic -> what reads it.
 EXTRA_READS: Mapping[str, Mapping[str, str]] = {
     "processor": {
-        "journal": "a restore that refused the latest state record of an operation "
+        Topic.JOURNAL: "a restore that refused the latest state record of an operation "
         "rebuilds it from its journal entries; every restore reads each partition's last "
         "entry to continue its hash chain",
     },
     "authority": {},
     "relay": {},
     "reconciler": {
-        "reconciliation": "the queue of unknown outcomes (open_items)",
-        "state": "each queued operation's state and fencing token",
-        "receipts": "the contract version each queued operation was attempted under "
+        Topic.RECONCILIATION: "the queue of unknown outcomes (open_items)",
+        Topic.STATE: "each queued operation's state and fencing token",
+        Topic.RECEIPTS: "the contract version each queued operation was attempted under "
         "(a readback across a sink upgrade the release manifest does not allow is held)",
-        "operating-events": "postcondition mismatches: such a committed operation is an "
+        Topic.OPERATING_EVENTS: "postcondition mismatches: such a committed operation is an "
         "open item of its own, not stranded (consumers.stranding)",
     },
     "service": {
-        "outcomes": "what became of its operations (producers.outcomes, the service SDK)",
+        Topic.OUTCOMES: "what became of its operations (producers.outcomes, the service SDK)",
     },
-    "reviewer": {"approvals": "ledger revoke reads the grant it revokes"},
+    "reviewer": {Topic.APPROVALS: "ledger revoke reads the grant it revokes"},
     "operator": {
-        "approvals": "ledger revoke reads the grant it revokes",
-        "state": "ledger state, ledger claim",
-        "journal": "the processor's decision on what it published (--wait-s)",
-        "reconciliation": "ledger reconcile list",
-        "operating-events": "the console's stranded operations (postcondition mismatches "
+        Topic.APPROVALS: "ledger revoke reads the grant it revokes",
+        Topic.STATE: "ledger state, ledger claim",
+        Topic.JOURNAL: "the processor's decision on what it published (--wait-s)",
+        Topic.RECONCILIATION: "ledger reconcile list",
+        Topic.OPERATING_EVENTS: "the console's stranded operations (postcondition mismatches "
         "are not stranded)",
     },
 }
@@ -181,7 +181,7 @@ def auditor_topics() -> tuple[str, ...]:
 
 #: Roles that follow a table (a ``TableFollower``): role -> topics, beyond
 #: the topology's ``tables`` (the operator follows the journal to see a decision).
-EXTRA_FOLLOWS: Mapping[str, tuple[str, ...]] = {"operator": ("journal",)}
+EXTRA_FOLLOWS: Mapping[str, tuple[str, ...]] = {"operator": (Topic.JOURNAL,)}
 
 #: Roles that run ``ledger status`` and the console's stages page: they
 #: describe the stages' groups (members, committed offsets) and name the
@@ -499,7 +499,7 @@ def _reads() -> dict[str, dict[str, str]]:
             out[role].setdefault(topic, why)
     for role in UNCONSUMED_READERS:
         out[role].setdefault(
-            "intents", "intents the processor has not consumed (stranded: intent_not_consumed)"
+            Topic.INTENTS, "intents the processor has not consumed (stranded: intent_not_consumed)"
         )
     return out
 
@@ -521,7 +521,7 @@ def _helper_groups(role: str, topic_prefix: str) -> tuple[str, ...]:
     elif role in UNCONSUMED_READERS:
         groups.append(f"{topic_prefix}.processor")  # its committed offsets on intents
     for topic in follows:
-        if role == "processor" and topic == "state":
+        if role == "processor" and topic == Topic.STATE:
             continue  # the processor restores state with read_partition, not a follower
         groups.append(f"{topic_prefix}.table.{topic}")
         groups.append(f"{topic_prefix}.table.{topic}.hw")
@@ -584,11 +584,11 @@ def plan(
 
 #: The five topics whose forgery would create or release authority.
 PROTECTED_TOPICS: tuple[str, ...] = (
-    "admissions",
-    "dispatches",
-    "state",
-    "journal",
-    "approval-uses",
+    Topic.ADMISSIONS,
+    Topic.DISPATCHES,
+    Topic.STATE,
+    Topic.JOURNAL,
+    Topic.APPROVAL_USES,
 )
 
 

@@ -84,7 +84,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from ledger.events import Approval, Disposition, Event, PolicyChange
 from ledger.signing import GRANT_UNKNOWN_KEY
 from ledger.signing import verify as verify_grant
-from ledger.topology import MISPLACED, TOPIC_BY_NAME, misplaced
+from ledger.topology import MISPLACED, TOPIC_BY_NAME, Topic, misplaced
 
 #: A record's headers as the Kafka client gives them (a list of pairs, or a mapping).
 Headers = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
@@ -513,7 +513,7 @@ class Keyring:
         accept = spec.auth if spec is not None else (ROLE_STAGE,)
         if not accept:
             return None
-        if topic == "approvals" and isinstance(event, Approval) and event.status == "GRANTED":
+        if topic == Topic.APPROVALS and isinstance(event, Approval) and event.status == "GRANTED":
             return self._check_grant(event)
         raw = header_value(headers)
         if raw is None:

@@ -63,6 +63,7 @@ from ledger.events import (
 )
 from ledger.instants import clock_time
 from ledger.scope import open_fields
+from ledger.topology import Topic
 
 __all__ = [
     "NOT_RECORDED",
@@ -579,7 +580,7 @@ def _answer(key: str, text: str, recorded: bool, *records: HistoryRecord) -> Ans
 
 
 def _final_state(believed: Sequence[HistoryRecord]) -> OperationState | None:
-    states = [r.event for r in _of(believed, OperationState) if r.topic == "state"]
+    states = [r.event for r in _of(believed, OperationState) if r.topic == Topic.STATE]
     best: OperationState | None = None
     for s in states:
         assert isinstance(s, OperationState)

@@ -8,9 +8,39 @@ operations and one consumer of a ``range``-assigned group owns them together.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 Cleanup = Literal["compact", "delete"]
+
+
+class Topic(StrEnum):
+    """The ledger's topics by short name: the one place a topic's name is spelt.
+
+    A member is its short name (``Topic.INTENTS == "intents"``), so it goes
+    wherever a short name does (:meth:`ledger.settings.LedgerSettings.topic`,
+    dictionary keys, f-strings); the full name is ``{prefix}.{name}``.
+    """
+
+    INTENTS = "intents"
+    APPROVALS = "approvals"
+    APPROVAL_USES = "approval-uses"
+    ADMISSION_REQUESTS = "admission-requests"
+    ADMISSIONS = "admissions"
+    DISPATCHES = "dispatches"
+    RECEIPTS = "receipts"
+    READBACKS = "readbacks"
+    CLAIMS = "claims"
+    DISPOSITIONS = "dispositions"
+    STATE = "state"
+    JOURNAL = "journal"
+    HEADS = "heads"
+    RECOVERY_RECEIPTS = "recovery-receipts"
+    RECONCILIATION = "reconciliation"
+    COMPENSATION_TALLY = "compensation-tally"
+    OUTCOMES = "outcomes"
+    OPERATING_EVENTS = "operating-events"
+    POLICY = "policy"
 
 
 @dataclass(frozen=True)
@@ -65,10 +95,14 @@ class TopicSpec:
     tables: tuple[str, ...] = ()
     auth: tuple[str, ...] = ("stage",)
 
+    def __post_init__(self) -> None:
+        # The short name as a plain str (a Topic member's repr names the enum).
+        object.__setattr__(self, "name", str(self.name))
+
 
 TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(
-        "intents",
+        Topic.INTENTS,
         "operation ID",
         "compact",
         writers="services (LedgerPublisher)",
@@ -76,7 +110,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=(),
     ),
     TopicSpec(
-        "approvals",
+        Topic.APPROVALS,
         "approval ID",
         "delete",
         writers="review systems (grants, revocations)",
@@ -85,7 +119,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("reviewer", "operator"),
     ),
     TopicSpec(
-        "approval-uses",
+        Topic.APPROVAL_USES,
         "approval ID",
         "delete",
         writers="authority kernel only",
@@ -94,7 +128,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("authority",),
     ),
     TopicSpec(
-        "admission-requests",
+        Topic.ADMISSION_REQUESTS,
         "approval ID",
         "delete",
         retention_ms=7 * 24 * 3600 * 1000,
@@ -104,7 +138,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "admissions",
+        Topic.ADMISSIONS,
         "operation ID",
         "compact",
         writers="authority kernel",
@@ -112,7 +146,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("authority",),
     ),
     TopicSpec(
-        "dispatches",
+        Topic.DISPATCHES,
         "operation ID",
         "compact",
         writers="processor (the outbox)",
@@ -120,7 +154,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "receipts",
+        Topic.RECEIPTS,
         "operation ID",
         "compact",
         writers="relay",
@@ -129,7 +163,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         tables=("relay",),
     ),
     TopicSpec(
-        "readbacks",
+        Topic.READBACKS,
         "operation ID",
         "compact",
         writers="relay, reconcilers",
@@ -137,7 +171,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("relay", "reconciler"),
     ),
     TopicSpec(
-        "claims",
+        Topic.CLAIMS,
         "operation ID",
         "compact",
         writers="resumers (ledger claim) and the processor (claiming what it restored)",
@@ -145,7 +179,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("resumer", "processor"),
     ),
     TopicSpec(
-        "dispositions",
+        Topic.DISPOSITIONS,
         "operation ID",
         "compact",
         writers="operators (ledger reconcile dispose)",
@@ -153,7 +187,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("operator",),
     ),
     TopicSpec(
-        "state",
+        Topic.STATE,
         "operation ID",
         "compact",
         writers="processor only",
@@ -162,7 +196,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         tables=("processor",),
     ),
     TopicSpec(
-        "journal",
+        Topic.JOURNAL,
         "operation ID",
         "delete",
         retention_ms=-1,
@@ -171,7 +205,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "heads",
+        Topic.HEADS,
         "'journal:{partition}'",
         "delete",
         retention_ms=-1,
@@ -182,7 +216,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "recovery-receipts",
+        Topic.RECOVERY_RECEIPTS,
         "operation ID",
         "compact",
         writers="processor",
@@ -190,7 +224,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "reconciliation",
+        Topic.RECONCILIATION,
         "operation ID",
         "compact",
         writers="processor",
@@ -198,7 +232,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "compensation-tally",
+        Topic.COMPENSATION_TALLY,
         "operation ID",
         "delete",
         retention_ms=7 * 24 * 3600 * 1000,
@@ -209,7 +243,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor",),
     ),
     TopicSpec(
-        "outcomes",
+        Topic.OUTCOMES,
         "operation ID",
         "delete",
         retention_ms=7 * 24 * 3600 * 1000,
@@ -220,7 +254,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("outcome",),
     ),
     TopicSpec(
-        "operating-events",
+        Topic.OPERATING_EVENTS,
         "operation ID",
         "delete",
         retention_ms=-1,
@@ -229,7 +263,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         auth=("processor", "relay", "authority"),
     ),
     TopicSpec(
-        "policy",
+        Topic.POLICY,
         "'v{version}@{effective_at_ms}' (earlier releases: 'current')",
         "delete",
         single_partition=True,

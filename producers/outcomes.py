@@ -38,7 +38,7 @@ from ledger.events import Outcome, decode_event
 from ledger.kafka import consumer_config
 from ledger.outcomes import FINAL_KINDS
 from ledger.settings import LedgerSettings
-from ledger.topology import partition_for
+from ledger.topology import Topic, partition_for
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class OutcomeReader:
         deadline = time.monotonic() + timeout_s
         consumer, partition = self._open(operation_id, deadline)
         try:
-            tp = TopicPartition(self.settings.topic("outcomes"), partition)
+            tp = TopicPartition(self.settings.topic(Topic.OUTCOMES), partition)
             _, high = consumer.get_watermark_offsets(
                 tp, timeout=max(deadline - time.monotonic(), 1.0), cached=False
             )
@@ -252,7 +252,7 @@ class OutcomeReader:
         """
         deadline = time.monotonic() + timeout_s
         consumer, partition = self._open(operation_id, deadline)
-        full = self.settings.topic("outcomes")
+        full = self.settings.topic(Topic.OUTCOMES)
         start: int = OFFSET_BEGINNING
         try:
             (found,) = consumer.offsets_for_times(
@@ -279,7 +279,7 @@ class OutcomeReader:
             )
         )
         try:
-            count = _partitions(consumer, self.settings.topic("outcomes"), deadline)
+            count = _partitions(consumer, self.settings.topic(Topic.OUTCOMES), deadline)
         except BaseException:
             consumer.close()
             raise
@@ -296,7 +296,7 @@ class OutcomeReader:
             log.warning("outcomes:%s:%s does not decode: %s", msg.partition(), msg.offset(), exc)
             return None
         problem = self.keyring.check(
-            "outcomes",
+            Topic.OUTCOMES,
             key,
             value,
             msg.headers(),

@@ -63,6 +63,7 @@ from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import OPTIONAL_SIGNED_FIELDS
 from ledger.states import RecoveryState
+from ledger.topology import Topic
 from ledger.tracing import tracer, with_trace
 from producers.waiting import wait_for_state
 
@@ -552,9 +553,9 @@ class LedgerPublisher:
             SchemaValidationError: the intent does not fit its schema.
         """
         if not wait:
-            self._send_later("intents", intent.operation_id, intent)
+            self._send_later(Topic.INTENTS, intent.operation_id, intent)
             return None
-        msg = self._send("intents", intent.operation_id, intent)
+        msg = self._send(Topic.INTENTS, intent.operation_id, intent)
         self._published[intent.operation_id] = intent.parameter_digest
         return PublishedIntent(
             intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
@@ -628,9 +629,9 @@ class LedgerPublisher:
             if value is not None:
                 require_name(field, value)
         if not wait:
-            self._send_later("approvals", approval.approval_id, approval)
+            self._send_later(Topic.APPROVALS, approval.approval_id, approval)
             return
-        self._send("approvals", approval.approval_id, approval)
+        self._send(Topic.APPROVALS, approval.approval_id, approval)
 
     def publish_claim(self, operation_id: str, worker: str, expected_version: int) -> str:
         """Ask to own an operation, compare-and-swap on its version.
@@ -641,7 +642,7 @@ class LedgerPublisher:
         require_name("a claim's worker name", worker, operation_id=operation_id)
         claim_id = f"claim:{worker}:{uuid.uuid4().hex[:12]}"
         self._send(
-            "claims",
+            Topic.CLAIMS,
             operation_id,
             Claim(
                 claim_id=claim_id,
@@ -667,7 +668,7 @@ class LedgerPublisher:
         require_policy_version(version)
         require_name("set_by", set_by)
         change = PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms)
-        self._send("policy", policy_key(change), change)
+        self._send(Topic.POLICY, policy_key(change), change)
 
     def publish_disposition(self, disposition: Disposition) -> None:
         """Publish an attributable disposition of an unknown outcome (key: operation ID).
@@ -680,15 +681,15 @@ class LedgerPublisher:
         require_name("disposition_id", disposition.disposition_id, operation_id=op)
         require_name("a disposition's by (who decides)", disposition.by, operation_id=op)
         require_name("a disposition's evidence", disposition.evidence, operation_id=op)
-        self._send("dispositions", disposition.operation_id, disposition)
+        self._send(Topic.DISPOSITIONS, disposition.operation_id, disposition)
 
     def publish_readback(self, readback: Readback) -> None:
         """Publish an observation of an effect (reconcilers; key: operation ID)."""
-        self._send("readbacks", readback.operation_id, readback)
+        self._send(Topic.READBACKS, readback.operation_id, readback)
 
     def publish_operating_event(self, event: OperatingEvent) -> None:
         """Publish an operating event (e.g. a worker's refused stale dispatch)."""
-        self._send("operating-events", event.operation_id or "", event)
+        self._send(Topic.OPERATING_EVENTS, event.operation_id or "", event)
 
     def wait_for(
         self,

@@ -24,6 +24,7 @@ from ledger.identity import digest_version
 from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.states import RESTING, RecoveryState
+from ledger.topology import Topic
 
 
 def parse_states(text: str) -> frozenset[RecoveryState]:
@@ -128,7 +129,7 @@ def wait_for_state(
     def decided(latest: OperationState | None) -> OperationState | None:
         return verdict(latest, wanted, parameter_digest)
 
-    full = settings.topic("state")
+    full = settings.topic(Topic.STATE)
     consumer = Consumer(
         consumer_config(
             settings,
@@ -198,7 +199,7 @@ def _state_of(msg: Message, operation_id: str, keyring: Keyring | None) -> Opera
     if not isinstance(event, OperationState):
         return None
     if keyring is not None and keyring.check(
-        "state", key, value, msg.headers(), event, timestamp=msg.timestamp()
+        Topic.STATE, key, value, msg.headers(), event, timestamp=msg.timestamp()
     ):
         return None
     return event

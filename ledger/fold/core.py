@@ -24,6 +24,7 @@ from ledger.events import (
 )
 from ledger.states import RecoveryState as S
 from ledger.states import allowed
+from ledger.topology import Topic
 
 Outcome = Literal["APPLIED", "REFUSED", "NOOP"]
 
@@ -82,7 +83,7 @@ def _op_event(
 ) -> Output:
     """An operating event of the processor about the input at ``ref``."""
     return Output(
-        "operating-events",
+        Topic.OPERATING_EVENTS,
         op or "",
         OperatingEvent(
             event_id=f"processor:{ref}:{kind}",
@@ -314,7 +315,7 @@ def _dispatch(
         purpose=state.purpose,
         decision_version=state.decision_version,
     )
-    return Output("dispatches", state.operation_id, event), n
+    return Output(Topic.DISPATCHES, state.operation_id, event), n
 
 
 def _authority_text(state: OperationState) -> str:
@@ -391,7 +392,7 @@ def _recovery_receipt(
     op = state.operation_id
     parts = op.split(":")
     return Output(
-        "recovery-receipts",
+        Topic.RECOVERY_RECEIPTS,
         op,
         RecoveryReceipt(
             receipt_id=f"recovery:{ref}",
@@ -421,12 +422,12 @@ def _recovery_receipt(
 
 def _reconciliation(state: OperationState) -> Output:
     """Queue an unknown outcome for the reconcilers."""
-    return Output("reconciliation", state.operation_id, state)
+    return Output(Topic.RECONCILIATION, state.operation_id, state)
 
 
 def _reconciliation_done(state: OperationState) -> Output:
     """Take an operation off the reconciliation queue (a tombstone)."""
-    return Output("reconciliation", state.operation_id, None)
+    return Output(Topic.RECONCILIATION, state.operation_id, None)
 
 
 def _admission_request(state: OperationState, approval_id: str) -> Output:
@@ -439,7 +440,7 @@ def _admission_request(state: OperationState, approval_id: str) -> Output:
     """
     episode = state.entered_version if state.entered_version is not None else state.version
     return Output(
-        "admission-requests",
+        Topic.ADMISSION_REQUESTS,
         approval_id,
         AdmissionRequest(
             operation_id=state.operation_id,

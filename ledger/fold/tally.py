@@ -60,9 +60,10 @@ from ledger.fold.core import (
     _replayed,
 )
 from ledger.states import RecoveryState as S
+from ledger.topology import Topic
 
 #: The topic of tally requests, verdicts and releases.
-TOPIC = "compensation-tally"
+TOPIC = Topic.COMPENSATION_TALLY
 
 #: A compensation's grant on its original: ``(operation ID, amount in minor
 #: units or None for the whole effect)``.

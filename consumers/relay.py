@@ -1244,7 +1244,7 @@ class Relay(Stage):
             )
             situation = Situation(
                 kind=kind,
-                mode=self.mode,  # type: ignore[arg-type]
+                mode=self.mode,
                 fresh=fresh,
                 first_attempt_ms=first,
                 now_ms=now,

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from ledger.errors import LocalFileError, SettingsError
 
@@ -29,9 +29,6 @@ CEILING_MS = 32_503_680_000_000
 #: Default of ``LEDGER_CLOCK_MAX_SKEW_S``: how far a reading may stray from the
 #: stage's other sources of time before it is refused (seconds).
 DEFAULT_MAX_SKEW_S = 300.0
-
-#: The clocks a settings object may name.
-ClockKind = Literal["system", "manual"]
 
 
 class Clock(Protocol):

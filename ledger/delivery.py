@@ -33,6 +33,11 @@ from typing import Any, Literal
 
 from ledger.contracts import EffectContract, Recovery, after_ambiguous_send, readback_unsupported
 
+#: How the relay resumes a dispatch: ``ledger`` reads the effect back before any
+#: second attempt; ``checkpoint-only`` re-sends from its checkpoint (the control
+#: the missions compare against; never for production).
+RelayMode = Literal["ledger", "checkpoint-only"]
+
 Request = Literal["submit", "readback", "reserve", "read_hold", "confirm", "cancel"]
 
 #: Requests that can make an effect.
@@ -124,7 +129,7 @@ class Situation:
     """
 
     kind: Literal["EXECUTE", "READBACK"]
-    mode: Literal["ledger", "checkpoint-only"]
+    mode: RelayMode
     fresh: bool
     first_attempt_ms: int
     now_ms: int

@@ -17,6 +17,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ledger.delivery import RelayMode
+
+#: Which clock the stages read: ``system`` (wall clock) or ``manual`` (the ledger
+#: clock file in ``run_dir``, moved only by ``ledger clock advance``; testbeds only).
+ClockKind = Literal["system", "manual"]
+
 log = logging.getLogger(__name__)
 
 #: ``LEDGER_*`` variables read outside :class:`LedgerSettings` (so not misspelt).
@@ -237,7 +243,7 @@ class LedgerSettings(BaseSettings):
     kafka_port: int = 19092
     brokers: int = Field(default=1, ge=1)
     broker_security: Literal["plaintext", "sasl_plaintext", "sasl_ssl"] = "plaintext"
-    clock: str = "system"
+    clock: ClockKind = "system"
     clock_max_skew_s: float = Field(default=300.0, gt=0)
     testbed: bool = False
     instance: str | None = None
@@ -251,7 +257,7 @@ class LedgerSettings(BaseSettings):
     sink_retry_backoff_s: float = Field(default=0.5, ge=0)
     sink_retry_max_backoff_s: float = Field(default=30.0, ge=0)
     policy_version: int = Field(default=1, ge=1)
-    relay_mode: str = "ledger"
+    relay_mode: RelayMode = "ledger"
     relay_inline_verify: bool = True
     sinks_file: Path | None = None
     release_manifest_file: Path | None = None

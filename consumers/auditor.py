@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
@@ -67,6 +67,9 @@ DECODE_ALL = frozenset(
 LATEST = frozenset(
     {Topic.STATE, Topic.DISPATCHES, Topic.RECOVERY_RECEIPTS, Topic.APPROVAL_USES, Topic.APPROVALS}
 )
+
+#: An event class the audit reads the latest values of.
+_E = TypeVar("_E", bound=Event)
 
 
 @dataclass
@@ -281,7 +284,7 @@ def run_audit(
         scans = {t: f.result() for t, f in futures.items()}
     journal = [e for e in scans[Topic.JOURNAL].records if isinstance(e, JournalEntry)]
 
-    def latest(topic: str, kind: type[Event]) -> dict[str, Event]:
+    def latest(topic: str, kind: type[_E]) -> dict[str, _E]:
         return {k: e for k, e in scans[topic].latest.items() if isinstance(e, kind)}
 
     states = latest(Topic.STATE, OperationState)
@@ -291,9 +294,9 @@ def run_audit(
     sink_effects, sink_unread = _sink_effects(settings, states) if read_sinks else (None, [])
     report = audit(
         journal,
-        states,  # type: ignore[arg-type]
-        dispatches,  # type: ignore[arg-type]
-        receipts,  # type: ignore[arg-type]
+        states,
+        dispatches,
+        receipts,
         sink_effects,
         provenance=provenance,
         amount_fields=_amount_fields(settings),
@@ -329,18 +332,21 @@ def run_audit(
         and e.operation_id is not None
     }
     report.open_items = open_items(
-        states,  # type: ignore[arg-type]
+        states,
         scans[Topic.STATE].written_ms,
         started_ms,
         mismatched,
     )
+    witness_lines = cast(
+        "list[dict[str, Any]]", report.journal_chain.get("unverifiable_witness_lines", [])
+    )
     report.unverifiable_records = [
         r for r in report.unauthenticated_records if unverifiable(str(r.get("reason")))
-    ] + list(report.journal_chain.get("unverifiable_witness_lines", []))  # type: ignore[call-overload]
-    report.open_items += _unverifiable_items(scans, states, report.open_items)  # type: ignore[arg-type]
+    ] + list(witness_lines)
+    report.open_items += _unverifiable_items(scans, states, report.open_items)
     report.stranded = find_stranded(
         settings,
-        states,  # type: ignore[arg-type]
+        states,
         scans[Topic.STATE].written_ms,
         started_ms,
         mismatched=set(mismatched),
@@ -479,7 +485,7 @@ AUDIT_SINK_CALLS = 10
 
 
 def _sink_effects(
-    settings: LedgerSettings, states: dict[str, Event]
+    settings: LedgerSettings, states: Mapping[str, Event]
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Effects each readback-capable sink holds per operation, and what could not be read.
 

@@ -222,7 +222,7 @@ def reconcile_once(
                     operation_id=st.operation_id,
                     dispatch_id=current_dispatch_id(st),
                     kind="EFFECT",
-                    status=status,  # type: ignore[arg-type]
+                    status=status,  # type: ignore[arg-type]  # pydantic checks the Literal when the model is built
                     source=f"{source} (reconciler)",
                     effect_id=effect_id,
                     observed_at_ms=now,

@@ -123,7 +123,7 @@ def reverify(
                     operation_id=op,
                     dispatch_id=current_dispatch_id(st),
                     kind="POSTCONDITION",
-                    status=status,  # type: ignore[arg-type]
+                    status=status,  # type: ignore[arg-type]  # pydantic checks the Literal when the model is built
                     source=f"{source} (reconciler: stranded verification)",
                     effect_id=st.effect_id,
                     observed_at_ms=now,

@@ -390,7 +390,7 @@ def _causal_order(found: Sequence[HistoryRecord]) -> list[HistoryRecord]:
         (r for r in found if r.believed and isinstance(r.event, JournalEntry)),
         key=lambda r: (r.partition, r.offset),
     )
-    journals: list[JournalEntry] = [r.event for r in spine]  # type: ignore[misc]
+    journals: list[JournalEntry] = [r.event for r in spine]  # type: ignore[misc]  # filtered above
     index_of_input: dict[tuple[str, int, int], int] = {}
     for i, j in enumerate(journals):
         index_of_input.setdefault((j.input_topic, j.input_partition, j.input_offset), i)
@@ -616,7 +616,7 @@ def _initiated(believed: Sequence[HistoryRecord], final: OperationState | None) 
 
 def _admitted(operation_id: str, believed: Sequence[HistoryRecord]) -> Answer:
     decisions = _of(believed, AdmissionDecision)
-    yes = [r for r in decisions if r.event.admitted]  # type: ignore[union-attr]
+    yes = [r for r in decisions if r.event.admitted]  # type: ignore[union-attr]  # _of() keeps only that kind
     if yes:
         r = yes[-1]
         d = r.event
@@ -627,14 +627,14 @@ def _admitted(operation_id: str, believed: Sequence[HistoryRecord]) -> Answer:
             if isinstance(u.event, ApprovalUse)
             and (u.event.approval_id, u.event.operation_id) == (d.approval_id, operation_id)
         ]
-        dispatches = [x for x in _of(believed, Dispatch) if x.event.kind == "EXECUTE"]  # type: ignore[union-attr]
+        dispatches = [x for x in _of(believed, Dispatch) if x.event.kind == "EXECUTE"]  # type: ignore[union-attr]  # _of() keeps only that kind
         text = (
             f"operation {operation_id}, parameter digest {d.parameter_digest}, approval "
             f"{d.approval_id} (reviewer {d.reviewer or '?'}, policy {d.policy_version}), "
             f"admitted by {d.decided_by}"
         )
         text += (
-            f"; approval use recorded by {uses[-1].event.decided_by}"  # type: ignore[union-attr]
+            f"; approval use recorded by {uses[-1].event.decided_by}"  # type: ignore[union-attr]  # _of() keeps only that kind
             if uses
             else f"; approval use {NOT_RECORDED}"
         )
@@ -704,7 +704,7 @@ def _resume(believed: Sequence[HistoryRecord]) -> Answer:
     if parts:
         return _answer("resume", "; ".join(parts), True, *receipts, *dispositions)
     if claims:
-        workers = ", ".join(sorted({c.event.worker for c in claims}))  # type: ignore[union-attr]
+        workers = ", ".join(sorted({c.event.worker for c in claims}))  # type: ignore[union-attr]  # _of() keeps only that kind
         return _answer(
             "resume",
             f"claimed by {workers}; the recovery receipt is {NOT_RECORDED}",

@@ -162,7 +162,7 @@ def configure(
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    provider._ledger_exporters = chosen  # type: ignore[attr-defined]
+    provider._ledger_exporters = chosen  # type: ignore[attr-defined]  # our mark on the provider, read back above
     trace.set_tracer_provider(provider)
     _provider = provider
     log.info("traces: exporting to %s as %s", ", ".join(chosen), service_name)

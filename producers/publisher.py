@@ -127,7 +127,7 @@ def build_disposition(
     return Disposition(
         disposition_id=f"disposition:{by}:{uuid.uuid4().hex[:8]}",
         operation_id=operation_id,
-        decision=decision.upper(),  # type: ignore[arg-type]
+        decision=decision.upper(),  # type: ignore[arg-type]  # pydantic checks the Literal when the model is built
         by=by,
         evidence=evidence,
         disposed_at_ms=disposed_at_ms,

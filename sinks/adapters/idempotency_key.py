@@ -547,4 +547,4 @@ def open_adapter(endpoint: Any, *, timeout_s: float) -> KeyedApiAdapter:
 
 #: The most the kind can do: the key, readback and the query (each when configured).
 capabilities = AdapterCapabilities(idempotent=True, readback=True, postcondition=True)
-open_adapter.capabilities = capabilities  # type: ignore[attr-defined]
+open_adapter.capabilities = capabilities  # type: ignore[attr-defined]  # the sink registry reads this function attribute (sinks.adapters)

@@ -144,7 +144,7 @@ class PostgresAdapter(UnsupportedParts):
     ) -> str | None:
         """Why ``digest`` is not these parameters' digest, or ``None`` (also when
         the sink's name or an input is unknown: nothing to recompute with)."""
-        if not self.sink or None in (action, subject, purpose, decision_version):
+        if not self.sink or decision_version is None or None in (action, subject, purpose):
             return None
         try:
             expected = compute_digest(
@@ -152,7 +152,7 @@ class PostgresAdapter(UnsupportedParts):
                 params=params,
                 subject=str(subject),
                 purpose=str(purpose),
-                decision_version=int(decision_version),  # type: ignore[arg-type]
+                decision_version=decision_version,
                 sink=self.sink,
                 version=digest_version(digest),
             )
@@ -449,4 +449,4 @@ def open_adapter(endpoint: Any, *, timeout_s: float, name: str = "") -> Postgres
     return PostgresAdapter(endpoint.url, dict(endpoint.config), timeout_s=timeout_s, sink=name)
 
 
-open_adapter.capabilities = CAPABILITIES  # type: ignore[attr-defined]
+open_adapter.capabilities = CAPABILITIES  # type: ignore[attr-defined]  # the sink registry reads this function attribute (sinks.adapters)

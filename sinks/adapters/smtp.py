@@ -417,4 +417,4 @@ def open_adapter(endpoint: Any, *, timeout_s: float) -> SmtpAdapter:
 
 #: SMTP offers none of it: no key, no readback, no query, no fencing, no holds.
 capabilities = AdapterCapabilities()
-open_adapter.capabilities = capabilities  # type: ignore[attr-defined]
+open_adapter.capabilities = capabilities  # type: ignore[attr-defined]  # the sink registry reads this function attribute (sinks.adapters)

@@ -462,7 +462,7 @@ class StageMetrics:
         self.last_beat = time.monotonic()
 
     def on_stats(self, stats_json: str) -> None:
-        """librdkafka's ``stats_cb``: refresh the consumer lag (bad JSON is logged, not raised)."""
+        """Librdkafka's ``stats_cb``: refresh the consumer lag (bad JSON is logged, not raised)."""
         try:
             self.lag = consumer_lag(stats_json)
         except ValueError as exc:

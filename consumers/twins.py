@@ -85,7 +85,7 @@ def twins(seen: Mapping[str, Iterable[Incarnation]]) -> dict[str, tuple[Incarnat
 
 
 def members_of(description: Any) -> dict[str, Incarnation]:
-    """member name -> who holds it now, from one ``describe_consumer_groups`` answer."""
+    """Member name -> who holds it now, from one ``describe_consumer_groups`` answer."""
     return {
         (m.group_instance_id or m.client_id): Incarnation(m.client_id, m.host)
         for m in description.members

@@ -454,7 +454,7 @@ def principal_names(
 
 
 def _writes() -> dict[str, dict[str, str]]:
-    """role -> topic -> reason, from the topology's writer roles and EXTRA_WRITES."""
+    """Role -> topic -> reason, from the topology's writer roles and EXTRA_WRITES."""
     out: dict[str, dict[str, str]] = {role: {} for role in ROLES}
     for spec in TOPICS:
         for writer_role in spec.roles:
@@ -472,7 +472,7 @@ def _writes() -> dict[str, dict[str, str]]:
 
 
 def _follows() -> dict[str, set[str]]:
-    """role -> topics it follows as a table (TableFollower or a state restore)."""
+    """Role -> topics it follows as a table (TableFollower or a state restore)."""
     out: dict[str, set[str]] = {role: set() for role in ROLES}
     for spec in TOPICS:
         for table_role in spec.tables:
@@ -484,7 +484,7 @@ def _follows() -> dict[str, set[str]]:
 
 
 def _reads() -> dict[str, dict[str, str]]:
-    """role -> topic -> reason."""
+    """Role -> topic -> reason."""
     out: dict[str, dict[str, str]] = {role: {} for role in ROLES}
     for role, inputs in STAGE_INPUTS.items():
         for topic in inputs:
@@ -616,7 +616,9 @@ def kafka_acls_commands(
     command_config: str = "admin.properties",
     tool: str = "kafka-acls.sh",
 ) -> list[str]:
-    """The plan as ``kafka-acls.sh --add`` command lines (one per principal, resource
+    """The plan as ``kafka-acls.sh --add`` command lines.
+
+    The plan as ``kafka-acls.sh --add`` command lines (one per principal, resource
     kind and operation, naming every resource of that kind).
 
     Args:

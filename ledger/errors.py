@@ -130,13 +130,18 @@ class ConsumerStuckError(LedgerError):
 
 
 class SettingsError(LedgerError):
-    """A setting is invalid or unsafe for this process (e.g. the manual clock in a
-    production stage); the message names the variable and the remedy."""
+    """A setting is invalid or unsafe for this process.
+
+    A setting is invalid or unsafe for this process (e.g. the manual clock in a
+    production stage); the message names the variable and the remedy.
+    """
 
 
 class MissingExtraError(SettingsError):
-    """A command needs an optional dependency (an extra) that is not installed;
-    the message names the ``pip install`` that adds it."""
+    """A command needs an optional dependency (an extra) that is not installed.
+
+    The message names the ``pip install`` that adds it.
+    """
 
 
 class TopicConfigError(LedgerError):
@@ -182,8 +187,11 @@ class DecodeError(SchemaError):
 
 
 class LocalFileError(LedgerError):
-    """A local file the ledger reads (sink registry, trusted keys, the manual
-    clock) is unreadable or malformed; the message names the file and the remedy."""
+    """A local file the ledger reads is unreadable or malformed.
+
+    A local file the ledger reads (sink registry, trusted keys, the manual
+    clock) is unreadable or malformed; the message names the file and the remedy.
+    """
 
 
 class ParameterDriftError(LedgerError):
@@ -191,43 +199,62 @@ class ParameterDriftError(LedgerError):
 
 
 class InputBoundsError(LedgerError):
-    """An input is malformed or too large to be carried: an operation ID outside
+    """An input is malformed or too large to be carried.
+
+    An input is malformed or too large to be carried: an operation ID outside
     the grammar (:func:`ledger.identity.operation_id_problem`) or a record over
-    the input bound (:data:`ledger.identity.MAX_INPUT_BYTES`)."""
+    the input bound (:data:`ledger.identity.MAX_INPUT_BYTES`).
+    """
 
 
 class InvalidInputError(LedgerError):
-    """A caller's argument is not acceptable: parameters that are not JSON
+    """A caller's argument is not acceptable.
+
+    A caller's argument is not acceptable: parameters that are not JSON
     values, an empty name, a version out of range, an integration used outside
     the place it must be called from. The message names the argument and what
-    to pass instead."""
+    to pass instead.
+    """
 
 
 class OperationExistsError(InvalidInputError):
-    """An operation ID that must be new is already in the ledger (a fork's new
-    operation); choose another, e.g. with a new decision version."""
+    """An operation ID that must be new is already in the ledger (a fork's new operation).
+
+    Choose another, e.g. with a new decision version.
+    """
 
 
 class InvalidStateError(LedgerError):
-    """The operation's recorded state does not allow what was asked (e.g. a
-    readback of an operation that has no effect to read back)."""
+    """The operation's recorded state does not allow what was asked.
+
+    The operation's recorded state does not allow what was asked (e.g. a
+    readback of an operation that has no effect to read back).
+    """
 
 
 class CredentialError(LedgerError):
-    """A signing key or a trusted name is missing, already there, or held by
-    another role; or a record cannot be signed by the role asked to sign it.
-    The message names the key file or the command that makes the key."""
+    """A signing key or a trusted name is missing, already there, or held by another role.
+
+    Or a record cannot be signed by the role asked to sign it. The message names the key file or the
+    command that makes the key.
+    """
 
 
 class AccessPlanError(SettingsError):
-    """The ACL or quota plan cannot be made from what was given (an unknown
+    """The ACL or quota plan cannot be made from what was given.
+
+    The ACL or quota plan cannot be made from what was given (an unknown
     role, a principal mapping or quota spec out of format, two roles sharing a
-    principal); the message gives the expected format with an example."""
+    principal); the message gives the expected format with an example.
+    """
 
 
 class PublishError(BrokerError):
-    """The broker did not accept a record the publisher sent (the message
-    carries the broker's error); nothing is known to be written."""
+    """The broker did not accept a record the publisher sent.
+
+    The broker did not accept a record the publisher sent (the message
+    carries the broker's error); nothing is known to be written.
+    """
 
 
 class ForbiddenTransitionError(LedgerError):
@@ -300,10 +327,13 @@ class SinkError(LedgerError):
 
 
 class SinkConfigError(SinkError):
-    """A sink's entry in the sink registry cannot be used as written: an unknown
+    """A sink's entry in the sink registry cannot be used as written.
+
+    A sink's entry in the sink registry cannot be used as written: an unknown
     adapter kind, a missing or invalid adapter setting, or a contract that claims
     more than the adapter can do. The message names the sink, the setting and
-    the remedy (``ledger sink register`` again, or fix the registry file)."""
+    the remedy (``ledger sink register`` again, or fix the registry file).
+    """
 
 
 class SinkUnavailableError(SinkError):

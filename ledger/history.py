@@ -167,10 +167,13 @@ class HistoryEntry:
     summary: str
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"topic", "partition", "offset", "time_ms", "time", "key", "kind",
+        """The record as a JSON-ready dictionary.
+
+        ``{"topic", "partition", "offset", "time_ms", "time", "key", "kind",
         "summary", "believed", "problem", "via_journal", "event"}``; ``time`` is
         ISO 8601 UTC (or ``None``), ``event`` the event's fields (bytes as hex)
-        or ``None``."""
+        or ``None``.
+        """
         r = self.record
         return {
             "topic": r.topic,

@@ -272,12 +272,12 @@ def _split(body: str) -> tuple[str, str] | None:
 
 
 def parse_properties(text: str, path: Path) -> dict[str, Property]:
-    """Parse a Java-style properties file, as Kafka's own tools read one.
+    r"""Parse a Java-style properties file, as Kafka's own tools read one.
 
     ``key=value``, ``key: value`` or ``key value``; blank lines and lines
     whose first non-blank character is ``#`` or ``!`` are comments; a line
-    ending in an odd number of backslashes continues on the next; ``\\t``,
-    ``\\n``, ``\\uXXXX``, ``\\=``, ``\\:`` and ``\\\\`` are escapes. A key
+    ending in an odd number of backslashes continues on the next; ``\t``,
+    ``\n``, ``\uXXXX``, ``\=``, ``\:`` and ``\\`` are escapes. A key
     given twice keeps its last value (as in Java).
 
     Args:
@@ -290,7 +290,7 @@ def parse_properties(text: str, path: Path) -> dict[str, Property]:
 
     Raises:
         LocalFileError: a line has a key but no separator and value, an empty
-            key, or a malformed ``\\u`` escape; the message names the file
+            key, or a malformed ``\u`` escape; the message names the file
             and line, never the line's text (it may hold a secret).
     """
     found: dict[str, Property] = {}
@@ -473,7 +473,7 @@ def bootstrap_servers(settings: LedgerSettings) -> str:
 
 
 def client_config(settings: LedgerSettings, **extra: Any) -> dict[str, Any]:
-    """librdkafka settings every client of this ledger starts from.
+    """Librdkafka settings every client of this ledger starts from.
 
     Args:
         settings: the process's settings (bootstrap list, debug contexts,

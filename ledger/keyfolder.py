@@ -28,13 +28,18 @@ LEDGERS_FILE = "ledgers.json"
 
 
 class MissingKeyError(LocalFileError):
-    """A key the process needs is not there; the message names the key, the
-    folder and the command that provisions it. Nothing is created instead."""
+    """A key the process needs is not there.
+
+    The message names the key, the folder and the command that provisions it. Nothing is created
+    instead.
+    """
 
 
 class KeysOfAnotherLedgerError(LocalFileError):
-    """The keys folder serves other ledgers (its ``ledgers.json``); separate
-    ledgers never share keys unless told to (``ledger keys init --share``)."""
+    """The keys folder serves other ledgers (its ``ledgers.json``).
+
+    Separate ledgers never share keys unless told to (``ledger keys init --share``).
+    """
 
 
 def keys_dir(settings: LedgerSettings) -> Path:
@@ -62,6 +67,16 @@ def create_once(path: Path, content: str) -> bool:
 
 
 def read_json(path: Path, what: str, remedy: str) -> dict[str, str]:
+    """A key folder's JSON object file.
+
+    Args:
+        path: the file.
+        what: what the file is, for the message.
+        remedy: what to do when it is unreadable.
+
+    Raises:
+        LocalFileError: unreadable or not a JSON object.
+    """
     try:
         raw = json.loads(path.read_text())
         if not isinstance(raw, dict):
@@ -75,6 +90,11 @@ def read_json(path: Path, what: str, remedy: str) -> dict[str, str]:
 
 
 def missing_key(settings: LedgerSettings, name: str, who: str) -> MissingKeyError:
+    """The error for a key file ``name`` that ``who`` needs and the keys folder lacks.
+
+    Returns:
+        The error (to raise), naming the folder and how to restore the key.
+    """
     folder = keys_dir(settings)
     return MissingKeyError(
         f"no {name} in {folder} (LEDGER_KEYS_DIR), and {who} needs it: copy the keys folder "

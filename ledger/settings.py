@@ -293,15 +293,21 @@ class LedgerSettings(BaseSettings):
         return self.trusted_keys_file or self.run_dir / "trusted_keys.json"
 
     def outcome_public_path(self) -> Path:
-        """Where the outcome key's public half is (``outcome_public_key_file`` or
-        ``keys_dir/outcome.pub``)."""
+        """Where the outcome key's public half is.
+
+        Where the outcome key's public half is (``outcome_public_key_file`` or
+        ``keys_dir/outcome.pub``).
+        """
         return self.outcome_public_key_file or (self.keys_dir or self.run_dir / "keys") / (
             "outcome.pub"
         )
 
     def witness_path(self) -> Path:
-        """Where the file witness of the journal's heads is (``witness_file`` or
-        ``run_dir/witness/journal-heads.jsonl``)."""
+        """Where the file witness of the journal's heads is.
+
+        Where the file witness of the journal's heads is (``witness_file`` or
+        ``run_dir/witness/journal-heads.jsonl``).
+        """
         return self.witness_file or self.run_dir / "witness" / "journal-heads.jsonl"
 
     def sinks_path(self) -> Path:

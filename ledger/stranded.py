@@ -163,8 +163,11 @@ class Stranded:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"operation_id", "state", "sink", "reason", "since_ms", "age_s", "bound_s",
-        "remedy", "read_back"}``."""
+        """The stranded operation as a JSON-ready dictionary.
+
+        ``{"operation_id", "state", "sink", "reason", "since_ms", "age_s", "bound_s",
+        "remedy", "read_back"}``.
+        """
         return {
             "operation_id": self.operation_id,
             "state": self.state,

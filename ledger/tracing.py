@@ -264,17 +264,28 @@ class TracedRecord(Protocol):
     """What :class:`RecordSpans` needs of a stage's input record."""
 
     @property
-    def topic(self) -> str: ...
+    def topic(self) -> str:
+        """The short topic name."""
+
     @property
-    def partition(self) -> int: ...
+    def partition(self) -> int:
+        """The partition."""
+
     @property
-    def offset(self) -> int: ...
+    def offset(self) -> int:
+        """The offset."""
+
     @property
-    def key(self) -> str: ...
+    def key(self) -> str:
+        """The record key."""
+
     @property
-    def headers(self) -> Sequence[tuple[str, str | bytes | None]]: ...
+    def headers(self) -> Sequence[tuple[str, str | bytes | None]]:
+        """The Kafka headers."""
+
     @property
-    def event(self) -> Any: ...
+    def event(self) -> Any:
+        """The decoded event."""
 
 
 class RecordSpans:

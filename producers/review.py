@@ -64,8 +64,13 @@ def grant(
         granted_at_ms: when it is granted, ledger time (ms).
         policy_version: the policy it is granted under (1 or more).
         ledger_id: the ledger it is for (``settings.ledger_identity``).
-        operation_id, account, action, sink, currency, purpose,
-            parameter_digest: what it binds (``None``: not bound).
+        operation_id: the operation it binds (``None``: not bound).
+        account: the account it binds (``None``: not bound).
+        action: the action it binds (``None``: not bound).
+        sink: the sink it binds (``None``: not bound).
+        currency: the currency it binds (``None``: not bound).
+        purpose: the purpose it binds (``None``: not bound).
+        parameter_digest: the parameter digest it binds (``None``: not bound).
         opened: fields of :data:`ledger.scope.BINDABLE` left open on purpose.
         reviewer: the reviewer's name (default the key's ``key_id``).
 

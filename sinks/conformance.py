@@ -335,8 +335,11 @@ class SinkCheck:
     def _count_effects(
         self, op: str, effect_id: str | None
     ) -> tuple[list[str], list[str], list[str]]:
-        """What the system shows of ``op``'s effects: (one effect seen by, more than one seen
-        by, could not count because), from its readback and its postcondition query."""
+        """What the system shows of ``op``'s effects.
+
+        What the system shows of ``op``'s effects: (one effect seen by, more than one seen
+        by, could not count because), from its readback and its postcondition query.
+        """
         assert self.port is not None
         ones: list[str] = []
         doubts: list[str] = []

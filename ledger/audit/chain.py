@@ -177,7 +177,9 @@ class ChainReport:
 
 
 def _chain_members(ledger_id: str, partition: int, links: Sequence[Link]) -> list[Link]:
-    """The links that belong to the chain: every authentic one, and each other only
+    """The links that belong to the chain.
+
+    The links that belong to the chain: every authentic one, and each other only
     where the chain breaks without it.
 
     Someone who may write the journal topic but holds no processor key can

@@ -101,7 +101,9 @@ def readable(facts: AuditInput, found: Findings) -> None:
 
 @invariant("authenticity")
 def authenticity(facts: AuditInput, found: Findings) -> None:
-    """No decision rests on a record no trusted writer produced, and no genuine record
+    """Authenticity: every decision rests on records trusted writers produced.
+
+    No decision rests on a record no trusted writer produced, and no genuine record
     of the ledger's components was copied off its partition.
 
     Unauthenticated records that nothing acted on are reported
@@ -175,8 +177,11 @@ def _stage_written(topic: str) -> bool:
 
 
 def _misplaced_copies(prov: Provenance, found: Findings) -> None:
-    """Name every authentic record of a topic the ledger's components write that lies on
-    a partition its key does not name (see :func:`authenticity`)."""
+    """Name every authentic component record that lies off its key's partition.
+
+    Name every authentic record of a topic the ledger's components write that lies on
+    a partition its key does not name (see :func:`authenticity`).
+    """
     for (topic, partition, offset), (key, reason) in sorted(prov.misplaced.items()):
         if not _stage_written(topic):
             continue

@@ -126,8 +126,11 @@ class OpenItem:
 
     @property
     def history_command(self) -> str:
-        """The command that shows its history (``ledger policy show`` for the ledger-wide
-        ``(policy)`` item of an unverifiable policy record)."""
+        """The command that shows this item's history.
+
+        The command that shows its history (``ledger policy show`` for the ledger-wide
+        ``(policy)`` item of an unverifiable policy record).
+        """
         if self.operation_id == "(policy)":
             return "ledger policy show"
         return f"ledger history {self.operation_id}"
@@ -288,7 +291,9 @@ class AuditReport:
 
     @property
     def clean(self) -> bool:
-        """No violation, nothing left unverified (records these keys cannot verify, heads
+        """Whether the evidence is sound: no violation, nothing unverified or stranded.
+
+        No violation, nothing left unverified (records these keys cannot verify, heads
         not witnessed), nothing stranded.
 
         The evidence is sound; missions and game days judge a run by it. An
@@ -327,8 +332,11 @@ class AuditReport:
 
     @property
     def coverage(self) -> str:
-        """What was checked, in words (:func:`coverage_words`): ``ledger and sink
-        readback`` only when a fact was checked against a sink's readback."""
+        """What was checked, in words (:func:`coverage_words`).
+
+        What was checked, in words (:func:`coverage_words`): ``ledger and sink
+        readback`` only when a fact was checked against a sink's readback.
+        """
         return coverage_words(self.sink_readback, self.sink_facts)
 
     @property

@@ -138,8 +138,11 @@ def _heads_deleted(
 
 
 def _unheaded(read: PartitionRead | None, settled_ms: int) -> tuple[int, int, int | None] | None:
-    """``(chain_seq, offset, written_ms)`` of the newest chained entry of a partition that
-    was written before ``settled_ms``, or ``None``."""
+    """The newest chained entry of a partition written before ``settled_ms``.
+
+    ``(chain_seq, offset, written_ms)`` of the newest chained entry of a partition that
+    was written before ``settled_ms``, or ``None``.
+    """
     if read is None:
         return None
     old = [

@@ -144,12 +144,18 @@ class LedgerSteps:
         Args:
             name: the operation's name within the workflow (see
                 :func:`operation_id_for`).
-            sink, action, params, subject, purpose, decision_version,
-                approval_id, compensates: as
-                :meth:`producers.sdk.LedgerService.perform` (amounts in minor
-                units). Derive them from the workflow's inputs and recorded
-                steps, so that a recovered workflow passes the same ones
-                (others under the same ID are refused as parameter drift).
+            sink: the sink (as :meth:`producers.sdk.LedgerService.perform`, as
+                are the arguments below). Derive all of them from the
+                workflow's inputs and recorded steps, so that a recovered
+                workflow passes the same ones (others under the same ID are
+                refused as parameter drift).
+            action: the action.
+            params: the parameters (amounts in minor units).
+            subject: the subject.
+            purpose: the purpose.
+            decision_version: the decision version.
+            approval_id: the approval it rests on, if any.
+            compensates: the operation it compensates, if any.
 
         Returns:
             The outcome: :class:`~producers.sdk.Verified` (the effect was
@@ -212,8 +218,14 @@ class LedgerSteps:
 
         Args:
             operation_id: the operation (:func:`operation_id_for`).
-            sink, action, params, subject, purpose, decision_version,
-                approval_id, compensates: as :meth:`perform`.
+            sink: as :meth:`perform`.
+            action: as :meth:`perform`.
+            params: as :meth:`perform`.
+            subject: as :meth:`perform`.
+            purpose: as :meth:`perform`.
+            decision_version: as :meth:`perform`.
+            approval_id: as :meth:`perform`.
+            compensates: as :meth:`perform`.
 
         Returns:
             The final outcome, or the last :class:`~producers.sdk.Pending`

@@ -1,4 +1,6 @@
-"""The ``http-idempotency-key`` adapter: an HTTP API that follows the
+"""The ``http-idempotency-key`` adapter.
+
+The ``http-idempotency-key`` adapter: an HTTP API that follows the
 ``Idempotency-Key`` header draft (draft-ietf-httpapi-idempotency-key-header).
 
 The API is not the ledger's sink protocol: each sink says in its registry

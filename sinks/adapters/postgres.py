@@ -142,8 +142,11 @@ class PostgresAdapter(UnsupportedParts):
         purpose: str | None,
         decision_version: int | None,
     ) -> str | None:
-        """Why ``digest`` is not these parameters' digest, or ``None`` (also when
-        the sink's name or an input is unknown: nothing to recompute with)."""
+        """Why ``digest`` is not these parameters' digest, or ``None``.
+
+        Why ``digest`` is not these parameters' digest, or ``None`` (also when
+        the sink's name or an input is unknown: nothing to recompute with).
+        """
         if not self.sink or decision_version is None or None in (action, subject, purpose):
             return None
         try:
@@ -406,8 +409,11 @@ class PostgresAdapter(UnsupportedParts):
         return answer
 
     def health_info(self) -> dict[str, Any] | None:
-        """``{"status": "ok", "name", "adapter": "postgres", "server_version"}`` when ``SELECT 1``
-        answers, else ``None``."""
+        """The server's health when ``SELECT 1`` answers, else ``None``.
+
+        ``{"status": "ok", "name", "adapter": "postgres", "server_version"}`` when ``SELECT 1``
+        answers, else ``None``.
+        """
 
         def run(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             conn.execute("SELECT 1").fetchone()

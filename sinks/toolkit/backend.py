@@ -348,8 +348,11 @@ class ReadbackBackend(Protocol):
     """A backend whose contract declares ``readback``."""
 
     def readback(self, operation_id: str, fencing_token: int | None) -> Answer[ReadbackOutcome]:
-        """Whether the operation committed: for every operation ever committed,
-        whatever the key retention (fence the token as a submit does)."""
+        """Whether the operation committed.
+
+        Whether the operation committed: for every operation ever committed,
+        whatever the key retention (fence the token as a submit does).
+        """
         ...
 
 
@@ -372,8 +375,11 @@ class ReservationBackend(Protocol):
     """
 
     def reserve(self, request: SubmitRequest) -> Answer[ReserveOutcome]:
-        """Take a hold; a held or confirmed one answers as it stands, a released
-        one is taken anew (``new=True``)."""
+        """Take a hold.
+
+        Take a hold; a held or confirmed one answers as it stands, a released
+        one is taken anew (``new=True``).
+        """
         ...
 
     def confirm(self, operation_id: str, fencing_token: int | None) -> Answer[HoldOutcome]:

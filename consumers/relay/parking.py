@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from confluent_kafka import TopicPartition
 
@@ -38,9 +39,16 @@ from ledger.tracing import trace_headers
 
 log = logging.getLogger("consumers.relay")
 
-#: Performs a dispatch: ``(dispatch, fresh=, readback_on_resume=) -> outputs``,
-#: raising :class:`~ledger.errors.SinkNotReachedError` when nothing reached the sink.
-Perform = Callable[..., list[Output]]
+
+class Perform(Protocol):
+    """Performs a dispatch (the dispatcher's ``perform_safely``).
+
+    Raises :class:`~ledger.errors.SinkNotReachedError` when nothing reached the sink.
+    """
+
+    def __call__(
+        self, d: Dispatch, *, fresh: bool, readback_on_resume: bool | None = None
+    ) -> list[Output]: ...
 
 
 @dataclass

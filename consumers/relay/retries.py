@@ -13,6 +13,7 @@ import contextvars
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Protocol
 
 from confluent_kafka import TopicPartition
 
@@ -25,8 +26,17 @@ from consumers.stage import Writer
 from ledger.logs import bound_each
 from ledger.tracing import RecordSpans
 
-#: Opens one transaction: ``(write, prove=, offsets=)`` (see ``Relay._transaction``).
-Transaction = Callable[..., None]
+
+class Transaction(Protocol):
+    """Opens, writes and commits one transaction (``Relay._transaction``)."""
+
+    def __call__(
+        self,
+        write: Callable[[Writer], None] | None = None,
+        *,
+        prove: bool = False,
+        offsets: list[TopicPartition] | None = None,
+    ) -> None: ...
 
 
 class RetryRound:

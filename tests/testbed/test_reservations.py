@@ -246,10 +246,13 @@ def relay(tmp_path: Path) -> Iterator[Relay]:
 def decide(
     relay: Relay, sink: Sink, *, fresh: bool, withdrawn: str | None = None
 ) -> list[EffectReceipt]:
-    relay._admission_withdrawn = lambda d: withdrawn  # type: ignore[method-assign]
-    outputs = relay._deliver(
-        dispatch(), sink.client, BOOKINGS, fresh=fresh, readback_on_resume=None, first=0, now=0
-    )
+    judged = Relay(relay.settings, withdrawn=lambda d: withdrawn)
+    try:
+        outputs = judged.dispatcher.deliver(
+            dispatch(), sink.client, BOOKINGS, fresh=fresh, readback_on_resume=None, first=0, now=0
+        )
+    finally:
+        judged.close()
     receipts = [event for topic, _, event in outputs if isinstance(event, EffectReceipt)]
     assert len(receipts) == len(outputs)
     return receipts

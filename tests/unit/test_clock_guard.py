@@ -257,8 +257,8 @@ def test_the_relay_reports_a_refused_reading_once_and_counts_each(tmp_path: Path
     assert relay.clock.now_ms() == 7000
     manual.set_ms(FAR)
     assert relay.clock.now_ms() == 7000 and relay.clock.now_ms() == 7000
-    assert [(key, e.kind) for key, e in relay.notes] == [("clock", "CLOCK_REFUSED")]
-    assert str(FAR) in relay.notes[0][1].reason
+    assert [(key, e.kind) for key, e in relay.notes.pending] == [("clock", "CLOCK_REFUSED")]
+    assert str(FAR) in relay.notes.pending[0][1].reason
     counted = relay.metrics.registry.get_sample_value(
         "ledger_clock_readings_refused_total", {"stage": "relay", "clock": "manual"}
     )

@@ -126,18 +126,20 @@ def test_the_relay_keeps_its_sinks_and_clock_through_a_corruption(tmp_path: Path
     save_sinks(tmp_path / "sinks.json", {"payments": endpoint})
     ManualClock(tmp_path / "clock").set_ms(7000)
     relay.on_start()
-    assert relay._endpoint("payments") == endpoint and relay.clock.now_ms() == 7000
+    assert relay.sinks.endpoint("payments") == endpoint and relay.clock.now_ms() == 7000
 
     (tmp_path / "sinks.json").write_text("{")
     (tmp_path / "clock").write_text("later")
-    assert relay._endpoint("payments") == endpoint
-    assert relay._endpoint("mailer") is None  # not known before the corruption
+    assert relay.sinks.endpoint("payments") == endpoint
+    assert relay.sinks.endpoint("mailer") is None  # not known before the corruption
     assert relay.clock.now_ms() == 7000
-    assert sorted(e.kind for _, e in relay.notes) == ["LOCAL_FILE", "LOCAL_FILE"]
+    assert sorted(e.kind for _, e in relay.notes.pending) == ["LOCAL_FILE", "LOCAL_FILE"]
     # A sink the last good registry does not name is not reached: the relay
     # parks the dispatch (retried with backoff), naming the registry's problem.
     with pytest.raises(SinkNotReachedError, match="unreadable"):
-        relay._perform(_dispatch("EXECUTE").model_copy(update={"sink": "mailer"}), fresh=True)
+        relay.dispatcher.perform(
+            _dispatch("EXECUTE").model_copy(update={"sink": "mailer"}), fresh=True
+        )
 
 
 def test_a_relay_stopped_while_waiting_for_its_registry_ends_without_an_error(
@@ -151,4 +153,4 @@ def test_a_relay_stopped_while_waiting_for_its_registry_ends_without_an_error(
     relay = Relay(keyed(LedgerSettings(run_dir=tmp_path)))
     relay.stopping = True  # SIGTERM arrived while it waited
     relay.on_start()
-    assert not relay._registry.loaded and relay._registry.problem is not None
+    assert not relay.sinks.last_good.loaded and relay.sinks.last_good.problem is not None

@@ -563,10 +563,15 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
             change(1, 1_000, 2),  # the attacker's copy of the first change
             change(1, 1_000, 3, key="current"),
         ]
-        for stage in (kernel, relay):
+        # Each follower of the policy table: how it applies a record, what it holds in force.
+        followers = [
+            (kernel._apply_policy, lambda: kernel.policy_version),
+            (relay.admission.apply_policy, lambda: relay.admission.policy_version),
+        ]
+        for apply, in_force in followers:
             for rec in records:
-                stage._apply_policy(rec.key, rec)
-            assert stage.policy_version == 2, stage
+                apply(rec.key, rec)
+            assert in_force() == 2, apply
         refused = [e for _, _, e in kernel.notes]
         assert [(e.kind, e.source_offset) for e in refused] == [  # type: ignore[attr-defined]
             ("BAD_INPUT", 2),
@@ -575,15 +580,15 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
         assert "not later than version 2" in refused[0].reason  # type: ignore[attr-defined]
 
         again = change(1, 3_000, 4)  # an operator sets version 1 again
-        for stage in (kernel, relay):
-            stage._apply_policy(again.key, again)
-            assert stage.policy_version == 1, stage
+        for apply, in_force in followers:
+            apply(again.key, again)
+            assert in_force() == 1, apply
         # A change under another change's key is not a row of the table.
         kernel.notes.clear()
         moved = change(5, 4_000, 5, key="v2@2000")
         kernel._apply_policy(moved.key, moved)
-        relay._apply_policy(moved.key, moved)
-        assert kernel.policy_version == relay.policy_version == 1
+        relay.admission.apply_policy(moved.key, moved)
+        assert kernel.policy_version == relay.admission.policy_version == 1
         assert [e.kind for _, _, e in kernel.notes] == ["BAD_INPUT"]  # type: ignore[attr-defined]
     finally:
         kernel.close()

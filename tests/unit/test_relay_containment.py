@@ -11,6 +11,7 @@ never REJECTED, with a SINK_AUTH_FAILED operating event.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,21 +34,37 @@ def _dispatch(kind: str) -> Dispatch:
         kind=kind,  # type: ignore[arg-type]
         sink="payments",
         action="refund",
-        params_json='{"amount_minor":1}',
+        params_json='{"account":"acct-1","amount_minor":1}',
         parameter_digest="0" * 64,
         fencing_token=3,
         state_version=2,
     )
 
 
+class _Failing:
+    """A sink adapter whose every request fails with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "close":
+            return lambda: None
+
+        def fail(*args: object, **kwargs: object) -> object:
+            raise self.error
+
+        return fail
+
+
 def _failing_relay(tmp_path: Path, error: Exception) -> Relay:
-    relay = Relay(keyed(LedgerSettings(run_dir=tmp_path)))
-
-    def perform(d: Dispatch, *, fresh: bool) -> list[object]:
-        raise error
-
-    relay._perform = perform  # type: ignore[method-assign,assignment]
-    return relay
+    """A relay whose 'payments' adapter (given through its constructor) raises ``error``."""
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
+    save_sinks(
+        settings.sinks_path(),
+        {"payments": SinkEndpoint(url="http://sink.test", contract=PAYMENT_GATEWAY)},
+    )
+    return Relay(settings, open_client=lambda name, endpoint: _Failing(error))
 
 
 @pytest.mark.parametrize(
@@ -63,7 +80,7 @@ def test_a_protocol_error_is_held_for_its_operation(
 ) -> None:
     error = SinkProtocolError("GET", "/operations/x", 404, "not json")
     relay = _failing_relay(tmp_path, error)
-    outputs = relay._perform_safely(_dispatch(kind), fresh=True)
+    outputs = relay.dispatcher.perform_safely(_v2_dispatch(kind), fresh=True)
     (first_topic, key, outcome), (event_topic, _, event) = outputs
     assert (first_topic, key) == (topic, "refund:1:v1")
     assert isinstance(outcome, EffectReceipt | Readback) and outcome.status == status
@@ -75,7 +92,7 @@ def test_a_protocol_error_is_held_for_its_operation(
 def test_kafka_errors_still_reach_the_stage_loop(tmp_path: Path) -> None:
     relay = _failing_relay(tmp_path, KafkaException(KafkaError(KafkaError._TRANSPORT, "down")))
     with pytest.raises(KafkaException):
-        relay._perform_safely(_dispatch("EXECUTE"), fresh=True)
+        relay.dispatcher.perform_safely(_v2_dispatch("EXECUTE"), fresh=True)
 
 
 # --- a sink that refuses the relay's token -----------------------------------------------------
@@ -111,12 +128,10 @@ def _relay_with_sink(tmp_path: Path, registered_token: str) -> tuple[Relay, list
             return httpx.Response(201, json=body)
         return httpx.Response(404, json={"status": "absent"})
 
-    relay = Relay(settings)
-
     def client(name: str, endpoint: SinkEndpoint) -> SinkClient:
         return SinkClient(endpoint.url, token=endpoint.token, transport=httpx.MockTransport(answer))
 
-    relay._client = client  # type: ignore[method-assign]
+    relay = Relay(settings, open_client=client)
     return relay, seen
 
 
@@ -128,7 +143,7 @@ def test_a_refused_token_is_an_outage_with_an_operating_event_never_a_rejection(
     tmp_path: Path, kind: str, topic: str, status: str
 ) -> None:
     relay, seen = _relay_with_sink(tmp_path, registered_token="an-old-token-0123456789")
-    (first_topic, key, outcome), (event_topic, _, event) = relay._perform_safely(
+    (first_topic, key, outcome), (event_topic, _, event) = relay.dispatcher.perform_safely(
         _v2_dispatch(kind), fresh=True
     )
     assert seen == ["Bearer an-old-token-0123456789"]
@@ -144,8 +159,10 @@ def test_a_refused_token_after_a_send_that_may_have_arrived_is_held_ambiguous(
 ) -> None:
     """A resume reads back first: a 401 there says nothing about the earlier send."""
     relay, seen = _relay_with_sink(tmp_path, registered_token="an-old-token-0123456789")
-    relay.attempts["refund:1:v1#1.EXECUTE"] = 0  # an earlier run marked it attempted
-    (_, _, receipt), (_, _, event) = relay._perform_safely(_v2_dispatch("EXECUTE"), fresh=False)
+    relay.book.attempts["refund:1:v1#1.EXECUTE"] = 0  # an earlier run marked it attempted
+    (_, _, receipt), (_, _, event) = relay.dispatcher.perform_safely(
+        _v2_dispatch("EXECUTE"), fresh=False
+    )
     assert len(seen) == 1  # one request, refused
     assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
     assert "may have reached payments" in receipt.detail
@@ -154,13 +171,13 @@ def test_a_refused_token_after_a_send_that_may_have_arrived_is_held_ambiguous(
 
 def test_a_corrected_token_in_the_registry_is_used_without_a_restart(tmp_path: Path) -> None:
     relay, seen = _relay_with_sink(tmp_path, registered_token="an-old-token-0123456789")
-    refused = relay._perform_safely(_v2_dispatch("EXECUTE"), fresh=True)
+    refused = relay.dispatcher.perform_safely(_v2_dispatch("EXECUTE"), fresh=True)
     assert refused[0][2].status == "UNAVAILABLE"  # type: ignore[attr-defined]
 
     registry = relay.settings.sinks_path()
     endpoint = load_sinks(registry)["payments"]
     save_sinks(registry, {"payments": endpoint.model_copy(update={"token": GOOD_TOKEN})})
-    (topic, _, receipt), *_ = relay._perform_safely(_v2_dispatch("EXECUTE"), fresh=True)
+    (topic, _, receipt), *_ = relay.dispatcher.perform_safely(_v2_dispatch("EXECUTE"), fresh=True)
 
     assert seen[-1] == f"Bearer {GOOD_TOKEN}"
     assert topic == "receipts" and isinstance(receipt, EffectReceipt)
@@ -169,7 +186,9 @@ def test_a_corrected_token_in_the_registry_is_used_without_a_restart(tmp_path: P
 
 def test_a_dispatch_without_the_digest_inputs_is_held_not_sent(tmp_path: Path) -> None:
     relay, seen = _relay_with_sink(tmp_path, registered_token=GOOD_TOKEN)
-    (topic, _, receipt), (_, _, event) = relay._perform_safely(_dispatch("EXECUTE"), fresh=True)
+    (topic, _, receipt), (_, _, event) = relay.dispatcher.perform_safely(
+        _dispatch("EXECUTE"), fresh=True
+    )
     assert seen == []  # never sent
     assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
     assert isinstance(event, OperatingEvent) and "schema version 2" in event.reason

@@ -87,7 +87,7 @@ def test_a_committed_receipt_takes_the_verdict(
     tmp_path: Path, amounts: tuple[int, ...], verdict: str
 ) -> None:
     sink = Sink(_credits(*amounts))
-    topic, key, event = _relay(tmp_path)._read_postcondition_at_once(
+    topic, key, event = _relay(tmp_path).dispatcher.postconditions.read_at_once(
         D,
         sink,  # type: ignore[arg-type]
         PAYMENT_GATEWAY,
@@ -144,7 +144,7 @@ def test_otherwise_the_receipt_is_left_for_a_verify(
     status: str,
 ) -> None:
     outcome = _receipt(status)
-    got = _relay(tmp_path, **settings)._read_postcondition_at_once(
+    got = _relay(tmp_path, **settings).dispatcher.postconditions.read_at_once(
         D,
         Sink(answer),  # type: ignore[arg-type]
         contract,

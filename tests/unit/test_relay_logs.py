@@ -23,7 +23,7 @@ def test_a_timeout_that_becomes_an_unknown_outcome_is_said_line_by_line(
 ) -> None:
     caplog.set_level(logging.INFO, logger="consumers.relay")
     relay = _relay(tmp_path, Sink(submit="timeout", readback="refuse"), attempts=1)
-    outputs = relay._attempt(_dispatch(), 0, 3, fresh=True)
+    outputs = relay.parking.attempt(_dispatch(), 0, 3, fresh=True)
     assert outputs  # the budget of one is spent: the operation is held
     lines = _lines(caplog)
     tail = "(dispatch refund:1:v1#1.1, attempt 1, fencing token 1)"
@@ -43,7 +43,7 @@ def test_a_refused_connection_is_one_line_with_the_operation_and_token(
 ) -> None:
     caplog.set_level(logging.INFO, logger="consumers.relay")
     relay = _relay(tmp_path, Sink())
-    assert relay._attempt(_dispatch(), 0, 5, fresh=True) == []
+    assert relay.parking.attempt(_dispatch(), 0, 5, fresh=True) == []
     refused = [line for line in _lines(caplog) if line.startswith("relay: not sent")]
     assert len(refused) == 1
     assert "refund:1:v1 at payments" in refused[0] and "fencing token 1" in refused[0]

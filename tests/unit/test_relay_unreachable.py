@@ -69,18 +69,20 @@ def _relay(tmp_path: Path, sink: Sink, attempts: int = 3) -> Relay:
     )
     save_sinks(settings.sinks_path(), {"payments": SinkEndpoint(url=URL, contract=PAYMENT_GATEWAY)})
     relay = Relay(settings)
-    relay.clients["payments"] = SinkClient(URL, transport=httpx.MockTransport(sink))
+    relay.sinks.clients["payments"] = SinkClient(URL, transport=httpx.MockTransport(sink))
     return relay
 
 
 def test_a_refused_connection_parks_the_dispatch_and_holds_its_offset(tmp_path: Path) -> None:
     relay = _relay(tmp_path, Sink())
     d = _dispatch()
-    assert relay._attempt(d, 0, 5, fresh=True) == []
-    parked = relay.parked[d.dispatch_id]
+    assert relay.parking.attempt(d, 0, 5, fresh=True) == []
+    parked = relay.parking.parked[d.dispatch_id]
     assert parked.fresh and parked.failures == 1 and parked.readback_on_resume is None
     topic = relay.settings.topic("dispatches")
-    held = relay._held_back([TopicPartition(topic, 0, 9), TopicPartition(topic, 1, 9)])
+    held = relay.parking.held_back(
+        [TopicPartition(topic, 0, 9), TopicPartition(topic, 1, 9)], topic
+    )
     assert [(tp.partition, tp.offset) for tp in held] == [(0, 5), (1, 9)]
 
 
@@ -89,24 +91,24 @@ def test_the_spent_budget_records_the_request_as_never_delivered(tmp_path: Path)
     relay = _relay(tmp_path, sink, attempts=3)
     d = _dispatch()
     for _ in range(2):
-        relay._retry_due(commit_offsets=False)  # a new pass (no producer: tries nothing)
-        assert relay._attempt(d, 0, 5, fresh=True) == []
-        assert relay.parked[d.dispatch_id].fresh  # nothing left: still a first send
-    relay._retry_due(commit_offsets=False)
-    (_, _, receipt), (topic, _, event) = relay._attempt(d, 0, 5, fresh=True)
+        relay.retries.run(commit_offsets=False)  # a new pass (no producer: tries nothing)
+        assert relay.parking.attempt(d, 0, 5, fresh=True) == []
+        assert relay.parking.parked[d.dispatch_id].fresh  # nothing left: still a first send
+    relay.retries.run(commit_offsets=False)
+    (_, _, receipt), (topic, _, event) = relay.parking.attempt(d, 0, 5, fresh=True)
     assert isinstance(receipt, EffectReceipt) and receipt.status == "UNREACHABLE"
     assert "Connection refused" in receipt.detail and "tried 3 times" in receipt.detail
     assert topic == "operating-events" and isinstance(event, OperatingEvent)
     assert event.kind == "SINK_UNREACHABLE" and "never reached sink payments" in event.reason
-    assert relay.parked == {} and sink.posts == 3
-    assert relay._held_back([TopicPartition("x", 0, 9)])[0].offset == 9
+    assert relay.parking.parked == {} and sink.posts == 3
+    assert relay.parking.held_back([TopicPartition("x", 0, 9)], topic)[0].offset == 9
 
 
 def test_a_sink_missing_from_the_registry_is_retried_then_named(tmp_path: Path) -> None:
     relay = _relay(tmp_path, Sink(), attempts=2)
     d = _dispatch(sink="paymnets")
-    assert relay._attempt(d, 0, 1, fresh=True) == []
-    (_, _, receipt), (_, _, event) = relay._attempt(d, 0, 1, fresh=True)
+    assert relay.parking.attempt(d, 0, 1, fresh=True) == []
+    (_, _, receipt), (_, _, event) = relay.parking.attempt(d, 0, 1, fresh=True)
     assert isinstance(receipt, EffectReceipt) and receipt.status == "UNREACHABLE"
     assert isinstance(event, OperatingEvent) and event.kind == "UNKNOWN_SINK"
     assert "'paymnets' is not registered" in event.reason
@@ -117,12 +119,12 @@ def test_after_an_ambiguous_send_only_the_readback_is_retried(tmp_path: Path) ->
     sink = Sink(submit="timeout", readback="refuse")
     relay = _relay(tmp_path, sink)
     d = _dispatch()
-    assert relay._attempt(d, 0, 3, fresh=True) == []
-    parked = relay.parked[d.dispatch_id]
+    assert relay.parking.attempt(d, 0, 3, fresh=True) == []
+    parked = relay.parking.parked[d.dispatch_id]
     assert not parked.fresh and parked.readback_on_resume is False
     sink.readback = "absent"  # the sink is back
-    relay._retry_due(commit_offsets=False)
-    (topic, _, readback), *_ = relay._attempt(
+    relay.retries.run(commit_offsets=False)
+    (topic, _, readback), *_ = relay.parking.attempt(
         d, 0, 3, fresh=parked.fresh, readback_on_resume=parked.readback_on_resume
     )
     assert topic == "readbacks" and isinstance(readback, Readback)
@@ -133,7 +135,7 @@ def test_after_an_ambiguous_send_only_the_readback_is_retried(tmp_path: Path) ->
 @pytest.mark.parametrize("kind", ["READBACK", "VERIFY"])
 def test_an_observation_that_cannot_be_asked_ends_unknown(tmp_path: Path, kind: str) -> None:
     relay = _relay(tmp_path, Sink(), attempts=1)
-    outputs = relay._attempt(_dispatch(kind=kind), 0, 3, fresh=False)
+    outputs = relay.parking.attempt(_dispatch(kind=kind), 0, 3, fresh=False)
     (topic, _, readback), (_, _, event) = outputs
     assert topic == "readbacks" and isinstance(readback, Readback)
     assert readback.status == "UNKNOWN" and "Connection refused" in readback.detail
@@ -160,14 +162,14 @@ def test_a_sink_that_does_not_answer_is_asked_once_per_pass(tmp_path: Path) -> N
     second = first.model_copy(
         update={"dispatch_id": "refund:2:v1#1.1", "operation_id": "refund:2:v1"}
     )
-    relay._retry_due(commit_offsets=False)  # a new pass
-    assert relay._attempt(first, 0, 1, fresh=True) == []
-    assert relay._attempt(second, 0, 2, fresh=True) == []
+    relay.retries.run(commit_offsets=False)  # a new pass
+    assert relay.parking.attempt(first, 0, 1, fresh=True) == []
+    assert relay.parking.attempt(second, 0, 2, fresh=True) == []
     assert sink.posts == 1  # the second was parked without a request
-    parked = relay.parked[second.dispatch_id]
+    parked = relay.parking.parked[second.dispatch_id]
     assert parked.fresh and "not tried" in parked.last.detail
-    relay._retry_due(commit_offsets=False)  # the next pass asks again
-    assert relay._attempt(second, 0, 2, fresh=True) == []
+    relay.retries.run(commit_offsets=False)  # the next pass asks again
+    assert relay.parking.attempt(second, 0, 2, fresh=True) == []
     assert sink.posts == 2
 
 
@@ -230,20 +232,20 @@ def test_due_retries_commit_their_outcomes(tmp_path: Path) -> None:
         update={"dispatch_id": "mail:1:v1#1.1", "operation_id": "mail:1:v1"}
     )
     for n, d in enumerate([refund, mail]):
-        relay._retry_due(commit_offsets=False)
-        relay.clients[d.sink] = SinkClient(URL, transport=httpx.MockTransport(Sink()))
-        assert relay._attempt(d, n, 7, fresh=True) == []
+        relay.retries.run(commit_offsets=False)
+        relay.sinks.clients[d.sink] = SinkClient(URL, transport=httpx.MockTransport(Sink()))
+        assert relay.parking.attempt(d, n, 7, fresh=True) == []
     for name in ("payments", "mailer"):
-        relay.clients[name] = SinkClient(URL, transport=httpx.MockTransport(committed))
-    for p in relay.parked.values():
+        relay.sinks.clients[name] = SinkClient(URL, transport=httpx.MockTransport(committed))
+    for p in relay.parking.parked.values():
         p.next_at = 0.0  # due now
     fake = FakeProducer()
     relay.producer = fake  # type: ignore[assignment]
     relay.consumer = FakeMember()  # type: ignore[assignment]
     relay.batch_starts = [TopicPartition(relay.settings.topic("dispatches"), 0, 9)]
-    relay._retry_due(commit_offsets=False)
-    assert relay.parked == {}
-    assert {refund.dispatch_id, mail.dispatch_id} <= relay.completed
+    relay.retries.run(commit_offsets=False)
+    assert relay.parking.parked == {}
+    assert {refund.dispatch_id, mail.dispatch_id} <= relay.book.completed
     receipts = relay.settings.topic("receipts")
     # First the proof that the relay is still in its group (the batch's start,
     # held back at the parked dispatch's offset), then the mail's receipt
@@ -266,14 +268,14 @@ def test_a_zombie_tries_no_parked_dispatch_again(tmp_path: Path) -> None:
 
     relay = _relay(tmp_path, Sink(), attempts=3)
     d = _dispatch()
-    assert relay._attempt(d, 0, 7, fresh=True) == []
-    relay.clients["payments"] = SinkClient(URL, transport=httpx.MockTransport(committed))
-    relay.parked[d.dispatch_id].next_at = 0.0
+    assert relay.parking.attempt(d, 0, 7, fresh=True) == []
+    relay.sinks.clients["payments"] = SinkClient(URL, transport=httpx.MockTransport(committed))
+    relay.parking.parked[d.dispatch_id].next_at = 0.0
     fake = FakeProducer()
     fake.refuse_offsets = True  # the group moved on while this relay was paused
     relay.producer = fake  # type: ignore[assignment]
     relay.consumer = FakeMember()  # type: ignore[assignment]
     relay.batch_starts = [TopicPartition(relay.settings.topic("dispatches"), 0, 7)]
     with pytest.raises(KafkaException):
-        relay._retry_due(commit_offsets=False)
-    assert calls == [] and d.dispatch_id in relay.parked
+        relay.retries.run(commit_offsets=False)
+    assert calls == [] and d.dispatch_id in relay.parking.parked

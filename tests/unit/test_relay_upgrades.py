@@ -61,7 +61,9 @@ def _dispatch(kind: str = "EXECUTE", version: int | None = 1) -> Dispatch:
 
 def test_a_resume_the_manifest_does_not_allow_is_held_unsent(tmp_path: Path) -> None:
     relay = _relay(tmp_path, version=2)
-    (topic, key, receipt), (event_topic, _, event) = relay._perform(_dispatch(), fresh=False)
+    (topic, key, receipt), (event_topic, _, event) = relay.dispatcher.perform(
+        _dispatch(), fresh=False
+    )
     assert (topic, key) == ("receipts", "refund:1:v1")
     assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
     # It names the version the effect was attempted under, not the new one.
@@ -74,7 +76,9 @@ def test_a_resume_the_manifest_does_not_allow_is_held_unsent(tmp_path: Path) -> 
 
 def test_a_reconciliation_readback_is_held_as_unknown(tmp_path: Path) -> None:
     relay = _relay(tmp_path, version=2)
-    (topic, _, readback), (_, _, event) = relay._perform(_dispatch("READBACK"), fresh=True)
+    (topic, _, readback), (_, _, event) = relay.dispatcher.perform(
+        _dispatch("READBACK"), fresh=True
+    )
     assert topic == "readbacks" and isinstance(readback, Readback)
     assert readback.status == "UNKNOWN" and "UNKNOWN_OUTCOME" in readback.detail
     assert isinstance(event, OperatingEvent) and event.kind == "CONTRACT_UPGRADE_HOLD"
@@ -84,25 +88,25 @@ def test_a_step_the_manifest_allows_goes_on_to_the_sink(tmp_path: Path) -> None:
     relay = _relay(tmp_path, version=2)
     # Never sent under version 1: version 2 may send it (ADMITTED is listed).
     with pytest.raises(SinkNotReachedError):
-        relay._perform(_dispatch(), fresh=True)
+        relay.dispatcher.perform(_dispatch(), fresh=True)
 
 
 def test_an_unchanged_version_goes_on(tmp_path: Path) -> None:
     relay = _relay(tmp_path, version=1)
     with pytest.raises(SinkNotReachedError):
-        relay._perform(_dispatch(version=None), fresh=False)  # None reads as version 1
+        relay.dispatcher.perform(_dispatch(version=None), fresh=False)  # None reads as version 1
 
 
 def test_the_first_attempts_version_counts(tmp_path: Path) -> None:
     relay = _relay(tmp_path, version=2)
-    relay.attempt_versions["refund:1:v1#1.1"] = 2  # first sent under version 2 already
+    relay.book.attempt_versions["refund:1:v1#1.1"] = 2  # first sent under version 2 already
     with pytest.raises(SinkNotReachedError):  # V2: key still kept, resubmitted
-        relay._perform(_dispatch(version=1), fresh=False)
+        relay.dispatcher.perform(_dispatch(version=1), fresh=False)
 
 
 def test_without_a_manifest_any_change_is_held(tmp_path: Path) -> None:
     relay = _relay(tmp_path, version=2, manifest=False)
-    (_, _, receipt), _event = relay._perform(_dispatch(), fresh=True)
+    (_, _, receipt), _event = relay.dispatcher.perform(_dispatch(), fresh=True)
     assert isinstance(receipt, EffectReceipt) and receipt.status == "AMBIGUOUS"
     assert "nothing was sent" in receipt.detail and "no release manifest" in receipt.detail
 
@@ -157,10 +161,10 @@ def test_a_readback_resumes_from_the_operations_latest_attempt(
     compaction keeps: the answer no longer depends on compaction."""
     relay = _relay(tmp_path, version=2)
     for n, version in enumerate(versions):
-        relay._apply_receipt("refund:1:v1", _attempted(f"refund:1:v1#{n + 1}.{n + 1}", version, n))
+        relay.book.apply("refund:1:v1", _attempted(f"refund:1:v1#{n + 1}.{n + 1}", version, n))
     readback = _dispatch("READBACK", version=2)
     try:
-        outputs = relay._perform(readback, fresh=True)
+        outputs = relay.dispatcher.perform(readback, fresh=True)
     except SinkNotReachedError:
         outputs = []  # it went on to the sink (which answers nothing here)
     holds = [

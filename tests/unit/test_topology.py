@@ -48,5 +48,12 @@ def test_the_tables_the_stages_follow_are_declared(tmp_path: Path) -> None:
     followed = {f.topic for f in (kernel._approvals, kernel._uses, kernel._policy)}
     assert followed == {t.name for t in TOPICS if "authority kernel" in t.tables}
     relay = Relay(settings)
-    followed = {f.topic for f in (relay._receipts, relay._approvals, relay._policy)}
+    followed = {
+        f.topic
+        for f in (
+            relay.receipts_table,
+            relay.admission.approvals_table,
+            relay.admission.policy_table,
+        )
+    }
     assert followed == {t.name for t in TOPICS if "relay" in t.tables}

@@ -237,7 +237,7 @@ def test_a_parked_dispatch_is_tried_again_in_its_operations_trace(tmp_path: Path
     provider, exporter = _provider()
     relay = Relay(settings)
     relay.spans = RecordSpans("relay", provider)
-    relay.clients["payments"] = SinkClient(url, transport=httpx.MockTransport(sink))
+    relay.sinks.clients["payments"] = SinkClient(url, transport=httpx.MockTransport(sink))
     d = Dispatch(
         dispatch_id="refund:p:v1#1.1",
         operation_id="refund:p:v1",
@@ -254,15 +254,15 @@ def test_a_parked_dispatch_is_tried_again_in_its_operations_trace(tmp_path: Path
     )
     rec = _Rec("dispatches", 0, 5, d.operation_id, ((TRACEPARENT, PARENT.encode()),), d)
     for _ in relay.spans.each([rec]):
-        assert relay._attempt(d, 0, 5, fresh=True) == []
+        assert relay.parking.attempt(d, 0, 5, fresh=True) == []
     relay.spans.end()
-    parked = relay.parked[d.dispatch_id]
+    parked = relay.parking.parked[d.dispatch_id]
     assert parked.trace[TRACEPARENT].split("-")[1] == f"{TRACE_ID:032x}"
-    relay.down_now.clear()  # a new pass, as _retry_due starts one
+    relay.parking.new_pass()  # a new pass, as a retry round starts one
     with relay.spans.continued(d.operation_id, parked.trace, "relay retry Dispatch"):
-        (receipt,) = relay._attempt(d, 0, 5, fresh=parked.fresh)
+        (receipt,) = relay.parking.attempt(d, 0, 5, fresh=parked.fresh)
     relay.spans.end()
-    assert receipt[0] == "receipts" and d.dispatch_id not in relay.parked
+    assert receipt[0] == "receipts" and d.dispatch_id not in relay.parking.parked
     assert [p.split("-")[1] for p in sent if p] == [f"{TRACE_ID:032x}"] * 2
     names = {s.name for s in exporter.get_finished_spans() if s.context.trace_id == TRACE_ID}
     assert {"relay Dispatch", "relay retry Dispatch"} <= names

@@ -22,7 +22,7 @@ relay then holds such an operation (see :mod:`consumers.relay`).
 
 A sink whose contract offers no postcondition query cannot verify an
 effect: the fold's ordinary verification of a committed effect is then not
-written to the outbox (:meth:`Processor.verification_pointless`), sparing a
+written to the outbox (:meth:`consumers.input_facts.InputFacts.verification_pointless`), sparing a
 round trip to the relay that could only answer ``UNSUPPORTED``. The decision
 and its journal entry are the fold's, unchanged (replay decides the same);
 the operation rests in EFFECT_COMMITTED as it did after that answer. A
@@ -31,7 +31,7 @@ recovery receipt.
 
 An intent that ``compensates`` another operation is decided with what the
 processor observed of the original and of its other compensations
-(:meth:`Processor.compensation_facts`: ``ledger.state`` with its own open
+(:meth:`consumers.input_facts.InputFacts.compensation_facts`: ``ledger.state`` with its own open
 transaction laid over it), journaled with the decision for replay. One that
 passes waits for the original's tally: its claim on the original's effect
 is decided by the processor that owns the original, from the
@@ -57,64 +57,32 @@ identical intent is journaled by reference to the intent already journaled
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable
 
 from confluent_kafka import Message
 
-from consumers.compensations import observe_compensation, observe_tally
 from consumers.heads import FileWitness, HeadsPublisher
+from consumers.input_facts import InputFacts
 from consumers.journal_chain import JournalChain, read_heads
 from consumers.metrics import refusal_kind
+from consumers.processor_step import decide_input, journal_of, writes_of
 from consumers.runtime.pending import PendingMap, kept
-from consumers.stage import (
-    Record,
-    Stage,
-    Writer,
-    await_settled,
-    read_partition,
-    record_event,
-)
+from consumers.stage import Record, Stage, Writer, await_settled, read_partition, record_event
 from consumers.state_restore import PartitionReader, SettleWait, StateRestore
 from consumers.strandwatch import StrandWatch
 from ledger.acl import STAGE_INPUTS
-from ledger.contracts import postcondition_request
-from ledger.errors import LedgerError, LocalFileError
-from ledger.events import (
-    AdmissionDecision,
-    Claim,
-    CompensationTally,
-    Dispatch,
-    Intent,
-    OperatingEvent,
-    OperationState,
-    decode_event,
-)
-from ledger.fold import (
-    CompensationFacts,
-    Decision,
-    decide,
-    drifts,
-    journal_entry,
-    keeps_intent,
-    ref_of,
-    repeats,
-)
+from ledger.events import AdmissionDecision, Claim, OperatingEvent, OperationState, decode_event
+from ledger.fold import Decision
 from ledger.logs import bound_each
 from ledger.outcomes import decided_outcome
 from ledger.states import IN_FLIGHT
 from ledger.states import RecoveryState as S
 from ledger.topology import is_reserved_key
 from ledger.tracing import annotate
-from ledger.upgrades import schema_versions
 from sinks.registry import RegistryFile
 
 log = logging.getLogger(__name__)
-
-#: The schema versions a dispatch's records are written with (stamped on each dispatch).
-SCHEMA_VERSIONS_JSON = json.dumps(schema_versions(), sort_keys=True, separators=(",", ":"))
 
 
 class Processor(Stage):
@@ -173,7 +141,6 @@ class Processor(Stage):
         self.reasserts: PendingMap[str, bytes, bytes] = PendingMap(kept)
         #: The sink registry, checked for every intent (re-read when it changes).
         self.registry = RegistryFile(self.settings.sinks_path())
-        self._unchecked_logged = False
         #: operations in UNKNOWN_OUTCOME on the assigned partitions (committed states).
         self.unknown_open: set[str] = set()
         #: op -> (partition, the state record and why): operations whose
@@ -210,6 +177,10 @@ class Processor(Stage):
         #: stranded operations on the assigned partitions (``ledger_stranded_*`` gauges).
         self.strands = StrandWatch(self.settings, self.registry, lambda: self.held)
         self.metrics.stranded = self.strands.summary
+        #: what the fold needs observed beyond a state; the stamps on dispatches.
+        self.facts = InputFacts(
+            self.registry, self._read_state, self._mine, self.states.staged_keys
+        )
         #: restores the assigned partitions' states into the tables above.
         self.restorer = StateRestore(
             self.settings,
@@ -226,108 +197,15 @@ class Processor(Stage):
             on_forgery=self._count_forgery,
         )
 
-    def sink_problem(self, sink: str) -> str | None:
-        """Why an intent's sink cannot be used, or ``None`` (registered, or no registry).
-
-        Args:
-            sink: the sink an intent names.
-
-        Returns:
-            ``None`` when the registry names the sink, or when there is no
-            registry file to check against (logged once); otherwise the
-            problem, naming the file (see :meth:`RegistryFile.problem`).
-        """
-        if not self.registry.exists():
-            if not self._unchecked_logged:
-                log.warning(
-                    "processor: no sink registry at %s: intents are not checked against it",
-                    self.registry.path,
-                )
-                self._unchecked_logged = True
-            return None
-        return self.registry.problem(sink)
-
-    def compensation_facts(self, intent: Intent) -> CompensationFacts:
-        """What the ledger knows of the original a compensation names, and of its compensations.
-
-        Every partition of ``ledger.state`` is read, with this processor's
-        own decisions (table and open transaction) laid over it; see
-        :func:`consumers.compensations.observe_compensation`.
-
-        Args:
-            intent: an intent whose ``compensates`` is set.
-
-        Returns:
-            The observed :class:`CompensationFacts` (``tally`` true).
-        """
-
-        def read_state(load: Callable[[Record | None, Message], None]) -> int:
-            return self.reader(
-                self.settings, "state", None, load, keyring=self.keyring, retry=self.retry
-            )
-
-        def mine(op: str) -> OperationState | None:
-            return self.current(op) if op in self.states else None
-
-        return observe_compensation(
-            intent, read_state, mine, self.states.staged_keys(), self.registry
+    def _read_state(self, load: Callable[[Record | None, Message], None]) -> int:
+        """Read every partition of ``ledger.state`` into ``load`` (records read)."""
+        return self.reader(
+            self.settings, "state", None, load, keyring=self.keyring, retry=self.retry
         )
 
-    def verification_pointless(self, dispatch: Dispatch) -> bool:
-        """Whether a dispatch is an ordinary verification its sink cannot perform.
-
-        The relay would answer such a ``VERIFY`` with an ``UNSUPPORTED``
-        postcondition readback, which changes nothing for an ordinary
-        verification (the fold notes it; the operation rests in
-        EFFECT_COMMITTED). The sink registry as it is now says whether the
-        contract offers a postcondition query for the dispatch's parameters
-        (:func:`ledger.contracts.postcondition_request`). A resume's
-        verification (``on_resume``), a sink the registry does not name, and
-        a registry or parameters that cannot be read all count as worth
-        sending: the relay then answers as before.
-
-        Args:
-            dispatch: a dispatch the fold decided.
-
-        Returns:
-            True when the dispatch need not be written.
-        """
-        if dispatch.kind != "VERIFY" or dispatch.on_resume:
-            return False
-        try:
-            endpoint = self.registry.current().get(dispatch.sink)
-            params = json.loads(dispatch.params_json)
-        except (LedgerError, ValueError):
-            return False
-        if endpoint is None or not isinstance(params, dict):
-            return False
-        return not postcondition_request(endpoint.contract, params).offered
-
-    def stamped(self, dispatch: Dispatch) -> Dispatch:
-        """The dispatch with its sink's contract version and the schema versions it is written with.
-
-        The fold decides the dispatch; the version comes from the sink
-        registry as it is now (the relay checks a resume under another
-        version against the release manifest, :mod:`ledger.upgrades`). A
-        sink the registry does not name, or a registry that cannot be read,
-        leaves ``contract_version`` unset (the relay reads it as version 1).
-
-        Args:
-            dispatch: a dispatch the fold decided.
-
-        Returns:
-            A copy with ``contract_version`` and ``schema_versions_json`` set.
-        """
-        try:
-            endpoint = self.registry.current().get(dispatch.sink)
-        except LocalFileError:
-            endpoint = None
-        return dispatch.model_copy(
-            update={
-                "contract_version": endpoint.contract_version if endpoint else None,
-                "schema_versions_json": SCHEMA_VERSIONS_JSON,
-            }
-        )
+    def _mine(self, op: str) -> OperationState | None:
+        """This processor's state of ``op``, open transaction included (``None``: not its own)."""
+        return self.current(op) if op in self.states else None
 
     def on_assign(self, partitions: set[int]) -> None:
         """Restore the state of the assigned partitions from ``ledger.state``.
@@ -430,14 +308,23 @@ class Processor(Stage):
         self._resume()
         due = self.heads.due(self.journal.heads())
         if (self.notes or due) and self.producer is not None:
-            self.producer.begin_transaction()
-            out = self.writer()
+            out = self._begin_own()
             for key, note in self.notes:
                 out.write("operating-events", key, note)
             self.heads.publish(out, due)
             self._commit()
             self.notes.clear()
             self.heads.commit()
+
+    def _begin_own(self) -> Writer:
+        """Begin a transaction of the processor's own (no input batch's); its writer.
+
+        The one place the processor begins a transaction itself (its
+        resume claims, and notes and heads while no input arrives).
+        """
+        assert self.producer is not None
+        self.producer.begin_transaction()
+        return self.writer()
 
     def before_transaction(self, records: list[Record]) -> None:
         """Resume first, so the claims are decided before newer inputs."""
@@ -455,8 +342,7 @@ class Processor(Stage):
         if not self.resume_queue or self.producer is None:
             return
         queue = self.resume_queue
-        self.producer.begin_transaction()
-        out = self.writer()
+        out = self._begin_own()
         worker = f"processor-{self.instance}"
         for op, version in queue:
             # The claim continues the operation's trace (from its restored state record).
@@ -543,53 +429,22 @@ class Processor(Stage):
                 log.error("%s: %s not decided: held on unverifiable state", op, rec.event.KIND)
                 continue
             state = self.current(op)
-            ref = ref_of(rec.topic, rec.partition, rec.offset)
-            sink_problem = (
-                self.sink_problem(rec.event.sink) if isinstance(rec.event, Intent) else None
-            )
             resumed_by = (
                 f"processor-{self.instance}"
                 if isinstance(rec.event, AdmissionDecision)
                 and op in self.admission_resumes  # not yet resumed in this transaction
                 else None
             )
-            facts = self._facts(rec.event, state)
-            decision = decide(
-                state,
-                rec.event,
-                ref,
-                sink_problem=sink_problem,
-                resumed_by=resumed_by,
-                compensation=facts,
-            )
+            step = decide_input(rec, state, self.facts, resumed_by)
+            decision = step.decision
             if resumed_by is not None and decision.outcome == "APPLIED":
                 self.admission_resumes.drop(op)
             self._seams(rec, decision)
             annotate(decision_attributes(decision))
-            told = decided_outcome(state, decision, rec.event, ref, rec.timestamp_ms or 0)
+            told = decided_outcome(state, decision, rec.event, step.ref, rec.timestamp_ms or 0)
             if told is not None:  # what the service learns, in the same transaction
                 out.write("outcomes", op, told)
-            repeat = self.journal.repeat_ref(op) if repeats(state, rec.event, decision) else None
-            if drifts(state, rec.event, decision):  # an identical drift: by reference
-                sha = hashlib.sha256(rec.raw).hexdigest()
-                repeat = self.journal.drift_ref(op, sha)
-                if repeat is None:
-                    self.journal.keep_drift(op, sha, ref)
-            entry = journal_entry(
-                decision,
-                rec.event,
-                rec.raw,
-                rec.topic,
-                rec.partition,
-                rec.offset,
-                sink_problem=sink_problem,
-                resumed_by=resumed_by,
-                compensation=facts,
-                repeat_of=repeat,
-            )
-            self.journal.write(out, rec.partition, op, entry)
-            if repeat is None and keeps_intent(rec.event, decision):
-                self.journal.keep_ref(op, ref)
+            self.journal.write(out, rec.partition, op, journal_of(rec, state, step, self.journal))
             if decision.outcome == "APPLIED" and decision.state is not None:
                 raw = decision.state.to_bytes()
                 self.states.put(op, (decision.state, raw))
@@ -603,30 +458,8 @@ class Processor(Stage):
             elif decision.outcome == "REFUSED":
                 log.warning("%s: refused %s: %s", op, rec.event.KIND, decision.reason)
                 self.metrics.refused(refusal_kind(o.event for o in decision.outputs))
-            for output in decision.outputs:
-                event = output.event
-                if isinstance(event, OperatingEvent) and event.original_bytes is None:
-                    # Refused inputs travel with their original bytes (a dead letter).
-                    event = event.model_copy(update={"original_bytes": rec.raw})
-                if isinstance(event, Dispatch):
-                    if self.verification_pointless(event):
-                        log.debug(
-                            "%s: %s not written: %s offers no postcondition",
-                            op,
-                            event.dispatch_id,
-                            event.sink,
-                        )
-                        continue
-                    event = self.stamped(event)
-                out.write(output.topic, output.key, event)
-
-    def _facts(self, event: object, state: OperationState | None) -> CompensationFacts | None:
-        """What the fold needs observed for a new compensation, or for a tally request."""
-        if isinstance(event, Intent) and event.compensates is not None and state is None:
-            return self.compensation_facts(event)
-        if isinstance(event, CompensationTally) and event.kind == "REQUEST" and state is not None:
-            return observe_tally(state, self.registry)
-        return None
+            for topic, key, event in writes_of(rec, step, self.facts):
+                out.write(topic, key, event)
 
     def _seams(self, rec: Record, decision: Decision) -> None:
         if (

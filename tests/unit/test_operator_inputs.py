@@ -507,8 +507,8 @@ def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher
             event = PolicyChange(version=version, set_by="mallory", effective_at_ms=0)
             return Record("policy", 0, offset, "current", event.to_bytes(), event)
 
-        kernel._apply_policy("current", change(3, 0))
-        kernel._apply_policy("current", change(0, 1))
+        kernel.tables.apply_policy("current", change(3, 0))
+        kernel.tables.apply_policy("current", change(0, 1))
         assert kernel.policy_version == 3
         ((topic, _, event),) = kernel.notes
         assert topic == "operating-events" and event.kind == "BAD_INPUT"  # type: ignore[attr-defined]
@@ -530,9 +530,11 @@ def test_a_policy_change_refused_at_start_up_is_still_reported_after_the_assignm
     )
     try:
         event = PolicyChange(version=0, set_by="mallory", effective_at_ms=0)
-        kernel._apply_policy("current", Record("policy", 0, 7, "current", event.to_bytes(), event))
-        monkeypatch.setattr(kernel._approvals, "follow", lambda partitions: 0)
-        monkeypatch.setattr(kernel._uses, "follow", lambda partitions: 0)
+        kernel.tables.apply_policy(
+            "current", Record("policy", 0, 7, "current", event.to_bytes(), event)
+        )
+        monkeypatch.setattr(kernel.tables.approval_follower, "follow", lambda partitions: 0)
+        monkeypatch.setattr(kernel.tables.use_follower, "follow", lambda partitions: 0)
         kernel.on_assign({0, 1})
         assert [e.source_offset for _, _, e in kernel.notes] == [7]  # type: ignore[attr-defined]
     finally:
@@ -563,9 +565,10 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
             change(1, 1_000, 2),  # the attacker's copy of the first change
             change(1, 1_000, 3, key="current"),
         ]
-        for stage in (kernel, relay):
+        appliers = ((kernel, kernel.tables.apply_policy), (relay, relay._apply_policy))
+        for stage, apply in appliers:
             for rec in records:
-                stage._apply_policy(rec.key, rec)
+                apply(rec.key, rec)
             assert stage.policy_version == 2, stage
         refused = [e for _, _, e in kernel.notes]
         assert [(e.kind, e.source_offset) for e in refused] == [  # type: ignore[attr-defined]
@@ -575,13 +578,13 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
         assert "not later than version 2" in refused[0].reason  # type: ignore[attr-defined]
 
         again = change(1, 3_000, 4)  # an operator sets version 1 again
-        for stage in (kernel, relay):
-            stage._apply_policy(again.key, again)
+        for stage, apply in appliers:
+            apply(again.key, again)
             assert stage.policy_version == 1, stage
         # A change under another change's key is not a row of the table.
         kernel.notes.clear()
         moved = change(5, 4_000, 5, key="v2@2000")
-        kernel._apply_policy(moved.key, moved)
+        kernel.tables.apply_policy(moved.key, moved)
         relay._apply_policy(moved.key, moved)
         assert kernel.policy_version == relay.policy_version == 1
         assert [e.kind for _, _, e in kernel.notes] == ["BAD_INPUT"]  # type: ignore[attr-defined]

@@ -63,7 +63,7 @@ PartitionReader = Callable[..., int]
 #: Waits for partitions' stable offsets (:func:`consumers.stage.await_settled`'s shape), seconds.
 SettleWait = Callable[..., float]
 #: Files one restored state: ``(operation, state, encoded, partition, record time ms or None)``.
-Keep = Callable[[str, OperationState, bytes, int, "int | None"], None]
+Keep = Callable[[str, OperationState, bytes, int, int | None], None]
 
 
 @dataclass

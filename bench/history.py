@@ -410,7 +410,7 @@ def processor_restore(base: LedgerSettings, n: int, runs: int) -> dict[str, Any]
             t0 = time.perf_counter()
             processor.on_assign({0})
             seconds.append(time.perf_counter() - t0)
-            restored = len(processor.states)
+            restored = len(processor.states.committed)
             processor.close()
             if restored != n:
                 raise RuntimeError(f"restored {restored} of {n} operations")

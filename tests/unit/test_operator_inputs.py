@@ -507,8 +507,8 @@ def test_the_kernel_refuses_a_policy_change_below_one_written_past_the_publisher
             event = PolicyChange(version=version, set_by="mallory", effective_at_ms=0)
             return Record("policy", 0, offset, "current", event.to_bytes(), event)
 
-        kernel._apply_policy("current", change(3, 0))
-        kernel._apply_policy("current", change(0, 1))
+        kernel.tables.apply_policy("current", change(3, 0))
+        kernel.tables.apply_policy("current", change(0, 1))
         assert kernel.policy_version == 3
         ((topic, _, event),) = kernel.notes
         assert topic == "operating-events" and event.kind == "BAD_INPUT"  # type: ignore[attr-defined]
@@ -530,9 +530,11 @@ def test_a_policy_change_refused_at_start_up_is_still_reported_after_the_assignm
     )
     try:
         event = PolicyChange(version=0, set_by="mallory", effective_at_ms=0)
-        kernel._apply_policy("current", Record("policy", 0, 7, "current", event.to_bytes(), event))
-        monkeypatch.setattr(kernel._approvals, "follow", lambda partitions: 0)
-        monkeypatch.setattr(kernel._uses, "follow", lambda partitions: 0)
+        kernel.tables.apply_policy(
+            "current", Record("policy", 0, 7, "current", event.to_bytes(), event)
+        )
+        monkeypatch.setattr(kernel.tables.approval_follower, "follow", lambda partitions: 0)
+        monkeypatch.setattr(kernel.tables.use_follower, "follow", lambda partitions: 0)
         kernel.on_assign({0, 1})
         assert [e.source_offset for _, _, e in kernel.notes] == [7]  # type: ignore[attr-defined]
     finally:
@@ -565,7 +567,7 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
         ]
         # Each follower of the policy table: how it applies a record, what it holds in force.
         followers = [
-            (kernel._apply_policy, lambda: kernel.policy_version),
+            (kernel.tables.apply_policy, lambda: kernel.policy_version),
             (relay.admission.apply_policy, lambda: relay.admission.policy_version),
         ]
         for apply, in_force in followers:
@@ -586,7 +588,7 @@ def test_a_replayed_policy_change_does_not_roll_the_policy_back(tmp_path: Path) 
         # A change under another change's key is not a row of the table.
         kernel.notes.clear()
         moved = change(5, 4_000, 5, key="v2@2000")
-        kernel._apply_policy(moved.key, moved)
+        kernel.tables.apply_policy(moved.key, moved)
         relay.admission.apply_policy(moved.key, moved)
         assert kernel.policy_version == relay.admission.policy_version == 1
         assert [e.kind for _, _, e in kernel.notes] == ["BAD_INPUT"]  # type: ignore[attr-defined]

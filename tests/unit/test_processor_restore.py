@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-import consumers.processor as processor_module
 from consumers.processor import Processor
 from consumers.stage import Record, decode_record
 from ledger.events import (
@@ -72,7 +71,11 @@ class Msg:
 
 
 class FakeTopics:
-    """Stands in for ``read_partition`` and ``await_settled`` of :mod:`consumers.processor`."""
+    """Stands in for the processor's ``reader`` and ``settle`` (the ledger topics it reads)."""
+
+    def settle(self, *_: Any, **__: Any) -> float:
+        """Nothing is ever open on these topics: no wait (seconds)."""
+        return 0.0
 
     def __init__(self, settings: LedgerSettings) -> None:
         self.settings = settings
@@ -166,12 +169,10 @@ def _forged(states: list[OperationState]) -> bytes:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Processor, FakeTopics]:
+def ledger(tmp_path: Path) -> tuple[Processor, FakeTopics]:
     settings = keyed(LedgerSettings(run_dir=tmp_path))
     topics = FakeTopics(settings)
-    monkeypatch.setattr(processor_module, "read_partition", topics.read_partition)
-    monkeypatch.setattr(processor_module, "await_settled", lambda *a, **k: 0.0)
-    return Processor(settings), topics
+    return Processor(settings, reader=topics.read_partition, settle=topics.settle), topics
 
 
 def _intent_record(i: Intent, offset: int = 7) -> Record:
@@ -246,7 +247,7 @@ def test_a_revoked_partition_drops_the_rebuilt_state(
     topics.logs["state"] = [topics.append("state", OP, _forged(states), sealed=False)]
     processor.on_assign({PARTITION})
     processor.on_revoke({PARTITION})
-    assert processor.reasserts == {} and processor.current(OP) is None
+    assert processor.reasserts.committed == {} and processor.current(OP) is None
 
 
 def test_a_refused_latest_record_over_authentic_ones_is_checked_against_the_journal(
@@ -277,7 +278,7 @@ def test_an_authentic_latest_record_reads_no_journal(
     processor.on_assign({PARTITION})
     assert topics.reads == ["state", "journal tail"]
     assert processor.current(OP) == states[-1]
-    assert _rebuilt_events(processor) == [] and processor.reasserts == {}
+    assert _rebuilt_events(processor) == [] and processor.reasserts.committed == {}
 
 
 def test_a_forged_state_with_no_journal_behind_it_restores_nothing(
@@ -341,7 +342,7 @@ def test_an_older_authentic_state_appended_again_does_not_take_the_operation_bac
 
     assert processor.current(OP) == states[-1]  # the highest version stands
     assert processor.resume_queue == []  # settled: nothing to claim, nothing re-sent
-    assert topics.reads == ["state", "journal tail"] and processor.reasserts == {}
+    assert topics.reads == ["state", "journal tail"] and processor.reasserts.committed == {}
     [event] = [e for _, e in processor.notes if e.kind == "REPLAYED"]
     assert (event.source_topic, event.source_offset, event.operation_id) == ("state", copy.at, OP)
     assert f"at version {old.version} (EFFECT_PENDING)" in event.reason
@@ -368,6 +369,6 @@ def test_a_state_sealed_by_a_key_not_held_here_is_held_never_rebuilt_over(
         processor.on_assign({PARTITION})
         assert OP in processor.unverifiable_held()
         assert "sealed by unknown key" in processor.unverifiable_held()[OP]
-        assert processor.reasserts == {} and _rebuilt_events(processor) == []
+        assert processor.reasserts.committed == {} and _rebuilt_events(processor) == []
         assert [e.kind for _, e in processor.notes][-1] == "UNVERIFIABLE"
         processor.on_revoke({PARTITION})

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-import consumers.processor as processor_module
 from consumers.processor import Processor
 from ledger.events import Claim, Dispatch, Event, OperationState
 from ledger.fold import decide
@@ -55,12 +54,10 @@ def _committed(topics: FakeTopics, written_ms: int) -> OperationState:
 
 
 @pytest.fixture
-def restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Processor, FakeTopics]:
+def restore(tmp_path: Path) -> tuple[Processor, FakeTopics]:
     settings = keyed(LedgerSettings(run_dir=tmp_path, stranded_committed_s=BOUND_S))
     topics = FakeTopics(settings)
-    monkeypatch.setattr(processor_module, "read_partition", topics.read_partition)
-    monkeypatch.setattr(processor_module, "await_settled", lambda *a, **k: 0.0)
-    return Processor(settings), topics
+    return Processor(settings, reader=topics.read_partition, settle=topics.settle), topics
 
 
 @pytest.mark.parametrize(("age_s", "claimed"), [(BOUND_S * 10, True), (BOUND_S / 2, False)])

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-import consumers.processor as processor_module
 from consumers.processor import Processor
 from consumers.stage import Record
 from ledger.contracts import EffectContract
@@ -66,7 +65,7 @@ def settings(tmp_path: Path) -> LedgerSettings:
 
 
 def test_the_originals_owner_admits_one_of_two_compensations_decided_unseen(
-    settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+    settings: LedgerSettings,
 ) -> None:
     owner = Processor(settings, instance="0")  # owns the original's partition
     o = intent(ORIGINAL, amount=3000, sink="credits")
@@ -81,8 +80,8 @@ def test_the_originals_owner_admits_one_of_two_compensations_decided_unseen(
         load(Record("state", 0, 0, ORIGINAL, settled.to_bytes(), settled), None)
         return 1
 
-    monkeypatch.setattr(processor_module, "read_partition", ledger_state)
-    one, two = Processor(settings, instance="1"), Processor(settings, instance="2")
+    one = Processor(settings, instance="1", reader=ledger_state)
+    two = Processor(settings, instance="2", reader=ledger_state)
     asked = {FIRST: feed(one, reversal(FIRST), 0), SECOND: feed(two, reversal(SECOND), 0)}
     for out in asked.values():  # neither saw the other, neither used its approval yet
         assert written(out, AdmissionRequest) == []
@@ -104,11 +103,9 @@ def test_the_originals_owner_admits_one_of_two_compensations_decided_unseen(
 
 
 def test_a_restored_compensation_waiting_for_the_tally_is_no_admission_resume(
-    settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+    settings: LedgerSettings,
 ) -> None:
     topics = FakeTopics(settings)
-    monkeypatch.setattr(processor_module, "read_partition", topics.read_partition)
-    monkeypatch.setattr(processor_module, "await_settled", lambda *a, **k: 0.0)
     # Both keys name partition 1 of 3, where the fake state topic's records are.
     waiting = decide(
         None, reversal("credit-reversal:pt:v3"), "intents:1:1", compensation=_observed()
@@ -118,11 +115,11 @@ def test_a_restored_compensation_waiting_for_the_tally_is_no_admission_resume(
         assert d.state is not None and d.state.state == S.NOT_ADMITTED
         topics.append("state", d.state.operation_id, d.state.to_bytes())
     assert waiting.state is not None and waiting.state.tally == "REQUESTED"
-    p = Processor(settings)
+    p = Processor(settings, reader=topics.read_partition, settle=topics.settle)
     p.on_assign({1})
     # The plain one waits for the kernel (its decision resumes it); the
     # compensation waits for its original's tally and asks for admission later.
-    assert p.admission_resumes == {"refund:pt:v2"}
+    assert set(p.admission_resumes.committed) == {"refund:pt:v2"}
 
 
 def _observed() -> CompensationFacts:

@@ -115,14 +115,14 @@ def _verify(sink: str, params_json: str = '{"account": "acct-1", "amount_minor":
 
 
 def test_what_the_registry_says_decides_and_doubt_sends(processor: Processor) -> None:
-    assert processor.verification_pointless(_verify("mailer"))
-    assert not processor.verification_pointless(_verify("payments"))
+    assert processor.facts.verification_pointless(_verify("mailer"))
+    assert not processor.facts.verification_pointless(_verify("payments"))
     # The query needs its subject (the account) among the parameters.
-    assert processor.verification_pointless(_verify("payments", '{"amount_minor": 5}'))
-    assert not processor.verification_pointless(
+    assert processor.facts.verification_pointless(_verify("payments", '{"amount_minor": 5}'))
+    assert not processor.facts.verification_pointless(
         _verify("mailer").model_copy(update={"kind": "EXECUTE"})
     )
-    assert not processor.verification_pointless(_verify("gone"))  # not registered
-    assert not processor.verification_pointless(_verify("mailer", "not json"))
+    assert not processor.facts.verification_pointless(_verify("gone"))  # not registered
+    assert not processor.facts.verification_pointless(_verify("mailer", "not json"))
     processor.registry.path.write_text("{ broken")
-    assert not processor.verification_pointless(_verify("mailer"))  # unreadable registry
+    assert not processor.facts.verification_pointless(_verify("mailer"))  # unreadable registry

@@ -120,11 +120,11 @@ def test_the_processor_stamps_the_registrys_version_and_the_schema_versions(
 
     _relay(tmp_path, version=2)  # writes the registry: payments at version 2
     processor = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
-    stamped = processor.stamped(_dispatch(version=None))
+    stamped = processor.facts.stamped(_dispatch(version=None))
     assert stamped.contract_version == 2
     versions = json.loads(stamped.schema_versions_json or "{}")
     assert versions["Dispatch"] >= 3 and versions["EffectReceipt"] >= 3 and "Readback" in versions
-    other = processor.stamped(_dispatch(version=None).model_copy(update={"sink": "unknown"}))
+    other = processor.facts.stamped(_dispatch(version=None).model_copy(update={"sink": "unknown"}))
     assert other.contract_version is None
 
 

@@ -45,7 +45,7 @@ def test_the_tables_the_stages_follow_are_declared(tmp_path: Path) -> None:
     """The layout's ``tables`` names every table a stage really rebuilds."""
     settings = keyed(LedgerSettings(run_dir=tmp_path))
     kernel = AuthorityKernel(settings)
-    followed = {f.topic for f in (kernel._approvals, kernel._uses, kernel._policy)}
+    followed = {f.topic for f in kernel.tables.followers()}
     assert followed == {t.name for t in TOPICS if "authority kernel" in t.tables}
     relay = Relay(settings)
     followed = {

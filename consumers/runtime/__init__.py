@@ -1,0 +1,1 @@
+"""The exactly-once runtime's pieces that stages share."""

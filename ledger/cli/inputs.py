@@ -11,20 +11,21 @@ from typing import Any
 
 import click
 
+from ledger import topics
+from ledger.identity import operation_id_problem
 from ledger.settings import LedgerSettings
+from ledger.tracing import configure
+from producers.publisher import LedgerPublisher
 
 
 def ready(settings: LedgerSettings) -> None:
     """Fail fast, with the remedy, when the broker or the topics are not there."""
-    from ledger.topics import check_topics
 
-    check_topics(settings)
+    topics.check_topics(settings)
 
 
 def publisher(settings: LedgerSettings) -> Any:
     """The CLI's :class:`~producers.publisher.LedgerPublisher` (close it after use)."""
-    from ledger.tracing import configure
-    from producers.publisher import LedgerPublisher
 
     configure("ledger-cli")  # OTEL_* variables: the publish is the trace's first span
     return LedgerPublisher(settings, client_id="ledger-cli")
@@ -39,7 +40,6 @@ def non_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 def in_grammar(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Refuse an operation ID outside the grammar (exit 2, before Kafka is asked)."""
-    from ledger.identity import operation_id_problem
 
     if value is not None:
         problem = operation_id_problem(value)

@@ -1,7 +1,8 @@
 """What the publishing commands share: readiness, the publisher, and option checks.
 
-Used by :mod:`ledger.cli.ops` and :mod:`ledger.cli.approvals`. The checks run
-before Kafka is asked, and a refused value exits 2 with what is expected.
+Used by :mod:`ledger.cli.ops`, :mod:`ledger.cli.reconcile` and
+:mod:`ledger.cli.approvals`. The checks run before Kafka is asked, and a
+refused value exits 2 with what is expected.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ per-process token and are refused (403) without it or from another origin;
 the ``Host`` header must name the address served (no DNS rebinding). The
 console binds to the loopback interface unless told otherwise.
 
-The data come through :class:`ConsoleData` (:class:`LedgerData` reads the
-ledger), so the routes can be tested without a broker.
+The data come through :class:`~ledger.console.data.ConsoleData`
+(:class:`~ledger.console.data.LedgerData` reads the ledger), so the routes
+can be tested without a broker.
 
 Needs the ``[console]`` extra (Starlette): load it through
 :func:`ledger.console.create_app`, which names the install command when it

@@ -183,7 +183,6 @@ def approve_cmd(
         --operation-id refund:1842:v3 --account acct-1842 \\
         --currency GBP --action refund --sink payments
     """
-
     found = problem(
         scope_values(
             operation_id=operation_id,
@@ -281,7 +280,6 @@ def _registered_sink(settings: LedgerSettings, sink: str) -> None:
             ``ledger sink register`` and the sinks registered.
         LocalFileError: the registry is unreadable.
     """
-
     registered = load_sinks(settings.sinks_path())
     if sink in registered:
         return
@@ -303,7 +301,6 @@ def _registered_sink(settings: LedgerSettings, sink: str) -> None:
 )
 def revoke_cmd(approval_id: str, by: str) -> None:
     """Withdraw an approval; nothing new may be admitted with it."""
-
     settings = current_settings()
     _ready(settings)
     record = reader.latest_by_key(reader.read_topic(settings, "approvals")).get(approval_id)

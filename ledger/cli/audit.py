@@ -34,7 +34,6 @@ def audit_lines(report: Any) -> list[str]:
     Returns:
         Lines without newlines.
     """
-
     data = report.to_dict()
     cov = data["coverage"]
     lines = [
@@ -172,7 +171,6 @@ def audit_cmd(
     it, or with one holding fewer or older heads than the heads topic, the
     verdict is NOT VERIFIED (exit 1), naming what is missing.
     """
-
     if histories and html_path is None:
         raise click.UsageError("--histories needs --html FILE (the pages are linked from it)")
     settings = current_settings()

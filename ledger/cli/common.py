@@ -184,7 +184,6 @@ def reader_ready(settings: LedgerSettings) -> None:
         BrokerUnavailableError: the broker does not answer (exit 6).
         LedgerExit: no stage keys for a ledger that holds records (exit 1).
     """
-
     topics.check_topics(settings)
     key = keys_dir(settings) / TRUST_FILE
     if key.exists() or (keys_dir(settings) / "deployment.key").exists():
@@ -215,7 +214,6 @@ def instant_text(at_ms: int, now_ms: int) -> str:
         at_ms: the instant, milliseconds on the ledger clock.
         now_ms: now on the same clock, milliseconds.
     """
-
     delta_s = (at_ms - now_ms) / 1000
     relative = f"in {delta_s:.0f} s" if delta_s >= 0 else f"{-delta_s:.0f} s ago"
     if at_ms >= EPOCH_LIKE_MS:  # a wall-clock instant (ledger.instants)

@@ -74,7 +74,6 @@ def history_page(history: History, ledger: str) -> str:
     Returns:
         The page (answers at the top, then the records in causal order).
     """
-
     return render(
         "history.html.j2",
         title=f"History of {history.operation_id}",
@@ -115,7 +114,6 @@ def write_histories(
         LedgerError: a topic could not be read.
         OSError: a page could not be written.
     """
-
     (folder / "history").mkdir(parents=True, exist_ok=True)
     links: dict[str, str] = {}
     for op in operation_ids:
@@ -163,7 +161,6 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     operations that fork it). Exit status 0; 5 when no record is about the operation;
     1 on any other error (broker, topics, key files).
     """
-
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
     try:

@@ -31,7 +31,6 @@ PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 def _when(ms: int) -> str:
     """A not-after time as people read it: UTC, then the ledger's milliseconds."""
-
     return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC ({ms} ms)"
 
 
@@ -134,7 +133,6 @@ def keys_init(share: bool, offline: bool) -> None:
       ledger keys init                      # a new ledger (LEDGER_TOPIC_PREFIX)
       LEDGER_TOPIC_PREFIX=b ledger keys init --share   # ledger b uses the same keys
     """
-
     settings = current_settings()
     folder = keys_dir(settings)
     missing = [n for n in ("authority.pub",) if not (folder / n).exists()]
@@ -204,7 +202,6 @@ def keys_export(outcome_public: bool) -> None:
       ledger keys export --outcome-public > outcome.pub
       # on the service host: LEDGER_OUTCOME_PUBLIC_KEY_FILE=/path/outcome.pub
     """
-
     settings = current_settings()
     path = keys_dir(settings) / "outcome.pub"
     if not path.exists():
@@ -220,7 +217,6 @@ def keys_export(outcome_public: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def keys_show(as_json: bool) -> None:
     """List the keys this host holds and trusts (IDs and roles; never a secret)."""
-
     settings = current_settings()
     ring = load_keyring(settings, missing_ok=True)
     rows = [
@@ -268,7 +264,6 @@ def keys_rotate(role: str, overlap_s: int) -> None:
       ledger keys rotate relay                  # an hour of overlap
       ledger keys rotate processor --overlap-s 600
     """
-
     settings = current_settings()
     done = rotate(settings, role, overlap_s=overlap_s)
     key_file, trust_file = done.files

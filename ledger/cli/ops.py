@@ -31,42 +31,21 @@ from ledger.cli.common import (
     reader_ready,
 )
 from ledger.cli.inputs import POLICY_VERSION
+from ledger.cli.inputs import WAIT_OPTION as _WAIT
 from ledger.cli.inputs import in_grammar as _in_grammar
 from ledger.cli.inputs import non_blank as _non_blank
 from ledger.cli.inputs import publisher as _publisher
 from ledger.cli.inputs import ready as _ready
+from ledger.cli.inputs import report_decision as _report_decision
 from ledger.cli.stages import held_on_this_host
 from ledger.clock import ManualClock, clock_for
 from ledger.credentials import keys_dir
 from ledger.errors import LedgerError, OperationEndedElsewhereError, WaitTimeoutError
-from ledger.history import journal_move
 from ledger.identity import amount_of
 from ledger.settings import LedgerSettings
 from producers.outcomes import OutcomeReader
 from producers.waiting import parse_states
 from sinks.registry import load_sinks
-
-
-def _report_decision(
-    settings: LedgerSettings, position: tuple[str, int, int], wait_s: float
-) -> None:
-    """Print the processor's journaled decision on an input.
-
-    Exits :data:`~ledger.cli.common.EXIT_ERROR` when it refused the input,
-    :data:`~ledger.cli.common.EXIT_TIMEOUT` when no decision came in time.
-    """
-
-    topic, partition, offset = position
-    entry = reader.wait_for_decision(settings, topic, partition, offset, wait_s)
-    if entry is None:
-        click.echo(
-            f"no decision within {wait_s:g} s: is the processor running ('ledger processor')?",
-            err=True,
-        )
-        sys.exit(EXIT_TIMEOUT)
-    click.echo(f"{entry.outcome}: {entry.operation_id} {journal_move(entry)} ({entry.reason})")
-    if entry.outcome == "REFUSED":
-        sys.exit(EXIT_ERROR)
 
 
 def _outcome_watch(settings: LedgerSettings, operation_id: str) -> Any:
@@ -75,7 +54,6 @@ def _outcome_watch(settings: LedgerSettings, operation_id: str) -> Any:
     ``None`` on a host without the outcome public key (the decision is then
     read from the journal, which needs the stages' key and read rights).
     """
-
     if not settings.outcome_public_path().exists():
         return None
     return OutcomeReader(settings).watch(operation_id)
@@ -109,7 +87,6 @@ def _states_option(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> frozenset[str] | None:
     """``--until STATE[,STATE]``: the recovery states named (case-insensitive)."""
-
     if value is None:
         return None
     try:
@@ -126,7 +103,6 @@ def _wait_until(pub: Any, operation_id: str, until: frozenset[str], timeout_s: f
     in another state, :data:`~ledger.cli.common.EXIT_TIMEOUT` when none of
     the states came within ``timeout_s`` seconds.
     """
-
     try:
         st = pub.wait_for(operation_id, until, timeout_s)
     except OperationEndedElsewhereError as exc:
@@ -134,15 +110,6 @@ def _wait_until(pub: Any, operation_id: str, until: frozenset[str], timeout_s: f
     except WaitTimeoutError as exc:
         fail(exc.message, EXIT_TIMEOUT)
     click.echo(f"{st.state}: {operation_id} ({st.reason})")
-
-
-_WAIT = click.option(
-    "--wait-s",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    show_default=True,
-    help="How long to wait for the processor's decision; 0 publishes without waiting.",
-)
 
 
 # ---------------------------------------------------------------------- intents
@@ -241,7 +208,6 @@ def intent_publish(
         --actor svc --subject customer-1842 --purpose remediation \\
         --decision-version 3 --approval-id review-1842 --until OUTCOME_VERIFIED
     """
-
     try:
         params = json.loads(params_json)
     except json.JSONDecodeError as exc:
@@ -349,7 +315,6 @@ def fork_cmd(
       ledger fork refund:1842:v3 --new-operation-id refund:1842:v3-fork1 \\
         --approval-id review-1842-fork
     """
-
     params: dict[str, Any] | None = None
     if params_json is not None:
         try:
@@ -410,7 +375,6 @@ def policy_show(as_json: bool) -> None:
     (authentic changes, the latest by effective time); with none published,
     the configured LEDGER_POLICY_VERSION is in force.
     """
-
     settings = current_settings()
     _ready(settings)
     in_force = reader.policy_in_force(settings)
@@ -467,7 +431,6 @@ def policy_set(version: int, by: str) -> None:
     order of their effective time (now, or just after the change in force),
     so a copy of an old change appended to the topic changes nothing.
     """
-
     settings = current_settings()
     _ready(settings)
     now_ms = clock_for(settings.clock, settings.run_dir).now_ms()
@@ -504,7 +467,6 @@ def state_cmd(operation_id: str | None, as_json: bool) -> None:
     OPERATION alone prints it. An operation not in the ledger exits 5, saying
     'not yet processed' when its intent waits for the processor.
     """
-
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
     states = reader.current_states(settings)
@@ -561,7 +523,6 @@ def _no_authentic_state(settings: LedgerSettings) -> None:
     That is a run folder whose keys did not seal this ledger (another run's,
     or a new one): every record is refused, and the ledger would look empty.
     """
-
     if topics.non_empty_topics(settings, ["state"]):
         fail(
             f"{settings.topic('state')} holds records but none is sealed by a key in "
@@ -592,7 +553,6 @@ def claim_cmd(operation_id: str, worker: str, expected_version: str, wait_s: flo
     read the effect back before anything else; a claim naming an old version
     is rejected (exit status 1).
     """
-
     settings = current_settings()
     _ready(settings)
     if expected_version == "current":
@@ -642,7 +602,6 @@ SYSTEM_CLOCK_NOTE = (
 @click.option("--json", "as_json", is_flag=True, help='Print {"clock", "now_ms"} as JSON.')
 def clock_show(as_json: bool) -> None:
     """Print the ledger time in seconds (the system clock's is said to be one)."""
-
     s = current_settings()
     try:
         clock = clock_for(s.clock, s.run_dir)
@@ -663,7 +622,6 @@ def clock_show(as_json: bool) -> None:
 @click.argument("seconds", type=float)
 def clock_advance(seconds: float) -> None:
     """Move the manual ledger clock forward by SECONDS (it never goes back)."""
-
     s = current_settings()
     if s.clock != "manual":
         raise click.ClickException(

@@ -21,11 +21,11 @@ from ledger.cli.common import (
     fail,
     reader_ready,
 )
+from ledger.cli.inputs import WAIT_OPTION, report_decision
 from ledger.cli.inputs import in_grammar as _in_grammar
 from ledger.cli.inputs import non_blank as _non_blank
 from ledger.cli.inputs import publisher as _publisher
 from ledger.cli.inputs import ready as _ready
-from ledger.cli.ops import _WAIT, _report_decision
 from ledger.cli.reconcile_text import run_lines
 from ledger.clock import age_s, clock_for
 from producers.publisher import build_disposition
@@ -46,7 +46,6 @@ def reconcile_list(as_json: bool) -> None:
     "items": [{"operation_id", "sink", "action", "version", "age_s",
     "observed_at_ms", "observation_status", "observation_source", "reason"}]}.
     """
-
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
     now = clock_for(settings.clock, settings.run_dir).now_ms()
@@ -103,7 +102,6 @@ def reconcile_run(as_json: bool) -> None:
     Standard output has a line per readback or verification recorded, then
     one saying what is left open (--json: the rows as JSON).
     """
-
     settings = current_settings()
     # run_pass checks the topics itself, waiting for a broker that is away
     results, left = run_pass(settings, say=lambda text: click.echo(text, err=True))
@@ -138,7 +136,7 @@ def reconcile_run(as_json: bool) -> None:
     help="Operator who decides; signs with their key (ledger operator add).",
 )
 @click.option("--evidence", required=True, callback=_non_blank, help="What the decision rests on.")
-@_WAIT
+@WAIT_OPTION
 def reconcile_dispose(
     operation_id: str, decision: str, by: str, evidence: str, wait_s: float
 ) -> None:
@@ -150,7 +148,6 @@ def reconcile_dispose(
     unknown-outcome episode the operation is in now (read from its state):
     it is applied only in that episode, never in a later one.
     """
-
     settings = current_settings()
     _ready(settings)
     state = reader.current_states(settings).get(operation_id)
@@ -174,7 +171,7 @@ def reconcile_dispose(
     finally:
         pub.close()
     if wait_s > 0 and position is not None:
-        _report_decision(settings, position, wait_s)
+        report_decision(settings, position, wait_s)
 
 
 #: The reconciliation commands, in the order ``ledger --help`` lists them.

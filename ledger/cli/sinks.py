@@ -111,7 +111,6 @@ def sink_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def sink_adapters(as_json: bool) -> None:
     """List the adapter kinds that can be named, and what each can offer a contract."""
-
     rows = []
     for kind in adapter_kinds():
         try:
@@ -182,7 +181,6 @@ def sink_register(
     readback cannot declare `readback: true`); prove the claims against the
     running system with `ledger sink check NAME`.
     """
-
     if not SINK_NAME.fullmatch(name):
         fail("a sink name is 1 to 64 letters, digits, '.', '_' or '-'", EXIT_ERROR)
     contract = _contract(contract_text)
@@ -227,7 +225,6 @@ def sink_register(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (secrets masked).")
 def sink_list(as_json: bool) -> None:
     """List the registered sinks: adapter, address (secrets masked) and contract claims."""
-
     settings = current_settings()
     sinks = load_sinks(settings.sinks_path())
     rows = [_describe(n, e) for n, e in sorted(sinks.items())]
@@ -254,7 +251,6 @@ def sink_show(name: str, probe: bool, as_json: bool) -> None:
 
     Exit 1 when the sink is not registered or, with --probe, does not answer.
     """
-
     settings = current_settings()
     sinks = load_sinks(settings.sinks_path())
     if name not in sinks:
@@ -315,7 +311,6 @@ def sink_check(
     Exit 0 when every claim holds or is untested (with the reason), 1 when a
     claim fails.
     """
-
     settings = current_settings()
     sinks = load_sinks(settings.sinks_path())
     if name not in sinks:
@@ -359,7 +354,6 @@ def sink_openapi(output: Path | None) -> None:
     It is what the ledger's http adapter sends and how it reads each answer;
     sinks.toolkit serves it in front of a team's own backend.
     """
-
     document = files("sinks").joinpath("openapi.json").read_text(encoding="utf-8")
     if output is None:
         click.echo(document, nl=not document.endswith("\n"))

@@ -213,7 +213,6 @@ def status_cmd(as_json: bool) -> None:
       "twins": {"relay-0": ["relay-0.4711 at /10.0.0.5", ...]}, "summary":
       "live, 1 instance(s)"}]}
     """
-
     settings = current_settings()
     topics.check_topics(settings)
     stages = stage_status(settings)

@@ -101,7 +101,6 @@ def upgrade_check_cmd(
     Exits 0 when nothing would be stranded, 1 when something would, 2 for a
     bad file.
     """
-
     settings = current_settings()
     name, contract, version = _proposal(contract_file, sink)
     manifest_path = manifest_file or settings.release_manifest_file

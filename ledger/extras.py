@@ -18,6 +18,8 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "console": ("starlette", "uvicorn"),
     "otlp": ("opentelemetry.exporter.otlp.proto.http",),
     "sink-toolkit": ("starlette", "uvicorn"),
+    # HTML reports with plots (`ledger audit --html`): matplotlib.
+    "testbed": ("matplotlib",),
 }
 
 

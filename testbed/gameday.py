@@ -39,7 +39,7 @@ from ledger.kafka import bootstrap_servers
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
-from ledger.topics import force_compaction
+from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults, kafkafaults
 from testbed.forge import forge

@@ -19,7 +19,19 @@ from importlib.metadata import entry_points
 import click
 
 from ledger import kafka
-from ledger.cli import acl, console, history, keys, ops, sinks, stages, topics, upgrade
+from ledger.cli import (
+    acl,
+    audit,
+    console,
+    history,
+    keys,
+    ops,
+    reconcile,
+    sinks,
+    stages,
+    topics,
+    upgrade,
+)
 from ledger.cli.common import (
     EXIT_CODES,
     LedgerGroup,
@@ -114,6 +126,8 @@ COMMANDS: tuple[click.Command, ...] = (
     *stages.COMMANDS,
     topics.topics_group,
     *ops.COMMANDS,
+    *reconcile.COMMANDS,
+    *audit.COMMANDS,
     *history.COMMANDS,
     *keys.COMMANDS,
     *acl.COMMANDS,

@@ -13,24 +13,30 @@ from typing import Any
 
 import click
 
+from consumers import reader
 from ledger.cli.common import current_settings, instant_text
 from ledger.cli.inputs import POLICY_VERSION
 from ledger.cli.inputs import digest as _digest
 from ledger.cli.inputs import non_blank as _non_blank
 from ledger.cli.inputs import publisher as _publisher
 from ledger.cli.inputs import ready as _ready
+from ledger.cli.keys import person_name
+from ledger.clock import clock_for
+from ledger.errors import LocalFileError
+from ledger.events import Approval
 from ledger.scope import BINDABLE, problem, scope_values
 from ledger.settings import LedgerSettings
+from ledger.signing import ReviewerKey
+from producers.review import grant
+from sinks.registry import load_sinks
 
 
 def _reviewer_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from ledger.cli.keys import person_name
 
     return person_name(ctx, param, value)
 
 
 def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
-    from ledger.signing import ReviewerKey
 
     path = settings.run_dir / "reviewers" / f"{name}.key"
     if not path.exists():
@@ -40,8 +46,6 @@ def _reviewer_key(settings: LedgerSettings, name: str) -> Any:
     try:
         return ReviewerKey.from_file(path)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        from ledger.errors import LocalFileError
-
         raise LocalFileError(
             f"the reviewer key file {path} is unreadable ({exc}); restore it, or make a new "
             f"key under a new name with `ledger reviewer add`",
@@ -179,10 +183,6 @@ def approve_cmd(
         --operation-id refund:1842:v3 --account acct-1842 \\
         --currency GBP --action refund --sink payments
     """
-    from consumers.reader import policy_in_force
-    from ledger.clock import clock_for
-    from producers.review import grant
-
     found = problem(
         scope_values(
             operation_id=operation_id,
@@ -213,7 +213,7 @@ def approve_cmd(
     _ready(settings)
     key = _reviewer_key(settings, reviewer)
     now = clock_for(settings.clock, settings.run_dir).now_ms()
-    in_force = policy_in_force(settings)
+    in_force = reader.policy_in_force(settings)
     current = in_force.version if in_force is not None else settings.policy_version
     if policy_version is not None and policy_version != current:
         click.echo(
@@ -280,8 +280,6 @@ def _registered_sink(settings: LedgerSettings, sink: str) -> None:
             ``ledger sink register`` and the sinks registered.
         LocalFileError: the registry is unreadable.
     """
-    from sinks.registry import load_sinks
-
     registered = load_sinks(settings.sinks_path())
     if sink in registered:
         return
@@ -303,12 +301,9 @@ def _registered_sink(settings: LedgerSettings, sink: str) -> None:
 )
 def revoke_cmd(approval_id: str, by: str) -> None:
     """Withdraw an approval; nothing new may be admitted with it."""
-    from consumers.reader import latest_by_key, read_topic
-    from ledger.events import Approval
-
     settings = current_settings()
     _ready(settings)
-    record = latest_by_key(read_topic(settings, "approvals")).get(approval_id)
+    record = reader.latest_by_key(reader.read_topic(settings, "approvals")).get(approval_id)
     if record is None or not isinstance(record.event, Approval):
         raise click.ClickException(f"no approval {approval_id!r} in the ledger")
     pub = _publisher(settings)

@@ -19,15 +19,21 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
+from ledger import topics
+from ledger.authn import STAGE_KEY_ROLES
+from ledger.credentials import keys_dir
 from ledger.errors import BrokerUnavailableError, InputBoundsError, LedgerError, TopicConfigError
 from ledger.instants import EPOCH_LIKE_MS
 from ledger.logs import configure_logging
+from ledger.rolekeys import TRUST_FILE
 from ledger.settings import LedgerSettings
+from ledger.topology import TOPICS
 
 #: Success.
 EXIT_OK = 0
@@ -178,13 +184,7 @@ def reader_ready(settings: LedgerSettings) -> None:
         BrokerUnavailableError: the broker does not answer (exit 6).
         LedgerExit: no stage keys for a ledger that holds records (exit 1).
     """
-    from ledger.authn import STAGE_KEY_ROLES
-    from ledger.credentials import keys_dir
-    from ledger.rolekeys import TRUST_FILE
-    from ledger.topics import check_topics, non_empty_topics
-    from ledger.topology import TOPICS
-
-    check_topics(settings)
+    topics.check_topics(settings)
     key = keys_dir(settings) / TRUST_FILE
     if key.exists() or (keys_dir(settings) / "deployment.key").exists():
         return
@@ -194,7 +194,7 @@ def reader_ready(settings: LedgerSettings) -> None:
     sealed = [
         t.name for t in TOPICS if "authority" in t.auth or any(r in STAGE_KEY_ROLES for r in t.auth)
     ]
-    held = non_empty_topics(settings, sealed)
+    held = topics.non_empty_topics(settings, sealed)
     if held:
         fail(
             f"no stage keys at {key}, so no record the stages sealed in the ledger with "
@@ -214,8 +214,6 @@ def instant_text(at_ms: int, now_ms: int) -> str:
         at_ms: the instant, milliseconds on the ledger clock.
         now_ms: now on the same clock, milliseconds.
     """
-    from datetime import UTC, datetime
-
     delta_s = (at_ms - now_ms) / 1000
     relative = f"in {delta_s:.0f} s" if delta_s >= 0 else f"{-delta_s:.0f} s ago"
     if at_ms >= EPOCH_LIKE_MS:  # a wall-clock instant (ledger.instants)

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import click
 
+from consumers.history import UnknownOperationError, read_history
 from ledger.cli.common import EXIT_UNKNOWN_OPERATION, current_settings, reader_ready
 from ledger.history import History, iso_time
+from ledger.reports.render import render
 from ledger.settings import LedgerSettings
 
 
@@ -72,8 +74,6 @@ def history_page(history: History, ledger: str) -> str:
     Returns:
         The page (answers at the top, then the records in causal order).
     """
-    from ledger.cli.render import render
-
     return render(
         "history.html.j2",
         title=f"History of {history.operation_id}",
@@ -114,8 +114,6 @@ def write_histories(
         LedgerError: a topic could not be read.
         OSError: a page could not be written.
     """
-    from consumers.history import UnknownOperationError, read_history
-
     (folder / "history").mkdir(parents=True, exist_ok=True)
     links: dict[str, str] = {}
     for op in operation_ids:
@@ -163,8 +161,6 @@ def history_cmd(operation_id: str, as_json: bool, html_path: Path | None) -> Non
     operations that fork it). Exit status 0; 5 when no record is about the operation;
     1 on any other error (broker, topics, key files).
     """
-    from consumers.history import UnknownOperationError, read_history
-
     settings = current_settings()
     reader_ready(settings)  # reads only: creates no key
     try:

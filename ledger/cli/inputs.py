@@ -1,31 +1,35 @@
-"""What the publishing commands share: readiness, the publisher, and option checks.
+"""What the publishing commands share: readiness, the publisher, option checks, the decision.
 
-Used by :mod:`ledger.cli.ops` and :mod:`ledger.cli.approvals`. The checks run
-before Kafka is asked, and a refused value exits 2 with what is expected.
+Used by :mod:`ledger.cli.ops`, :mod:`ledger.cli.reconcile` and
+:mod:`ledger.cli.approvals`. The checks run before Kafka is asked, and a
+refused value exits 2 with what is expected.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import click
 
+from consumers import reader
+from ledger import topics
+from ledger.cli.common import EXIT_ERROR, EXIT_TIMEOUT
+from ledger.history import journal_move
+from ledger.identity import operation_id_problem
 from ledger.settings import LedgerSettings
+from ledger.tracing import configure
+from producers.publisher import LedgerPublisher
 
 
 def ready(settings: LedgerSettings) -> None:
     """Fail fast, with the remedy, when the broker or the topics are not there."""
-    from ledger.topics import check_topics
-
-    check_topics(settings)
+    topics.check_topics(settings)
 
 
 def publisher(settings: LedgerSettings) -> Any:
     """The CLI's :class:`~producers.publisher.LedgerPublisher` (close it after use)."""
-    from ledger.tracing import configure
-    from producers.publisher import LedgerPublisher
-
     configure("ledger-cli")  # OTEL_* variables: the publish is the trace's first span
     return LedgerPublisher(settings, client_id="ledger-cli")
 
@@ -39,8 +43,6 @@ def non_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 def in_grammar(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Refuse an operation ID outside the grammar (exit 2, before Kafka is asked)."""
-    from ledger.identity import operation_id_problem
-
     if value is not None:
         problem = operation_id_problem(value)
         if problem is not None:
@@ -64,3 +66,34 @@ def digest(ctx: click.Context, param: click.Parameter, value: str | None) -> str
             "'ledger intent publish' prints it"
         )
     return value
+
+
+#: ``--wait-s``: how long a publishing command waits for the processor's decision (seconds).
+WAIT_OPTION = click.option(
+    "--wait-s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="How long to wait for the processor's decision; 0 publishes without waiting.",
+)
+
+
+def report_decision(
+    settings: LedgerSettings, position: tuple[str, int, int], wait_s: float
+) -> None:
+    """Print the processor's journaled decision on an input.
+
+    Exits :data:`~ledger.cli.common.EXIT_ERROR` when it refused the input,
+    :data:`~ledger.cli.common.EXIT_TIMEOUT` when no decision came in time.
+    """
+    topic, partition, offset = position
+    entry = reader.wait_for_decision(settings, topic, partition, offset, wait_s)
+    if entry is None:
+        click.echo(
+            f"no decision within {wait_s:g} s: is the processor running ('ledger processor')?",
+            err=True,
+        )
+        sys.exit(EXIT_TIMEOUT)
+    click.echo(f"{entry.outcome}: {entry.operation_id} {journal_move(entry)} ({entry.reason})")
+    if entry.outcome == "REFUSED":
+        sys.exit(EXIT_ERROR)

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 
 import click
 
+from ledger import topics
 from ledger.cli.common import EXIT_ERROR, current_settings, fail
+from ledger.credentials import add_person, keys_dir, load_keyring, provision_keys
+from ledger.errors import BrokerUnavailableError
+from ledger.rolekeys import TRUST_FILE, rotate
+from ledger.topology import TOPICS
 
 #: Reviewer and operator names: they become file names under LEDGER_RUN_DIR/.
 PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -25,8 +31,6 @@ PERSON_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 def _when(ms: int) -> str:
     """A not-after time as people read it: UTC, then the ledger's milliseconds."""
-    from datetime import UTC, datetime
-
     return f"{datetime.fromtimestamp(ms / 1000, UTC):%Y-%m-%d %H:%M:%S} UTC ({ms} ms)"
 
 
@@ -40,7 +44,6 @@ def person_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def _add(role: str, name: str) -> None:
-    from ledger.credentials import add_person
 
     settings = current_settings()
     _, path = add_person(settings, role, name)
@@ -130,12 +133,6 @@ def keys_init(share: bool, offline: bool) -> None:
       ledger keys init                      # a new ledger (LEDGER_TOPIC_PREFIX)
       LEDGER_TOPIC_PREFIX=b ledger keys init --share   # ledger b uses the same keys
     """
-    from ledger.credentials import keys_dir, provision_keys
-    from ledger.errors import BrokerUnavailableError
-    from ledger.rolekeys import TRUST_FILE
-    from ledger.topics import non_empty_topics
-    from ledger.topology import TOPICS
-
     settings = current_settings()
     folder = keys_dir(settings)
     missing = [n for n in ("authority.pub",) if not (folder / n).exists()]
@@ -144,7 +141,7 @@ def keys_init(share: bool, offline: bool) -> None:
     if missing and not offline:
         sealed = [spec.name for spec in TOPICS if spec.auth]
         try:
-            held = non_empty_topics(settings, sealed)
+            held = topics.non_empty_topics(settings, sealed)
         except BrokerUnavailableError as exc:
             raise BrokerUnavailableError(
                 f"{exc.message}; `ledger keys init` asks Kafka whether ledger "
@@ -205,8 +202,6 @@ def keys_export(outcome_public: bool) -> None:
       ledger keys export --outcome-public > outcome.pub
       # on the service host: LEDGER_OUTCOME_PUBLIC_KEY_FILE=/path/outcome.pub
     """
-    from ledger.credentials import keys_dir
-
     settings = current_settings()
     path = keys_dir(settings) / "outcome.pub"
     if not path.exists():
@@ -222,8 +217,6 @@ def keys_export(outcome_public: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 def keys_show(as_json: bool) -> None:
     """List the keys this host holds and trusts (IDs and roles; never a secret)."""
-    from ledger.credentials import load_keyring
-
     settings = current_settings()
     ring = load_keyring(settings, missing_ok=True)
     rows = [
@@ -271,8 +264,6 @@ def keys_rotate(role: str, overlap_s: int) -> None:
       ledger keys rotate relay                  # an hour of overlap
       ledger keys rotate processor --overlap-s 600
     """
-    from ledger.rolekeys import rotate
-
     settings = current_settings()
     done = rotate(settings, role, overlap_s=overlap_s)
     key_file, trust_file = done.files

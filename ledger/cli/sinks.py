@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import json
 import re
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ledger.cli.common import EXIT_ERROR, current_settings, echo_json, fail
+from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
+from ledger.errors import LedgerError, SinkConfigError
+from sinks.conformance import SinkCheck
+from sinks.port import adapter_kinds, capabilities_of, open_sink
+from sinks.registry import SinkEndpoint, load_sinks, save_sinks
 
 #: Sink names: the registry's keys, named by intents and dispatches.
 SINK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -42,7 +48,6 @@ def _json_arg(value: str, what: str) -> Any:
 
 
 def _contract(value: str) -> Any:
-    from ledger.contracts import PAYMENT_GATEWAY, UNSAFE_SINK, EffectContract
 
     named = {"payments": PAYMENT_GATEWAY, "unsafe": UNSAFE_SINK}
     if value in named:
@@ -65,7 +70,6 @@ def _token_shown(token: str | None) -> str | None:
 
 
 def _describe(name: str, endpoint: Any) -> dict[str, Any]:
-    from sinks.port import capabilities_of
 
     try:
         caps: dict[str, bool] | str = vars(capabilities_of(endpoint.adapter)).copy()
@@ -107,8 +111,6 @@ def sink_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def sink_adapters(as_json: bool) -> None:
     """List the adapter kinds that can be named, and what each can offer a contract."""
-    from sinks.port import adapter_kinds, capabilities_of
-
     rows = []
     for kind in adapter_kinds():
         try:
@@ -179,10 +181,6 @@ def sink_register(
     readback cannot declare `readback: true`); prove the claims against the
     running system with `ledger sink check NAME`.
     """
-    from ledger.errors import LedgerError, SinkConfigError
-    from sinks.port import capabilities_of, open_sink
-    from sinks.registry import SinkEndpoint, load_sinks, save_sinks
-
     if not SINK_NAME.fullmatch(name):
         fail("a sink name is 1 to 64 letters, digits, '.', '_' or '-'", EXIT_ERROR)
     contract = _contract(contract_text)
@@ -227,8 +225,6 @@ def sink_register(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (secrets masked).")
 def sink_list(as_json: bool) -> None:
     """List the registered sinks: adapter, address (secrets masked) and contract claims."""
-    from sinks.registry import load_sinks
-
     settings = current_settings()
     sinks = load_sinks(settings.sinks_path())
     rows = [_describe(n, e) for n, e in sorted(sinks.items())]
@@ -255,10 +251,6 @@ def sink_show(name: str, probe: bool, as_json: bool) -> None:
 
     Exit 1 when the sink is not registered or, with --probe, does not answer.
     """
-    from ledger.errors import LedgerError
-    from sinks.port import open_sink
-    from sinks.registry import load_sinks
-
     settings = current_settings()
     sinks = load_sinks(settings.sinks_path())
     if name not in sinks:
@@ -319,10 +311,6 @@ def sink_check(
     Exit 0 when every claim holds or is untested (with the reason), 1 when a
     claim fails.
     """
-    from ledger.errors import LedgerError
-    from sinks.conformance import SinkCheck
-    from sinks.registry import load_sinks
-
     settings = current_settings()
     sinks = load_sinks(settings.sinks_path())
     if name not in sinks:
@@ -366,8 +354,6 @@ def sink_openapi(output: Path | None) -> None:
     It is what the ledger's http adapter sends and how it reads each answer;
     sinks.toolkit serves it in front of a team's own backend.
     """
-    from importlib.resources import files
-
     document = files("sinks").joinpath("openapi.json").read_text(encoding="utf-8")
     if output is None:
         click.echo(document, nl=not document.endswith("\n"))

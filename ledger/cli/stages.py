@@ -13,9 +13,12 @@ from pathlib import Path
 
 import click
 
+from consumers.groups import stage_status
 from consumers.hooks import NO_FAULTS, FaultHooks
+from consumers.liveness import summary
 from consumers.stages import STAGES
-from ledger import tracing
+from consumers.twins import local_presences
+from ledger import topics, tracing
 from ledger.cli.common import (
     EXIT_ERROR,
     current_settings,
@@ -210,13 +213,8 @@ def status_cmd(as_json: bool) -> None:
       "twins": {"relay-0": ["relay-0.4711 at /10.0.0.5", ...]}, "summary":
       "live, 1 instance(s)"}]}
     """
-    from consumers.groups import stage_status
-    from consumers.liveness import summary
-    from consumers.twins import local_presences
-    from ledger.topics import check_topics
-
     settings = current_settings()
-    check_topics(settings)
+    topics.check_topics(settings)
     stages = stage_status(settings)
     held = held_on_this_host(settings)
     now_ms = int(time.time() * 1000)

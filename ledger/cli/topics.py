@@ -10,6 +10,7 @@ import yaml
 from ledger import topics
 from ledger.cli.common import bootstrap_in_force, current_settings, echo_json
 from ledger.errors import SettingsError
+from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPICS
 
 _TOPICS_HELP = f"""Create, check, list and compact the ledger's topics, or print their manifest.
@@ -163,9 +164,7 @@ def topics_compact(names: tuple[str, ...], timeout_s: float) -> None:
     waits until no key repeats below it, then restores the configs. Takes a
     second or two on the local broker. Run it while writers are quiet.
     """
-    for res in topics.force_compaction(
-        current_settings(), timeout_s=timeout_s, names=names or None
-    ):
+    for res in force_compaction(current_settings(), timeout_s=timeout_s, names=names or None):
         click.echo(
             f"{res.topic:<40} {res.records_before:>7} -> {res.records_after:<7} "
             f"records  ({res.elapsed_s:.1f} s)"

@@ -15,6 +15,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from consumers import reader
 from ledger.cli.common import (
     EXIT_ERROR,
     EXIT_USAGE,
@@ -23,9 +24,11 @@ from ledger.cli.common import (
     fail,
     reader_ready,
 )
+from ledger.clock import clock_for
 from ledger.contracts import EffectContract
 from ledger.errors import LocalFileError
 from ledger.upgrades import IN_FLIGHT, stranded_by
+from sinks.registry import load_manifest, load_sinks
 
 
 def _proposal(path: Path, sink: str | None) -> tuple[str, EffectContract, int | None]:
@@ -98,10 +101,6 @@ def upgrade_check_cmd(
     Exits 0 when nothing would be stranded, 1 when something would, 2 for a
     bad file.
     """
-    from consumers.reader import current_states
-    from ledger.clock import clock_for
-    from sinks.registry import load_manifest, load_sinks
-
     settings = current_settings()
     name, contract, version = _proposal(contract_file, sink)
     manifest_path = manifest_file or settings.release_manifest_file
@@ -121,7 +120,7 @@ def upgrade_check_cmd(
             f"the release manifest; known sinks: {', '.join(known) or 'none'}",
             EXIT_USAGE,
         )
-    states = list(current_states(settings).values())
+    states = list(reader.current_states(settings).values())
     now = clock_for(settings.clock, settings.run_dir).now_ms()
     found = stranded_by(
         states,

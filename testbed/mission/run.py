@@ -54,7 +54,8 @@ from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
-from ledger.topics import force_compaction, partitions_for
+from ledger.topics import partitions_for
+from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPICS
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults

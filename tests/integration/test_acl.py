@@ -36,7 +36,7 @@ from consumers.reconciler import reconcile_once
 from ledger import acl, quotas
 from ledger.cli import main
 from ledger.cli.acl import apply_plan, broker_acls, compare, to_binding
-from ledger.cli.console import LedgerData
+from ledger.console import LedgerData
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.errors import BrokerError
 from ledger.events import Approval

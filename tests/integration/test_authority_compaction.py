@@ -22,7 +22,7 @@ from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from ledger.topics import force_compaction
+from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed.forge import forge
 from testbed.harness import Harness

@@ -24,6 +24,7 @@ from ledger import topics
 from ledger.cli import main
 from ledger.errors import SettingsError, TopicConfigError
 from ledger.settings import LedgerSettings
+from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPICS
 from testbed import broker
 
@@ -299,7 +300,7 @@ def test_force_compaction_keeps_the_latest_value_per_key(ledger_settings: Ledger
     assert producer.flush(30) == 0
 
     started = time.monotonic()
-    results = topics.force_compaction(s, timeout_s=60, names=["state"])
+    results = force_compaction(s, timeout_s=60, names=["state"])
     took = time.monotonic() - started
 
     assert [(r.topic, r.records_before, r.records_after) for r in results] == [(name, 200, 5)]

@@ -33,7 +33,7 @@ from ledger.events import (
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from ledger.topics import force_compaction
+from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed.harness import Harness
 from tests.integration.test_stages import approve, of_operation, publish

@@ -29,7 +29,7 @@ from consumers.reader import current_states, read_topic
 from consumers.stranding import ledger_stranded
 from consumers.unconsumed import intent_offsets
 from ledger.cli import main
-from ledger.cli.console import LedgerData, create_app
+from ledger.console import LedgerData, create_app
 from ledger.contracts import PAYMENT_GATEWAY, EffectContract
 from ledger.credentials import provision_keys
 from ledger.events import Disposition, Readback

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from ledger.audit import AuditReport, OpenItem
 from ledger.cli import main
-from ledger.cli.ops import audit_lines
+from ledger.cli.audit import audit_lines
 
 
 def _report(sinks: bool) -> AuditReport:
@@ -74,10 +74,10 @@ def test_audit_no_sinks_exits_1_while_an_unknown_outcome_is_open(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     import consumers.auditor
-    import ledger.cli.ops
+    import ledger.cli.audit
 
     monkeypatch.setenv("LEDGER_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setattr(ledger.cli.ops, "reader_ready", lambda settings: None)
+    monkeypatch.setattr(ledger.cli.audit, "reader_ready", lambda settings: None)
     reports = {"open": _report(False), "settled": _settled(False)}
     for kind, report in reports.items():
         monkeypatch.setattr(consumers.auditor, "run_audit", lambda *a, r=report, **k: r)

@@ -337,7 +337,7 @@ def _audit(sink_readback: bool, sink_facts: int) -> Any:
 def test_the_audit_verdict_claims_sink_readback_only_when_a_sink_fact_was_checked(
     sink_readback: bool, sink_facts: int, verdict: str, facts_line: str
 ) -> None:
-    from ledger.cli.ops import audit_lines
+    from ledger.cli.audit import audit_lines
 
     report = _audit(sink_readback, sink_facts)
     assert report.verdict == verdict
@@ -349,7 +349,7 @@ def test_the_audit_verdict_claims_sink_readback_only_when_a_sink_fact_was_checke
 
 
 def test_the_audit_page_badge_claims_sink_readback_only_when_a_sink_fact_was_checked() -> None:
-    from ledger.cli.pages import audit_page
+    from ledger.reports.audit import audit_page
 
     none = audit_page({**_audit(True, 0).to_dict(), "ledger": "demo-race-abc123"})
     some = audit_page({**_audit(True, 3).to_dict(), "ledger": "demo-race-abc123"})

@@ -1,5 +1,5 @@
 """The operator console's routes without a broker: an in-memory ledger behind
-:class:`ledger.cli.console.ConsoleData`, driven by Starlette's TestClient.
+:class:`ledger.console.ConsoleData`, driven by Starlette's TestClient.
 
 What a real ledger does with a disposition is the browser test's
 (tests/integration/test_console.py); here: what the pages show, how the forms
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
-from ledger.cli.console import (
+from ledger.console import (
     LedgerData,
     StageHealth,
     allowed_hosts,

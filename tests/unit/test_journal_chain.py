@@ -15,7 +15,7 @@ from consumers.journal_chain import JournalChain, read_heads
 from ledger.audit.chain import Link, PartitionRead, WitnessedHead, verify_chains
 from ledger.audit.report import AuditReport
 from ledger.chain import ChainHead, entry_hash, genesis
-from ledger.cli.ops import audit_lines
+from ledger.cli.audit import audit_lines
 from ledger.credentials import load_keyring, stage_sealer
 from ledger.events import Event, JournalEntry, decode_event
 from ledger.fold import (

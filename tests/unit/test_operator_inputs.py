@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from consumers import reader
-from ledger.cli import approvals, main, ops
+from ledger.cli import approvals, main, ops, reconcile
 from ledger.contracts import PAYMENT_GATEWAY
 from ledger.errors import LedgerError
 from ledger.events import Approval, Disposition, PolicyChange
@@ -70,7 +70,7 @@ class FakePublisher:
 def published(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakePublisher]:
     """No broker check; publishing goes to a fake."""
     fake = FakePublisher()
-    for module in (ops, approvals):
+    for module in (ops, reconcile, approvals):
         monkeypatch.setattr(module, "_ready", lambda settings: None)
         monkeypatch.setattr(module, "_publisher", lambda settings: fake)
     monkeypatch.setattr(reader, "policy_in_force", lambda settings: fake.policy)
@@ -254,7 +254,7 @@ def test_a_reviewer_named_where_an_operator_signs_is_told_so(
     ledger("reviewer", "add", "alice")
     held = helpers.state("refund:1:v1", RecoveryState.UNKNOWN_OUTCOME)
     monkeypatch.setattr(reader, "current_states", lambda settings: {"refund:1:v1": held})
-    monkeypatch.setattr(ops, "_publisher", LedgerPublisher)
+    monkeypatch.setattr(reconcile, "_publisher", LedgerPublisher)
     args = ["reconcile", "dispose", "refund:1:v1", "--decision", "absent", "--by", "alice"]
     refused(ledger(*args, "--evidence", "bank statement"), "'alice' is a reviewer", "an operator")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jinja2
 import pytest
 
-from ledger.cli.render import environment, fmt, render
+from ledger.reports.render import environment, fmt, render
 
 
 def test_values_are_escaped_and_svg_marked_safe_is_not() -> None:

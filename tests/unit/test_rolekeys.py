@@ -196,8 +196,8 @@ def test_sealed_topics_keep_broker_time_and_a_topic_that_does_not_is_refused() -
         assert stamped == any(role in STAGE_KEY_ROLES for role in spec.auth), spec.name
     state = TOPIC_BY_NAME["state"]
     entries = {k: ConfigEntry(k, v) for k, v in topics.topic_config(state).items()}
-    assert topics._config_problems("x.state", state, entries) == []
+    assert topics.check._config_problems("x.state", state, entries) == []
     entries["message.timestamp.type"] = ConfigEntry("message.timestamp.type", "CreateTime")
-    (problem,) = topics._config_problems("x.state", state, entries)
+    (problem,) = topics.check._config_problems("x.state", state, entries)
     assert problem.config == "message.timestamp.type" and problem.expected == "LogAppendTime"
     assert "set message.timestamp.type=LogAppendTime" in problem.message

@@ -9,7 +9,7 @@ import pytest
 
 from consumers.retry import is_retriable
 from ledger.errors import BrokerUnavailableError
-from ledger.topics import _describe
+from ledger.topics.admin import read_configs
 
 
 class SilentAdmin:
@@ -22,7 +22,7 @@ class SilentAdmin:
 def test_a_config_read_without_an_answer_is_a_retriable_broker_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("ledger.topics._ADMIN_TIMEOUT_S", 0.01)
+    monkeypatch.setattr("ledger.topics.admin.ADMIN_TIMEOUT_S", 0.01)
     with pytest.raises(BrokerUnavailableError, match="no answer") as caught:
-        _describe(SilentAdmin(), ["p.intents"])  # type: ignore[arg-type]
+        read_configs(SilentAdmin(), ["p.intents"])  # type: ignore[arg-type]
     assert is_retriable(caught.value)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ledger.audit import AuditReport, Provenance, audit
 from ledger.audit.chain import Link, PartitionRead, WitnessedHead
 from ledger.audit.witness import HeadsRead, WitnessReport, evaluate_witness
-from ledger.cli.ops import audit_lines
+from ledger.cli.audit import audit_lines
 from ledger.topology import misplaced, partition_for
 
 NOW_MS = 1_800_000_000_000

@@ -1,6 +1,6 @@
 """The console's triage: problems first, counts in the navigation, "read back now".
 
-The console (:mod:`ledger.cli.console`) lists operations problems first:
+The console (:mod:`ledger.console`) lists operations problems first:
 stranded ones (:mod:`ledger.stranded`) before those held for a person
 (UNKNOWN_OUTCOME, NEEDS_REAUTHORISATION, ABANDONED), those before work in
 flight, and settled work last; within a rank the oldest first, then by

@@ -2,7 +2,7 @@
 
 :func:`audit_page` renders an audit report with the template
 ``audit.html.j2``; ``ledger audit --html`` adds a bar plot of the invariants
-(:func:`ledger.cli.html.audit_html`, matplotlib), the operator console shows
+(:func:`ledger.reports.plots.audit_html`, matplotlib), the operator console shows
 the same page without it.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ledger.audit.report import LEDGER_AND_SINKS, UNSETTLED_STATES, coverage_words
-from ledger.cli.render import render
+from ledger.reports.render import render
 
 __all__ = ["audit_context", "audit_page", "coverage_label"]
 

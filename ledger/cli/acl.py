@@ -64,8 +64,11 @@ def to_binding(entry: acl.Acl) -> AclBinding:
 
 
 def from_binding(binding: AclBinding) -> acl.Acl | None:
-    """The plan entry a broker binding equals, or ``None`` (a DENY, or an
-    operation, resource type or pattern the plan never uses)."""
+    """The plan entry a broker binding equals, or ``None``.
+
+    The plan entry a broker binding equals, or ``None`` (a DENY, or an
+    operation, resource type or pattern the plan never uses).
+    """
     if binding.permission_type != AclPermissionType.ALLOW:
         return None
     # The admin client hands back enums; the annotations also allow str and int.

@@ -24,7 +24,9 @@ from ledger.reports import audit_html
 
 
 def audit_lines(report: Any) -> list[str]:
-    """An audit report as text: verdict with its coverage, when it ran, facts split
+    """An audit report as text.
+
+    An audit report as text: verdict with its coverage, when it ran, facts split
     by coverage, violations, open items with their history commands, refused
     records and the offsets read.
 

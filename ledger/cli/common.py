@@ -207,7 +207,9 @@ def reader_ready(settings: LedgerSettings) -> None:
 
 
 def instant_text(at_ms: int, now_ms: int) -> str:
-    """A ledger-clock instant for people: ``2026-12-01T23:10:00Z (in 3600 s)``
+    """A ledger-clock instant for people.
+
+    A ledger-clock instant for people: ``2026-12-01T23:10:00Z (in 3600 s)``
     on the system clock, ``3600 s (in 3600 s)`` on a manual clock.
 
     Args:

@@ -72,7 +72,9 @@ def _metrics_option(
     help="How long a disposition waits for the processor's decision (seconds).",
 )
 def console_cmd(host: str, port: int, metrics: dict[str, str], wait_s: float) -> None:
-    """Serve the operator console: operations, timelines, the unknown-outcome queue
+    """Serve the operator console.
+
+    Serve the operator console: operations, timelines, the unknown-outcome queue
     with dispositions, the latest audit and stage health.
 
     It binds to the loopback interface by default. Anyone who can reach it can

@@ -1,4 +1,6 @@
-"""Operators' commands: intents, forks, claims, state, policy and the ledger clock
+"""Operators' commands: intents, forks, claims, state, policy and the ledger clock.
+
+Operators' commands: intents, forks, claims, state, policy and the ledger clock
 (approvals are :mod:`ledger.cli.approvals`, reconciliation :mod:`ledger.cli.reconcile`,
 the audit :mod:`ledger.cli.audit`).
 

@@ -88,7 +88,9 @@ def reconcile_list(as_json: bool) -> None:
     '"observed", "detail"}], a verification with "kind": "POSTCONDITION".',
 )
 def reconcile_run(as_json: bool) -> None:
-    """Drain the reconciliation queue once: read back every open unknown outcome
+    """Drain the reconciliation queue once.
+
+    Drain the reconciliation queue once: read back every open unknown outcome
     whose sink offers readback, verify again every stranded EFFECT_COMMITTED
     operation (a postcondition query, never the effect's request), and record
     each observation in the ledger.

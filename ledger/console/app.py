@@ -96,7 +96,6 @@ def create_app(
     Returns:
         A Starlette application; see the module docstring for its routes.
     """
-
     form_token = token or secrets.token_urlsafe(32)
     last_audit: list[AuditRun] = []
     nav = NavCounts(data.stranded, data.queue)
@@ -128,8 +127,11 @@ def create_app(
         )
 
     async def posted(request: Request) -> tuple[Response | None, dict[str, str]]:
-        """A posted form's values, or the refusal to answer instead (another
-        origin, a missing or stale form token) -- every action's first step."""
+        """A posted form's values, or the refusal to answer instead.
+
+        A posted form's values, or the refusal to answer instead (another
+        origin, a missing or stale form token) -- every action's first step.
+        """
         no = refused(request)
         if no is not None:
             return no, {}
@@ -362,8 +364,10 @@ MAX_FORM_BYTES = 64 * 1024
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """The fields of a plain HTML form (``application/x-www-form-urlencoded``), first
-    value of each; anything else, or a body over :data:`MAX_FORM_BYTES`, is no fields."""
+    """The fields of a plain HTML form (``application/x-www-form-urlencoded``), first value of each.
+
+    Anything else, or a body over :data:`MAX_FORM_BYTES`, is no fields.
+    """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         return {}

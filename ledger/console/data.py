@@ -1,4 +1,6 @@
-"""What the operator console reads and writes: the :class:`ConsoleData` port, and
+"""What the operator console reads and writes.
+
+What the operator console reads and writes: the :class:`ConsoleData` port, and
 :class:`LedgerData`, the ledger's.
 
 No web framework here: the pages (:mod:`ledger.console.app`) read through
@@ -116,8 +118,9 @@ class ConsoleData(Protocol):
         """Operations stranded short of where they should rest, oldest first."""
 
     def read_back(self, operation_id: str) -> str:
-        """Read back one operation now (a verification or an effect readback; never the
-        effect's request) and record it; return one line saying what was observed.
+        """Read back one operation now (a verification or an effect readback.
+
+        Never the effect's request) and record it; return one line saying what was observed.
 
         Raises:
             LedgerError: it could not be read back or recorded.
@@ -125,9 +128,11 @@ class ConsoleData(Protocol):
 
 
 def operation_age_s(state: OperationState, now_ms: int) -> float | None:
-    """Seconds on the ledger clock since the operation's latest observation, else
-    its admission (``None``: neither happened); never negative."""
+    """Seconds on the ledger clock since the operation's latest observation.
 
+    Seconds on the ledger clock since the operation's latest observation, else
+    its admission (``None``: neither happened); never negative.
+    """
     since = state.observed_at_ms if state.observed_at_ms is not None else state.admitted_at_ms
     return age_s(now_ms, since)
 
@@ -164,23 +169,22 @@ class LedgerData:
 
     def now_ms(self) -> int:
         """The ledger clock (system, or the testbed's manual one), milliseconds."""
-
         return clock_for(self.settings.clock, self.settings.run_dir).now_ms()
 
     def operations(self) -> list[OperationState]:
         """Every operation in ``ledger.state`` (as ``ledger state`` reads them)."""
-
         return sorted(current_states(self.settings).values(), key=lambda st: st.operation_id)
 
     def queue(self) -> list[OperationState]:
         """The reconciliation queue (as ``ledger reconcile list`` reads it)."""
-
         return open_items(self.settings)
 
     def history(self, operation_id: str) -> dict[str, Any] | None:
-        """The operation's history (``History.to_dict()``, as ``ledger history --json``),
-        ``None`` when no record is about it."""
+        """The operation's history, ``None`` when no record is about it.
 
+        The operation's history (``History.to_dict()``, as ``ledger history --json``),
+        ``None`` when no record is about it.
+        """
         try:
             return read_history(self.settings, operation_id).to_dict()
         except UnknownOperationError:
@@ -193,7 +197,6 @@ class LedgerData:
 
     def dispose(self, operation_id: str, decision: str, by: str, evidence: str) -> str:
         """Publish a disposition signed with ``by``'s operator key and wait for the decision."""
-
         state = current_states(self.settings).get(operation_id)
         if state is None:
             return f"not disposed: no operation {operation_id!r} in the ledger"
@@ -226,17 +229,14 @@ class LedgerData:
 
     def audit(self, read_sinks: bool) -> dict[str, Any]:
         """Run the auditor (``ledger audit``) and return its report."""
-
         return run_audit(self.settings, read_sinks=read_sinks).to_dict()
 
     def stranded(self) -> list[Stranded]:
         """The ledger's stranded operations (:func:`consumers.stranding.ledger_stranded`)."""
-
         return ledger_stranded(self.settings)
 
     def read_back(self, operation_id: str) -> str:
         """:func:`consumers.reverify.read_back_now`."""
-
         return read_back_now(self.settings, operation_id)
 
     def stages(self) -> list[StageHealth]:
@@ -285,7 +285,6 @@ class LedgerData:
 
     def _groups(self) -> list[StageHealth]:
         """Each stage's consumer group as ``ledger status`` sees it (members, assignment, lag)."""
-
         try:
             stages = stage_status(self.settings)
         except LedgerError as exc:

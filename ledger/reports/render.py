@@ -25,9 +25,12 @@ __all__ = ["environment", "fmt", "render"]
 
 
 def fmt(value: Any) -> str:
-    """A value as display text (not yet escaped): integers plainly, floats to 4
+    """A value as display text (not yet escaped).
+
+    A value as display text (not yet escaped): integers plainly, floats to 4
     significant digits (whole numbers without a fraction), ``None`` as a dash,
-    booleans as yes/no, mappings as ``k: v, ...`` and sequences comma-joined."""
+    booleans as yes/no, mappings as ``k: v, ...`` and sequences comma-joined.
+    """
     if value is None:
         return "—"
     if isinstance(value, bool):
@@ -51,7 +54,9 @@ def fmt(value: Any) -> str:
 
 @cache
 def environment(*packages: str) -> Environment:
-    """The Jinja2 environment for templates of ``packages`` (each a package
+    """The Jinja2 environment for templates of ``packages``, then the ledger's own.
+
+    The Jinja2 environment for templates of ``packages`` (each a package
     with a ``templates`` folder, searched first) and then the ledger's own.
 
     Args:

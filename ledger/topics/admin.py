@@ -86,6 +86,7 @@ class Cluster:
     replicas: dict[str, dict[int, tuple[int, ...]]]
 
     def partitions(self) -> dict[str, int]:
+        """Partition count per topic name."""
         return {name: len(parts) for name, parts in self.replicas.items()}
 
 

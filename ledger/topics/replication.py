@@ -47,6 +47,7 @@ class Replication:
 
 
 def brokers_text(count: int) -> str:
+    """``1 broker`` or ``N brokers``."""
     return f"{count} broker" + ("" if count == 1 else "s")
 
 

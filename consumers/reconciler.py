@@ -26,8 +26,8 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from consumers.readback import read_effect
 from consumers.reader import current_states
-from consumers.relay import read_effect
 from consumers.retry import KafkaRetry, policy_for
 from consumers.sinkpool import PassGuard
 from consumers.stage import Record, key_text, read_partition

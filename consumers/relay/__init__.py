@@ -94,9 +94,8 @@ stage wiring them to the exactly-once loop:
   :mod:`~consumers.relay.sinks`: what the relay remembers and records.
 """
 
-from consumers.relay.calls import read_effect
 from consumers.relay.parking import Parked
 from consumers.relay.records import Output
 from consumers.relay.stage import Relay
 
-__all__ = ["Output", "Parked", "Relay", "read_effect"]
+__all__ = ["Output", "Parked", "Relay"]

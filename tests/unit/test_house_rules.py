@@ -46,7 +46,6 @@ KNOWN: dict[str, set[str]] = {
         "consumers/processor.py:Processor",
         "consumers/relay.py:Relay",
         "consumers/stage.py:Stage",
-        "sinks/conformance.py:SinkCheck",
     },
     "begin_transaction": {
         "consumers/authority.py",

@@ -178,6 +178,125 @@ def postcondition_source(query: PostconditionQuery, subject: str) -> str:
             return f"GET /accounts/{subject}"
 
 
+def _submit_result(
+    answer: Answer | NoAnswer, operation_id: str, path: str, sink: str
+) -> SubmitResult:
+    """What a submit's answer (or its absence) says; see :class:`SubmitResult`.
+
+    Raises:
+        SinkProtocolError: an answer outside the protocol.
+    """
+    if isinstance(answer, NoAnswer):
+        status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
+        return SubmitResult(status, operation_id, detail=answer.detail, sent=answer.sent)
+    code = answer.status_code
+    body = json_body(answer)
+    if code in (200, 201) and body.get("status") == "committed":
+        return SubmitResult(
+            "committed",
+            operation_id,
+            effect_id=body["effect_id"],
+            committed_ms=body["committed_ms"],
+            replayed=bool(body.get("replayed", False)),
+            http_status=code,
+        )
+    if code == 409 and body.get("error") == "stale_fencing_token":
+        return SubmitResult(
+            "stale_token",
+            operation_id,
+            highest_token=body.get("highest"),
+            http_status=code,
+            detail="stale_fencing_token",
+        )
+    if code == 409 and body.get("error") == "idempotency_key_reused":
+        return SubmitResult(
+            "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
+        )
+    if 400 <= code < 500:
+        # Any other refusal (422, a 400 for params it cannot take, 404 for
+        # a route it does not have ...) is definite: no effect was made.
+        return SubmitResult("rejected", operation_id, http_status=code, detail=answer.text)
+    if code == 503:
+        return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
+    if code >= 500 and code != 501:
+        return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
+    raise SinkProtocolError("POST", path, code, answer.text, sink=sink, operation_id=operation_id)
+
+
+def _readback_result(
+    answer: Answer | NoAnswer, operation_id: str, path: str, sink: str
+) -> ReadbackResult:
+    """What a readback's answer (or its absence) says; see :class:`ReadbackResult`.
+
+    Raises:
+        SinkProtocolError: an answer outside the protocol.
+    """
+    if isinstance(answer, NoAnswer):
+        return ReadbackResult("ambiguous", operation_id, detail=answer.detail, sent=answer.sent)
+    code = answer.status_code
+    body = json_body(answer)
+    if code == 200 and body.get("status") == "committed":
+        return ReadbackResult(
+            "committed",
+            operation_id,
+            effect_id=body["effect_id"],
+            committed_ms=body["committed_ms"],
+            parameter_digest=body.get("parameter_digest"),
+            effects=int(body["effects"]),
+            http_status=code,
+        )
+    if code == 404 and body.get("status") == "absent":
+        return ReadbackResult("absent", operation_id, http_status=code, detail="absent")
+    if code == 501:
+        return ReadbackResult(
+            "unsupported", operation_id, http_status=code, detail=str(body.get("error", ""))
+        )
+    if code == 409 and body.get("error") == "stale_fencing_token":
+        return ReadbackResult(
+            "stale_token",
+            operation_id,
+            highest_token=body.get("highest"),
+            http_status=code,
+            detail="stale_fencing_token",
+        )
+    if code >= 500:
+        return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
+    raise SinkProtocolError("GET", path, code, answer.text, sink=sink, operation_id=operation_id)
+
+
+def _account_result(
+    answer: Answer | NoAnswer, account: str, path: str, sink: str
+) -> AccountCredits:
+    """What an account query's answer (or its absence) says; see :class:`AccountCredits`.
+
+    Raises:
+        SinkProtocolError: an answer outside the protocol.
+    """
+    if isinstance(answer, NoAnswer):
+        return AccountCredits("ambiguous", account, detail=answer.detail, sent=answer.sent)
+    code = answer.status_code
+    body = json_body(answer)
+    if code == 200 and "credited_minor" in body:
+        credits = tuple(
+            Credit(c["operation_id"], int(c["amount_minor"]), c["effect_id"])
+            for c in body.get("credits", [])
+        )
+        return AccountCredits(
+            "observed",
+            account,
+            credited_minor=int(body["credited_minor"]),
+            credits=credits,
+            http_status=code,
+        )
+    if code == 501:
+        return AccountCredits(
+            "unsupported", account, http_status=code, detail=str(body.get("error", ""))
+        )
+    if code >= 500:
+        return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
+    raise SinkProtocolError("GET", path, code, answer.text, sink=sink)
+
+
 class SinkClient:
     """Client of one reference sink.
 
@@ -326,43 +445,7 @@ class SinkClient:
         }
         body.update({name: value for name, value in inputs.items() if value is not None})
         answer = self._send("POST", path, operation_id=operation_id, headers=headers, json=body)
-        if isinstance(answer, NoAnswer):
-            status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
-            return SubmitResult(status, operation_id, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = json_body(answer)
-        if code in (200, 201) and body.get("status") == "committed":
-            return SubmitResult(
-                "committed",
-                operation_id,
-                effect_id=body["effect_id"],
-                committed_ms=body["committed_ms"],
-                replayed=bool(body.get("replayed", False)),
-                http_status=code,
-            )
-        if code == 409 and body.get("error") == "stale_fencing_token":
-            return SubmitResult(
-                "stale_token",
-                operation_id,
-                highest_token=body.get("highest"),
-                http_status=code,
-                detail="stale_fencing_token",
-            )
-        if code == 409 and body.get("error") == "idempotency_key_reused":
-            return SubmitResult(
-                "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
-            )
-        if 400 <= code < 500:
-            # Any other refusal (422, a 400 for params it cannot take, 404 for
-            # a route it does not have ...) is definite: no effect was made.
-            return SubmitResult("rejected", operation_id, http_status=code, detail=answer.text)
-        if code == 503:
-            return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
-        if code >= 500 and code != 501:
-            return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError(
-            "POST", path, code, answer.text, sink=self.base_url, operation_id=operation_id
-        )
+        return _submit_result(answer, operation_id, path, self.base_url)
 
     def readback_source(self, operation_id: str) -> str:
         """The request a readback of ``operation_id`` is (named in readback records)."""
@@ -385,39 +468,7 @@ class SinkClient:
         path = f"/operations/{quote(operation_id, safe=':')}"
         query = {} if fencing_token is None else {"fencing_token": str(fencing_token)}
         answer = self._send("GET", path, operation_id=operation_id, params=query)
-        if isinstance(answer, NoAnswer):
-            return ReadbackResult("ambiguous", operation_id, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = json_body(answer)
-        if code == 200 and body.get("status") == "committed":
-            return ReadbackResult(
-                "committed",
-                operation_id,
-                effect_id=body["effect_id"],
-                committed_ms=body["committed_ms"],
-                parameter_digest=body.get("parameter_digest"),
-                effects=int(body["effects"]),
-                http_status=code,
-            )
-        if code == 404 and body.get("status") == "absent":
-            return ReadbackResult("absent", operation_id, http_status=code, detail="absent")
-        if code == 501:
-            return ReadbackResult(
-                "unsupported", operation_id, http_status=code, detail=str(body.get("error", ""))
-            )
-        if code == 409 and body.get("error") == "stale_fencing_token":
-            return ReadbackResult(
-                "stale_token",
-                operation_id,
-                highest_token=body.get("highest"),
-                http_status=code,
-                detail="stale_fencing_token",
-            )
-        if code >= 500:
-            return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError(
-            "GET", path, code, answer.text, sink=self.base_url, operation_id=operation_id
-        )
+        return _readback_result(answer, operation_id, path, self.base_url)
 
     def reserve(
         self,
@@ -495,29 +546,7 @@ class SinkClient:
         """
         path = f"/accounts/{quote(account, safe=':')}"
         answer = self._send("GET", path)
-        if isinstance(answer, NoAnswer):
-            return AccountCredits("ambiguous", account, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = json_body(answer)
-        if code == 200 and "credited_minor" in body:
-            credits = tuple(
-                Credit(c["operation_id"], int(c["amount_minor"]), c["effect_id"])
-                for c in body.get("credits", [])
-            )
-            return AccountCredits(
-                "observed",
-                account,
-                credited_minor=int(body["credited_minor"]),
-                credits=credits,
-                http_status=code,
-            )
-        if code == 501:
-            return AccountCredits(
-                "unsupported", account, http_status=code, detail=str(body.get("error", ""))
-            )
-        if code >= 500:
-            return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
-        raise SinkProtocolError("GET", path, code, answer.text, sink=self.base_url)
+        return _account_result(answer, account, path, self.base_url)
 
     def postcondition(self, query: PostconditionQuery, subject: str) -> AccountCredits:
         """Ask the postcondition query a contract declares.

@@ -23,29 +23,23 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Container, Iterable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from confluent_kafka import KafkaError, Message, Producer
-from opentelemetry.trace import Span, SpanKind, TracerProvider
+from confluent_kafka import Producer
+from opentelemetry.trace import TracerProvider
 
-from ledger.authn import seal_headers
 from ledger.authority import policy_key
-from ledger.credentials import Credentials, load_keyring
+from ledger.credentials import Credentials
 from ledger.errors import (
-    DeliveryUnknownError,
-    InputBoundsError,
     InvalidInputError,
     OperationExistsError,
-    PublishError,
 )
 from ledger.events import (
     Approval,
     Claim,
     Disposition,
-    Event,
     Intent,
     OperatingEvent,
     OperationState,
@@ -53,7 +47,6 @@ from ledger.events import (
     Readback,
 )
 from ledger.identity import (
-    MAX_INPUT_BYTES,
     amount_of,
     canonical_json,
     check_operation_id,
@@ -64,8 +57,9 @@ from ledger.settings import LedgerSettings
 from ledger.signing import OPTIONAL_SIGNED_FIELDS
 from ledger.states import RecoveryState
 from ledger.topology import Topic
-from ledger.tracing import tracer, with_trace
-from producers.waiting import wait_for_state
+from ledger.tracing import tracer
+from producers.sending import RecordSender
+from producers.waiter import OperationWaiter
 
 
 def require_name(what: str, value: str | None, *, operation_id: str | None = None) -> None:
@@ -323,118 +317,41 @@ class LedgerPublisher:
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.settings = settings
-        self._tracer = tracer(tracer_provider)
-        self.send_timeout_s = send_timeout_s
         #: the keys records are sealed with (:class:`ledger.credentials.Credentials`):
         #: intents are not sealed; a policy change, disposition or approval is
         #: signed by the person it names; claims, readbacks and operating
         #: events by the key of a stage role that writes the topic (ledger.rolekeys).
         self.credentials = credentials or Credentials(settings)
-        #: (short topic, partition, offset) of the last record published.
-        self.last_position: tuple[str, int, int] | None = None
-        #: records published with ``wait=False`` not yet acknowledged, and the
-        #: broker's refusals among them (reported by :meth:`flush`).
-        self._pending = 0
-        self._failed: list[str] = []
-        #: operation ID -> the parameter digest this publisher last published
-        #: for it (what :meth:`wait_for` checks the state against).
-        self._published: dict[str, str] = {}
-        self.producer = Producer(
-            producer_config(settings, **{"client.id": client_id, "linger.ms": 1})
+        #: waits for states, knowing the digest last published for each operation.
+        self._waiter = OperationWaiter(settings)
+        producer = Producer(producer_config(settings, **{"client.id": client_id, "linger.ms": 1}))
+        #: seals, traces and produces each record, and counts the queued ones.
+        self._sender = RecordSender(
+            settings, self.credentials, producer, tracer(tracer_provider), send_timeout_s
         )
 
-    def _span(self, topic: str, key: str, event: Event) -> AbstractContextManager[Span]:
-        """The ``publish <kind>`` producer span of one record."""
-        attributes: dict[str, str] = {
-            "messaging.system": "kafka",
-            "messaging.operation.type": "publish",
-            "messaging.destination.name": topic,
-            "messaging.kafka.message.key": key,
-        }
-        operation_id = getattr(event, "operation_id", None)
-        if operation_id:
-            attributes["ledger.operation_id"] = operation_id
-        return self._tracer.start_as_current_span(
-            f"publish {event.KIND}", kind=SpanKind.PRODUCER, attributes=attributes
-        )
+    @property
+    def producer(self) -> Producer:
+        """The idempotent producer every record goes through (the sender's)."""
+        return self._sender.producer
 
-    def _send(self, topic: str, key: str, event: Event, timeout_s: float | None = None) -> Message:
-        with self._span(topic, key, event) as span:
-            msg = self._send_traced(topic, key, event, timeout_s)
-            span.set_attribute("messaging.destination.partition.id", str(msg.partition() or 0))
-            span.set_attribute("messaging.kafka.offset", msg.offset() or 0)
-            return msg
+    @producer.setter
+    def producer(self, producer: Producer) -> None:
+        self._sender.producer = producer
 
-    def _send_later(self, topic: str, key: str, event: Event) -> None:
-        """Produce one record without waiting; :meth:`flush` reports its delivery."""
-        with self._span(topic, key, event):
-            self._produce(topic, key, event, self._note_delivery)
-        self._pending += 1
-        self.producer.poll(0)  # serve the callbacks of records already delivered
+    @property
+    def send_timeout_s(self) -> float:
+        """How long one publish waits for the broker's acknowledgement (seconds)."""
+        return self._sender.send_timeout_s
 
-    def _note_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        self._pending -= 1
-        if err is not None:
-            self._failed.append(f"{msg.topic()}: {err}")
-            return
-        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
-        self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
+    @send_timeout_s.setter
+    def send_timeout_s(self, seconds: float) -> None:
+        self._sender.send_timeout_s = seconds
 
-    def _produce(
-        self,
-        topic: str,
-        key: str,
-        event: Event,
-        on_delivery: Callable[[KafkaError | None, Message], None],
-    ) -> None:
-        """Produce one record (its seal and the current span's traceparent in its headers)."""
-        value = event.to_bytes()  # validates against the schema first
-        if len(value) > MAX_INPUT_BYTES:
-            raise InputBoundsError(
-                f"the {event.KIND} is {len(value)} bytes encoded; the ledger accepts at most "
-                f"{MAX_INPUT_BYTES} (keep large documents elsewhere and pass a reference)",
-                expected=f"at most {MAX_INPUT_BYTES} bytes",
-                observed=len(value),
-            )
-        raw_key = key.encode("utf-8")
-        sealer = self.credentials.sealer_for(topic, event)
-        headers = with_trace(seal_headers(sealer, topic, raw_key, value))
-        while True:
-            try:
-                self.producer.produce(
-                    self.settings.topic(topic),
-                    key=raw_key,
-                    value=value,
-                    headers=headers,
-                    on_delivery=on_delivery,
-                )
-                return
-            except BufferError:  # the local queue is full: deliver some first
-                self.producer.poll(0.1)
-
-    def _send_traced(
-        self, topic: str, key: str, event: Event, timeout_s: float | None = None
-    ) -> Message:
-        """Produce one record and wait for the broker's acknowledgement."""
-        delivered: list[tuple[KafkaError | None, Message]] = []
-        self._produce(topic, key, event, lambda err, msg: delivered.append((err, msg)))
-        timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while not delivered:
-            if time.monotonic() > deadline:
-                raise DeliveryUnknownError(
-                    f"{event.KIND} {key!r} was not acknowledged by {self.settings.topic(topic)} "
-                    f"within {timeout_s:g} s: it may still be delivered (this client keeps "
-                    "trying), so it has not failed; publish the same operation again to find "
-                    "out, which is always safe. Is the broker running (ledger broker status)?",
-                    observed=key,
-                )
-            self.producer.poll(0.1)
-        err, msg = delivered[0]
-        if err is not None:
-            raise PublishError(f"publishing to {self.settings.topic(topic)} failed: {err}")
-        self.last_position = (topic, msg.partition() or 0, msg.offset() or 0)
-        return msg
+    @property
+    def last_position(self) -> tuple[str, int, int] | None:
+        """``(short topic, partition, offset)`` of the last record published, or ``None``."""
+        return self._sender.last_position
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every record published with ``wait=False`` is acknowledged.
@@ -450,23 +367,7 @@ class LedgerPublisher:
             DeliveryUnknownError: some were not acknowledged within
                 ``timeout_s``: they may still be delivered.
         """
-        timeout_s = self.send_timeout_s if timeout_s is None else timeout_s
-        self.producer.flush(timeout_s)
-        failed, self._failed = self._failed, []
-        if failed:
-            raise PublishError(
-                f"{len(failed)} record(s) were not accepted by the broker: "
-                + "; ".join(failed[:3]),
-                observed=len(failed),
-            )
-        if self._pending:
-            raise DeliveryUnknownError(
-                f"{self._pending} record(s) not acknowledged after {timeout_s:g} s: they may "
-                "still be delivered (this client keeps trying), so they have not failed; "
-                "publish the same operations again to find out, which is always safe. Is the "
-                "broker running (ledger broker status)?",
-                observed=self._pending,
-            )
+        self._sender.flush(timeout_s)
 
     def publish(
         self,
@@ -553,10 +454,10 @@ class LedgerPublisher:
             SchemaValidationError: the intent does not fit its schema.
         """
         if not wait:
-            self._send_later(Topic.INTENTS, intent.operation_id, intent)
+            self._sender.send_later(Topic.INTENTS, intent.operation_id, intent)
             return None
-        msg = self._send(Topic.INTENTS, intent.operation_id, intent)
-        self._published[intent.operation_id] = intent.parameter_digest
+        msg = self._sender.send(Topic.INTENTS, intent.operation_id, intent)
+        self._waiter.published[intent.operation_id] = intent.parameter_digest
         return PublishedIntent(
             intent.operation_id, intent.parameter_digest, msg.partition() or 0, msg.offset() or 0
         )
@@ -629,9 +530,9 @@ class LedgerPublisher:
             if value is not None:
                 require_name(field, value)
         if not wait:
-            self._send_later(Topic.APPROVALS, approval.approval_id, approval)
+            self._sender.send_later(Topic.APPROVALS, approval.approval_id, approval)
             return
-        self._send(Topic.APPROVALS, approval.approval_id, approval)
+        self._sender.send(Topic.APPROVALS, approval.approval_id, approval)
 
     def publish_claim(self, operation_id: str, worker: str, expected_version: int) -> str:
         """Ask to own an operation, compare-and-swap on its version.
@@ -641,7 +542,7 @@ class LedgerPublisher:
         """
         require_name("a claim's worker name", worker, operation_id=operation_id)
         claim_id = f"claim:{worker}:{uuid.uuid4().hex[:12]}"
-        self._send(
+        self._sender.send(
             Topic.CLAIMS,
             operation_id,
             Claim(
@@ -668,7 +569,7 @@ class LedgerPublisher:
         require_policy_version(version)
         require_name("set_by", set_by)
         change = PolicyChange(version=version, set_by=set_by, effective_at_ms=effective_at_ms)
-        self._send(Topic.POLICY, policy_key(change), change)
+        self._sender.send(Topic.POLICY, policy_key(change), change)
 
     def publish_disposition(self, disposition: Disposition) -> None:
         """Publish an attributable disposition of an unknown outcome (key: operation ID).
@@ -681,15 +582,15 @@ class LedgerPublisher:
         require_name("disposition_id", disposition.disposition_id, operation_id=op)
         require_name("a disposition's by (who decides)", disposition.by, operation_id=op)
         require_name("a disposition's evidence", disposition.evidence, operation_id=op)
-        self._send(Topic.DISPOSITIONS, disposition.operation_id, disposition)
+        self._sender.send(Topic.DISPOSITIONS, disposition.operation_id, disposition)
 
     def publish_readback(self, readback: Readback) -> None:
         """Publish an observation of an effect (reconcilers; key: operation ID)."""
-        self._send(Topic.READBACKS, readback.operation_id, readback)
+        self._sender.send(Topic.READBACKS, readback.operation_id, readback)
 
     def publish_operating_event(self, event: OperatingEvent) -> None:
         """Publish an operating event (e.g. a worker's refused stale dispatch)."""
-        self._send(Topic.OPERATING_EVENTS, event.operation_id or "", event)
+        self._sender.send(Topic.OPERATING_EVENTS, event.operation_id or "", event)
 
     def wait_for(
         self,
@@ -700,15 +601,10 @@ class LedgerPublisher:
     ) -> OperationState:
         """Wait until the ledger holds ``operation_id`` in one of ``states``.
 
-        Reads the processor's ``state`` topic (only records sealed by a
-        stage) and decides on the latest state once it has read to the end:
-        one of ``states`` returns, a resting state that is not one of them
-        (:data:`ledger.states.RESTING`: OUTCOME_VERIFIED, ABANDONED,
-        NEEDS_REAUTHORISATION, UNKNOWN_OUTCOME) raises at once, any other
-        state is waited through. The latest state is what counts: an
-        operation published again after NEEDS_REAUTHORISATION is still seen
-        there until the processor has decided on the new intent, so wait for
-        that decision first (``ledger intent publish`` does).
+        The latest state on the processor's ``state`` topic decides: one of
+        ``states`` returns, another resting state raises at once, any other
+        state is waited through (in full: :meth:`OperationWaiter.wait_for
+        <producers.waiter.OperationWaiter.wait_for>`).
 
         Args:
             operation_id: the operation, e.g. ``refund:1842:v3``.
@@ -716,39 +612,23 @@ class LedgerPublisher:
             timeout_s: how long to wait, in seconds.
             parameter_digest: the digest of the intent waited on; default:
                 the digest this publisher last published for the operation
-                (none: not checked). A state bound to another digest means
-                the intent was refused as parameter drift, so its state is
-                not an answer.
+                (none: not checked).
 
         Returns:
-            The operation's :class:`~ledger.events.OperationState` (its
-            ``state`` one of ``states``; ``reason`` says why it moved there).
+            The operation's :class:`~ledger.events.OperationState`.
 
         Raises:
             LedgerError: ``states`` is empty or names no recovery state.
-            OperationEndedElsewhereError: it rests in another state
-                (``observed`` names it).
-            ParameterDriftError: the operation is bound to another parameter
-                digest (``expected`` is the intent's, ``observed`` the state's).
-            WaitTimeoutError: none of ``states`` within ``timeout_s``
-                (retryable; ``observed`` is the state last seen, or ``None``).
+            OperationEndedElsewhereError: it rests in another state.
+            ParameterDriftError: the operation is bound to another parameter digest.
+            WaitTimeoutError: none of ``states`` within ``timeout_s`` (retryable).
             LocalFileError: a key file is unreadable.
         """
-        try:
-            wanted = frozenset(RecoveryState(s) for s in states)
-        except ValueError as exc:
-            raise InvalidInputError(f"wait_for: {exc}", operation_id=operation_id) from exc
-        if not wanted:
-            raise InvalidInputError("wait_for: name at least one state", operation_id=operation_id)
-        keyring = (
-            load_keyring(self.settings) if self.settings.require_authenticated_records else None
-        )
-        digest = parameter_digest or self._published.get(operation_id)
-        return wait_for_state(self.settings, operation_id, wanted, timeout_s, keyring, digest)
+        return self._waiter.wait_for(operation_id, states, timeout_s, parameter_digest)
 
     def close(self) -> None:
         """Flush outstanding records."""
-        self.producer.flush(10)
+        self._sender.producer.flush(10)
 
 
 #: The former name of :class:`LedgerPublisher`, kept for services that import it.

@@ -2,7 +2,7 @@
 
 Every expected outcome is a value, never an exception: the methods return
 frozen result objects whose ``status`` says what happened. Transport
-failures are translated once, in :meth:`SinkClient._send`:
+failures are translated once, in :meth:`sinks.exchange.HttpExchange.send`:
 
 * the request certainly did not leave (connection refused, connect or pool
   timeout): a submit is ``unavailable`` (safe to retry);
@@ -27,49 +27,33 @@ module.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 from urllib.parse import quote
 
 import httpx
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ledger.contracts import PostconditionQuery
-from ledger.errors import SinkAuthError, SinkError, SinkUnavailableError
+from ledger.errors import SinkError, SinkUnavailableError
 from ledger.errors import SinkProtocolError as SinkProtocolError  # re-exported: its old home
-from ledger.tracing import trace_headers, tracer
-from sinks.limits import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    Deadline,
-    bounded_transport,
-    deadline_detail,
-    read_capped,
-    within,
-)
-
-#: Spans of sink requests (the global tracer provider's, see :mod:`ledger.tracing`).
-_TRACER = tracer()
+from sinks.exchange import Answer, HttpExchange, NoAnswer, json_body
+from sinks.holds import HoldResult as HoldResult  # re-exported: its old home
+from sinks.holds import HoldStatus as HoldStatus  # re-exported: its old home
+from sinks.holds import Reservations
+from sinks.limits import DEFAULT_MAX_RESPONSE_BYTES
 
 SubmitStatus = Literal[
     "committed", "rejected", "stale_token", "key_reused", "unavailable", "ambiguous"
 ]
 ReadbackStatus = Literal["committed", "absent", "unsupported", "stale_token", "ambiguous"]
 AccountStatus = Literal["observed", "unsupported", "ambiguous"]
-HoldStatus = Literal[
-    "held",
-    "confirmed",
-    "released",
-    "absent",
-    "rejected",
-    "stale_token",
-    "key_reused",
-    "unsupported",
-    "unavailable",
-    "ambiguous",
-]
 
+#: The answer types and body reader under the names importers (the testbed's
+#: admin client) know them by.
+_Answer = Answer
+_NoAnswer = NoAnswer
+_json = json_body
 
 #: Former names of the client's errors, kept for importers.
 SinkClientError = SinkError
@@ -141,39 +125,6 @@ class ReadbackResult:
 
 
 @dataclass(frozen=True)
-class HoldResult:
-    """Outcome of a reservation call (try-confirm-cancel, ``/reservations``).
-
-    Attributes:
-        status: the hold as the sink reports it -- ``held``, ``confirmed``
-            (the effect is made), ``released`` (cancelled, or expired after
-            the contract's ``reservation_hold_s``), ``absent`` (never
-            reserved) -- or ``rejected`` (a reserve refused: no hold),
-            ``stale_token``, ``key_reused`` (held with other parameters),
-            ``unsupported`` (no reservations), ``unavailable`` (not
-            processed) or ``ambiguous`` (no answer: the call may have acted).
-        operation_id: the operation (the hold's key).
-        effect_id: the effect made by the confirmation, when confirmed.
-        released_why: ``cancelled`` or ``expired`` when released.
-        expires_at_ms: ledger time (ms) an unconfirmed hold is released.
-        reserves: how many holds were taken under this key.
-        http_status: the HTTP status, or ``None`` when no answer came.
-        detail: a human-readable reason.
-        sent: ``False`` when the request never left.
-    """
-
-    status: HoldStatus
-    operation_id: str
-    effect_id: str | None = None
-    released_why: str | None = None
-    expires_at_ms: int | None = None
-    reserves: int = 0
-    http_status: int | None = None
-    detail: str = ""
-    sent: bool = True
-
-
-@dataclass(frozen=True)
 class Credit:
     """One credit to an account (postcondition evidence).
 
@@ -212,31 +163,6 @@ class AccountCredits:
     sent: bool = True
 
 
-@dataclass(frozen=True)
-class _NoAnswer:
-    """No (whole) answer: a transport failure, the deadline or the size cap.
-
-    ``sent`` is ``False`` when the request never left.
-    """
-
-    sent: bool
-    detail: str
-    cause: Exception | None = None
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """A whole answer of at most the size cap: its status and body."""
-
-    status_code: int
-    body: bytes
-
-    @property
-    def text(self) -> str:
-        """The body as text (undecodable bytes replaced)."""
-        return self.body.decode("utf-8", errors="replace")
-
-
 def postcondition_source(query: PostconditionQuery, subject: str) -> str:
     """Name the request that answers a postcondition query (for readback records).
 
@@ -252,12 +178,123 @@ def postcondition_source(query: PostconditionQuery, subject: str) -> str:
             return f"GET /accounts/{subject}"
 
 
-def _json(answer: _Answer) -> dict[str, Any]:
-    try:
-        body = json.loads(answer.body)
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
+def _submit_result(
+    answer: Answer | NoAnswer, operation_id: str, path: str, sink: str
+) -> SubmitResult:
+    """What a submit's answer (or its absence) says; see :class:`SubmitResult`.
+
+    Raises:
+        SinkProtocolError: an answer outside the protocol.
+    """
+    if isinstance(answer, NoAnswer):
+        status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
+        return SubmitResult(status, operation_id, detail=answer.detail, sent=answer.sent)
+    code = answer.status_code
+    body = json_body(answer)
+    if code in (200, 201) and body.get("status") == "committed":
+        return SubmitResult(
+            "committed",
+            operation_id,
+            effect_id=body["effect_id"],
+            committed_ms=body["committed_ms"],
+            replayed=bool(body.get("replayed", False)),
+            http_status=code,
+        )
+    if code == 409 and body.get("error") == "stale_fencing_token":
+        return SubmitResult(
+            "stale_token",
+            operation_id,
+            highest_token=body.get("highest"),
+            http_status=code,
+            detail="stale_fencing_token",
+        )
+    if code == 409 and body.get("error") == "idempotency_key_reused":
+        return SubmitResult(
+            "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
+        )
+    if 400 <= code < 500:
+        # Any other refusal (422, a 400 for params it cannot take, 404 for
+        # a route it does not have ...) is definite: no effect was made.
+        return SubmitResult("rejected", operation_id, http_status=code, detail=answer.text)
+    if code == 503:
+        return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
+    if code >= 500 and code != 501:
+        return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
+    raise SinkProtocolError("POST", path, code, answer.text, sink=sink, operation_id=operation_id)
+
+
+def _readback_result(
+    answer: Answer | NoAnswer, operation_id: str, path: str, sink: str
+) -> ReadbackResult:
+    """What a readback's answer (or its absence) says; see :class:`ReadbackResult`.
+
+    Raises:
+        SinkProtocolError: an answer outside the protocol.
+    """
+    if isinstance(answer, NoAnswer):
+        return ReadbackResult("ambiguous", operation_id, detail=answer.detail, sent=answer.sent)
+    code = answer.status_code
+    body = json_body(answer)
+    if code == 200 and body.get("status") == "committed":
+        return ReadbackResult(
+            "committed",
+            operation_id,
+            effect_id=body["effect_id"],
+            committed_ms=body["committed_ms"],
+            parameter_digest=body.get("parameter_digest"),
+            effects=int(body["effects"]),
+            http_status=code,
+        )
+    if code == 404 and body.get("status") == "absent":
+        return ReadbackResult("absent", operation_id, http_status=code, detail="absent")
+    if code == 501:
+        return ReadbackResult(
+            "unsupported", operation_id, http_status=code, detail=str(body.get("error", ""))
+        )
+    if code == 409 and body.get("error") == "stale_fencing_token":
+        return ReadbackResult(
+            "stale_token",
+            operation_id,
+            highest_token=body.get("highest"),
+            http_status=code,
+            detail="stale_fencing_token",
+        )
+    if code >= 500:
+        return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
+    raise SinkProtocolError("GET", path, code, answer.text, sink=sink, operation_id=operation_id)
+
+
+def _account_result(
+    answer: Answer | NoAnswer, account: str, path: str, sink: str
+) -> AccountCredits:
+    """What an account query's answer (or its absence) says; see :class:`AccountCredits`.
+
+    Raises:
+        SinkProtocolError: an answer outside the protocol.
+    """
+    if isinstance(answer, NoAnswer):
+        return AccountCredits("ambiguous", account, detail=answer.detail, sent=answer.sent)
+    code = answer.status_code
+    body = json_body(answer)
+    if code == 200 and "credited_minor" in body:
+        credits = tuple(
+            Credit(c["operation_id"], int(c["amount_minor"]), c["effect_id"])
+            for c in body.get("credits", [])
+        )
+        return AccountCredits(
+            "observed",
+            account,
+            credited_minor=int(body["credited_minor"]),
+            credits=credits,
+            http_status=code,
+        )
+    if code == 501:
+        return AccountCredits(
+            "unsupported", account, http_status=code, detail=str(body.get("error", ""))
+        )
+    if code >= 500:
+        return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
+    raise SinkProtocolError("GET", path, code, answer.text, sink=sink)
 
 
 class SinkClient:
@@ -288,21 +325,36 @@ class SinkClient:
         transport: httpx.BaseTransport | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.max_response_bytes = max_response_bytes
         self.token = token
-        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s),
-            transport=transport if transport is not None else bounded_transport(),
-            headers=headers,
+        #: the HTTP side: pool, deadline, size cap, span, transport failures.
+        self._wire = HttpExchange(
+            base_url,
+            timeout_s,
+            token=token,
+            transport=transport,
+            max_response_bytes=max_response_bytes,
         )
+        #: the reservation verbs (try-confirm-cancel) over the same exchange.
+        self._holds = Reservations(self._wire)
+
+    @property
+    def base_url(self) -> str:
+        """The sink's URL, without a trailing slash."""
+        return self._wire.base_url
+
+    @property
+    def timeout_s(self) -> float:
+        """The overall deadline of every call (seconds)."""
+        return self._wire.timeout_s
+
+    @property
+    def max_response_bytes(self) -> int:
+        """The most bytes of one answer read."""
+        return self._wire.max_response_bytes
 
     def close(self) -> None:
         """Close the connection pool."""
-        self._http.close()
+        self._wire.close()
 
     def __enter__(self) -> Self:
         return self
@@ -317,90 +369,16 @@ class SinkClient:
 
     def _send(
         self, method: str, path: str, *, operation_id: str | None = None, **kwargs: Any
-    ) -> _Answer | _NoAnswer:
+    ) -> Answer | NoAnswer:
         """Send one request and read its answer, within the deadline and the size cap.
 
-        The whole call -- connecting, sending, the answer's headers and body
-        -- ends within ``timeout_s`` of its start (an overall deadline, not
-        one per read: :mod:`sinks.limits`), and at most ``max_response_bytes``
-        of the answer are read. An answer cut short by either is no answer
-        (``sent=True``: the sink may have acted). Every httpx transport
-        failure is translated here, once.
-
-        The request is sent in a client span (a child of the current span:
-        the relay's span of the dispatch) and carries its W3C
-        ``traceparent`` header (:mod:`ledger.tracing`), so the sink's own
-        traces can continue the operation's.
+        See :meth:`sinks.exchange.HttpExchange.send`: in a client span, every
+        transport failure translated once.
 
         Raises:
             SinkAuthError: if the sink answers 401 or 403 (its token is not ours).
         """
-        parts = path.strip("/").split("/", 1)
-        route = f"/{parts[0]}" + ("/{id}" if len(parts) > 1 else "")
-        attributes: dict[str, str] = {
-            "http.request.method": method,
-            "url.full": f"{self.base_url}{path}",
-            "http.route": route,
-        }
-        if operation_id is not None:
-            attributes["ledger.operation_id"] = operation_id
-        with _TRACER.start_as_current_span(
-            f"{method} {route}", kind=SpanKind.CLIENT, attributes=attributes
-        ) as span:
-            kwargs["headers"] = {**kwargs.get("headers", {}), **trace_headers()}
-            answer = self._exchange(method, path, **kwargs)
-            if isinstance(answer, _NoAnswer):
-                why = "not sent" if not answer.sent else "no answer"
-                span.set_status(Status(StatusCode.ERROR, f"{why}: {answer.detail}"[:200]))
-                return answer
-            span.set_attribute("http.response.status_code", answer.status_code)
-            if answer.status_code >= 500:
-                span.set_status(Status(StatusCode.ERROR, f"HTTP {answer.status_code}"))
-        if answer.status_code in (401, 403):
-            raise SinkAuthError(
-                method,
-                path,
-                answer.status_code,
-                answer.text,
-                sink=self.base_url,
-                operation_id=operation_id,
-            )
-        return answer
-
-    def _exchange(self, method: str, path: str, **kwargs: Any) -> _Answer | _NoAnswer:
-        """One request and its capped answer, all within one deadline (see :meth:`_send`)."""
-        deadline = Deadline.start(self.timeout_s)
-        with within(deadline):
-            try:
-                request = self._http.build_request(method, path, **kwargs)
-                response = self._http.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-                return _NoAnswer(sent=False, detail=f"{type(exc).__name__}: {exc}", cause=exc)
-            except httpx.TransportError as exc:
-                late = deadline.passed()
-                detail = deadline_detail(deadline) if late else f"{type(exc).__name__}: {exc}"
-                return _NoAnswer(sent=True, detail=detail, cause=exc)
-            try:
-                announced = response.headers.get("content-length", "")
-                if announced.isdigit() and int(announced) > self.max_response_bytes:
-                    return _NoAnswer(
-                        sent=True,
-                        detail=f"HTTP {response.status_code} announcing {announced} bytes, more "
-                        f"than the cap of {self.max_response_bytes} bytes "
-                        "(LEDGER_SINK_MAX_RESPONSE_BYTES); it was not read",
-                    )
-                read = read_capped(response.iter_bytes(), deadline, self.max_response_bytes)
-            except (httpx.TransportError, httpx.DecodingError) as exc:
-                late = deadline.passed()
-                detail = deadline_detail(deadline) if late else f"{type(exc).__name__}: {exc}"
-                return _NoAnswer(
-                    sent=True, detail=f"HTTP {response.status_code}, {detail}", cause=exc
-                )
-            finally:
-                response.close()
-        if read.stopped is not None:
-            return _NoAnswer(sent=True, detail=f"HTTP {response.status_code}, {read.stopped}")
-        return _Answer(response.status_code, read.body)
+        return self._wire.send(method, path, operation_id=operation_id, **kwargs)
 
     def submit(
         self,
@@ -467,43 +445,7 @@ class SinkClient:
         }
         body.update({name: value for name, value in inputs.items() if value is not None})
         answer = self._send("POST", path, operation_id=operation_id, headers=headers, json=body)
-        if isinstance(answer, _NoAnswer):
-            status: SubmitStatus = "ambiguous" if answer.sent else "unavailable"
-            return SubmitResult(status, operation_id, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = _json(answer)
-        if code in (200, 201) and body.get("status") == "committed":
-            return SubmitResult(
-                "committed",
-                operation_id,
-                effect_id=body["effect_id"],
-                committed_ms=body["committed_ms"],
-                replayed=bool(body.get("replayed", False)),
-                http_status=code,
-            )
-        if code == 409 and body.get("error") == "stale_fencing_token":
-            return SubmitResult(
-                "stale_token",
-                operation_id,
-                highest_token=body.get("highest"),
-                http_status=code,
-                detail="stale_fencing_token",
-            )
-        if code == 409 and body.get("error") == "idempotency_key_reused":
-            return SubmitResult(
-                "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
-            )
-        if 400 <= code < 500:
-            # Any other refusal (422, a 400 for params it cannot take, 404 for
-            # a route it does not have ...) is definite: no effect was made.
-            return SubmitResult("rejected", operation_id, http_status=code, detail=answer.text)
-        if code == 503:
-            return SubmitResult("unavailable", operation_id, http_status=code, detail=answer.text)
-        if code >= 500 and code != 501:
-            return SubmitResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError(
-            "POST", path, code, answer.text, sink=self.base_url, operation_id=operation_id
-        )
+        return _submit_result(answer, operation_id, path, self.base_url)
 
     def readback_source(self, operation_id: str) -> str:
         """The request a readback of ``operation_id`` is (named in readback records)."""
@@ -526,82 +468,7 @@ class SinkClient:
         path = f"/operations/{quote(operation_id, safe=':')}"
         query = {} if fencing_token is None else {"fencing_token": str(fencing_token)}
         answer = self._send("GET", path, operation_id=operation_id, params=query)
-        if isinstance(answer, _NoAnswer):
-            return ReadbackResult("ambiguous", operation_id, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = _json(answer)
-        if code == 200 and body.get("status") == "committed":
-            return ReadbackResult(
-                "committed",
-                operation_id,
-                effect_id=body["effect_id"],
-                committed_ms=body["committed_ms"],
-                parameter_digest=body.get("parameter_digest"),
-                effects=int(body["effects"]),
-                http_status=code,
-            )
-        if code == 404 and body.get("status") == "absent":
-            return ReadbackResult("absent", operation_id, http_status=code, detail="absent")
-        if code == 501:
-            return ReadbackResult(
-                "unsupported", operation_id, http_status=code, detail=str(body.get("error", ""))
-            )
-        if code == 409 and body.get("error") == "stale_fencing_token":
-            return ReadbackResult(
-                "stale_token",
-                operation_id,
-                highest_token=body.get("highest"),
-                http_status=code,
-                detail="stale_fencing_token",
-            )
-        if code >= 500:
-            return ReadbackResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError(
-            "GET", path, code, answer.text, sink=self.base_url, operation_id=operation_id
-        )
-
-    def _hold(self, method: str, path: str, operation_id: str, **kwargs: Any) -> HoldResult:
-        """Send one reservation call and read the hold it answers with."""
-        answer = self._send(method, path, operation_id=operation_id, **kwargs)
-        if isinstance(answer, _NoAnswer):
-            status: HoldStatus = "ambiguous" if answer.sent else "unavailable"
-            return HoldResult(status, operation_id, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = _json(answer)
-        hold = body.get("status")
-        if code in (200, 201, 409) and hold in ("held", "confirmed", "released"):
-            return HoldResult(
-                hold,
-                operation_id,
-                effect_id=body.get("effect_id"),
-                released_why=body.get("released_why"),
-                expires_at_ms=body.get("expires_at_ms"),
-                reserves=int(body.get("reserves") or 0),
-                http_status=code,
-                detail=f"{hold}"
-                + (f" ({body['released_why']})" if body.get("released_why") else ""),
-            )
-        if code == 404 and hold == "absent":
-            return HoldResult("absent", operation_id, http_status=code, detail="absent")
-        if code == 409 and body.get("error") == "stale_fencing_token":
-            return HoldResult(
-                "stale_token", operation_id, http_status=code, detail="stale_fencing_token"
-            )
-        if code == 409 and body.get("error") == "idempotency_key_reused":
-            return HoldResult(
-                "key_reused", operation_id, http_status=code, detail="idempotency_key_reused"
-            )
-        if code == 501:
-            return HoldResult("unsupported", operation_id, http_status=code, detail=answer.text)
-        if code == 503:
-            return HoldResult("unavailable", operation_id, http_status=code, detail=answer.text)
-        if code >= 500:
-            return HoldResult("ambiguous", operation_id, http_status=code, detail=answer.text)
-        if method == "POST" and path == "/reservations" and 400 <= code < 500:
-            return HoldResult("rejected", operation_id, http_status=code, detail=answer.text)
-        raise SinkProtocolError(
-            method, path, code, answer.text, sink=self.base_url, operation_id=operation_id
-        )
+        return _readback_result(answer, operation_id, path, self.base_url)
 
     def reserve(
         self,
@@ -618,64 +485,42 @@ class SinkClient:
     ) -> HoldResult:
         """Take a bounded hold for an operation's effect (the "try").
 
-        The hold's key is the operation ID (sent as the idempotency key too):
-        reserving again answers the hold as it stands, or takes a new hold
-        when the sink released the last one. Arguments as :meth:`submit`.
-
-        Returns:
-            The hold (``held``, or ``confirmed`` when it already was), or a
-            refusal; see :class:`HoldResult`.
+        See :meth:`Reservations.reserve <sinks.holds.Reservations.reserve>`;
+        arguments as :meth:`submit`.
 
         Raises:
             SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
-        body: dict[str, Any] = {
-            "operation_id": operation_id,
-            "parameter_digest": parameter_digest,
-            "params": params,
-            "fencing_token": fencing_token,
-            "attempt_id": attempt_id,
-            "action": action,
-            "subject": subject,
-            "purpose": purpose,
-            "decision_version": decision_version,
-        }
-        return self._hold(
-            "POST",
-            "/reservations",
+        return self._holds.reserve(
             operation_id,
-            headers={"Idempotency-Key": operation_id},
-            json=body,
+            parameter_digest,
+            params,
+            fencing_token,
+            attempt_id,
+            action=action,
+            subject=subject,
+            purpose=purpose,
+            decision_version=decision_version,
         )
 
     def confirm(self, operation_id: str, fencing_token: int | None) -> HoldResult:
         """Confirm a held reservation: the sink makes the effect (once).
 
-        Returns:
-            ``confirmed`` (with the effect ID), ``released`` (too late: the
-            hold was cancelled or expired), ``absent``, or a failure.
-
         Raises:
             SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
-        body = {"operation_id": operation_id, "fencing_token": fencing_token}
-        return self._hold("POST", "/reservations/confirm", operation_id, json=body)
+        return self._holds.confirm(operation_id, fencing_token)
 
     def cancel(self, operation_id: str, fencing_token: int | None) -> HoldResult:
         """Cancel a held reservation: the sink releases it; no effect is made.
 
-        Returns:
-            ``released``, ``confirmed`` (too late: the effect is made),
-            ``absent``, or a failure.
-
         Raises:
             SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
-        body = {"operation_id": operation_id, "fencing_token": fencing_token}
-        return self._hold("POST", "/reservations/cancel", operation_id, json=body)
+        return self._holds.cancel(operation_id, fencing_token)
 
     def read_hold(self, operation_id: str, fencing_token: int | None = None) -> HoldResult:
         """Read a reservation back: ``held``, ``confirmed``, ``released`` or ``absent``.
@@ -684,9 +529,7 @@ class SinkClient:
             SinkAuthError: if the sink refuses the token (401/403).
             SinkProtocolError: if the sink answers outside the protocol.
         """
-        path = f"/reservations/{quote(operation_id, safe=':')}"
-        query = {} if fencing_token is None else {"fencing_token": str(fencing_token)}
-        return self._hold("GET", path, operation_id, params=query)
+        return self._holds.read_hold(operation_id, fencing_token)
 
     def account(self, account: str) -> AccountCredits:
         """Query an account's credits (the postcondition).
@@ -703,29 +546,7 @@ class SinkClient:
         """
         path = f"/accounts/{quote(account, safe=':')}"
         answer = self._send("GET", path)
-        if isinstance(answer, _NoAnswer):
-            return AccountCredits("ambiguous", account, detail=answer.detail, sent=answer.sent)
-        code = answer.status_code
-        body = _json(answer)
-        if code == 200 and "credited_minor" in body:
-            credits = tuple(
-                Credit(c["operation_id"], int(c["amount_minor"]), c["effect_id"])
-                for c in body.get("credits", [])
-            )
-            return AccountCredits(
-                "observed",
-                account,
-                credited_minor=int(body["credited_minor"]),
-                credits=credits,
-                http_status=code,
-            )
-        if code == 501:
-            return AccountCredits(
-                "unsupported", account, http_status=code, detail=str(body.get("error", ""))
-            )
-        if code >= 500:
-            return AccountCredits("ambiguous", account, http_status=code, detail=answer.text)
-        raise SinkProtocolError("GET", path, code, answer.text, sink=self.base_url)
+        return _account_result(answer, account, path, self.base_url)
 
     def postcondition(self, query: PostconditionQuery, subject: str) -> AccountCredits:
         """Ask the postcondition query a contract declares.
@@ -752,9 +573,9 @@ class SinkClient:
             SinkAuthError: if the sink asks for a token it was not given (401/403).
         """
         answer = self._send("GET", "/health")
-        if isinstance(answer, _NoAnswer) or answer.status_code != 200:
+        if isinstance(answer, NoAnswer) or answer.status_code != 200:
             return None
-        body = _json(answer)
+        body = json_body(answer)
         return body if body.get("status") == "ok" else None
 
     def health(self) -> bool:

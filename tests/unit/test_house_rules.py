@@ -40,9 +40,6 @@ KNOWN: dict[str, set[str]] = {
     },
     "class_lines": {
         "consumers/stage.py:Stage",
-        "producers/publisher.py:LedgerPublisher",
-        "sinks/client.py:SinkClient",
-        "sinks/conformance.py:SinkCheck",
     },
     "begin_transaction": {
         "consumers/authority.py",

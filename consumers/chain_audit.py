@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message, TopicPartition
 
 from consumers.heads import read_witness_file, witnessed_head
+from consumers.runtime.clients import make_consumer
 from ledger.audit.chain import ChainReport, Link, PartitionRead, WitnessedHead, verify_chains
 from ledger.audit.report import Findings
 from ledger.audit.witness import HeadsRead, evaluate_witness
@@ -29,7 +30,6 @@ from ledger.authn import Keyring
 from ledger.chain import entry_hash
 from ledger.errors import LocalFileError
 from ledger.events import Event, JournalEntry, JournalHead
-from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
 
@@ -83,7 +83,7 @@ def _log_starts(
     settings: LedgerSettings, partitions: set[int], topic: str = "journal"
 ) -> dict[int, int]:
     """Each partition's log start offset (low watermark) of a topic (short name)."""
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}.reader"))
+    consumer = make_consumer(settings, f"{settings.topic_prefix}.reader")
     try:
         full = settings.topic(topic)
         return {

@@ -1,0 +1,4 @@
+"""The exactly-once runtime every stage runs on.
+
+Clients, the transaction, the assignment, the one reader, the watches.
+"""

@@ -32,7 +32,6 @@ new producer, rewind, restore.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -54,7 +53,7 @@ from consumers.hooks import NO_FAULTS, FaultHooks
 from consumers.metrics import StageMetrics
 from consumers.retry import KafkaRetry, policy_for
 from consumers.runtime.assignment import COMMITTED_TRY_S, Assignment
-from consumers.runtime.clients import Clients, bounded_call
+from consumers.runtime.clients import ClientReports, Clients, bounded_call
 from consumers.runtime.inputs import (
     Refusal,
     dead_letter,
@@ -63,9 +62,12 @@ from consumers.runtime.inputs import (
     record_event,
     refusal_verdict,
     seal_refusal_kind,
+    seal_refused,
+    table_refusal_event,
 )
 from consumers.runtime.reader import await_settled, read_partition
 from consumers.runtime.records import Record, decode_record, kafka_timestamp_ms, key_text
+from consumers.runtime.status import write_status
 from consumers.runtime.txn import (
     ABORTS_BEFORE_NEW_PRODUCER,
     COMMIT_BUDGET_S,
@@ -86,7 +88,7 @@ from consumers.runtime.watches import (
     await_kafka,
 )
 from consumers.runtime.writer import Writer
-from consumers.twins import Presence, announce, fenced_out, fenced_out_text, withdraw
+from consumers.twins import Presence, announce, withdraw
 from ledger.authn import Keyring, unverifiable
 from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
@@ -173,7 +175,6 @@ class Stage:
         #: makes and replaces this instance's Kafka clients.
         self.kafka = clients or Clients(settings, self.component, instance)
         self.group_id = self.kafka.group_id
-        self.transactional_id = self.kafka.transactional_id
         self.stopping = False
         #: Armed by the first stop signal (see :meth:`_stop`); disarmed when the run ends.
         self._watchdog: StopWatchdog | None = None
@@ -185,16 +186,14 @@ class Stage:
         self.keyring: Keyring = load_keyring(settings)
         #: topic -> key that seals this stage's records on it.
         self.sealer = stage_sealer(settings, self.component)
-        self._last_skip_check = 0.0
         self._ready_reported = False
-        self._committed_positions: dict[tuple[str, int], int] = {}
         #: Where the batch being processed starts in each of its partitions
         #: (everything before is handled): offsets a transaction opened
         #: before the batch's own may commit to prove this member still
         #: belongs to its group (see :meth:`_prove_membership`).
         self.batch_starts: list[TopicPartition] = []
-        #: a client reported a retriable error since the loop last checked Kafka.
-        self._kafka_suspect = False
+        #: the clients' error callbacks (a retriable error makes the loop check Kafka).
+        self.reports = ClientReports(f"{self.component}-{instance}", self._bounced)
         #: one span per input record, current while it is handled (ledger.tracing):
         #: ``for rec in self.spans.each(records)`` in the stages' loops.
         self.spans = RecordSpans(self.component)
@@ -220,7 +219,7 @@ class Stage:
             lambda: self.retry,
             lambda: self._member().consumer_group_metadata(),
             self.metrics,
-            self._on_client_error,
+            self.reports.producer_error,
         )
         topic = settings.topic(self.inputs[0]) if self.inputs else ""
         #: is it the consumer, not Kafka, that is stuck? (asked between retries)
@@ -235,7 +234,7 @@ class Stage:
             self,
             lambda: self.retry,
             self.stuck,
-            self._on_consumer_error,
+            self.reports.consumer_error,
             self.metrics.consumer_settings,
             self._bounced,
             self.metrics,
@@ -283,6 +282,15 @@ class Stage:
         return self.txn.broker_bounced
 
     @property
+    def transactional_id(self) -> str:
+        """``{prefix}.{component}.{instance}`` (the clients')."""
+        return self.kafka.transactional_id
+
+    @transactional_id.setter
+    def transactional_id(self, transactional_id: str) -> None:
+        self.kafka.transactional_id = transactional_id
+
+    @property
     def fetch_stalls(self) -> int:
         """Consumers replaced because they stopped fetching (since start)."""
         return self.fetch.stalls
@@ -324,37 +332,6 @@ class Stage:
     def _new_assignment(self) -> None:
         self._ready_reported = False  # start-up work may follow a new assignment
 
-    # ------------------------------------------------------------------ clients' reports
-
-    def _on_client_error(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._ALL_BROKERS_DOWN:
-            # After the broker comes back, librdkafka's idempotent producer can
-            # wait forever draining requests lost with the connection; a new
-            # producer (init_transactions fences the old epoch) is the remedy.
-            self._bounced()
-        if classify(err) == "retriable":
-            self._suspect_kafka("producer", err)
-        else:
-            log.warning("%s: Kafka client error: %s", self.component, err)
-
-    def _on_consumer_error(self, err: KafkaError) -> None:
-        if fenced_out(err):  # another live process has this name (consumers.twins)
-            log.error("%s", fenced_out_text(f"{self.component}-{self.instance}", err))
-        elif classify(err) == "retriable":
-            self._suspect_kafka("consumer", err)
-        else:
-            log.warning("%s: Kafka consumer error: %s", self.component, err)
-
-    def _suspect_kafka(self, client: str, err: KafkaError) -> None:
-        """A client reported a retriable error: the loop checks that Kafka answers.
-
-        Client errors can arrive late (queued while Kafka was away) or be
-        passing (one dropped connection); only a call that fails starts an
-        outage (:meth:`_await_kafka`), so the log has one WARNING per outage.
-        """
-        log.debug("%s: %s reported %s; checking that Kafka answers", self.component, client, err)
-        self._kafka_suspect = True
-
     # ------------------------------------------------------------------ inputs
 
     def _short(self, topic: str) -> str:
@@ -377,23 +354,13 @@ class Stage:
         return item.key, item.event
 
     def unauthenticated(self, msg: Message, topic: str, problem: str) -> bool:
-        """Count and log a record whose seal is missing or wrong.
+        """Count and log a record whose seal is missing or wrong (:func:`seal_refused`).
 
         Returns:
             True when it is refused (``require_authenticated_records``, the
             default); False when the setting is off and it is only reported.
         """
-        refused = self.settings.require_authenticated_records
-        log.error(
-            "%s: UNAUTHENTICATED record at %s:%s:%s %s: %s",
-            self.component,
-            topic,
-            msg.partition(),
-            msg.offset(),
-            "refused" if refused else "accepted (LEDGER_REQUIRE_AUTHENTICATED_RECORDS=false)",
-            problem,
-        )
-        if not refused:
+        if not seal_refused(self.settings, self.component, msg, topic, problem):
             return False
         if unverifiable(problem):
             self.unverifiable_input(topic, key_text(msg), msg, problem)
@@ -417,36 +384,16 @@ class Stage:
     def table_refusal(
         self, msg: Message, reason: str, kind: str, *, keyed_by_operation: bool
     ) -> tuple[str, OperatingEvent]:
-        """The operating event of a record one of this stage's tables refused, and its key.
+        """A record one of this stage's tables refused: ``(key, OperatingEvent)`` to write.
 
-        For a :class:`consumers.tables.TableFollower`'s ``on_bad``: the
-        record does not decode (``BAD_INPUT``) or is not authentic
-        (``UNAUTHENTICATED``, tombstones included, counted in
-        :attr:`forgeries_refused`); the table treats it as absent. The event
-        keeps the record's bytes while they are within the input bounds
-        (:func:`dead_letter`).
-
-        Args:
-            msg: the refused record as consumed.
-            reason: why the table refused it.
-            kind: ``BAD_INPUT``, ``UNAUTHENTICATED`` or ``UNVERIFIABLE`` (sealed
-                by a key this stage does not hold: counted in
-                :attr:`unverifiable_refused`, not as a forgery).
-            keyed_by_operation: the table's keys are operation IDs.
-
-        Returns:
-            ``(key, OperatingEvent)`` to write to ``operating-events``.
+        See :func:`~consumers.runtime.inputs.table_refusal_event`; an
+        ``UNAUTHENTICATED`` one is counted in :attr:`forgeries_refused` (an
+        ``UNVERIFIABLE`` one is not: it may be authentic).
         """
-        topic = (msg.topic() or "").removeprefix(self.settings.topic_prefix + ".")
-        if kind in ("UNAUTHENTICATED", "UNVERIFIABLE"):
-            self.forgeries_refused += kind == "UNAUTHENTICATED"
-            what = f"{topic} record {key_text(msg)[:200]!r} refused, {reason}"
-        else:
-            what = f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}"
-        key, event = dead_letter(
-            self.component, topic, msg, what, keyed_by_operation=keyed_by_operation, kind=kind
+        self.forgeries_refused += kind == "UNAUTHENTICATED"
+        return table_refusal_event(
+            self.settings, self.component, msg, reason, kind, keyed_by_operation=keyed_by_operation
         )
-        return key or "(no key)", event
 
     def writer(self) -> Writer:
         """A writer into the open transaction that seals with this stage's keys."""
@@ -465,7 +412,7 @@ class Stage:
         asked then, or ``None``) and commits within :data:`COMMIT_BUDGET_S`;
         an exception leaves the transaction for the loop's recovery.
         """
-        return self.txn.transaction(self.writer, offsets, before_commit)
+        return self.txn.transaction(self.writer, offsets, before_commit, self._send_offsets)
 
     def _send_offsets(
         self, offsets: list[TopicPartition], timeout_s: float = 30.0, grace_s: float = 5.0
@@ -478,36 +425,27 @@ class Stage:
         self.txn.commit(budget_s)
 
     def _prove_membership(self, offsets: list[TopicPartition] | None = None) -> None:
-        """Put the batch's start offsets into the open transaction: a zombie's commit fails.
+        """Put the batch's start offsets (or ``offsets``) into the open transaction.
 
-        A transaction that carries consumer offsets is checked by the group
-        coordinator against the member's generation (KIP-447): a member
-        that lost its partitions while paused or cut off (a zombie) gets
-        ``ILLEGAL_GENERATION``, ``UNKNOWN_MEMBER_ID`` or ``FENCED_INSTANCE_ID``
-        and its transaction must abort. A transaction with no offsets is
-        checked by nobody: another instance of the stage has its own
-        transactional ID, so it does not fence this one's producer. A stage
-        that commits something before its batch's own transaction (the
-        relay's ``ATTEMPTED`` markers, after which a request may leave) calls
-        this inside that transaction; the offsets are where the batch starts
-        (see :attr:`batch_starts`), so a commit moves no position past a
-        record not yet handled.
-
-        Args:
-            offsets: the offsets to commit instead (a stage proving its
-                membership between batches passes its positions).
-
-        Raises:
-            KafkaException: as :meth:`_send_offsets` (abortable when this
-                member is a zombie).
+        A zombie's commit then fails (see :meth:`Transactions.prove_membership`);
+        the starts are :attr:`batch_starts`, so a commit moves no position
+        past a record not yet handled.
         """
         chosen = self.batch_starts if offsets is None else offsets
         if chosen:
-            self._send_offsets(chosen)
+            self._send_offsets(chosen)  # the relay holds them back at parked dispatches
 
     def _new_producer(self) -> Producer:
         """A new producer (``init_transactions`` fences the previous one)."""
         return self.txn.new_producer()
+
+    def _new_consumer(self) -> Consumer:
+        """A new member of the group, not subscribed yet (:meth:`_subscribe` joins it)."""
+        return self.assignment.new_member()
+
+    def _subscribe(self) -> None:
+        """Subscribe the consumer to the inputs (:meth:`Assignment.subscribe`)."""
+        self.assignment.subscribe()
 
     def _process(self, msgs: list[Message]) -> None:
         mine = [m for m in msgs if (self._short(m.topic() or ""), m.partition()) in self.assigned]
@@ -555,32 +493,12 @@ class Stage:
         self.spans.end()
 
     def _commit_skipped(self) -> None:
-        """Commit positions that moved without delivering records.
-
-        A consumer skips aborted transactions' records and control markers
-        without returning them; committing the new position then keeps the
-        group's committed offsets at the partition's end (so the harness sees
-        the stage caught up) and spares a restart the rescan. At most once a
-        second.
-        """
-        consumer = self._member()
-        now = time.monotonic()
-        if now - self._last_skip_check < 1.0 or not self.assigned:
-            return
-        self._last_skip_check = now
-        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
-        current = {(tp.topic, tp.partition): tp.offset for tp in positions}
-        if not positions or current == self._committed_positions:
-            return
-        committed = self.assignment.committed(positions, "committed offsets", 10.0)
-        if committed is None:
-            return  # the loop replaces the consumer before anything else
-        if all(tp.offset >= current[(tp.topic, tp.partition)] for tp in committed):
-            self._committed_positions = current
-            return
-        with self.txn.transaction(self.writer, positions):
-            pass
-        self._committed_positions = current
+        """Commit positions that moved without delivering records (:meth:`Assignment.skipped`)."""
+        positions = self.assignment.skipped(time.monotonic())
+        if positions:
+            with self.transaction(positions):
+                pass
+            self.assignment.skipped_committed(positions)
 
     def _recover(self, exc: KafkaException) -> None:
         """Recover from a failed transaction or Kafka call (see the module docstring).
@@ -698,11 +616,11 @@ class Stage:
                 elif err.code() == KafkaError._PARTITION_EOF:
                     continue
                 elif classify(err) == "retriable":
-                    self._suspect_kafka("consume", err)
+                    self.reports.suspect_kafka("consume", err)
                 else:
                     log.warning("%s: consumer error: %s", self.component, err)
-            if self._kafka_suspect or self.retry.down:
-                self._kafka_suspect = False
+            if self.reports.suspect or self.retry.down:
+                self.reports.suspect = False
                 self._await_kafka()
             if not real:
                 try:
@@ -721,43 +639,8 @@ class Stage:
                 self._recover(exc)
 
     def _next_batch(self) -> list[Message]:
-        """The next batch: whatever has arrived, as soon as something has.
-
-        Waits at most the commit interval for the first message (a poll that
-        returns nothing leads to :meth:`idle`), then takes what the consumer
-        already holds, up to :attr:`batch_size`, without waiting more. A
-        batch is thus processed and committed as soon as the input is
-        drained, instead of after a full interval spent waiting for more: at
-        low load every hop costs one transaction, not one interval. Under
-        load the consumer's prefetched queue fills the batch; the interval
-        stays the longest wait. Errors and end-of-partition events come back
-        in the list like messages (the loop sorts them).
-
-        Returns:
-            Up to :attr:`batch_size` messages (empty when nothing came in one
-            commit interval).
-        """
-        assert self.consumer is not None
-        first = self.consumer.consume(1, self.settings.commit_interval_ms / 1000)
-        if not first or self.batch_size <= 1:
-            return first
-        revokes = self.assignment.revokes
-        rest = self.consumer.consume(self.batch_size - 1, 0)
-        if self.assignment.revokes != revokes:
-            # The revocation was served inside the second call: the records
-            # taken before it are no longer this member's to handle (their
-            # new owner reads them from the committed offsets, and so does
-            # this member if it is given them again), and handling them would
-            # commit outputs with no offsets for the group to check.
-            log.info(
-                "%s-%s: partitions were revoked while a batch was read; its %d records "
-                "are left to their next owner",
-                self.component,
-                self.instance,
-                len(first) + len(rest),
-            )
-            return []
-        return first + rest
+        """The next batch, up to :attr:`batch_size` (:meth:`Assignment.next_batch`)."""
+        return self.assignment.next_batch(self.batch_size, self.settings.commit_interval_ms / 1000)
 
     def _await_kafka(self) -> None:
         """A client reported Kafka unreachable: wait until it answers, act on the verdict.
@@ -794,17 +677,7 @@ class Stage:
         )
         if stall is None:
             return
-        log.warning(
-            "%s-%s: the consumer fetched nothing from %s[%d] (at %d, end %d) for %.0f s while "
-            "records wait there; replacing the consumer",
-            self.component,
-            self.instance,
-            self._short(stall.topic),
-            stall.partition,
-            stall.position,
-            stall.end,
-            stall.stall_s,
-        )
+        log.warning("%s-%s: %s; replacing the consumer", self.component, self.instance, stall)
         self._bounced()  # and the next batch gets a new producer
         self._rejoin()
 
@@ -845,34 +718,14 @@ class Stage:
         self._write_status()
 
     def _write_status(self) -> None:
-        """Write :meth:`status_path`: ``{"pid", "ready", "waiting", "metrics_port", ...}``.
-
-        The rest: ``unverifiable_held`` (up to 50 keys held for evidence the
-        stage cannot verify, key -> record and reason) and its full count
-        ``unverifiable_held_count`` (:meth:`unverifiable_held`).
-
-        ``ready`` says the process has its partitions and nothing left from
-        start-up; ``waiting`` is ``None``, or what it waits for while Kafka
-        does not answer (``{"for", "error", "since"}``, since in Unix seconds,
-        see :attr:`consumers.retry.KafkaRetry.waiting`).
-        """
-        path = self.status_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        held = self.unverifiable_held()
-        status = {
-            "pid": os.getpid(),
-            "ready": self._ready_reported,
-            "waiting": self.retry.waiting,
-            # where this process serves /metrics, /healthz, /readyz (None: not
-            # serving); `ledger console` probes it on this host
-            "metrics_port": self.metrics.port,
-            # keys held for evidence this stage cannot verify (key -> record, reason)
-            "unverifiable_held": dict(sorted(held.items())[:50]),
-            "unverifiable_held_count": len(held),
-        }
-        tmp.write_text(json.dumps(status))
-        os.replace(tmp, path)
+        """Write :meth:`status_path` (:func:`~consumers.runtime.status.write_status`)."""
+        write_status(
+            self.status_path(),
+            ready=self._ready_reported,
+            waiting=self.retry.waiting,
+            metrics_port=self.metrics.port,
+            held=self.unverifiable_held(),
+        )
 
     def idle(self) -> None:
         """Called when a poll returned nothing (periodic work may go here)."""

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.retry import KafkaRetry
 from consumers.runtime.clients import Clients
@@ -120,6 +120,9 @@ class Assignment:
         self.consumer_stuck = False
         #: partition -> committed offset it was assigned (or rewound) at.
         self.assigned_at: dict[tuple[str, int], int] = {}
+        self._last_skip_check = 0.0
+        #: positions known committed (see :meth:`skipped`).
+        self._committed_positions: dict[tuple[str, int], int] = {}
         #: told where each partition starts (the fetch check forgets its samples).
         self.on_positions: Callable[[], None] = lambda: None
 
@@ -135,14 +138,23 @@ class Assignment:
 
     def join(self) -> Consumer:
         """Make the member and subscribe it to the inputs (it joins at its first poll)."""
-        self.consumer = self.clients.member(self._on_consumer_error, self._consumer_extra())
+        self.consumer = self.new_member()
+        self.subscribe()
+        return self.consumer
+
+    def new_member(self) -> Consumer:
+        """A new member of the group, not subscribed yet."""
+        return self.clients.member(self._on_consumer_error, self._consumer_extra())
+
+    def subscribe(self) -> None:
+        """Subscribe the member to the inputs, with the rebalance callbacks."""
+        assert self.consumer is not None
         self.consumer.subscribe(
             [self.settings.topic(t) for t in self.inputs],
             on_assign=self._assigned,
             on_revoke=self._revoked,
             on_lost=self._revoked,
         )
-        return self.consumer
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.seen = True
@@ -299,6 +311,82 @@ class Assignment:
             return False
         finally:
             self.clients.close(client, "closing a client of the group")
+
+    def next_batch(self, batch_size: int, interval_s: float) -> list[Message]:
+        """The next batch: whatever has arrived, as soon as something has.
+
+        Waits at most ``interval_s`` (the commit interval) for the first
+        message (a poll that returns nothing leads to the stage's ``idle``),
+        then takes what the consumer already holds, up to ``batch_size``,
+        without waiting more. A batch is thus processed and committed as soon
+        as the input is drained, instead of after a full interval spent
+        waiting for more: at low load every hop costs one transaction, not
+        one interval. Under load the consumer's prefetched queue fills the
+        batch; the interval stays the longest wait. Errors and
+        end-of-partition events come back in the list like messages (the
+        loop sorts them).
+
+        Returns:
+            Up to ``batch_size`` messages (empty when nothing came in one
+            interval, or when a revocation was served while it was read).
+        """
+        assert self.consumer is not None
+        first = self.consumer.consume(1, interval_s)
+        if not first or batch_size <= 1:
+            return first
+        revokes = self.revokes
+        rest = self.consumer.consume(batch_size - 1, 0)
+        if self.revokes != revokes:
+            # The revocation was served inside the second call: the records
+            # taken before it are no longer this member's to handle (their
+            # new owner reads them from the committed offsets, and so does
+            # this member if it is given them again), and handling them would
+            # commit outputs with no offsets for the group to check.
+            log.info(
+                "%s: partitions were revoked while a batch was read; its %d records "
+                "are left to their next owner",
+                self.name,
+                len(first) + len(rest),
+            )
+            return []
+        return first + rest
+
+    def skipped(self, now: float) -> list[TopicPartition] | None:
+        """Positions that moved without delivering records and are not committed yet.
+
+        A consumer skips aborted transactions' records and control markers
+        without returning them; committing the new position then keeps the
+        group's committed offsets at the partition's end (so a harness sees
+        the stage caught up) and spares a restart the rescan. Asked at most
+        once a second (``now``: monotonic seconds).
+
+        Returns:
+            The positions to commit (in a transaction of their own), or
+            ``None`` when nothing moved, it is not time yet, or the member
+            is stuck (the loop replaces it before anything else).
+
+        Raises:
+            KafkaException: a non-retriable error asking the committed offsets.
+        """
+        if now - self._last_skip_check < 1.0 or not self.assigned or self.consumer is None:
+            return None
+        self._last_skip_check = now
+        consumer = self.consumer
+        positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
+        current = {(tp.topic, tp.partition): tp.offset for tp in positions}
+        if not positions or current == self._committed_positions:
+            return None
+        committed = self.committed(positions, "committed offsets", 10.0)
+        if committed is None:
+            return None
+        if all(tp.offset >= current[(tp.topic, tp.partition)] for tp in committed):
+            self._committed_positions = current
+            return None
+        return positions
+
+    def skipped_committed(self, positions: list[TopicPartition]) -> None:
+        """The positions :meth:`skipped` named are committed."""
+        self._committed_positions = {(tp.topic, tp.partition): tp.offset for tp in positions}
 
     def note_assigned_at(self, committed: list[TopicPartition]) -> None:
         """Remember where each partition starts: a position until one is delivered."""

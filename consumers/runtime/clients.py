@@ -29,8 +29,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from consumers.retry import KafkaRetry
-from consumers.twins import client_id
-from ledger.kafka import Isolation, consumer_config, producer_config
+from consumers.twins import client_id, fenced_out, fenced_out_text
+from ledger.kafka import Isolation, classify, consumer_config, producer_config
 from ledger.settings import LedgerSettings
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,52 @@ def bounded_call(call: Callable[[], object], timeout_s: float, what: str) -> boo
         return True
     log.error("%s did not return within %.0f s; leaving it behind", what, timeout_s)
     return False
+
+
+class ClientReports:
+    """librdkafka's error callbacks of a stage's clients, and the suspicion they raise.
+
+    Client errors can arrive late (queued while Kafka was away) or be
+    passing (one dropped connection); a retriable one only sets
+    :attr:`suspect`, and the loop then checks that Kafka answers (only a call
+    that fails starts an outage, so the log has one WARNING per outage).
+
+    Args:
+        name: ``{component}-{instance}``, for log lines.
+        bounced: called on ``_ALL_BROKERS_DOWN``: the next batch gets a new
+            producer (librdkafka's idempotent producer can wait for ever
+            draining requests lost with the connection once the broker is back).
+    """
+
+    def __init__(self, name: str, bounced: Callable[[], None]) -> None:
+        self.name = name
+        self.component = name.rsplit("-", 1)[0]
+        self._bounced = bounced
+        #: a client reported a retriable error since the loop last checked Kafka.
+        self.suspect = False
+
+    def producer_error(self, err: KafkaError) -> None:
+        """The producer's ``error_cb``."""
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._bounced()
+        if classify(err) == "retriable":
+            self.suspect_kafka("producer", err)
+        else:
+            log.warning("%s: Kafka client error: %s", self.component, err)
+
+    def consumer_error(self, err: KafkaError) -> None:
+        """The member's ``error_cb``."""
+        if fenced_out(err):  # another live process has this name (consumers.twins)
+            log.error("%s", fenced_out_text(self.name, err))
+        elif classify(err) == "retriable":
+            self.suspect_kafka("consumer", err)
+        else:
+            log.warning("%s: Kafka consumer error: %s", self.component, err)
+
+    def suspect_kafka(self, client: str, err: KafkaError) -> None:
+        """A client reported a retriable error: the loop checks that Kafka answers."""
+        log.debug("%s: %s reported %s; checking that Kafka answers", self.component, client, err)
+        self.suspect = True
 
 
 class Clients:

@@ -268,3 +268,71 @@ def decode_input(
         headers,
         timestamp_ms=kafka_timestamp_ms(msg),
     )
+
+
+def seal_refused(
+    settings: LedgerSettings, component: str, msg: Message, topic: str, problem: str
+) -> bool:
+    """Log a record whose seal is missing or wrong; whether it is refused.
+
+    Args:
+        settings: ``require_authenticated_records`` says whether it is refused.
+        component: the stage, for the log line.
+        msg: the record as consumed.
+        topic: its short topic name.
+        problem: what is wrong with its seal.
+
+    Returns:
+        True when it is refused (the default); False when the setting is off
+        and it is only reported.
+    """
+    refused = settings.require_authenticated_records
+    log.error(
+        "%s: UNAUTHENTICATED record at %s:%s:%s %s: %s",
+        component,
+        topic,
+        msg.partition(),
+        msg.offset(),
+        "refused" if refused else "accepted (LEDGER_REQUIRE_AUTHENTICATED_RECORDS=false)",
+        problem,
+    )
+    return refused
+
+
+def table_refusal_event(
+    settings: LedgerSettings,
+    component: str,
+    msg: Message,
+    reason: str,
+    kind: str,
+    *,
+    keyed_by_operation: bool,
+) -> tuple[str, OperatingEvent]:
+    """The operating event of a record a stage's table refused, and its key.
+
+    For a :class:`consumers.tables.TableFollower`'s ``on_bad``: the record
+    does not decode (``BAD_INPUT``), is not authentic (``UNAUTHENTICATED``,
+    tombstones included) or is sealed by a key not held here
+    (``UNVERIFIABLE``); the table treats it as absent. The event keeps the
+    record's bytes while they are within the input bounds (:func:`dead_letter`).
+
+    Args:
+        settings: for the topic prefix.
+        component: the stage writing it.
+        msg: the refused record as consumed.
+        reason: why the table refused it.
+        kind: ``BAD_INPUT``, ``UNAUTHENTICATED`` or ``UNVERIFIABLE``.
+        keyed_by_operation: the table's keys are operation IDs.
+
+    Returns:
+        ``(key, OperatingEvent)`` to write to ``operating-events``.
+    """
+    topic = (msg.topic() or "").removeprefix(settings.topic_prefix + ".")
+    if kind in ("UNAUTHENTICATED", "UNVERIFIABLE"):
+        what = f"{topic} record {key_text(msg)[:200]!r} refused, {reason}"
+    else:
+        what = f"{topic} record {key_text(msg)[:200]!r} does not decode: {reason}"
+    key, event = dead_letter(
+        component, topic, msg, what, keyed_by_operation=keyed_by_operation, kind=kind
+    )
+    return key or "(no key)", event

@@ -144,6 +144,7 @@ class Transactions:
         writer: Callable[[], Writer],
         offsets: Offsets = None,
         before_commit: Callable[[], None] | None = None,
+        send: Callable[[list[TopicPartition]], None] | None = None,
     ) -> Iterator[Writer]:
         """Begin a transaction, yield a writer into it, then send ``offsets`` and commit.
 
@@ -153,6 +154,9 @@ class Transactions:
                 module docstring).
             before_commit: called after the offsets are sent, just before the
                 commit (fault seams).
+            send: sends the offsets (default :meth:`send_offsets`; a stage
+                passes its own ``_send_offsets``, which the relay overrides to
+                hold offsets back at parked dispatches).
 
         Raises:
             KafkaException: as :meth:`send_offsets` and :meth:`commit`; the
@@ -162,7 +166,7 @@ class Transactions:
         yield writer()
         chosen = offsets() if callable(offsets) else offsets
         if chosen:
-            self.send_offsets(chosen)
+            (send or self.send_offsets)(chosen)
         if before_commit is not None:
             before_commit()
         self.commit()
@@ -229,6 +233,31 @@ class Transactions:
             )
         if outcome[0] is not None:
             raise outcome[0]
+
+    def prove_membership(self, offsets: list[TopicPartition]) -> None:
+        """Put consumer offsets into the open transaction: a zombie's commit fails.
+
+        A transaction that carries consumer offsets is checked by the group
+        coordinator against the member's generation (KIP-447): a member
+        that lost its partitions while paused or cut off (a zombie) gets
+        ``ILLEGAL_GENERATION``, ``UNKNOWN_MEMBER_ID`` or ``FENCED_INSTANCE_ID``
+        and its transaction must abort. A transaction with no offsets is
+        checked by nobody: another instance of the stage has its own
+        transactional ID, so it does not fence this one's producer. A stage
+        that commits something before its batch's own transaction (the
+        relay's ``ATTEMPTED`` markers, after which a request may leave) calls
+        this inside that transaction with where the batch starts; a stage
+        proving its membership between batches passes its positions.
+
+        Args:
+            offsets: the offsets to commit (nothing is sent when empty).
+
+        Raises:
+            KafkaException: as :meth:`send_offsets` (abortable when this
+                member is a zombie).
+        """
+        if offsets:
+            self.send_offsets(offsets)
 
     def commit(self, budget_s: float = COMMIT_BUDGET_S) -> None:
         """Commit the open transaction, retrying retriable errors for ``budget_s`` seconds.

@@ -171,6 +171,12 @@ class FetchStall:
     end: int
     stall_s: float
 
+    def __str__(self) -> str:
+        return (
+            f"the consumer fetched nothing from {self.topic}[{self.partition}] (at "
+            f"{self.position}, end {self.end}) for {self.stall_s:.0f} s while records wait there"
+        )
+
 
 class FetchCheck:
     """Finds a consumer that stopped fetching a partition with records waiting.

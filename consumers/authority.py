@@ -221,9 +221,8 @@ class AuthorityKernel(Stage):
         if time.monotonic() - self._last_catch_up >= IDLE_CATCH_UP_S:
             self._catch_up()
         if self.notes:
-            self.producer.begin_transaction()
-            self._write_notes(self.writer())
-            self._commit()
+            with self.transaction() as out:
+                self._write_notes(out)
 
     def before_transaction(self, records: list[Record]) -> None:
         """Wait (bounded) for approvals hidden behind an unresolved transaction.

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message, TopicPartition
 
 from consumers.heads import read_witness_file, witnessed_head
+from consumers.runtime.clients import make_consumer
 from ledger.audit.chain import ChainReport, Link, PartitionRead, WitnessedHead, verify_chains
 from ledger.audit.report import Findings
 from ledger.audit.witness import HeadsRead, evaluate_witness
@@ -29,7 +30,6 @@ from ledger.authn import Keyring
 from ledger.chain import entry_hash
 from ledger.errors import LocalFileError
 from ledger.events import Event, JournalEntry, JournalHead
-from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
 
@@ -50,8 +50,11 @@ class ChainCollector:
     links: dict[int, list[Link]] = field(default_factory=dict)
 
     def __call__(self, msg: Message, event: Event | None, authentic: bool = True) -> None:
-        """One journal record (``event``: its decoded value, ``None`` if it has none;
-        ``authentic``: whether its seal verified)."""
+        """Take one journal record.
+
+        ``event`` is its decoded value (``None`` if it has none); ``authentic``
+        whether its seal verified.
+        """
         p, offset, value = msg.partition() or 0, msg.offset() or 0, msg.value()
         digest = entry_hash(p, msg.key() or b"", value or b"")
         kind, ts = msg.timestamp()
@@ -83,7 +86,7 @@ def _log_starts(
     settings: LedgerSettings, partitions: set[int], topic: str = "journal"
 ) -> dict[int, int]:
     """Each partition's log start offset (low watermark) of a topic (short name)."""
-    consumer = Consumer(consumer_config(settings, f"{settings.topic_prefix}.reader"))
+    consumer = make_consumer(settings, f"{settings.topic_prefix}.reader")
     try:
         full = settings.topic(topic)
         return {
@@ -99,8 +102,10 @@ KEPT_FOREVER = "kept-forever"
 
 
 def kept_forever_topics() -> tuple[str, ...]:
-    """Audited topics that keep every record forever by deletion policy (never compacted),
-    other than ``journal`` and ``heads`` (whose deletions the chain names).
+    """Audited topics that keep every record forever by deletion policy.
+
+    Never compacted; ``journal`` and ``heads`` are left out (their deletions
+    the chain names).
 
     Nothing of the ledger deletes from them, and DeleteRecords is the only way to
     (the broker refuses it on a compacted topic): a log start above 0 there is
@@ -116,8 +121,10 @@ def kept_forever_topics() -> tuple[str, ...]:
 
 
 def deleted_ranges(settings: LedgerSettings, ends: dict[str, dict[int, int]]) -> list[str]:
-    """``TOPIC:P:..N-1`` evidence lines for every kept-forever partition whose log start
-    ``N`` is above 0 (``ends``: topic -> partition -> end offset, as the audit read them).
+    """``TOPIC:P:..N-1`` evidence lines for every kept-forever partition deleted from.
+
+    That is, whose log start ``N`` is above 0 (``ends``: topic -> partition ->
+    end offset, as the audit read them).
     """
     found: list[str] = []
     for topic in kept_forever_topics():

@@ -22,7 +22,6 @@ from typing import Any
 
 from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
-    Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
@@ -35,6 +34,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
 )
 
 from consumers.retry import is_retriable
+from consumers.runtime.clients import make_consumer
 from consumers.stages import STAGES
 from consumers.twins import LOOK_S, incarnations, local_processes, twins
 from ledger.errors import BrokerError, BrokerUnavailableError
@@ -42,7 +42,6 @@ from ledger.kafka import (
     REFUSAL_CODES,
     admin_config,
     bootstrap_servers,
-    consumer_config,
     kafka_error,
 )
 from ledger.settings import LedgerSettings
@@ -358,12 +357,10 @@ def _last_inputs(
     refused: set[str] = set()
     if not wanted:
         return {}, refused
-    consumer = Consumer(
-        consumer_config(
-            settings,
-            f"{settings.topic_prefix}.status",
-            extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
-        )
+    consumer = make_consumer(
+        settings,
+        f"{settings.topic_prefix}.status",
+        extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
     )
     found: dict[tuple[str, int], int] = {}
     done: set[tuple[str, int]] = set()

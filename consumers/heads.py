@@ -43,7 +43,9 @@ from typing import Any, Protocol
 
 from confluent_kafka import Producer
 
-from consumers.stage import Writer, bounded_call
+from consumers.runtime.clients import bounded_call
+from consumers.runtime.txn import commit_alone
+from consumers.runtime.writer import Writer
 from ledger.audit.chain import WitnessedHead
 from ledger.authn import (
     AUTH_HEADER,
@@ -272,9 +274,7 @@ class HeadsPublisher:
             return
 
         def run() -> None:
-            producer.begin_transaction()
-            self.publish(writer(), due)
-            producer.commit_transaction(timeout_s)
+            commit_alone(producer, lambda: self.publish(writer(), due), timeout_s)
             self.commit()
 
         bounded_call(run, timeout_s, f"{self.writer}: publishing the last journal heads")

@@ -308,23 +308,12 @@ class Processor(Stage):
         self._resume()
         due = self.heads.due(self.journal.heads())
         if (self.notes or due) and self.producer is not None:
-            out = self._begin_own()
-            for key, note in self.notes:
-                out.write(Topic.OPERATING_EVENTS, key, note)
-            self.heads.publish(out, due)
-            self._commit()
+            with self.transaction() as out:  # the processor's own: no input batch's
+                for key, note in self.notes:
+                    out.write(Topic.OPERATING_EVENTS, key, note)
+                self.heads.publish(out, due)
             self.notes.clear()
             self.heads.commit()
-
-    def _begin_own(self) -> Writer:
-        """Begin a transaction of the processor's own (no input batch's); its writer.
-
-        The one place the processor begins a transaction itself (its
-        resume claims, and notes and heads while no input arrives).
-        """
-        assert self.producer is not None
-        self.producer.begin_transaction()
-        return self.writer()
 
     def before_transaction(self, records: list[Record]) -> None:
         """Resume first, so the claims are decided before newer inputs."""
@@ -342,22 +331,21 @@ class Processor(Stage):
         if not self.resume_queue or self.producer is None:
             return
         queue = self.resume_queue
-        out = self._begin_own()
         worker = f"processor-{self.instance}"
-        for op, version in queue:
-            # The claim continues the operation's trace (from its restored state record).
-            with self.spans.continued(op, self.resume_traces.get(op, {}), "processor resume"):
-                out.write(
-                    Topic.CLAIMS,
-                    op,
-                    Claim(
-                        claim_id=f"resume:{self.transactional_id}:{op}:v{version}",
-                        operation_id=op,
-                        worker=worker,
-                        expected_version=version,
-                    ),
-                )
-        self._commit()
+        with self.transaction() as out:
+            for op, version in queue:
+                # The claim continues the operation's trace (from its restored state record).
+                with self.spans.continued(op, self.resume_traces.get(op, {}), "processor resume"):
+                    out.write(
+                        Topic.CLAIMS,
+                        op,
+                        Claim(
+                            claim_id=f"resume:{self.transactional_id}:{op}:v{version}",
+                            operation_id=op,
+                            worker=worker,
+                            expected_version=version,
+                        ),
+                    )
         self.spans.end()
         self.resume_queue = []  # only once the claims are durable
         self.resume_traces = {}

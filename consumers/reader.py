@@ -6,7 +6,8 @@ import time
 
 from confluent_kafka import Message
 
-from consumers.stage import Record, decode_record, key_text, read_partition
+from consumers.runtime.reader import read_partition
+from consumers.runtime.records import Record, decode_record, key_text
 from consumers.tables import TableFollower
 from ledger.authn import Keyring
 from ledger.authority import takes_over

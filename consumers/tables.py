@@ -28,19 +28,13 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
-from consumers.stage import (
-    Record,
-    await_settled,
-    decode_record,
-    key_text,
-    oversized,
-    refusal_verdict,
-    seal_refusal_kind,
-)
+from consumers.runtime.clients import make_consumer
+from consumers.runtime.inputs import oversized, refusal_verdict, seal_refusal_kind
+from consumers.runtime.reader import await_settled
+from consumers.runtime.records import Record, decode_record, key_text
 from ledger.authn import Keyring, unverifiable
 from ledger.errors import LedgerError
 from ledger.events import decode_event
-from ledger.kafka import consumer_config
 from ledger.settings import LedgerSettings
 from ledger.topology import is_reserved_key
 
@@ -123,17 +117,13 @@ class TableFollower:
 
     def _new_ends_client(self) -> Consumer:
         # The group of the high-watermark probe: neither client joins it (ledger.acl).
-        return Consumer(
-            consumer_config(self.settings, f"{self.settings.topic_prefix}.table.{self.topic}.hw")
-        )
+        return make_consumer(self.settings, f"{self.settings.topic_prefix}.table.{self.topic}.hw")
 
     def _new_consumer(self) -> Consumer:
-        return Consumer(
-            consumer_config(
-                self.settings,
-                f"{self.settings.topic_prefix}.table.{self.topic}",
-                extra={"fetch.wait.max.ms": 20},
-            )
+        return make_consumer(
+            self.settings,
+            f"{self.settings.topic_prefix}.table.{self.topic}",
+            extra={"fetch.wait.max.ms": 20},
         )
 
     def _reconnect(self, positions: dict[int, int], why: str = "") -> None:
@@ -418,12 +408,10 @@ class TableFollower:
         exist.
         """
         if self._uncommitted is None:
-            self._uncommitted = Consumer(
-                consumer_config(
-                    self.settings,
-                    f"{self.settings.topic_prefix}.table.{self.topic}.hw",
-                    isolation="read_uncommitted",
-                )
+            self._uncommitted = make_consumer(
+                self.settings,
+                f"{self.settings.topic_prefix}.table.{self.topic}.hw",
+                isolation="read_uncommitted",
             )
         tp = TopicPartition(self.full, partition)
         try:

@@ -23,7 +23,6 @@ from collections.abc import Mapping
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
@@ -35,8 +34,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
     OffsetSpec,
 )
 
-from consumers.stage import kafka_timestamp_ms, key_text
-from ledger.kafka import REFUSAL_CODES, admin_config, consumer_config, kafka_error
+from consumers.runtime.clients import make_consumer
+from consumers.runtime.records import kafka_timestamp_ms, key_text
+from ledger.kafka import REFUSAL_CODES, admin_config, kafka_error
 from ledger.settings import LedgerSettings
 from ledger.stranded import PublishedIntent, Stranded, StrandedBounds, unconsumed
 
@@ -117,12 +117,10 @@ def pending_intents(
     wanted = {p: end for p, end in ends.items() if end > (committed.get(p) or 0)}
     if not wanted:
         return []
-    consumer = Consumer(
-        consumer_config(
-            settings,
-            f"{settings.topic_prefix}.reader",
-            extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
-        )
+    consumer = make_consumer(
+        settings,
+        f"{settings.topic_prefix}.reader",
+        extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
     )
     found: list[PublishedIntent] = []
     done: set[int] = set()

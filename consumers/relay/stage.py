@@ -353,15 +353,10 @@ class Relay(Stage):
         Raises:
             KafkaException: from the transaction (the stage loop recovers).
         """
-        assert self.producer is not None
-        self.producer.begin_transaction()
-        if write is not None:
-            write(self.writer())
-        if prove:
-            self._prove_membership(offsets)
-        elif offsets:
-            self._send_offsets(offsets)
-        self._commit()
+        prove_now = (lambda: self._prove_membership(offsets)) if prove else None
+        with self.transaction(None if prove else offsets, before_commit=prove_now) as out:
+            if write is not None:
+                write(out)
 
     def _send_offsets(self, offsets: list[TopicPartition], *args: Any, **kwargs: Any) -> None:
         """The stage's offset commit, held back at parked dispatches."""

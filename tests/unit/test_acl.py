@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from confluent_kafka.admin._acl import AclBinding, AclOperation, AclPermissionType
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 
+import consumers.runtime.clients
 import consumers.stage
 import consumers.tables
 from consumers import auditor
@@ -164,13 +165,13 @@ def test_the_table_groups_are_the_ones_the_followers_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     named: list[str] = []
-    real = consumers.tables.consumer_config
+    real = consumers.runtime.clients.consumer_config
 
     def spy(settings: LedgerSettings, group: str, *args: Any, **kwargs: Any) -> Any:
         named.append(group)
         return real(settings, group, *args, **kwargs)
 
-    monkeypatch.setattr(consumers.tables, "consumer_config", spy)
+    monkeypatch.setattr(consumers.runtime.clients, "consumer_config", spy)
     settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     for component in ("authority", "relay"):
         named.clear()
@@ -197,7 +198,7 @@ def test_partition_readers_name_the_reader_and_settle_groups(
         named.append(config["group.id"])
         raise _Refused
 
-    monkeypatch.setattr(consumers.stage, "Consumer", fake_consumer)
+    monkeypatch.setattr(consumers.runtime.clients, "Consumer", fake_consumer)
     settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     with pytest.raises(_Refused):
         consumers.stage.read_partition(settings, "state", None, lambda r, m: None)

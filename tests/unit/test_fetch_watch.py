@@ -1,8 +1,8 @@
 """A stage replaces a consumer that silently stopped fetching a partition.
 
 ``FetchWatch`` names partitions behind their end with an unmoved position;
-``Stage._check_fetching`` confirms with a fresh reader and replaces the
-consumer. The integration test (``test_fetch_stall``) pauses a real
+``consumers.runtime.watches.FetchCheck`` confirms with a fresh reader and
+the stage replaces the consumer. The integration test (``test_fetch_stall``) pauses a real
 consumer's partitions; these pin the rules with fakes.
 """
 
@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from consumers import stage as stage_module
 from consumers.fetchwatch import FetchWatch
 from consumers.processor import Processor
+from consumers.runtime import watches
+from consumers.runtime.watches import FetchCheck, FetchStall
+from consumers.stage import Stage
 from ledger.settings import LedgerSettings
 from tests.helpers import keyed
+from tests.unit.kafka_doubles import FakeMember, FakeProducer, Kafka, clients
 
 A = ("t", 0)
 B = ("t", 1)
@@ -71,38 +74,59 @@ class _Consumer:
     def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition, self.offsets[tp.partition]) for tp in tps]
 
+    def close(self) -> None:
+        pass
 
-class _Ends:
-    def __init__(self, ends: dict[int, tuple[int, int]]) -> None:
-        self.ends = ends
-        self.asked = 0
+
+class _Found:
+    """A record a partition check reader gets."""
+
+    def error(self) -> None:
+        return None
+
+
+class _GroupClient:
+    """A plain client of the group: the ends client, or a partition check reader.
+
+    Records where each check reader was told to start, and gives it a record
+    there when ``found``.
+    """
+
+    def __init__(
+        self, ends: dict[int, tuple[int, int]], found: bool, probed: list[Any], asked: list[int]
+    ) -> None:
+        self.ends, self.found, self.probed, self.asked = ends, found, probed, asked
 
     def poll(self, timeout: float) -> None:
         return None
 
     def get_watermark_offsets(self, tp: TopicPartition, **_: Any) -> tuple[int, int]:
-        self.asked += 1
+        self.asked.append(tp.partition)
         return self.ends[tp.partition]
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.probed.extend(((tp.topic, tp.partition), tp.offset) for tp in tps)
+
+    def consume(self, num: int, timeout: float) -> list[_Found]:
+        return [_Found()] if self.found else []
+
+    def close(self) -> None:
+        pass
 
 
 def _stage(
     tmp_path: Path, offsets: dict[int, int], ends: dict[int, tuple[int, int]], found: bool
-) -> tuple[Processor, list[str], list[tuple[tuple[str, int], int]], _Ends]:
-    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
-    stage.consumer = _Consumer(offsets)  # type: ignore[assignment]
-    client = _Ends(ends)
-    stage._ends_client = client  # type: ignore[assignment]
-    stage._fetch_watch = FetchWatch(0.0)  # stalled from the first sample
-    rejoined: list[str] = []
+) -> tuple[Processor, list[FakeMember], list[tuple[tuple[str, int], int]], list[int]]:
     probed: list[tuple[tuple[str, int], int]] = []
-
-    def record_at(key: tuple[str, int], offset: int) -> bool:
-        probed.append((key, offset))
-        return found
-
-    stage._record_at = record_at  # type: ignore[method-assign]
-    stage._rejoin = lambda: rejoined.append("rejoined")  # type: ignore[method-assign]
-    return stage, rejoined, probed, client
+    asked: list[int] = []
+    kafka = Kafka(client=lambda _config: _GroupClient(ends, found, probed, asked))
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
+    made = clients(settings, kafka)
+    # stalled from the first sample; a reader finding nothing gives up at once
+    fetch = FetchCheck(made, FetchWatch(0.0), probe_s=0.05)
+    stage = Processor(settings, clients=made, fetch=fetch)
+    stage.consumer = _Consumer(offsets)  # type: ignore[assignment]
+    return stage, kafka.members, probed, asked
 
 
 def test_a_stalled_partition_with_a_record_waiting_replaces_the_consumer(
@@ -111,7 +135,7 @@ def test_a_stalled_partition_with_a_record_waiting_replaces_the_consumer(
     stage, rejoined, probed, _ = _stage(tmp_path, {0: 4, 1: 8}, {0: (0, 6), 1: (0, 8)}, True)
     stage._check_fetching()
     assert probed == [(("ledger.intents", 0), 4)]  # partition 1 is at its end
-    assert rejoined == ["rejoined"]
+    assert len(rejoined) == 1 and stage.consumer is rejoined[0]
     assert stage.fetch_stalls == 1
     assert stage.broker_bounced
 
@@ -128,7 +152,7 @@ def test_nothing_delivered_yet_counts_from_the_committed_offset_or_the_start(
     tmp_path: Path,
 ) -> None:
     stage, _, probed, _ = _stage(tmp_path, {0: -1001, 1: -1001}, {0: (0, 9), 1: (3, 9)}, False)
-    stage._note_assigned_at([TopicPartition("ledger.intents", 0, 7)])
+    stage.assignment.note_assigned_at([TopicPartition("ledger.intents", 0, 7)])
     stage._check_fetching()
     assert probed == [(("ledger.intents", 0), 7), (("ledger.intents", 1), 3)]
 
@@ -136,16 +160,16 @@ def test_nothing_delivered_yet_counts_from_the_committed_offset_or_the_start(
 def test_no_check_during_an_outage_nor_before_it_is_due(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stage, rejoined, probed, client = _stage(tmp_path, {0: 4}, {0: (0, 6)}, True)
+    stage, rejoined, probed, asked = _stage(tmp_path, {0: 4}, {0: (0, 6)}, True)
     monkeypatch.setattr(type(stage.retry), "waiting", property(lambda self: {"since": 0}))
     stage._check_fetching()
-    assert client.asked == 0 and probed == [] and rejoined == []
+    assert asked == [] and probed == [] and rejoined == []
     monkeypatch.undo()
     stage._check_fetching()  # not due yet: the outage's pass counted
-    assert client.asked == 0
-    stage._next_fetch_check = 0.0
+    assert asked == []
+    stage.fetch.next_check = 0.0
     stage._check_fetching()
-    assert rejoined == ["rejoined"]
+    assert len(rejoined) == 1
 
 
 def test_probing_stops_at_the_first_record_found(tmp_path: Path) -> None:
@@ -154,34 +178,54 @@ def test_probing_stops_at_the_first_record_found(tmp_path: Path) -> None:
     )
     stage._check_fetching()
     assert probed == [(("ledger.intents", 0), 1)]
-    assert rejoined == ["rejoined"]
+    assert len(rejoined) == 1
 
 
-def test_the_stage_samples_only_when_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+class _CountingCheck(FetchCheck):
+    """A fetch check that counts the samples it is asked for and finds nothing."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.samples = 0
+
+    def check(self, *args: Any) -> FetchStall | None:
+        self.samples += 1
+        return None
+
+
+class _Idle(Stage):
+    component = "processor"
+    inputs = ("intents",)
+
+    def handle(self, records: list[Any], out: Any) -> None:
+        pass
+
+
+class _Msg:
+    """A record of an unassigned partition (the batch is left to its owner)."""
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "ledger.intents"
+
+    def partition(self) -> int:
+        return 0
+
+
+def test_the_stage_samples_only_when_idle(tmp_path: Path) -> None:
     """A batch handled means a loop that is busy, not stalled: no check on that pass."""
-    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
-    checks: list[int] = []
-    batches = iter([["record"], [], ["record"]])
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
+    made = clients(settings, Kafka())
+    check = _CountingCheck(made)
+    stage = _Idle(settings, clients=made, fetch=check)
 
-    def next_batch() -> list[Any]:
-        try:
-            return next(batches)
-        except StopIteration:
-            stage.stopping = True
-            return []
+    def stop() -> None:
+        stage.stopping = True
 
-    class _Msg:
-        def error(self) -> None:
-            return None
-
-    stage.consumer = object()  # type: ignore[assignment]
-    stage.producer = type("P", (), {"poll": lambda self, t: 0})()
-    monkeypatch.setattr(stage, "_next_batch", lambda: [_Msg() for _ in next_batch()])
-    monkeypatch.setattr(stage, "_process", lambda msgs: None)
-    monkeypatch.setattr(stage, "_commit_skipped", lambda: None)
-    monkeypatch.setattr(stage, "idle", lambda: None)
-    monkeypatch.setattr(stage, "_report_ready", lambda: None)
-    monkeypatch.setattr(stage, "_check_fetching", lambda: checks.append(1))
+    stage.consumer = FakeMember([[_Msg()], [], [_Msg()]], on_empty=stop)  # type: ignore[assignment]
+    stage.producer = FakeProducer()  # type: ignore[assignment]
     stage._loop(None)
-    assert len(checks) == 2  # the empty pass and the last one, not the two batches
-    assert stage_module.FETCH_CHECK_EVERY_S < stage_module.FETCH_STALL_S
+    assert check.samples == 2  # the empty pass and the last one, not the two batches
+    assert watches.FETCH_CHECK_EVERY_S < watches.FETCH_STALL_S

@@ -306,8 +306,12 @@ def test_an_aborted_transaction_is_counted_by_the_stage_and_its_counts_dropped(
         def abort_transaction(self, timeout: float) -> None:
             pass
 
+    class _Unassigned:  # its rewind has nothing to seek
+        def assignment(self) -> list[object]:
+            return []
+
     stage.producer = _Aborting()  # type: ignore[assignment]
-    stage._rewind = lambda: None  # type: ignore[method-assign]
+    stage.consumer = _Unassigned()  # type: ignore[assignment]
     stage.handle([Record("intents", 0, 1, "op-x", b"", intent("op-x"))], stage.writer())
     # A stale generation at send_offsets: the group moved on (a fencing), the batch is redone.
     stale = KafkaError(KafkaError.ILLEGAL_GENERATION, "stale", txn_requires_abort=True)

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import consumers.stage as stage_module
-from consumers.stage import read_partition
+import consumers.runtime.clients as clients_module
+import consumers.runtime.reader as reader_module
+from consumers.runtime.reader import read_partition
 from ledger.settings import LedgerSettings
 
 
@@ -93,8 +94,8 @@ def test_a_stalled_read_rides_out_unknown_partition(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = World()
-    monkeypatch.setattr(stage_module, "Consumer", lambda *_a, **_k: FakeConsumer(world))
-    monkeypatch.setattr(stage_module, "STALL_S", 0.0)
+    monkeypatch.setattr(clients_module, "Consumer", lambda *_a, **_k: FakeConsumer(world))
+    monkeypatch.setattr(reader_module, "STALL_S", 0.0)
     settings = LedgerSettings(run_dir=tmp_path, topic_prefix="t")
     seen: list[int] = []
 

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import consumers.stage as stage_module
 from consumers.processor import Processor
 from consumers.retry import KafkaRetry, RetryPolicy
+from consumers.runtime.assignment import COMMITTED_TRY_S
 from ledger.settings import LedgerSettings
 from tests.helpers import keyed
+from tests.unit.kafka_doubles import FakeMember, FakeProducer, Kafka, clients
 
 
 class _BlockedProducer:
@@ -36,9 +37,35 @@ class _Consumer:
     def consumer_group_metadata(self) -> object:
         return object()
 
+    def assignment(self) -> list[TopicPartition]:
+        return []  # nothing to rewind
 
-def _stage(tmp_path: Path, producer: object) -> Processor:
-    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
+    def close(self) -> None:
+        pass
+
+
+class _Recording(Processor):
+    """A processor that records what it is told to restore and drop."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.restored: list[set[int]] = []
+        self.revoked: list[set[int]] = []
+
+    def on_assign(self, partitions: set[int]) -> None:
+        self.restored.append(partitions)
+
+    def on_revoke(self, partitions: set[int]) -> None:
+        self.revoked.append(partitions)
+
+
+def _stage(
+    tmp_path: Path, producer: object, kafka: Kafka | None = None, stuck_after_s: float = 30.0
+) -> _Recording:
+    settings = keyed(LedgerSettings(run_dir=tmp_path))
+    stage = _Recording(
+        settings, clients=clients(settings, kafka or Kafka()), stuck_after_s=stuck_after_s
+    )
     stage.producer = producer  # type: ignore[assignment]
     stage.consumer = _Consumer()  # type: ignore[assignment]
     return stage
@@ -53,7 +80,7 @@ def test_a_hung_send_offsets_is_a_fatal_error_and_the_producer_is_kept(tmp_path:
             stage._send_offsets([], timeout_s=0.05, grace_s=0.05)
         err = caught.value.args[0]
         assert err.fatal() and err.code() == KafkaError._TIMED_OUT
-        assert stage._abandoned == [blocked]  # not freed under the blocked call
+        assert stage.txn.abandoned == [blocked]  # not freed under the blocked call
     finally:
         release.set()
 
@@ -65,7 +92,7 @@ def test_the_calls_own_error_reaches_the_stage(tmp_path: Path) -> None:
     with pytest.raises(KafkaException) as caught:
         stage._send_offsets([], timeout_s=1.0)
     assert caught.value.args[0].code() == KafkaError.ILLEGAL_GENERATION
-    assert stage._abandoned == []
+    assert stage.txn.abandoned == []
 
 
 class _AbortingProducer:
@@ -76,34 +103,31 @@ class _AbortingProducer:
         self.aborted += 1
 
 
-def _aborting_stage(tmp_path: Path) -> tuple[Processor, _AbortingProducer, object]:
+def _aborting_stage(tmp_path: Path) -> tuple[Processor, _AbortingProducer, Kafka]:
     stuck = _AbortingProducer()
-    stage = _stage(tmp_path, stuck)
-    fresh = object()
-    stage._new_producer = lambda: fresh  # type: ignore[method-assign]
-    stage._rewind = lambda: None  # type: ignore[method-assign]
-    return stage, stuck, fresh
+    kafka = Kafka()  # makes the stage's new producers
+    return _stage(tmp_path, stuck, kafka), stuck, kafka
 
 
 def test_a_failed_delivery_replaces_the_producer_at_once(tmp_path: Path) -> None:
     """A producer that fails every delivery (left stuck by a broker restart) is not kept."""
-    stage, stuck, fresh = _aborting_stage(tmp_path)
+    stage, stuck, kafka = _aborting_stage(tmp_path)
     failed = KafkaError(
         KafkaError._INCONSISTENT, "1 message(s) failed delivery", txn_requires_abort=True
     )
     stage._recover(KafkaException(failed))
-    assert stuck.aborted == 1 and stage.producer is fresh
+    assert stuck.aborted == 1 and [stage.producer] == kafka.producers
 
 
 def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
-    stage, stuck, fresh = _aborting_stage(tmp_path)
+    stage, stuck, kafka = _aborting_stage(tmp_path)
     abortable = KafkaException(
         KafkaError(KafkaError._STATE, "an abortable error", txn_requires_abort=True)
     )
     stage._recover(abortable)
     assert stage.producer is stuck and stuck.aborted == 1  # one abort: retry with it
     stage._recover(abortable)
-    assert stuck.aborted == 2 and stage.producer is fresh
+    assert stuck.aborted == 2 and [stage.producer] == kafka.producers
 
 
 class _RefusingProducer:
@@ -123,22 +147,19 @@ def test_a_refused_abort_restores_the_state_from_what_was_committed(tmp_path: Pa
     error. Before the fix it only dropped the batch's pending decisions,
     and a later decision of an operation of that batch started from a
     version the journal had left behind."""
-    stage = _stage(tmp_path, _RefusingProducer())
-    fresh = object()
-    stage._new_producer = lambda: fresh  # type: ignore[method-assign]
-    stage._rewind = lambda: None  # type: ignore[method-assign]
+    kafka = Kafka()
+    stage = _stage(tmp_path, _RefusingProducer(), kafka)
     stage.assigned = {("intents", 0)}
-    restored: list[object] = []
-    revoked: list[set[int]] = []
-    stage._restore = restored.append  # type: ignore[method-assign,assignment]
-    stage.on_revoke = revoked.append  # type: ignore[method-assign,assignment]
-    stage.consumer = _AssignedConsumer()  # type: ignore[assignment]
+    consumer = _AssignedConsumer()
+    stage.consumer = consumer  # type: ignore[assignment]
     timed_out = KafkaError(
         KafkaError._TIMED_OUT, "27 message(s) timed out", txn_requires_abort=True
     )
     stage._recover(KafkaException(timed_out))
-    assert stage.producer is fresh
-    assert revoked == [{0}] and restored == [[TopicPartition("t.intents", 0)]]
+    assert kafka.producers and stage.producer is kafka.producers[-1]
+    # dropped and restored from the committed offsets, then rewound to them
+    assert stage.revoked == [{0}] and stage.restored == [{0}]
+    assert consumer.seeks == [TopicPartition("t.intents", 0, 12)]
 
 
 class _SlowAbortProducer:
@@ -165,21 +186,31 @@ def test_an_abort_that_timed_out_is_resumed_not_given_up(tmp_path: Path) -> None
     its producer and its committed memory instead of restoring (which waited on
     a half-aborted transaction's offsets for minutes under broker chaos)."""
     slow = _SlowAbortProducer()
-    stage = _stage(tmp_path, slow)
+    kafka = Kafka()
+    stage = _stage(tmp_path, slow, kafka)
     stage.retry = KafkaRetry(
         "relay-0", RetryPolicy(first_wait_s=0.001, max_wait_s=0.001), sleep=lambda _s: None
     )
-    stage._new_producer = lambda: pytest.fail("the producer was replaced")  # type: ignore[method-assign]
-    stage._restore = lambda _p: pytest.fail("the state was restored")  # type: ignore[method-assign]
-    stage._rewind = lambda: None  # type: ignore[method-assign]
+    stage.assigned = {("intents", 0)}
+    stage.consumer = _AssignedConsumer()  # type: ignore[assignment]
     abortable = KafkaError(KafkaError._STATE, "an abortable error", txn_requires_abort=True)
     stage._recover(KafkaException(abortable))
     assert slow.calls == 2 and stage.producer is slow
+    assert kafka.producers == [] and stage.restored == [] and stage.revoked == []
 
 
 class _AssignedConsumer(_Consumer):
+    def __init__(self) -> None:
+        self.seeks: list[TopicPartition] = []
+
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition("t.intents", 0)]
+
+    def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 12) for tp in tps]
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.seeks.append(tp)
 
 
 class _FencedConsumer:
@@ -194,17 +225,19 @@ class _FencedConsumer:
     def seek(self, tp: TopicPartition) -> None:
         raise KafkaException(KafkaError(KafkaError._STATE, "Failed to seek to offset 12"))
 
+    def close(self) -> None:
+        self.closed = True
 
-def test_a_rewind_the_consumer_cannot_do_replaces_the_consumer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+
+def test_a_rewind_the_consumer_cannot_do_replaces_the_consumer(tmp_path: Path) -> None:
     """Seen with two live processes of one identity: the stage rejoins, it does not die."""
-    stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
-    stage.consumer = _FencedConsumer()  # type: ignore[assignment]
-    rejoined: list[bool] = []
-    monkeypatch.setattr(stage, "_rejoin", lambda: rejoined.append(True))
+    kafka = Kafka()
+    stage = _stage(tmp_path, object(), kafka)
+    fenced = _FencedConsumer()
+    stage.consumer = fenced  # type: ignore[assignment]
     stage._rewind()
-    assert rejoined == [True]
+    assert fenced.closed and len(kafka.members) == 1 and stage.consumer is kafka.members[0]
+    assert kafka.members[0].subscribed == [stage.settings.topic(t) for t in stage.inputs]
 
 
 class _AnsweringConsumer:
@@ -221,6 +254,9 @@ class _AnsweringConsumer:
             self.refusals -= 1
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker restarting"))
         return partitions
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.mark.parametrize(("refusals", "replaced"), [(0, False), (2, True)])
@@ -268,12 +304,11 @@ def test_a_consumer_stuck_while_kafka_answers_is_replaced(
     """Seen in CI: the relay's ``committed`` timed out for six minutes after a 90 s outage
     while the other stages' clients were answered. When the producer is answered, the
     consumer (and the producer) are replaced; in a real outage the wait goes on."""
-    monkeypatch.setattr("consumers.stage.CONSUMER_STUCK_AFTER_S", 0.0)
     producer = _MetadataProducer(kafka_answers)
-    stage = _stage(tmp_path, producer)
+    kafka = Kafka()
+    stage = _stage(tmp_path, producer, kafka, stuck_after_s=0.0)
     stage.consumer = _TimingOutConsumer()  # type: ignore[assignment]
-    rejoined: list[bool] = []
-    stage._rejoin = lambda: rejoined.append(True)  # type: ignore[method-assign]
+    rejoined = kafka.members  # a new member joins in the stuck one's place
     stage.retry = KafkaRetry(
         "relay-0",
         RetryPolicy(first_wait_s=0.001, max_wait_s=0.001, give_up_after_s=0.5),
@@ -281,7 +316,7 @@ def test_a_consumer_stuck_while_kafka_answers_is_replaced(
     )
     if kafka_answers:
         stage._await_kafka()
-        assert rejoined == [True] and stage.broker_bounced
+        assert len(rejoined) == 1 and stage.consumer is rejoined[0] and stage.broker_bounced
         assert stage.retry.down  # the outage ends when the new consumer is answered
     else:
         with pytest.raises(KafkaException):
@@ -331,13 +366,11 @@ def _stuck_stage(
     monkeypatch: pytest.MonkeyPatch,
     kafka_answers: bool = True,
     new_client_refusals: int = 0,
-) -> tuple[Processor, _NotCoordinatorConsumer, _MetadataProducer]:
-    monkeypatch.setattr("consumers.stage.CONSUMER_STUCK_AFTER_S", 0.0)
-    monkeypatch.setattr("consumers.stage.Consumer", _NewClient)
+) -> tuple[_Recording, _NotCoordinatorConsumer, _MetadataProducer]:
     monkeypatch.setattr(_NewClient, "made", [])
     monkeypatch.setattr(_NewClient, "refusals", new_client_refusals)
     producer = _MetadataProducer(kafka_answers)
-    stage = _stage(tmp_path, producer)
+    stage = _stage(tmp_path, producer, Kafka(client=_NewClient), stuck_after_s=0.0)
     consumer = _NotCoordinatorConsumer()
     stage.consumer = consumer  # type: ignore[assignment]
     stage.retry = KafkaRetry(
@@ -357,12 +390,15 @@ def test_a_consumer_stuck_on_a_stale_coordinator_is_marked_for_replacement(
     that its answer waits for open transactions) asks once; answered, the consumer is marked
     for replacement and the caller gets no offsets."""
     stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch)
-    assert stage._committed([TopicPartition("t", 0)], "committed offsets (rewind)", 30.0) is None
+    assert (
+        stage.assignment.committed([TopicPartition("t", 0)], "committed offsets (rewind)", 30.0)
+        is None
+    )
     (client,) = _NewClient.made
     assert client.closed
     assert client.config["group.id"] == stage.group_id
     assert client.config["isolation.level"] == "read_committed"
-    assert stage._consumer_stuck and stage.broker_bounced
+    assert stage.assignment.consumer_stuck and stage.broker_bounced
 
 
 def test_while_new_clients_are_not_answered_either_the_wait_goes_on(
@@ -371,9 +407,9 @@ def test_while_new_clients_are_not_answered_either_the_wait_goes_on(
     """The group's coordinator is away, not only for the consumer: the consumer keeps asking
     (and a new client is tried again later) until a new client is answered."""
     stage, _, _ = _stuck_stage(tmp_path, monkeypatch, new_client_refusals=2)
-    assert stage._committed([TopicPartition("t", 0)], "committed offsets", 10.0) is None
+    assert stage.assignment.committed([TopicPartition("t", 0)], "committed offsets", 10.0) is None
     assert len(_NewClient.made) == 3 and all(c.closed for c in _NewClient.made)
-    assert stage._consumer_stuck
+    assert stage.assignment.consumer_stuck
 
 
 def test_a_rewind_by_a_stuck_consumer_leaves_it_to_the_replacement(
@@ -382,17 +418,15 @@ def test_a_rewind_by_a_stuck_consumer_leaves_it_to_the_replacement(
     stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch)
     stage._rewind()
     assert consumer.seeks == []  # the new consumer starts from the committed offsets
-    assert stage._consumer_stuck
+    assert stage.assignment.consumer_stuck
 
 
 def test_a_stuck_consumer_restores_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its partitions are restored by the member that replaces it, takeover bookkeeping
     included (the relay's handover, the processor's resumes)."""
     stage, _, _ = _stuck_stage(tmp_path, monkeypatch)
-    restored: list[set[int]] = []
-    monkeypatch.setattr(stage, "on_assign", restored.append)
-    stage._restore([TopicPartition("t", 0), TopicPartition("t", 1)])
-    assert restored == [] and stage._consumer_stuck
+    stage.assignment.restore([TopicPartition("t", 0), TopicPartition("t", 1)])
+    assert stage.restored == [] and stage.assignment.consumer_stuck
 
 
 def test_in_a_real_outage_no_new_client_is_made(
@@ -400,13 +434,39 @@ def test_in_a_real_outage_no_new_client_is_made(
 ) -> None:
     stage, _, producer = _stuck_stage(tmp_path, monkeypatch, kafka_answers=False)
     with pytest.raises(KafkaException):
-        stage._committed([TopicPartition("t", 0)], "committed offsets", 10.0)
-    assert producer.asked > 0 and _NewClient.made == [] and not stage._consumer_stuck
+        stage.assignment.committed([TopicPartition("t", 0)], "committed offsets", 10.0)
+    assert producer.asked > 0 and _NewClient.made == [] and not stage.assignment.consumer_stuck
 
 
 class _Record:
+    """A record without a key (it becomes a dead letter), at ``offset`` of intents[0]."""
+
+    def __init__(self, topic: str, offset: int) -> None:
+        self._topic, self._offset = topic, offset
+
     def error(self) -> None:
         return None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> None:
+        return None
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
 
 
 class _StuckDuringConsume:
@@ -414,36 +474,47 @@ class _StuckDuringConsume:
 
     def __init__(self, stage: Processor) -> None:
         self.stage = stage
-        self.calls = 0
+        self.closed = False
 
     def consume(self, num: int, timeout: float) -> list[_Record]:
-        self.calls += 1
-        if self.calls == 1:
-            self.stage._consumer_stuck = True  # as _restore does inside the assign callback
-        return [_Record()] if num == 1 else []
+        if num == 1:
+            self.stage.assignment.consumer_stuck = True  # as restore does in the callback
+            return [_Record(self.stage.settings.topic("intents"), 1)]
+        return []
 
-    def assignment(self) -> list[TopicPartition]:
-        return []  # nothing for the fetch check to judge
+    def close(self) -> None:
+        self.closed = True
 
 
-def test_the_loop_replaces_a_stuck_consumer_before_handling_what_it_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    stage = _stage(tmp_path, object())
-    stage.consumer = _StuckDuringConsume(stage)  # type: ignore[assignment]
-    events: list[str] = []
+class _Assigned(FakeMember):
+    """A new member that is assigned intents[0] as it joins, and reads one record there."""
 
-    def rejoin() -> None:
-        events.append("rejoin")
-        stage.stopping = True
+    def __init__(self, stage: Processor) -> None:
+        super().__init__([[_Record(stage.settings.topic("intents"), 2)]], self._stop)
+        self.stage = stage
 
-    monkeypatch.setattr(stage, "_rejoin", rejoin)
-    monkeypatch.setattr(stage, "_process", lambda msgs: events.append("process"))
-    monkeypatch.setattr(stage, "idle", lambda: events.append("idle"))
+    def _stop(self) -> None:
+        self.stage.stopping = True
+
+    def subscribe(self, topics: list[str], **callbacks: Any) -> None:
+        super().subscribe(topics)
+        callbacks["on_assign"](self, [TopicPartition(topics[0], 0)])
+
+
+def test_the_loop_replaces_a_stuck_consumer_before_handling_what_it_read(tmp_path: Path) -> None:
+    holder: list[Processor] = []
+    kafka = Kafka(member=lambda: _Assigned(holder[0]))
+    stage = _stage(tmp_path, FakeProducer(), kafka)
+    holder.append(stage)
+    stuck = _StuckDuringConsume(stage)
+    stage.consumer = stuck  # type: ignore[assignment]
     stage._loop(None)
-    # What the stuck member read is left to its replacement; the next batch is handled.
-    assert events == ["rejoin", "process"]
-    assert not stage._consumer_stuck
+    # What the stuck member read (offset 1) is left to its replacement, which
+    # restores and handles the next batch (offset 2) in a transaction.
+    assert stuck.closed and stage.consumer is kafka.members[0]
+    assert stage.restored == [{0}] and stage.processed == 1
+    assert stage.producer is not None and stage.producer.calls == ["begin", "commit"]  # type: ignore[attr-defined]
+    assert not stage.assignment.consumer_stuck
 
 
 class _RecordingConsumer(_TimingOutConsumer):
@@ -468,8 +539,6 @@ def test_a_restore_asks_in_short_tries_so_a_stuck_consumer_is_noticed(
     stage, _, _ = _stuck_stage(tmp_path, monkeypatch)
     consumer = _RecordingConsumer()
     stage.consumer = consumer  # type: ignore[assignment]
-    restored: list[set[int]] = []
-    monkeypatch.setattr(stage, "on_assign", restored.append)
-    stage._restore([TopicPartition("t", 0)])
-    assert consumer.timeouts and max(consumer.timeouts) <= stage_module.COMMITTED_TRY_S <= 10.0
-    assert restored == [] and stage._consumer_stuck
+    stage.assignment.restore([TopicPartition("t", 0)])
+    assert consumer.timeouts and max(consumer.timeouts) <= COMMITTED_TRY_S <= 10.0
+    assert stage.restored == [] and stage.assignment.consumer_stuck

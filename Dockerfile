@@ -3,7 +3,7 @@
 # The ledger's stages as an image, built from the wheel.
 #
 #   docker build -t kafka-recovery-ledger .                 # the stages (default target)
-#   docker build -t kafka-recovery-ledger-sink --target sink .   # + the reference sink (testbed)
+#   docker build -t kafka-recovery-ledger-sink --target sink .   # + the testbed's reference sink
 #   docker run --rm kafka-recovery-ledger relay             # one stage per container
 #
 # The entry point is the `ledger` console script; the command names the stage
@@ -11,7 +11,7 @@
 # `reconcile run`). Without one it prints the commands and exits. Settings come
 # from the environment (LEDGER_*, see docs/configuration.md). The production target holds
 # the console, OTLP and postgres extras and no testbed; the `sink` target adds the
-# testbed for the reference sink only.
+# testbed (its own wheel, kafka-recovery-ledger-testbed) for the reference sink only.
 # Not built in CI (no container engine there); see docs/deploying.md.
 
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
@@ -27,7 +27,8 @@ COPY producers producers
 COPY sinks sinks
 COPY schemas schemas
 COPY testbed testbed
-RUN python -m build --wheel --outdir /wheels
+RUN python -m build --wheel --outdir /wheels \
+    && python -m build --wheel --outdir /wheels ./testbed
 
 # ---------------------------------------------------------------- common runtime
 FROM ${PYTHON_IMAGE} AS runtime
@@ -50,7 +51,8 @@ WORKDIR /var/lib/ledger
 # ---------------------------------------------------------------- reference sink (testbed)
 FROM runtime AS sink
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir "$(ls /wheels/kafka_recovery_ledger-*.whl)[testbed]"
+    pip install --no-cache-dir /wheels/kafka_recovery_ledger-*.whl \
+        /wheels/kafka_recovery_ledger_testbed-*.whl
 USER 10001:10001
 EXPOSE 8080
 ENTRYPOINT ["ledger"]

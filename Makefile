@@ -1,14 +1,15 @@
 # Kafka recovery ledger: developer entry points.
 #
-#   make demo      install the ledger and its testbed (no dev tools), then run
-#                  the demo (starts/reuses the local broker)
+#   make demo      install the ledger and its testbed (two distributions, both
+#                  editable; no dev tools), then run the demo (starts/reuses
+#                  the local broker)
 #   make check     lint, format check, types, layer rules, the docs build and
 #                  the unit tests (no broker; about a minute)
 #   make docs      the documentation site (docs/, mkdocs.yml) into .cache/site,
 #                  --strict: a broken link or a page missing from the nav fails
 #   make test      the whole suite: `make check`'s checks and the docs build,
-#                  every test on the real broker, then the wheel check (the built wheel installed
-#                  outside the checkout runs `ledger demo --json`)
+#                  every test on the real broker, then the wheel check (the two built wheels,
+#                  product and testbed, installed outside the checkout run `ledger demo --json`)
 #   make mission   the 4,000-case fee-remediation mission with crashes everywhere
 #   make mission-engine  the same mission as a LangGraph workflow (SQLite checkpoints),
 #                  its worker SIGKILLed at every step, beside its direct-call control
@@ -36,25 +37,31 @@ BIN    := $(VENV)/bin
 
 # Two stamps in one virtualenv: the runtime with its testbed (what the demo
 # and missions need), and the developer tools on top (what the tests need).
-# Each re-installs only when pyproject.toml changes; pip's pages of output go
-# to $(VENV)/install.log and are shown only when an install fails.
+# The testbed is a distribution of its own (testbed/pyproject.toml, which the
+# product's wheel does not carry): the product is installed first, then the
+# testbed on top of it, both editable. Each stamp re-installs only when a
+# pyproject.toml changes; pip's pages of output go to $(VENV)/install.log and
+# are shown only when an install fails.
+PYPROJECTS := pyproject.toml testbed/pyproject.toml
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
 venv: $(DEV_STAMP)
 venv-run: $(RUN_STAMP)
 
-$(RUN_STAMP): pyproject.toml
+$(RUN_STAMP): $(PYPROJECTS)
 	@echo "installing the ledger and its testbed into $(VENV) (first run: a minute) ..."
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install --upgrade --quiet pip > $(VENV)/install.log 2>&1 \
-	  && $(BIN)/pip install --quiet -e '.[testbed]' >> $(VENV)/install.log 2>&1 \
+	  && $(BIN)/pip install --quiet -e . >> $(VENV)/install.log 2>&1 \
+	  && $(BIN)/pip install --quiet -e ./testbed >> $(VENV)/install.log 2>&1 \
 	  || { tail -n 30 $(VENV)/install.log; exit 1; }
 	@touch $@
 
 $(DEV_STAMP): $(RUN_STAMP)
 	@echo "installing the developer tools into $(VENV) ..."
-	@$(BIN)/pip install --quiet -e '.[testbed,dev]' >> $(VENV)/install.log 2>&1 \
+	@$(BIN)/pip install --quiet -e '.[dev]' >> $(VENV)/install.log 2>&1 \
+	  && $(BIN)/pip install --quiet -e ./testbed >> $(VENV)/install.log 2>&1 \
 	  || { tail -n 30 $(VENV)/install.log; exit 1; }
 	@touch $@
 
@@ -76,7 +83,7 @@ mission: venv-run kafka
 # step and resumed from its SQLite checkpoints; the ledger beside a control
 # whose nodes call the sinks directly.
 mission-engine: venv-run kafka
-	@$(BIN)/pip install --quiet -e '.[testbed,engine-mission]' >> $(VENV)/install.log 2>&1 \
+	@$(BIN)/pip install --quiet -e './testbed[engine-mission]' >> $(VENV)/install.log 2>&1 \
 	  || { tail -n 30 $(VENV)/install.log; exit 1; }
 	$(BIN)/python -m testbed.engine_mission --cases $(if $(filter file,$(origin CASES)),1000,$(CASES))
 
@@ -119,7 +126,7 @@ $(KSTREAMS_JAR): $(KSTREAMS_DIR)/pom.xml $(shell find $(KSTREAMS_DIR)/src -type 
 	fi
 
 $(BENCH_STAMP): $(DEV_STAMP)
-	$(BIN)/pip install --quiet -e '.[testbed,dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	touch $@
 
 bench: venv kafka $(BENCH_STAMP) $(PEERS_STAMP) $(KSTREAMS_JAR)
@@ -174,11 +181,13 @@ test: lint docs kafka
 	$(PYTEST_PHASES); rc=$$?; \
 	[ $$was_up = 1 ] || $(BIN)/ledger broker stop > /dev/null; exit $$rc
 
-# The wheel as a user gets it: built from the checkout, installed with its
-# [testbed] extra into a fresh virtualenv outside the checkout (one folder per
-# checkout under $TMPDIR), and run from an empty folder there, so nothing can
-# resolve to the checkout; the broker jars are the checkout's. `ledger demo`
-# exits 1 unless every value of its report is the expected one.
+# The wheels as a user gets them: the product's and the testbed's, built from
+# the checkout and checked (.ci/wheel_contents.py: the product's holds no
+# testbed module, the testbed's holds itself and its data), installed together
+# into a fresh virtualenv outside the checkout (one folder per checkout under
+# $TMPDIR), and run from an empty folder there, so nothing can resolve to the
+# checkout; the broker jars are the checkout's. `ledger demo` exits 1 unless
+# every value of its report is the expected one.
 WHEEL_DIR ?= $(or $(TMPDIR),/tmp)/ledger-wheel-check-$(shell printf '%s' "$(CURDIR)" | cksum | cut -d' ' -f1)
 
 # Its broker is its own (a folder of its own, the checkout's jars, on
@@ -188,12 +197,16 @@ WHEEL_KAFKA_PORT ?= $(shell echo $$(( $${LEDGER_KAFKA_PORT:-19092} + 60 )))
 wheel-check: venv kafka
 	@rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)/dist $(WHEEL_DIR)/home $(WHEEL_DIR)/kafka
 	@ln -s $(CURDIR)/.cache/kafka/libs $(WHEEL_DIR)/kafka/libs
-	@echo "wheel check: building the wheel ..."
-	@$(BIN)/pip wheel --quiet --no-deps -w $(WHEEL_DIR)/dist . \
+	@echo "wheel check: building the product's and the testbed's wheels ..."
+	@{ $(BIN)/pip wheel --quiet --no-deps -w $(WHEEL_DIR)/dist . \
+	   && $(BIN)/pip wheel --quiet --no-deps -w $(WHEEL_DIR)/dist ./testbed; } \
 	  > $(WHEEL_DIR)/build.log 2>&1 || { tail -n 30 $(WHEEL_DIR)/build.log; exit 1; }
-	@echo "wheel check: installing $$(ls $(WHEEL_DIR)/dist) with [testbed] into $(WHEEL_DIR)/venv ..."
+	@rm -rf testbed/build  # setuptools' staging copy of the package, not a second source tree
+	$(BIN)/python .ci/wheel_contents.py $(WHEEL_DIR)/dist/kafka_recovery_ledger-*.whl \
+	  $(WHEEL_DIR)/dist/kafka_recovery_ledger_testbed-*.whl
+	@echo "wheel check: installing $$(ls $(WHEEL_DIR)/dist | tr '\n' ' ')into $(WHEEL_DIR)/venv ..."
 	@$(PYTHON) -m venv $(WHEEL_DIR)/venv
-	@$(WHEEL_DIR)/venv/bin/pip install --quiet "$$(ls $(WHEEL_DIR)/dist/*.whl)[testbed]" \
+	@$(WHEEL_DIR)/venv/bin/pip install --quiet $(WHEEL_DIR)/dist/*.whl \
 	  > $(WHEEL_DIR)/install.log 2>&1 || { tail -n 30 $(WHEEL_DIR)/install.log; exit 1; }
 	@echo "wheel check: ledger demo --json from $(WHEEL_DIR)/home ..."
 	cd $(WHEEL_DIR)/home && export LEDGER_HOME=$(WHEEL_DIR)/home LEDGER_KAFKA_HOME=$(WHEEL_DIR)/kafka \
@@ -221,7 +234,8 @@ broker-status: venv
 
 # Build and tool caches only; the venv, broker jars and broker data stay.
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info \
+	  testbed/build testbed/*.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
 
 # Everything generated: also stops our broker, removes the venv, jars and data.

@@ -1,7 +1,9 @@
 """The ledger's error hierarchy.
 
-Every error a ledger component, a reference sink or the sink client raises
-on purpose is a :class:`LedgerError`. The message says what went wrong and
+Every error a ledger component or the sink client raises on purpose is a
+:class:`LedgerError` (the testbed's own errors, e.g. a malformed game-day
+scenario or a reference sink that does not start, are in ``testbed.errors``,
+under the same root). The message says what went wrong and
 how to fix it; the structured fields let callers (CLI, game-day runner,
 tests) react without parsing the message. Adapters translate third-party
 errors once, at the edge (``raise SinkUnavailableError(...) from exc``).
@@ -20,13 +22,10 @@ The hierarchy (``retryable`` classes marked *)::
     │   └── DecodeError
     ├── ParameterDriftError
     ├── ForbiddenTransitionError
-    ├── ScenarioError
     └── SinkError
         ├── SinkUnavailableError *
         ├── SinkProtocolError
-        ├── SinkAuthError
-        ├── SinkStoreError
-        └── SinkStartError
+        └── SinkAuthError
 
 ``retryable`` never licenses re-executing an effect: a request whose outcome
 cannot be observed is ``UNKNOWN_OUTCOME`` (the sink client returns it as the
@@ -278,22 +277,6 @@ class ForbiddenTransitionError(LedgerError):
         self.to_state = to_state
 
 
-class ScenarioError(LedgerError):
-    """A game-day scenario is malformed (the message names the bad key or value).
-
-    Args:
-        message: the file, the bad key or value, and what is wanted instead.
-        source: the scenario's file (or ``<scenario>`` for an object).
-
-    Attributes:
-        source: as given.
-    """
-
-    def __init__(self, message: str, *, source: str | None = None) -> None:
-        super().__init__(message)
-        self.source = source
-
-
 class SinkError(LedgerError):
     """A sink, its store or the sink client failed (base of the sink errors).
 
@@ -476,31 +459,6 @@ class SinkAuthError(SinkError):
             expected="an accepted bearer token",
             observed=http_status,
         )
-
-
-class SinkStoreError(SinkError):
-    """A sink's database cannot be used (another sink's file, a newer schema).
-
-    Args:
-        message: the problem and the remedy (e.g. another ``--db``).
-        sink: the sink that tried to open it.
-        path: the database file.
-
-    Attributes:
-        path: as given.
-    """
-
-    def __init__(self, message: str, *, sink: str | None = None, path: str | None = None) -> None:
-        super().__init__(message, sink=sink)
-        self.path = path
-
-
-class SinkStartError(SinkError):
-    """A reference sink process is not running as asked; the message quotes its log.
-
-    Raised when it was never started, is already running, exits during
-    start-up or does not answer ``/health`` in time.
-    """
 
 
 class WaitError(LedgerError):

@@ -33,7 +33,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -49,13 +48,27 @@ from ledger.errors import BrokerError, BrokerUnavailableError
 from ledger.kafka import CLIENT_LOGGER as CLIENT_LOGGER  # re-exported: tests use it
 from ledger.kafka import admin_config, bootstrap_servers
 from ledger.settings import LedgerSettings
+from testbed import launcher
+from testbed.launcher import CLUSTER_ID as CLUSTER_ID  # re-exported: its old home
+from testbed.launcher import JVM_HEAP as JVM_HEAP
+from testbed.launcher import KafkaPaths
+from testbed.launcher import format_command as format_command
 
-#: Fixed KRaft cluster ID (the official image's default); one cluster per data dir.
-CLUSTER_ID = "5L6g3nShT-eMCtK--X86sw"
+# The node process's helpers live in testbed.launcher (shared with
+# testbed.cluster); these are their former names here.
+_Paths = KafkaPaths
+_children = launcher.children
+_require_tool = launcher.require_tool
+_java_base = launcher.java_command
+_read_pid_file = launcher.read_pid_file
+_cmdline = launcher.cmdline
+_alive = launcher.alive
+_terminate = launcher.terminate
+_wait_gone = launcher.wait_gone
+_tail = launcher.tail
+
 #: Maven project that resolves the broker's runtime jars.
 POM_PATH = Path(__file__).resolve().parent / "kafka" / "pom.xml"
-#: Java heap of the broker.
-JVM_HEAP = ("-Xms256m", "-Xmx512m")
 #: The SCRAM users of a secured local cluster (``ledger broker start --security
 #: sasl_ssl``, see :mod:`testbed.cluster`): the super user ``admin`` (brokers,
 #: controllers, topic and ACL administration) and one principal per role of
@@ -63,10 +76,6 @@ JVM_HEAP = ("-Xms256m", "-Xmx512m")
 PRINCIPALS: tuple[str, ...] = (ADMIN, *ROLES)
 
 _log = logging.getLogger(__name__)
-
-#: Popen handles of brokers started by this process, so that they are reaped
-#: (no zombies, no ResourceWarning) when this process also stops them.
-_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass(frozen=True)
@@ -96,40 +105,6 @@ class BrokerStatus:
     stdout_file: Path
     data_dir: Path
     message: str
-
-
-@dataclass(frozen=True)
-class _Paths:
-    home: Path
-    libs: Path
-    config_dir: Path
-    server_properties: Path
-    log4j_config: Path
-    data: Path
-    logs: Path
-    log_file: Path
-    stdout_file: Path
-    pid_file: Path
-    lock_file: Path
-
-    @classmethod
-    def of(cls, settings: LedgerSettings) -> _Paths:
-        home = Path(settings.kafka_home).resolve()
-        logs = home / "logs"
-        config_dir = home / "config"
-        return cls(
-            home=home,
-            libs=home / "libs",
-            config_dir=config_dir,
-            server_properties=config_dir / "server.properties",
-            log4j_config=config_dir / "log4j2.properties",
-            data=home / "data",
-            logs=logs,
-            log_file=logs / "server.log",
-            stdout_file=logs / "broker.out",
-            pid_file=home / "broker.pid",
-            lock_file=home / "broker.lock",
-        )
 
 
 def local_bootstrap(settings: LedgerSettings) -> str:
@@ -536,18 +511,6 @@ def _locked(paths: _Paths) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _require_tool(name: str, remedy: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise BrokerError(
-            f"`{name}` is not on PATH: {remedy}, or point KAFKA_BOOTSTRAP_SERVERS at a running "
-            "broker (e.g. `docker compose up -d`, then KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19092)",
-            expected=name,
-            observed="missing",
-        )
-    return path
-
-
 def _check_java() -> None:
     java = _require_tool("java", "install a Java 17+ runtime")
     out = subprocess.run(
@@ -663,44 +626,6 @@ def _write_configs(settings: LedgerSettings, paths: _Paths) -> None:
     paths.log4j_config.write_text(_LOG4J2)
 
 
-def _java_base(paths: _Paths) -> list[str]:
-    return [
-        _require_tool("java", "install a Java 17+ runtime"),
-        *JVM_HEAP,
-        "-Djava.awt.headless=true",
-        f"-Dkafka.logs.dir={paths.logs}",
-        f"-Dlog4j2.configurationFile={paths.log4j_config}",
-        "-cp",
-        f"{paths.libs}/*",
-    ]
-
-
-def format_command(paths: _Paths, *extra: str) -> list[str]:
-    """The java command that formats a node's KRaft storage (``-g``: a formatted dir is kept).
-
-    Args:
-        paths: the node's folders (its ``server.properties`` and jars).
-        extra: more ``StorageTool format`` arguments (``--add-scram ...``).
-
-    Returns:
-        The argument list, C1-compiled with one GC thread (a short-lived tool
-        starts faster so on a busy machine).
-    """
-    java = _java_base(paths)
-    java[1:1] = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
-    return [
-        *java,
-        "kafka.tools.StorageTool",
-        "format",
-        "-t",
-        CLUSTER_ID,
-        "-c",
-        str(paths.server_properties),
-        "-g",
-        *extra,
-    ]
-
-
 def _format_storage(paths: _Paths) -> None:
     """Format the KRaft storage once (``-g`` also tolerates a formatted dir)."""
     if (paths.data / "meta.properties").is_file():
@@ -725,25 +650,10 @@ def _format_storage(paths: _Paths) -> None:
 
 
 def _launch(paths: _Paths) -> int:
-    cmd = [*_java_base(paths), "kafka.Kafka", str(paths.server_properties)]
-    with paths.stdout_file.open("ab") as out:
-        out.write(f"\n=== testbed.broker start {time.strftime('%Y-%m-%dT%H:%M:%S')} ===\n".encode())
-        out.flush()
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=paths.home,
-            start_new_session=True,
-            close_fds=True,
-        )
-    _children[proc.pid] = proc
-    tmp = paths.pid_file.with_suffix(".tmp")
-    tmp.write_text(f"{proc.pid}\n")
-    os.replace(tmp, paths.pid_file)
-    _log.info("started Kafka broker pid %d (log %s)", proc.pid, paths.log_file)
-    return proc.pid
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    pid = launcher.launch(paths, banner=f"testbed.broker start {stamp}", heap=JVM_HEAP)
+    _log.info("started Kafka broker pid %d (log %s)", pid, paths.log_file)
+    return pid
 
 
 def _wait_ready(
@@ -793,13 +703,6 @@ def _kafka_answers(settings: LedgerSettings, bootstrap: str, timeout_s: float) -
     return True
 
 
-def _read_pid_file(paths: _Paths) -> int | None:
-    try:
-        return int(paths.pid_file.read_text().split()[0])
-    except (FileNotFoundError, ValueError, IndexError):
-        return None
-
-
 def _recorded_pid(paths: _Paths) -> int | None:
     """Return the recorded PID if that process is alive and is our broker."""
     pid = _read_pid_file(paths)
@@ -809,79 +712,6 @@ def _recorded_pid(paths: _Paths) -> int | None:
     if cmdline is None or ("kafka.Kafka" in cmdline and str(paths.server_properties) in cmdline):
         return pid
     return None
-
-
-def _cmdline(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(
-            ["ps", "-o", "command=", "-p", str(pid)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=10,
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
-def _alive(pid: int) -> bool:
-    proc = _children.get(pid)
-    if proc is not None:
-        if proc.poll() is not None:
-            _children.pop(pid, None)
-            return False
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not alive
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _terminate(pid: int, timeout_s: float) -> str:
-    """SIGTERM, wait up to ``timeout_s``, then SIGKILL. Returns how it ended."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    if _wait_gone(pid, timeout_s):
-        return "SIGTERM"
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    if _wait_gone(pid, 10):
-        return f"SIGKILL after {timeout_s:g} s"
-    raise BrokerError(
-        f"broker pid {pid} survived SIGKILL; inspect it with `ps -p {pid}`",
-        expected="process gone",
-        observed="still alive",
-    )
-
-
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-    _children.pop(pid, None)
-    return True
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return f"({path} does not exist)"
-    return "\n".join(text[-lines:])
 
 
 @contextlib.contextmanager

@@ -2,8 +2,9 @@
 
 They reach the ``ledger`` command as a plug-in (entry-point group
 ``ledger.cli``, see :mod:`ledger.cli`): the product never imports the testbed.
-On an install without the ``[testbed]`` extra, the commands that need it
-(sinks, demo, game days, missions) stop at once with the pip command to run.
+They come with the testbed distribution (``kafka-recovery-ledger-testbed``);
+where its dependencies are missing, the commands that need them (sinks, demo,
+game days, missions) stop at once with the pip command to run.
 """
 
 from __future__ import annotations

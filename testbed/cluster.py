@@ -72,8 +72,9 @@ from confluent_kafka.admin._metadata import ClusterMetadata
 from ledger.errors import BrokerError, BrokerUnavailableError
 from ledger.kafka import admin_config
 from ledger.settings import LedgerSettings
-from testbed import broker, certs
-from testbed.broker import CLUSTER_ID, PRINCIPALS
+from testbed import broker, certs, launcher
+from testbed.broker import PRINCIPALS
+from testbed.launcher import CLUSTER_ID
 
 Security = Literal["plaintext", "sasl_plaintext", "sasl_ssl"]
 #: The security modes of ``ledger broker start --security``.
@@ -154,10 +155,10 @@ class Node:
         """``node-<i>/node.pid``."""
         return self.home / "node.pid"
 
-    def broker_paths(self, libs: Path) -> broker._Paths:
-        """The node's folders in :mod:`testbed.broker`'s terms (for its java helpers)."""
+    def broker_paths(self, libs: Path) -> launcher.KafkaPaths:
+        """The node's folders in :mod:`testbed.launcher`'s terms."""
         config = self.home / "config"
-        return broker._Paths(
+        return launcher.KafkaPaths(
             home=self.home,
             libs=libs,
             config_dir=config,
@@ -819,18 +820,18 @@ class Cluster:
         def is_node(cmd: str | None) -> bool:
             return cmd is not None and "kafka.Kafka" in cmd and cmd.rstrip().endswith(marker)
 
-        pid = broker._read_pid_file(node.broker_paths(self.spec.libs))
-        recorded = pid is not None and broker._alive(pid)
-        if pid is not None and recorded and is_node(broker._cmdline(pid)):
+        pid = launcher.read_pid_file(node.broker_paths(self.spec.libs))
+        recorded = pid is not None and launcher.alive(pid)
+        if pid is not None and recorded and is_node(launcher.cmdline(pid)):
             return pid
         for entry in Path("/proc").glob("[0-9]*"):
             try:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if is_node(cmd) and broker._alive(int(entry.name)):
+            if is_node(cmd) and launcher.alive(int(entry.name)):
                 return int(entry.name)
-        if pid is not None and recorded and pid in broker._children:
+        if pid is not None and recorded and pid in launcher.children:
             return pid
         return None
 
@@ -900,7 +901,7 @@ class Cluster:
         for node in todo:
             paths = node.broker_paths(self.spec.libs)
             log = node.logs / "format.log"
-            cmd = broker.format_command(paths, *scram)
+            cmd = launcher.format_command(paths, *scram)
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
@@ -911,36 +912,22 @@ class Cluster:
             if rc != 0:
                 raise BrokerError(
                     f"formatting node {node.node_id}'s storage in {node.data} failed "
-                    f"(exit {rc}); see {log}:\n{broker._tail(log)}",
+                    f"(exit {rc}); see {log}:\n{launcher.tail(log)}",
                     expected="formatted storage",
                     observed=f"StorageTool exit {rc}",
                 )
             (node.home / "format.json").write_text(json.dumps(want) + "\n")
 
     def _launch(self, node: Node) -> int:
-        paths = node.broker_paths(self.spec.libs)
-        java = broker._java_base(paths)
-        java[1:3] = list(NODE_HEAP)
-        cmd = [*node.prefix, *java, "kafka.Kafka", str(node.server_properties)]
-        with node.stdout_file.open("ab") as out:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-            out.write(f"\n=== testbed.cluster node {node.node_id} start {stamp} ===\n".encode())
-            out.flush()
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=node.home,
-                start_new_session=True,
-                close_fds=True,
-            )
-        broker._children[proc.pid] = proc
-        tmp = node.pid_file.with_suffix(".tmp")
-        tmp.write_text(f"{proc.pid}\n")
-        os.replace(tmp, node.pid_file)
-        _log.info("started Kafka node %d pid %d (log %s)", node.node_id, proc.pid, node.log_file)
-        return proc.pid
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        pid = launcher.launch(
+            node.broker_paths(self.spec.libs),
+            banner=f"testbed.cluster node {node.node_id} start {stamp}",
+            heap=NODE_HEAP,
+            prefix=node.prefix,
+        )
+        _log.info("started Kafka node %d pid %d (log %s)", node.node_id, pid, node.log_file)
+        return pid
 
     def _check_ports(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
@@ -968,8 +955,8 @@ class Cluster:
             if self.node_pid(node.node_id) is None:
                 raise BrokerError(
                     f"node {node.node_id} exited during start-up; see {node.log_file} and "
-                    f"{node.stdout_file}:\n{broker._tail(node.stdout_file)}\n"
-                    f"{broker._tail(node.log_file)}",
+                    f"{node.stdout_file}:\n{launcher.tail(node.stdout_file)}\n"
+                    f"{launcher.tail(node.log_file)}",
                     expected="running node",
                     observed="exited",
                 )
@@ -981,7 +968,7 @@ class Cluster:
             if time.monotonic() >= deadline:
                 raise BrokerUnavailableError(
                     f"node {node.node_id} did not answer on {node.bootstrap} in time; see "
-                    f"{node.log_file}:\n{broker._tail(node.log_file)}",
+                    f"{node.log_file}:\n{launcher.tail(node.log_file)}",
                     expected="node registered",
                     observed="no answer",
                 )
@@ -1075,7 +1062,7 @@ class Cluster:
         if pid is None:
             node.pid_file.unlink(missing_ok=True)
             return f"node {node_id} was not running"
-        how = broker._terminate(pid, timeout_s=timeout_s)
+        how = launcher.terminate(pid, timeout_s=timeout_s)
         node.pid_file.unlink(missing_ok=True)
         return f"stopped node {node_id} (pid {pid}, {how})"
 
@@ -1099,7 +1086,7 @@ class Cluster:
                 if pid is None:
                     lines.append(f"node {node_id} was not running")
                 else:
-                    how = broker._terminate(pid, timeout_s=timeout_s)
+                    how = launcher.terminate(pid, timeout_s=timeout_s)
                     lines.append(f"stopped node {node_id} (pid {pid}, {how})")
                 self.spec.node(node_id).pid_file.unlink(missing_ok=True)
             return "\n".join(lines)
@@ -1167,7 +1154,7 @@ class Cluster:
             )
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        if not broker._wait_gone(pid, 10):
+        if not launcher.wait_gone(pid, 10):
             raise BrokerError(
                 f"node {node_id} (pid {pid}) survived SIGKILL",
                 expected="gone",

@@ -23,7 +23,7 @@ from typing import Any
 
 from consumers.auditor import run_audit
 from consumers.reader import current_states, policy_effective_at, read_topic
-from ledger.errors import LedgerError, ScenarioError
+from ledger.errors import LedgerError
 from ledger.events import (
     Approval,
     Claim,
@@ -42,6 +42,7 @@ from ledger.states import RecoveryState as S
 from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults, kafkafaults
+from testbed.errors import ScenarioError
 from testbed.forge import forge
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.kafkafaults import topic_layout_problems

@@ -29,11 +29,11 @@ from types import TracebackType
 from typing import Any, Self
 
 from ledger.contracts import EffectContract
-from ledger.errors import ScenarioError
 from sinks.client import ReadbackResult, SubmitResult
 from sinks.port import SinkPort, open_sink
 from sinks.registry import SinkEndpoint
 from sinks.wire import COMMIT_POINTS, WIRE_MODES, FaultProxy, proxied_url
+from testbed.errors import ScenarioError
 
 
 class RealSink:

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from consumers.hooks import Seam
 from ledger.clock import MAX_ADVANCE_S
 from ledger.contracts import EffectContract
-from ledger.errors import ScenarioError as ScenarioError  # re-exported: its old home
 from ledger.events import RecoveryReceipt
 from ledger.topology import TOPICS
+from testbed.errors import ScenarioError as ScenarioError  # re-exported: its old home
 
 SEAM = Seam
 SINK_FAULT = Literal[

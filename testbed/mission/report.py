@@ -45,6 +45,18 @@ from testbed.mission.answers import (
     latency_distribution,
     percentile,
 )
+from testbed.mission.model import (
+    Audits,
+    AuditSummary,
+    CaseCounts,
+    Checks,
+    Eligibility,
+    FaultCounts,
+    Measure,
+    MissionHeader,
+    MissionReport,
+    OperationCounts,
+)
 from testbed.mission.plan import MISSION_SINKS, PURE_CLASS, SEAM_STAGE, Case, MissionOptions
 
 __all__ = ["JournalRow", "MissionFacts", "build", "compare_text", "percentile", "render_text"]
@@ -223,27 +235,27 @@ def _measure(
     denominator: str,
     by_class: Mapping[str, tuple[int, int]],
     note: str = "",
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "count": count,
-        "of": of,
-        "denominator": denominator,
-        "by_class": {k: list(v) for k, v in by_class.items()},
-        "note": note,
-    }
+) -> Measure:
+    return Measure(
+        name=name,
+        count=count,
+        of=of,
+        denominator=denominator,
+        by_class={k: list(v) for k, v in by_class.items()},
+        note=note,
+    )
 
 
-def _audit(report: AuditReport) -> dict[str, Any]:
-    return {
-        "violations": len(report.violations),
-        "details": [
+def _audit(report: AuditReport) -> AuditSummary:
+    return AuditSummary(
+        violations=len(report.violations),
+        details=[
             f"{v.invariant} {v.operation_id or '-'}: {v.evidence}" for v in report.violations[:200]
         ],
-        "checked": dict(report.checked),
-        "operations": report.operations,
-        "journal_entries": report.journal_entries,
-    }
+        checked=dict(report.checked),
+        operations=report.operations,
+        journal_entries=report.journal_entries,
+    )
 
 
 def readback_latencies(
@@ -375,10 +387,19 @@ def _latency_summary(values: Sequence[float]) -> dict[str, Any]:
 
 
 def build(f: MissionFacts) -> dict[str, Any]:
-    """The mission report (the shape ``testbed.mission.html.mission_html`` renders).
+    """The mission report as JSON (:meth:`MissionReport.to_json` of :func:`build_model`).
 
     Returns:
-        A JSON-ready dict with ``mission``, ``cases``, ``operations``,
+        The dict ``testbed.mission.html.mission_html`` renders; see :func:`build_model`.
+    """
+    return build_model(f).to_json()
+
+
+def build_model(f: MissionFacts) -> MissionReport:
+    """The mission report as a typed model (:mod:`testbed.mission.model`).
+
+    Returns:
+        The report, whose JSON form has ``mission``, ``cases``, ``operations``,
         ``measures``, ``held_operations``, ``effects_by_sink``,
         ``readback_latency_ms`` (with ``p90`` and ``buckets``), ``faults``,
         ``timeline``, ``timeline_events``, ``audit`` and ``checks``; times in
@@ -415,7 +436,7 @@ def build(f: MissionFacts) -> dict[str, Any]:
         by_class[cls(op)][state] = by_class[cls(op)].get(state, 0) + 1
     by_class[PURE_CLASS]["eligibility decisions (pure, not in the ledger)"] = len(f.cases)
 
-    measures: list[dict[str, Any]] = []
+    measures: list[Measure] = []
 
     # duplicate effects, counted by the sinks
     with_effect = [op for op in ops if effects(op) > 0]
@@ -716,81 +737,79 @@ def build(f: MissionFacts) -> dict[str, Any]:
         for label, audit in (("before", f.audit_before), ("after", f.audit_after)):
             if audit.violations:
                 failures.append(f"audit {label} compaction: {len(audit.violations)} violation(s)")
-    return {
-        "mission": {
-            "cases": opts.cases,
-            "seed": opts.seed,
-            "crash_rate": opts.crash_rate,
-            "sink_fault_rate": opts.sink_faults,
-            "race_rate": opts.races,
-            "mode": opts.mode,
-            "instances": opts.instances,
-            "brokers": opts.brokers,
-            "broker_chaos": opts.broker_chaos,
-            "started_at": f.started_at,
-            "wall_s": round(f.wall_s, 1),
-            "peak_rss_mb": round(f.peak_rss_mb, 1),
-            "driver_peak_rss_mb": round(f.driver_peak_rss_mb, 1),
-            "ledger": f.ledger,
-        },
-        "cases": {"total": len(f.cases), "by_outcome": dict(outcomes.most_common())},
-        "eligibility": {
-            "evaluated": f.eligibility_evaluations,
-            "eligible": sum(1 for c in f.cases if c.refund_op in f.states),
-        },
-        "operations": {
-            "total": len(ops),
-            "by_state": dict(by_state.most_common()),
-            "by_class": {k: dict(v) for k, v in by_class.items()},
-        },
-        "measures": measures,
-        "compensations": {k: v for k, v in compensations.items() if not k.endswith("_ops")},
-        "reservations": {k: v for k, v in reservations.items() if not k.endswith("_ops")},
-        "upgrade": (
+    return MissionReport(
+        mission=MissionHeader(
+            cases=opts.cases,
+            seed=opts.seed,
+            crash_rate=opts.crash_rate,
+            sink_fault_rate=opts.sink_faults,
+            race_rate=opts.races,
+            mode=opts.mode,
+            instances=opts.instances,
+            brokers=opts.brokers,
+            broker_chaos=opts.broker_chaos,
+            started_at=f.started_at,
+            wall_s=round(f.wall_s, 1),
+            peak_rss_mb=round(f.peak_rss_mb, 1),
+            driver_peak_rss_mb=round(f.driver_peak_rss_mb, 1),
+            ledger=f.ledger,
+        ),
+        cases=CaseCounts(total=len(f.cases), by_outcome=dict(outcomes.most_common())),
+        eligibility=Eligibility(
+            evaluated=f.eligibility_evaluations,
+            eligible=sum(1 for c in f.cases if c.refund_op in f.states),
+        ),
+        operations=OperationCounts(
+            total=len(ops),
+            by_state=dict(by_state.most_common()),
+            by_class={k: dict(v) for k, v in by_class.items()},
+        ),
+        measures=measures,
+        compensations={k: v for k, v in compensations.items() if not k.endswith("_ops")},
+        reservations={k: v for k, v in reservations.items() if not k.endswith("_ops")},
+        upgrade=(
             None
             if upgrade is None
             else {k: v for k, v in upgrade.items() if k not in ("in_flight_ops",)}
         ),
-        "held_operations": held,
-        "effects_by_sink": per_sink,
-        "readback_latency_ms": {
+        held_operations=held,
+        effects_by_sink=per_sink,
+        readback_latency_ms={
             **latency_distribution(latencies),
             "unattributed": unattributed,
             "samples": latencies,
             "during_failover": _latency_summary(during),
             "outside_failover": _latency_summary(outside),
         },
-        "failovers": [dict(w) for w in f.failovers],
-        "faults": {
-            "kills_by_seam": {s: kills_by_seam.get(s, 0) for s in SEAM_STAGE},
-            "kills_by_stage": dict(
-                Counter(SEAM_STAGE.get(str(x.get("seam")), "?") for x in f.fired)
-            ),
-            "hooks_never_reached": dict(unreached),
-            "chaos_kills": sum(f.chaos_kills.values()),
-            "chaos_kills_by_stage": dict(f.chaos_kills),
-            "zombie_pauses": sum(f.zombie_pauses.values()),
-            "zombie_pauses_by_stage": dict(f.zombie_pauses),
-            "zombie_transactions_fenced_by_kafka": sum(f.kafka_fenced.values()),
-            "zombie_transactions_fenced_by_stage": dict(f.kafka_fenced),
-            "sink_faults_by_mode": dict(sink_faults),
-            "sink_faults_fired": faults_fired,
-            "broker_restarts": f.broker_restarts,
-            "broker_restart_note": f.broker_restart_note,
-            "restarts": f.restarts,
-            "resumer_races": len(f.races),
-            "stale_dispatches": stale_sent,
-            "nudges": len(f.nudge_claims),
-        },
-        "timeline": list(f.timeline),
-        "timeline_events": marks,
-        "reconciled": Counter(str(r.get("observed")) for r in f.reconciled),
-        "audit": {
-            "before_compaction": _audit(f.audit_before),
-            "after_compaction": _audit(f.audit_after),
-        },
-        "checks": {"passed": not failures, "failures": failures},
-    }
+        failovers=[dict(w) for w in f.failovers],
+        faults=FaultCounts(
+            kills_by_seam={s: kills_by_seam.get(s, 0) for s in SEAM_STAGE},
+            kills_by_stage=dict(Counter(SEAM_STAGE.get(str(x.get("seam")), "?") for x in f.fired)),
+            hooks_never_reached=dict(unreached),
+            chaos_kills=sum(f.chaos_kills.values()),
+            chaos_kills_by_stage=dict(f.chaos_kills),
+            zombie_pauses=sum(f.zombie_pauses.values()),
+            zombie_pauses_by_stage=dict(f.zombie_pauses),
+            zombie_transactions_fenced_by_kafka=sum(f.kafka_fenced.values()),
+            zombie_transactions_fenced_by_stage=dict(f.kafka_fenced),
+            sink_faults_by_mode=dict(sink_faults),
+            sink_faults_fired=faults_fired,
+            broker_restarts=f.broker_restarts,
+            broker_restart_note=f.broker_restart_note,
+            restarts=f.restarts,
+            resumer_races=len(f.races),
+            stale_dispatches=stale_sent,
+            nudges=len(f.nudge_claims),
+        ),
+        timeline=list(f.timeline),
+        timeline_events=marks,
+        reconciled=Counter(str(r.get("observed")) for r in f.reconciled),
+        audit=Audits(
+            before_compaction=_audit(f.audit_before),
+            after_compaction=_audit(f.audit_after),
+        ),
+        checks=Checks(passed=not failures, failures=failures),
+    )
 
 
 REFUSED = (S.ABANDONED, S.NEEDS_REAUTHORISATION)

@@ -50,7 +50,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ledger.errors import SinkStartError
+from testbed.errors import SinkStartError
 
 #: The role the servers create; it owns the database.
 ROLE = "ledger"

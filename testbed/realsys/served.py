@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ledger.errors import SinkStartError
+from testbed.errors import SinkStartError
 
 #: The folder holding the ``testbed`` package (the checkout, or site-packages).
 _PACKAGES_ROOT = Path(__file__).resolve().parents[2]

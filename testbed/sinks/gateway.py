@@ -556,7 +556,7 @@ def create_app(
 
     Raises:
         ValueError: if ``token`` is shorter than :data:`MIN_TOKEN_LEN` or not printable ASCII.
-        ledger.errors.SinkStoreError: if ``db_path`` belongs to another sink.
+        testbed.errors.SinkStoreError: if ``db_path`` belongs to another sink.
     """
     check_token(token)
     store = SinkStore(db_path, name)
@@ -699,7 +699,7 @@ def serve(
     Raises:
         ValueError: if ``token`` is too short (see :func:`create_app`).
         OSError: if the port cannot be bound.
-        ledger.errors.SinkStoreError: if ``db_path`` belongs to another sink.
+        testbed.errors.SinkStoreError: if ``db_path`` belongs to another sink.
     """
     app = create_app(
         name, contract, db_path, clock, hang_s=hang_s, token=token, fault_injection=fault_injection

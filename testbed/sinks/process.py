@@ -24,7 +24,7 @@ from types import TracebackType
 from typing import Literal
 
 from ledger.contracts import EffectContract
-from ledger.errors import SinkStartError as SinkStartError  # re-exported: its old home
+from testbed.errors import SinkStartError as SinkStartError  # re-exported: its old home
 from testbed.sinks.admin import ReferenceSinkClient
 from testbed.sinks.gateway import EXIT_ADDRESS_IN_USE, TOKEN_ENV
 

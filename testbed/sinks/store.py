@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
-from ledger.errors import SinkStoreError
+from testbed.errors import SinkStoreError
 
 #: Fault modes a sink can be armed with (``sink_fault`` in SCENARIOS.md).
 FaultMode = Literal[
@@ -113,7 +113,7 @@ CREATE TABLE IF NOT EXISTS counters (
 """
 
 
-#: Former name of :class:`ledger.errors.SinkStoreError`, kept for importers.
+#: Former name of :class:`testbed.errors.SinkStoreError`, kept for importers.
 StoreError = SinkStoreError
 
 

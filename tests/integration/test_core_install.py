@@ -2,9 +2,10 @@
 
 ``pip install kafka-recovery-ledger`` with no extras must be enough for a
 service that only publishes intents: the console (Starlette, uvicorn), spans
-over OTLP, the testbed and its plots are extras. The publishing process here
-runs with those modules made unimportable, as they would be in such an
-install, and its intent must land on the ``intents`` topic.
+over OTLP and plots are extras, and the testbed a distribution of its own.
+The publishing process here runs with those modules made unimportable, as
+they would be in such an install, and its intent must land on the
+``intents`` topic.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ clock; readback latency as a distribution.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Any
 
@@ -403,3 +404,22 @@ def test_a_receipt_carrying_its_postcondition_counts_as_a_postcondition_readback
     rows = _journal((i, T0), (admission(i), T0 + 0.1), (checked, T0 + 1.0))
     assert [r.postcondition for r in rows] == [None, None, "MISMATCH"]
     assert rows[2].receipt_status == "COMMITTED"
+
+
+def test_the_report_is_a_typed_model_whose_json_keeps_the_report_keys() -> None:
+    from testbed.mission.model import Measure, MissionReport
+    from testbed.mission.report import build_model
+
+    model = build_model(_facts())
+    assert isinstance(model, MissionReport)
+    assert all(isinstance(m, Measure) for m in model.measures)
+    report = model.to_json()
+    assert list(report) == [
+        "mission", "cases", "eligibility", "operations", "measures", "compensations",
+        "reservations", "upgrade", "held_operations", "effects_by_sink",
+        "readback_latency_ms", "failovers", "faults", "timeline", "timeline_events",
+        "reconciled", "audit", "checks",
+    ]  # fmt: skip
+    assert list(report["measures"][0]) == ["name", "count", "of", "denominator", "by_class", "note"]
+    assert report == build(_facts())
+    assert json.loads(json.dumps(report)) == json.loads(json.dumps(build(_facts())))

@@ -346,7 +346,10 @@ def test_the_production_image_is_the_default_target_without_testbed_extras() -> 
         ("0", "root")
     )
     (sink_lines,) = [lines for n, lines in stages if n == "sink"]
-    assert any("[testbed]" in line for line in sink_lines), "only the sink target has them"
+    assert "testbed" not in install, "the production image installs no testbed"
+    assert any("kafka_recovery_ledger_testbed-" in line for line in sink_lines), (
+        "only the sink target installs the testbed's wheel"
+    )
     assert not _instruction(sink_lines, "USER")[-1].startswith(("0", "root"))
 
 

@@ -37,7 +37,6 @@ from ledger.errors import (
     OperationExistsError,
     ParameterDriftError,
     PublishError,
-    ScenarioError,
     SchemaError,
     SchemaValidationError,
     ScopeNotBoundError,
@@ -47,8 +46,6 @@ from ledger.errors import (
     SinkError,
     SinkNotReachedError,
     SinkProtocolError,
-    SinkStartError,
-    SinkStoreError,
     SinkUnavailableError,
     TopicConfigError,
     UnknownSchemaError,
@@ -56,6 +53,8 @@ from ledger.errors import (
     WaitTimeoutError,
 )
 from sinks.client import SinkClient
+from testbed import errors as testbed_errors
+from testbed.errors import ScenarioError, SinkStartError, SinkStoreError
 from testbed.sinks.admin import ReferenceSinkClient
 
 #: Every error class of ledger.errors -> retryable (trying again, unchanged,
@@ -83,7 +82,6 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     CredentialError: False,  # make, trust or point at the right key first
     AccessPlanError: False,  # fix the mapping or the quota spec
     PublishError: False,  # the broker refused it: read its error (size, authorization)
-    ScenarioError: False,
     ScopeNotBoundError: False,  # bind the field, or open it on purpose
     SinkError: False,
     SinkConfigError: False,  # the registry entry is wrong: fix it, then it is used
@@ -91,11 +89,16 @@ RETRYABLE: dict[type[LedgerError], bool] = {
     SinkProtocolError: False,  # the request or the URL is wrong
     SinkAuthError: False,  # the registry's token is not the sink's: fix it first
     SinkNotReachedError: True,  # the request never left: sending it again is safe
-    SinkStoreError: False,  # another sink's database, a newer schema
-    SinkStartError: False,  # the message quotes the sink's log: read it first
     WaitError: False,
     OperationEndedElsewhereError: False,  # it rests there until a person acts
     WaitTimeoutError: True,  # waiting again can see the state come
+}
+
+#: The testbed's own errors (testbed.errors), decided the same way.
+TESTBED_RETRYABLE: dict[type[LedgerError], bool] = {
+    ScenarioError: False,
+    SinkStoreError: False,  # another sink's database, a newer schema
+    SinkStartError: False,  # the message quotes the sink's log: read it first
 }
 
 
@@ -107,14 +110,19 @@ def _defined_in(module: object) -> set[type[BaseException]]:
     }
 
 
-def test_every_error_in_ledger_errors_is_a_ledger_error_with_a_retryable_decision() -> None:
-    defined = _defined_in(errors)
+@pytest.mark.parametrize(
+    ("module", "decided"), [(errors, RETRYABLE), (testbed_errors, TESTBED_RETRYABLE)]
+)
+def test_every_error_class_is_a_ledger_error_with_a_retryable_decision(
+    module: object, decided: dict[type[LedgerError], bool]
+) -> None:
+    defined = _defined_in(module)
 
-    assert defined == set(RETRYABLE), "add new error classes to RETRYABLE, with a decision"
+    assert defined == set(decided), "add new error classes to RETRYABLE, with a decision"
     for cls in defined:
         assert issubclass(cls, LedgerError), cls
         assert isinstance(cls.retryable, bool), cls
-        assert cls.retryable is RETRYABLE[cls], f"{cls.__name__}.retryable"
+        assert cls.retryable is decided[cls], f"{cls.__name__}.retryable"
         assert cls.__doc__, f"{cls.__name__} needs a docstring"
 
 
@@ -131,7 +139,9 @@ def test_no_module_of_the_ledger_or_the_sinks_defines_an_error_outside_the_hiera
                 # A CLI's way of saying a LedgerError is click's, not a new error.
                 if not issubclass(cls, (LedgerError, click.ClickException))
             ]
-    assert strays == [], "define errors in ledger/errors.py under LedgerError"
+    assert strays == [], (
+        "define errors in ledger/errors.py (or testbed/errors.py) under LedgerError"
+    )
 
 
 def test_former_names_still_import() -> None:

@@ -114,7 +114,7 @@ def test_a_url_that_is_no_dsn_is_a_configuration_error() -> None:
 
 
 def test_the_test_server_names_the_remedy_when_postgresql_is_missing() -> None:
-    from ledger.errors import SinkStartError
+    from testbed.errors import SinkStartError
     from testbed.realsys.postgres import PostgresServer, find_bin
 
     with pytest.raises(SinkStartError, match="apt-get install postgresql"):

@@ -66,8 +66,8 @@ from ledger.authn import AUTH_HEADER, Sealer
 from ledger.credentials import stage_sealer
 from ledger.kafka import producer_config
 from ledger.settings import LedgerSettings
-from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPIC_BY_NAME
+from testbed.compaction import force_compaction
 
 #: Topics a stage restores per operation at start, with the stage that reads them.
 RESTORED = {"state": "processor", "receipts": "relay", "approval-uses": "authority"}
@@ -188,7 +188,7 @@ def settle(rig: Rig, settled: int, *, compact: bool = True) -> dict[str, Any]:
     Runs :data:`TEMPLATES` real operations to OUTCOME_VERIFIED, then writes
     re-keyed, resealed copies of their records for ``settled`` more. With
     ``compact`` the restored topics are then compacted
-    (:func:`ledger.topics.compaction.force_compaction`): one record per key, as a
+    (:func:`testbed.compaction.force_compaction`): one record per key, as a
     ledger's history is once its segments have rolled (every 10 minutes);
     without, every version is left, as just after the operations ran.
 

@@ -1,7 +1,7 @@
 """Optional dependencies, named with the install command when one is missing.
 
 A service that only publishes intents installs ``kafka-recovery-ledger`` with
-no extras. The operator console (``[console]``), spans over OTLP
+no extras. The operator console (``[console]``), HTML plots (``[plots]``), spans over OTLP
 (``[otlp]``) and a sink served with the toolkit (``[sink-toolkit]``) need
 more; the command that needs one says which, instead of failing on an
 ``ImportError``.
@@ -19,7 +19,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "otlp": ("opentelemetry.exporter.otlp.proto.http",),
     "sink-toolkit": ("starlette", "uvicorn"),
     # HTML reports with plots (`ledger audit --html`): matplotlib.
-    "testbed": ("matplotlib",),
+    "plots": ("matplotlib",),
 }
 
 

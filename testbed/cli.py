@@ -24,6 +24,7 @@ from ledger.settings import LedgerSettings
 from testbed import broker, cluster
 from testbed.broker import running_broker
 from testbed.cli_mission import mission_group
+from testbed.compaction import force_compaction
 from testbed.extras import require_testbed_extra
 from testbed.runs import RunLedger, inspect_lines
 
@@ -265,6 +266,37 @@ def broker_status(as_json: bool) -> None:
 # --------------------------------------------------------------------------- topics
 
 
+@click.group("topics")
+def topics_group() -> None:
+    """The testbed's topic command (joins ``ledger topics``): ``compact``."""
+
+
+@topics_group.command("compact")
+@click.argument("names", nargs=-1)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=60,
+    show_default=True,
+    help="Seconds to wait for the log cleaner.",
+)
+def topics_compact(names: tuple[str, ...], timeout_s: float) -> None:
+    """Make the broker compact the compacted topics now (or only NAMES).
+
+    Temporarily sets segment.ms=100, min.cleanable.dirty.ratio=0.001,
+    delete.retention.ms=100 on them, appends a `__compaction__` tombstone per
+    non-empty partition so the active segment rolls (readers skip that key),
+    waits until no key repeats below it, then restores the configs. Takes a
+    second or two on the local broker. Run it while writers are quiet.
+    """
+    for res in force_compaction(current_settings(), timeout_s=timeout_s, names=names or None):
+        click.echo(
+            f"{res.topic:<40} {res.records_before:>7} -> {res.records_after:<7} "
+            f"records  ({res.elapsed_s:.1f} s)"
+        )
+
+
 @click.group("sink")
 def sink_group() -> None:
     """Reference sinks (the payment gateway and the unsafe sink): `ledger sink serve`."""
@@ -465,6 +497,7 @@ def gameday_run(files: tuple[Path, ...], as_json: bool) -> None:
 #: The commands this plug-in adds to ``ledger`` (entry point ``ledger.cli: testbed``).
 COMMANDS: tuple[click.Command, ...] = (
     broker_group,
+    topics_group,
     sink_group,
     demo_cmd,
     gameday_group,

@@ -39,9 +39,9 @@ from ledger.kafka import bootstrap_servers
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
-from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults, kafkafaults
+from testbed.compaction import force_compaction
 from testbed.errors import ScenarioError
 from testbed.forge import forge
 from testbed.harness import Harness, run_dir_for, stale_dispatch

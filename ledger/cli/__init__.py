@@ -8,7 +8,8 @@ status 1), one registration list (:data:`COMMANDS`), one settings helper
 Other packages add commands through the entry-point group ``ledger.cli``:
 each entry names a sequence of click commands. The testbed (local broker,
 reference sinks, demo, game days, missions) comes in that way, so the product
-never imports it; without the ``[testbed]`` extra those commands are absent.
+never imports it; without the ``kafka-recovery-ledger-testbed`` distribution
+those commands are absent.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def _load_plugins(group: click.Group) -> None:
             commands = entry.load()
         except ImportError as exc:
             logging.getLogger(__name__).warning(
-                "ledger: commands of %r are unavailable (%s); install "
-                "'kafka-recovery-ledger[%s]' for them",
+                "ledger: commands of %r are unavailable (%s); install or repair "
+                "'kafka-recovery-ledger-%s' for them",
                 entry.name,
                 exc,
                 entry.name,

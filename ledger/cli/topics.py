@@ -10,7 +10,6 @@ import yaml
 from ledger import topics
 from ledger.cli.common import bootstrap_in_force, current_settings, echo_json
 from ledger.errors import SettingsError
-from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPICS
 
 _TOPICS_HELP = f"""Create, check, list and compact the ledger's topics, or print their manifest.
@@ -142,32 +141,6 @@ def topics_list(as_json: bool) -> None:
             f"{info.name:<40} {info.partitions:>5}  {policy:<15} {retention:>13}  "
             f"{info.replication_factor!s:>2} {info.min_insync_replicas or '?':>3} "
             f"{info.unclean_leader_election or '?':<7}  {info.spec.audited}"
-        )
-
-
-@topics_group.command("compact")
-@click.argument("names", nargs=-1)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=60,
-    show_default=True,
-    help="Seconds to wait for the log cleaner.",
-)
-def topics_compact(names: tuple[str, ...], timeout_s: float) -> None:
-    """Make the broker compact the compacted topics now (or only NAMES).
-
-    Temporarily sets segment.ms=100, min.cleanable.dirty.ratio=0.001,
-    delete.retention.ms=100 on them, appends a `__compaction__` tombstone per
-    non-empty partition so the active segment rolls (readers skip that key),
-    waits until no key repeats below it, then restores the configs. Takes a
-    second or two on the local broker. Run it while writers are quiet.
-    """
-    for res in force_compaction(current_settings(), timeout_s=timeout_s, names=names or None):
-        click.echo(
-            f"{res.topic:<40} {res.records_before:>7} -> {res.records_after:<7} "
-            f"records  ({res.elapsed_s:.1f} s)"
         )
 
 

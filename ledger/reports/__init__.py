@@ -5,7 +5,7 @@
   mission reports); Jinja2 only, a core dependency;
 * :mod:`ledger.reports.audit` -- the audit page without plots;
 * :mod:`ledger.reports.plots` -- the same page with a bar plot, and the
-  plot helpers the testbed's pages share (matplotlib, the ``[testbed]``
+  plot helpers the testbed's pages share (matplotlib, the ``[plots]``
   extra), reached through :func:`audit_html`.
 """
 
@@ -31,9 +31,9 @@ def audit_html(audit: Mapping[str, Any]) -> str:
         The page, as text.
 
     Raises:
-        MissingExtraError: matplotlib is not installed (the ``[testbed]`` extra).
+        MissingExtraError: matplotlib is not installed (the ``[plots]`` extra).
     """
-    require_extra("testbed", "an HTML report (--html)")
+    require_extra("plots", "an HTML report (--html)")
     plots = importlib.import_module("ledger.reports.plots")
     page: str = plots.audit_html(audit)
     return page

@@ -4,7 +4,7 @@
 :func:`audit_html`: the template ``audit.html.j2``
 (:func:`ledger.reports.audit.audit_page`, which needs no matplotlib) plus a
 bar plot; the testbed's mission pages (:mod:`testbed.mission.html`) share the
-page, table and plot helpers below. Needs matplotlib (the ``[testbed]``
+page, table and plot helpers below. Needs matplotlib (the ``[plots]``
 extra); the CLI loads it through :func:`ledger.reports.audit_html` only
 when asked for HTML.
 """

@@ -9,7 +9,7 @@ one such value). The shared layout is ``base.html.j2`` (``{% block body %}``),
 the shared pieces are the macros in ``macros.html.j2`` (tables, badges, plots).
 
 Needs only Jinja2 (a core dependency): plots come from
-:mod:`ledger.reports.plots`, which needs matplotlib (the ``[testbed]`` extra).
+:mod:`ledger.reports.plots`, which needs matplotlib (the ``[plots]`` extra).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@
 * Replication (:mod:`ledger.topics.replication`) and each topic's configs
   (:mod:`ledger.topics.config`) are pure; :mod:`ledger.topics.admin` holds
   the broker requests they share.
-* :mod:`ledger.topics.compaction` (``force_compaction``) makes the broker
-  compact the compacted topics now, for demos, game days and tests. It is
-  not re-exported here: nothing in the product needs it.
+* Forcing compaction now (``ledger topics compact``, for demos, game days
+  and tests) is the testbed's (``testbed.compaction``): nothing in the
+  product needs it.
 
 Reserved key: :data:`COMPACTION_KEY` (``__compaction__``). **Every reader of a
 compacted ledger topic must skip records whose key is** ``__compaction__``

@@ -55,10 +55,10 @@ from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey, trust
 from ledger.states import RecoveryState as S
 from ledger.topics import partitions_for
-from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPICS
 from producers.publisher import LedgerPublisher
 from testbed import broker, faults
+from testbed.compaction import force_compaction
 from testbed.gameday import RELEASE_MANIFEST
 from testbed.harness import Harness, run_dir_for, stale_dispatch
 from testbed.mission.chaos import BrokerChaos, ClusterControl

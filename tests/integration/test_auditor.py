@@ -18,8 +18,8 @@ from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Dispatch, EffectReceipt, JournalEntry
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
-from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
+from testbed.compaction import force_compaction
 from testbed.harness import Harness
 from tests.helpers import stage_seal
 from tests.integration.test_stages import approve, publish

@@ -22,8 +22,8 @@ from ledger.contracts import PAYMENT_GATEWAY
 from ledger.events import Approval
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
+from testbed.compaction import force_compaction
 from testbed.forge import forge
 from testbed.harness import Harness
 from testbed.people import can_sign

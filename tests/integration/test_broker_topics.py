@@ -24,9 +24,9 @@ from ledger import topics
 from ledger.cli import main
 from ledger.errors import SettingsError, TopicConfigError
 from ledger.settings import LedgerSettings
-from ledger.topics.compaction import force_compaction
 from ledger.topology import TOPICS
 from testbed import broker
+from testbed.compaction import force_compaction
 
 if TYPE_CHECKING:
     from tests.conftest import KafkaUnderTest

@@ -33,8 +33,8 @@ from ledger.events import (
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from ledger.topics.compaction import force_compaction
 from producers.publisher import LedgerPublisher
+from testbed.compaction import force_compaction
 from testbed.harness import Harness
 from tests.integration.test_stages import approve, of_operation, publish
 

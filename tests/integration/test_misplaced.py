@@ -31,9 +31,9 @@ from ledger.events import AdmissionRequest, Dispatch, Intent, OperatingEvent
 from ledger.kafka import client_config
 from ledger.settings import LedgerSettings
 from ledger.states import RecoveryState as S
-from ledger.topics.compaction import force_compaction
 from ledger.topology import COMPACTION_KEY, partition_for
 from producers.publisher import LedgerPublisher
+from testbed.compaction import force_compaction
 from testbed.harness import Harness
 from tests.integration.test_stages import approve, of_operation, publish
 

@@ -42,7 +42,6 @@ KNOWN: dict[str, set[str]] = {
     "begin_transaction": set(),
     "consumer_made": {
         "ledger/topics/admin.py",
-        "ledger/topics/compaction.py",
         "producers/waiting.py",
     },
     "cli_local_import": set(),

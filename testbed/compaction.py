@@ -1,8 +1,6 @@
 """Make the broker compact the compacted ledger topics now (demos, game days, tests).
 
-Self-contained on purpose: nothing else in :mod:`ledger.topics` imports this
-module (an import-linter contract says so), so it can leave the product
-for the testbed distribution without touching the rest.
+The testbed's, not the product's: the ledger never compacts on demand.
 
 Reserved key: :data:`~ledger.topology.COMPACTION_KEY` (``__compaction__``).
 :func:`force_compaction` appends a tombstone with this key to every

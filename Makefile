@@ -154,23 +154,23 @@ docs: venv
 	@$(BIN)/python docs/gen_config.py --check
 	$(BIN)/mkdocs build --strict --quiet -d $(DOCS_DIR)
 
-# The suite in two parts at once: everything but the `beside` tests in
+# The suite in two parts at once: everything but the `chaos` tests in
 # $(TEST_WORKERS) processes (pytest-xdist; a test's waits on the broker leave
 # the cores mostly idle, and a test that stops or restarts its broker has one
-# of its own), and beside them, in one more process, the `beside` ones (the
-# chaos mission on a three-node cluster of its own, which takes minutes); its
+# of its own), and beside them, in one more process, the `chaos` ones (the
+# mission on a three-node cluster of its own, which takes minutes); its
 # output is printed after the first part's. The local broker is started first
-# and stopped at the end unless it was running before. `pytest` alone still
-# runs everything in one process.
+# and stopped at the end unless it was running before. `pytest` alone runs
+# everything but the chaos mission in one process (`pytest -m chaos` runs it).
 TEST_WORKERS ?= 2
 BESIDE_LOG   := .cache/tests-beside.log
 PYTEST_PHASES = mkdir -p .cache; \
-	( $(BIN)/pytest -m beside --durations=10 > $(BESIDE_LOG) 2>&1 \
+	( $(BIN)/pytest -m chaos --durations=10 > $(BESIDE_LOG) 2>&1 \
 	  && { [ -n "$$KAFKA_BOOTSTRAP_SERVERS" ] \
 	       || $(MAKE) --no-print-directory wheel-check >> $(BESIDE_LOG) 2>&1; } ) & beside=$$!; \
-	$(BIN)/pytest -n $(TEST_WORKERS) -m "not beside" --durations=15; main_rc=$$?; \
+	$(BIN)/pytest -n $(TEST_WORKERS) -m "not chaos" --durations=15; main_rc=$$?; \
 	wait $$beside; beside_rc=$$?; \
-	echo "--- beside them: pytest -m beside, then the wheel check (exit $$beside_rc) ---"; \
+	echo "--- beside them: pytest -m chaos, then the wheel check (exit $$beside_rc) ---"; \
 	cat $(BESIDE_LOG); \
 	[ $$main_rc = 0 ] && [ $$beside_rc = 0 ]
 

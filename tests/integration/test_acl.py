@@ -50,7 +50,7 @@ from producers.sdk import LedgerService, Refused, Verified
 from testbed.harness import Harness
 from tests.conftest import LOCAL_KAFKA_HOME, SecureCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 OPERATION = "refund:acl:v1"
 

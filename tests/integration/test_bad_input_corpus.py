@@ -68,7 +68,7 @@ from tests.conftest import LOCAL_KAFKA_HOME
 from tests.corpus import Case
 from tests.integration.test_stages import REVIEWER, approve
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = corpus.kafka_cases()
 OPERATOR = "ops-corpus"

@@ -42,7 +42,7 @@ from testbed import broker
 from testbed.harness import Harness, settings_env
 
 #: The broker it stops is its own (``private_broker``): it runs beside the rest of the suite.
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 #: How long the broker stays down (seconds): the subject of the test.
 OUTAGE_S = 90.0

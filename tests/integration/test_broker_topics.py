@@ -31,7 +31,7 @@ from testbed.compaction import force_compaction
 if TYPE_CHECKING:
     from tests.conftest import KafkaUnderTest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def unique(kind: str) -> str:

@@ -21,7 +21,7 @@ from ledger.kafka import CLIENT_LOGGER, admin_config, consumer_config, producer_
 from ledger.settings import LedgerSettings
 from tests.conftest import SecureCluster
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _create(settings: LedgerSettings, topic: str) -> None:

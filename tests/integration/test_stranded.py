@@ -45,7 +45,7 @@ with warnings.catch_warnings():  # starlette would rather have httpx2; httpx is 
     warnings.simplefilter("ignore", StarletteDeprecationWarning)
     from starlette.testclient import TestClient
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TOKEN = "stranded-test-token"
 

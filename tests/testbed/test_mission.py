@@ -30,7 +30,7 @@ from testbed.mission.plan import SEAM_STAGE, MissionOptions, plan
 from testbed.mission.run import Mission
 
 #: The ledger mission restarts its broker: this test process's own (``private_broker_home``).
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = 120
 #: The checkpoint-only control needs only enough cases for its duplicates to show

@@ -459,10 +459,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     Files marked ``slow`` (a minute or more) go first, in their order, so
     that ``make test``'s workers do not end on one of them alone while the
-    other worker idles (the scheduler hands out files in this order). The chaos mission (``tests/integration/test_chaos_mission.py``) runs its own
-    three-node cluster in a process of its own for about six minutes; started at
-    collection, it runs beside the rest of the suite instead of after it. Its
-    tests, moved last, then only wait for its report.
+    other worker idles (the scheduler hands out files in this order).
+
+    The chaos mission (``tests/integration/test_chaos_mission.py``) runs its
+    own three-node cluster in a process of its own for about six minutes;
+    started at collection, it runs beside the rest of the suite instead of
+    after it. Its tests, moved last, then only wait for its report.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
     chaos = [i for i in items if i.nodeid.startswith("tests/integration/test_chaos_mission.py")]

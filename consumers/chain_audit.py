@@ -22,7 +22,6 @@ from pathlib import Path
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message, TopicPartition
 
 from consumers.heads import read_witness_file, witnessed_head
-from consumers.runtime.clients import make_consumer
 from ledger.audit.chain import ChainReport, Link, PartitionRead, WitnessedHead, verify_chains
 from ledger.audit.report import Findings
 from ledger.audit.witness import HeadsRead, evaluate_witness
@@ -30,6 +29,7 @@ from ledger.authn import Keyring
 from ledger.chain import entry_hash
 from ledger.errors import LocalFileError
 from ledger.events import Event, JournalEntry, JournalHead
+from ledger.kafka import make_consumer
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPICS
 

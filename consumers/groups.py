@@ -34,7 +34,6 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
 )
 
 from consumers.retry import is_retriable
-from consumers.runtime.clients import make_consumer
 from consumers.stages import STAGES
 from consumers.twins import LOOK_S, incarnations, local_processes, twins
 from ledger.errors import BrokerError, BrokerUnavailableError
@@ -43,6 +42,7 @@ from ledger.kafka import (
     admin_config,
     bootstrap_servers,
     kafka_error,
+    make_consumer,
 )
 from ledger.settings import LedgerSettings
 

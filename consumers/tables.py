@@ -28,13 +28,13 @@ from collections.abc import Callable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
-from consumers.runtime.clients import make_consumer
 from consumers.runtime.inputs import oversized, refusal_verdict, seal_refusal_kind
 from consumers.runtime.reader import await_settled
 from consumers.runtime.records import Record, decode_record, key_text
 from ledger.authn import Keyring, unverifiable
 from ledger.errors import LedgerError
 from ledger.events import decode_event
+from ledger.kafka import make_consumer
 from ledger.settings import LedgerSettings
 from ledger.topology import is_reserved_key
 

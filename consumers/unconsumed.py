@@ -34,9 +34,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not in its 
     OffsetSpec,
 )
 
-from consumers.runtime.clients import make_consumer
 from consumers.runtime.records import kafka_timestamp_ms, key_text
-from ledger.kafka import REFUSAL_CODES, admin_config, kafka_error
+from ledger.kafka import REFUSAL_CODES, admin_config, kafka_error, make_consumer
 from ledger.settings import LedgerSettings
 from ledger.stranded import PublishedIntent, Stranded, StrandedBounds, unconsumed
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from ledger.errors import LocalFileError, SettingsError
 from ledger.settings import LedgerSettings
@@ -726,3 +726,34 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
             return seen.args[0]
         seen = seen.__cause__
     return None
+
+
+#: Builds a consumer from its librdkafka settings (``confluent_kafka.Consumer``).
+ConsumerMaker = Callable[[dict[str, Any]], Consumer]
+
+
+def make_consumer(
+    settings: LedgerSettings,
+    group_id: str,
+    *,
+    isolation: Isolation = "read_committed",
+    extra: Mapping[str, Any] | None = None,
+    new_consumer: ConsumerMaker | None = None,
+) -> Consumer:
+    """A ledger consumer of ``group_id`` (:func:`consumer_config`): the one place one is made.
+
+    Args:
+        settings: ledger settings (bootstrap, security).
+        group_id: its group (``ledger.acl`` grants each tool its own).
+        isolation: ``read_committed`` (default) or ``read_uncommitted`` (a
+            high-watermark probe).
+        extra: librdkafka settings on top.
+        new_consumer: the constructor (default ``confluent_kafka.Consumer``;
+            tests pass a double).
+
+    Raises:
+        KafkaException: librdkafka refuses the settings.
+        LedgerError: the settings name a file that cannot be read.
+    """
+    make = new_consumer or Consumer
+    return make(consumer_config(settings, group_id, isolation=isolation, extra=extra))

@@ -21,7 +21,7 @@ from ledger.authn import Keyring
 from ledger.errors import OperationEndedElsewhereError, ParameterDriftError, WaitTimeoutError
 from ledger.events import OperationState, decode_event
 from ledger.identity import digest_version
-from ledger.kafka import consumer_config
+from ledger.kafka import make_consumer
 from ledger.settings import LedgerSettings
 from ledger.states import RESTING, RecoveryState
 from ledger.topology import Topic
@@ -130,12 +130,10 @@ def wait_for_state(
         return verdict(latest, wanted, parameter_digest)
 
     full = settings.topic(Topic.STATE)
-    consumer = Consumer(
-        consumer_config(
-            settings,
-            f"{settings.topic_prefix}.wait",
-            extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
-        )
+    consumer = make_consumer(
+        settings,
+        f"{settings.topic_prefix}.wait",
+        extra={"enable.partition.eof": True, "fetch.wait.max.ms": 50},
     )
     deadline = time.monotonic() + timeout_s
     latest: OperationState | None = None

@@ -1,12 +1,12 @@
 """Making, replacing and closing the Kafka clients of the ledger.
 
-The one place where a ``confluent_kafka.Consumer`` or ``Producer`` is
-constructed (the reader, :mod:`consumers.runtime.reader`, makes its clients
-through :func:`make_consumer` too):
+The one place where a stage's ``confluent_kafka.Consumer`` or ``Producer``
+is constructed; every other consumer of the product (the reader,
+:mod:`consumers.runtime.reader`, the tables' followers, probes of partition
+ends, the status tools, the publisher's waiter) comes from
+:func:`ledger.kafka.make_consumer`, a plain ``read_committed`` (or
+``read_uncommitted``) client of a group that never joins it:
 
-* :func:`make_consumer` – a plain ``read_committed`` (or ``read_uncommitted``)
-  client of a group that never joins it: readers, probes of partition ends,
-  the tables' followers, the status tools;
 * :class:`Clients` – the clients of one stage instance: its transactional
   producer (``init_transactions`` ridden out through the stage's retry), its
   group member (static membership, ``range`` assignment), and a plain client
@@ -30,42 +30,14 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from consumers.retry import KafkaRetry
 from consumers.twins import client_id, fenced_out, fenced_out_text
-from ledger.kafka import Isolation, classify, consumer_config, producer_config
+from ledger.kafka import ConsumerMaker, classify, make_consumer, producer_config
 from ledger.settings import LedgerSettings
 
 log = logging.getLogger(__name__)
 
 #: Builds a consumer from its librdkafka settings (``confluent_kafka.Consumer``).
-ConsumerMaker = Callable[[dict[str, Any]], Consumer]
 #: Builds a producer from its librdkafka settings (``confluent_kafka.Producer``).
 ProducerMaker = Callable[[dict[str, Any]], Producer]
-
-
-def make_consumer(
-    settings: LedgerSettings,
-    group_id: str,
-    *,
-    isolation: Isolation = "read_committed",
-    extra: Mapping[str, Any] | None = None,
-    new_consumer: ConsumerMaker | None = None,
-) -> Consumer:
-    """A ledger consumer of ``group_id`` (:func:`ledger.kafka.consumer_config`).
-
-    Args:
-        settings: ledger settings (bootstrap, security).
-        group_id: its group (``ledger.acl`` grants each tool its own).
-        isolation: ``read_committed`` (default) or ``read_uncommitted`` (a
-            high-watermark probe).
-        extra: librdkafka settings on top.
-        new_consumer: the constructor (default ``confluent_kafka.Consumer``;
-            tests pass a double).
-
-    Raises:
-        KafkaException: librdkafka refuses the settings.
-        LedgerError: the settings name a file that cannot be read.
-    """
-    make = new_consumer or Consumer
-    return make(consumer_config(settings, group_id, isolation=isolation, extra=extra))
 
 
 def bounded_call(call: Callable[[], object], timeout_s: float, what: str) -> bool:

@@ -30,11 +30,10 @@ from confluent_kafka import (
 )
 
 from consumers.retry import STALL_S, KafkaRetry, is_retriable, policy_for
-from consumers.runtime.clients import make_consumer
 from consumers.runtime.records import Record, decode_record
 from ledger.authn import Keyring
 from ledger.errors import BrokerError, LedgerError
-from ledger.kafka import REFUSAL_CODES
+from ledger.kafka import REFUSAL_CODES, make_consumer
 from ledger.settings import LedgerSettings
 from ledger.topology import is_reserved_key
 

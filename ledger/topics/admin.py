@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from confluent_kafka import (
-    Consumer,
     KafkaException,
     TopicPartition,
 )
@@ -34,8 +33,8 @@ from ledger.kafka import (
     admin_config,
     bootstrap_servers,
     classify,
-    consumer_config,
     kafka_error,
+    make_consumer,
 )
 from ledger.settings import LedgerSettings
 from ledger.topology import TOPIC_BY_NAME, TOPICS, TopicSpec
@@ -218,10 +217,8 @@ def non_empty_partitions(
     settings: LedgerSettings, topics: Sequence[str], metadata: Mapping[str, int]
 ) -> list[TP]:
     """The (topic, partition) pairs of ``topics`` whose high watermark is above the low one."""
-    probe = Consumer(
-        consumer_config(
-            settings, f"ledger-compaction-probe-{uuid.uuid4().hex}", isolation="read_uncommitted"
-        )
+    probe = make_consumer(
+        settings, f"ledger-compaction-probe-{uuid.uuid4().hex}", isolation="read_uncommitted"
     )
     try:
         out: list[TP] = []

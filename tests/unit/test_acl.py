@@ -16,6 +16,7 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 import consumers.runtime.clients
 import consumers.stage
 import consumers.tables
+import ledger.kafka
 from consumers import auditor
 from consumers.auditor import TopicScan
 from consumers.stages import STAGES
@@ -165,13 +166,13 @@ def test_the_table_groups_are_the_ones_the_followers_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     named: list[str] = []
-    real = consumers.runtime.clients.consumer_config
+    real = ledger.kafka.consumer_config
 
     def spy(settings: LedgerSettings, group: str, *args: Any, **kwargs: Any) -> Any:
         named.append(group)
         return real(settings, group, *args, **kwargs)
 
-    monkeypatch.setattr(consumers.runtime.clients, "consumer_config", spy)
+    monkeypatch.setattr(ledger.kafka, "consumer_config", spy)
     settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     for component in ("authority", "relay"):
         named.clear()
@@ -198,7 +199,7 @@ def test_partition_readers_name_the_reader_and_settle_groups(
         named.append(config["group.id"])
         raise _Refused
 
-    monkeypatch.setattr(consumers.runtime.clients, "Consumer", fake_consumer)
+    monkeypatch.setattr(ledger.kafka, "Consumer", fake_consumer)
     settings = keyed(LedgerSettings(run_dir=tmp_path, topic_prefix=PREFIX))
     with pytest.raises(_Refused):
         consumers.stage.read_partition(settings, "state", None, lambda r, m: None)

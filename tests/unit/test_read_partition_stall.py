@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-import consumers.runtime.clients as clients_module
 import consumers.runtime.reader as reader_module
+import ledger.kafka as kafka_module
 from consumers.runtime.reader import read_partition
 from ledger.settings import LedgerSettings
 
@@ -94,7 +94,7 @@ def test_a_stalled_read_rides_out_unknown_partition(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = World()
-    monkeypatch.setattr(clients_module, "Consumer", lambda *_a, **_k: FakeConsumer(world))
+    monkeypatch.setattr(kafka_module, "Consumer", lambda *_a, **_k: FakeConsumer(world))
     monkeypatch.setattr(reader_module, "STALL_S", 0.0)
     settings = LedgerSettings(run_dir=tmp_path, topic_prefix="t")
     seen: list[int] = []

@@ -14,6 +14,7 @@ from ledger.authority import takes_over
 from ledger.credentials import load_keyring
 from ledger.events import JournalEntry, OperationState, PolicyChange
 from ledger.settings import LedgerSettings
+from ledger.topology import Topic
 
 
 def _keyring(settings: LedgerSettings, authentic: bool) -> Keyring | None:
@@ -93,7 +94,7 @@ def current_states(settings: LedgerSettings) -> dict[str, OperationState]:
     """The latest ``OperationState`` of every operation in ``ledger.state``."""
     return {
         key: rec.event
-        for key, rec in read_latest(settings, "state").items()
+        for key, rec in read_latest(settings, Topic.STATE).items()
         if isinstance(rec.event, OperationState)
     }
 
@@ -128,7 +129,7 @@ def wait_for_decision(
         ):
             found.append(e)
 
-    follower = TableFollower(settings, "journal", look)
+    follower = TableFollower(settings, Topic.JOURNAL, look)
     try:
         follower.follow({partition})
         deadline = time.monotonic() + timeout_s
@@ -152,7 +153,7 @@ def policy_in_force(settings: LedgerSettings, timeout_s: float = 60.0) -> Policy
         LedgerError: if the end is not reached in time.
     """
     in_force: PolicyChange | None = None
-    for rec in read_topic(settings, "policy", timeout_s):
+    for rec in read_topic(settings, Topic.POLICY, timeout_s):
         if isinstance(rec.event, PolicyChange) and takes_over(rec.key, rec.event, in_force):
             in_force = rec.event
     return in_force

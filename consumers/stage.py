@@ -5,7 +5,8 @@ One transactional producer per process (KIP-447 style, stable
 ``read_committed`` consumer in a ``range``-assigned group (co-partitioned
 inputs land on one member), and for every batch (what has arrived, taken as
 soon as something has: a stage commits when its input is drained, and waits
-at most the commit interval, :meth:`Stage._next_batch`):
+at most the commit interval,
+:meth:`~consumers.runtime.loop.StageLoop.next_batch`):
 
 1. ``begin_transaction()``;
 2. decode each record (bad bytes become a dead-letter operating event);
@@ -14,7 +15,8 @@ at most the commit interval, :meth:`Stage._next_batch`):
    metadata, so progress commits with the outputs or not at all;
 5. ``commit_transaction()``.
 
-The machinery lives in :mod:`consumers.runtime`, in objects the loop owns:
+The loop is :class:`~consumers.runtime.loop.StageLoop`; its machinery lives
+in :mod:`consumers.runtime`, in objects the stage owns:
 the clients (:class:`~consumers.runtime.clients.Clients`), the transaction
 (:class:`~consumers.runtime.txn.Transactions`: begin, offsets, commit, abort,
 recover), the assignment (:class:`~consumers.runtime.assignment.Assignment`:
@@ -33,17 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
-import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 from confluent_kafka import (
     Consumer,
-    KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -65,15 +60,15 @@ from consumers.runtime.inputs import (
     seal_refused,
     table_refusal_event,
 )
+from consumers.runtime.loop import StageLoop
 from consumers.runtime.reader import await_settled, read_partition
 from consumers.runtime.records import Record, decode_record, kafka_timestamp_ms, key_text
-from consumers.runtime.status import write_status
+from consumers.runtime.status import StatusFile, status_path
 from consumers.runtime.txn import (
     ABORTS_BEFORE_NEW_PRODUCER,
     COMMIT_BUDGET_S,
     FENCED_MARKER,
     Offsets,
-    Recovery,
     Transactions,
 )
 from consumers.runtime.watches import (
@@ -82,22 +77,14 @@ from consumers.runtime.watches import (
     FETCH_CHECK_EVERY_S,
     FETCH_STALL_S,
     FetchCheck,
-    KafkaVerdict,
     StopWatchdog,
     StuckWatch,
-    await_kafka,
 )
 from consumers.runtime.writer import Writer
-from consumers.twins import Presence, announce, withdraw
 from ledger.authn import Keyring, unverifiable
-from ledger.clock import check_stage_clock
 from ledger.credentials import load_keyring, stage_sealer
-from ledger.errors import LedgerError
 from ledger.events import OperatingEvent
-from ledger.kafka import classify
-from ledger.logs import bind_here
 from ledger.settings import LedgerSettings
-from ledger.topics import check_topics
 from ledger.tracing import RecordSpans
 
 log = logging.getLogger(__name__)
@@ -154,8 +141,6 @@ class Stage:
     component = "stage"
     inputs: tuple[str, ...] = ()
     batch_size = 500
-    #: this process's file in the run folder, touched as the loop goes round
-    _presence: Presence | None = None
 
     def __init__(
         self,
@@ -176,8 +161,6 @@ class Stage:
         self.kafka = clients or Clients(settings, self.component, instance)
         self.group_id = self.kafka.group_id
         self.stopping = False
-        #: Armed by the first stop signal (see :meth:`_stop`); disarmed when the run ends.
-        self._watchdog: StopWatchdog | None = None
         self.processed = 0
         self.dead_letters = 0
         #: records refused because their seal was missing or wrong.
@@ -186,7 +169,6 @@ class Stage:
         self.keyring: Keyring = load_keyring(settings)
         #: topic -> key that seals this stage's records on it.
         self.sealer = stage_sealer(settings, self.component)
-        self._ready_reported = False
         #: Where the batch being processed starts in each of its partitions
         #: (everything before is handled): offsets a transaction opened
         #: before the batch's own may commit to prove this member still
@@ -202,14 +184,14 @@ class Stage:
             f"{self.component}-{instance}",
             policy_for(settings, indefinitely=True),
             should_stop=lambda: self.stopping,
-            on_change=lambda _: self._write_status(),
+            on_change=lambda _: self.status.write(),
         )
         #: Prometheus metrics and health of this stage (served when LEDGER_METRICS_PORT is set).
         self.metrics = StageMetrics(
             self.component,
             instance,
             stall_s=settings.health_stall_s,
-            ready=lambda: self._ready_reported and self.consumer is not None,
+            ready=lambda: self.status.ready and self.consumer is not None,
             waiting=lambda: self.retry.waiting,
             held=self.unverifiable_held,
         )
@@ -240,11 +222,19 @@ class Stage:
             self.metrics,
             self._new_assignment,
         )
-        #: partitions stalled with records waiting (see :meth:`_check_fetching`).
+        #: partitions stalled with records waiting (see
+        #: :meth:`~consumers.runtime.loop.StageLoop.check_fetching`).
         self.fetch = fetch or FetchCheck(self.kafka)
         self.assignment.on_positions = self.fetch.watch.reset
-        #: how many keys :meth:`unverifiable_held` named at the last status write.
-        self._held_written = 0
+        #: ``run_dir/status/{component}-{instance}.json``: ready, waiting, held.
+        self.status = StatusFile(
+            status_path(self.run_dir, self.component, instance),
+            lambda: self.retry.waiting,
+            lambda: self.metrics.port,
+            self.unverifiable_held,
+        )
+        #: runs the consume-transform-produce loop and handles the stop signals.
+        self.loop = StageLoop(self)
         self.metrics.describe_stage(self.group_id, self.transactional_id)
 
     # ------------------------------------------------------------------ the runtime's parts
@@ -330,18 +320,15 @@ class Stage:
         """Called inside the transaction just before it commits (fault seams)."""
 
     def _new_assignment(self) -> None:
-        self._ready_reported = False  # start-up work may follow a new assignment
+        self.status.ready = False  # start-up work may follow a new assignment
 
     # ------------------------------------------------------------------ inputs
-
-    def _short(self, topic: str) -> str:
-        return self.assignment.short(topic)
 
     def _decode(self, msg: Message) -> Record | tuple[str, OperatingEvent] | None:
         """Decode one message: a record, a dead letter ``(key, event)``, or ``None`` to skip."""
         item = decode_input(
             msg,
-            self._short(msg.topic() or ""),
+            self.assignment.short(msg.topic() or ""),
             component=self.component,
             settings=self.settings,
             keyring=self.keyring,
@@ -420,10 +407,6 @@ class Stage:
         """Send ``offsets`` into the open transaction (:meth:`Transactions.send_offsets`)."""
         self.txn.send_offsets(offsets, timeout_s, grace_s)
 
-    def _commit(self, budget_s: float = COMMIT_BUDGET_S) -> None:
-        """Commit the open transaction (:meth:`Transactions.commit`)."""
-        self.txn.commit(budget_s)
-
     def _prove_membership(self, offsets: list[TopicPartition] | None = None) -> None:
         """Put the batch's start offsets (or ``offsets``) into the open transaction.
 
@@ -435,261 +418,15 @@ class Stage:
         if chosen:
             self._send_offsets(chosen)  # the relay holds them back at parked dispatches
 
-    def _new_producer(self) -> Producer:
-        """A new producer (``init_transactions`` fences the previous one)."""
-        return self.txn.new_producer()
-
-    def _new_consumer(self) -> Consumer:
-        """A new member of the group, not subscribed yet (:meth:`_subscribe` joins it)."""
-        return self.assignment.new_member()
-
-    def _subscribe(self) -> None:
-        """Subscribe the consumer to the inputs (:meth:`Assignment.subscribe`)."""
-        self.assignment.subscribe()
-
-    def _process(self, msgs: list[Message]) -> None:
-        mine = [m for m in msgs if (self._short(m.topic() or ""), m.partition()) in self.assigned]
-        if len(mine) < len(msgs):
-            # Records of partitions no longer assigned: their new owner handles them.
-            log.info(
-                "%s-%s: %d records of partitions no longer assigned left to their owner",
-                self.component,
-                self.instance,
-                len(msgs) - len(mine),
-            )
-            msgs = mine
-            if not msgs:
-                return
-        self.txn.renew_if_bounced()  # serves error callbacks before deciding on the producer
-        self.spans.end("the batch's transaction did not commit")  # left by a failed batch
-        starts: dict[tuple[str, int], int] = {}
-        for msg in msgs:
-            where = (msg.topic() or "", msg.partition() or 0)
-            starts[where] = min(starts.get(where, msg.offset() or 0), msg.offset() or 0)
-        self.batch_starts = [TopicPartition(t, p, o) for (t, p), o in sorted(starts.items())]
-        records: list[Record] = []
-        dead: list[tuple[str, OperatingEvent]] = []
-        for msg in msgs:
-            item = self._decode(msg)
-            if isinstance(item, Record):
-                records.append(item)
-            elif item is not None:
-                dead.append(item)
-        self.before_transaction(records)
-        consumer = self._member()
-
-        def positions() -> list[TopicPartition]:
-            return [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
-
-        with self.transaction(positions, lambda: self.before_commit(records)) as out:
-            for key, event in dead:
-                out.write("operating-events", key, event)
-            self.handle(records, out)
-        self.retry.recovered()
-        self.txn.committed()
-        self.processed += len(msgs)
-        self.metrics.consumed(len(msgs))
-        self.after_commit()
-        self.spans.end()
-
-    def _commit_skipped(self) -> None:
-        """Commit positions that moved without delivering records (:meth:`Assignment.skipped`)."""
-        positions = self.assignment.skipped(time.monotonic())
-        if positions:
-            with self.transaction(positions):
-                pass
-            self.assignment.skipped_committed(positions)
-
-    def _recover(self, exc: KafkaException) -> None:
-        """Recover from a failed transaction or Kafka call (see the module docstring).
-
-        The transaction ends (:meth:`Transactions.recover`: aborted, or a new
-        producer); the stage then drops what was pending (after a certain
-        abort) or restores its state from what was committed (a new
-        producer: the old one's last transaction may have committed after
-        all), and rewinds its consumer to the committed offsets.
-        """
-        self.spans.end(f"transaction failed: {exc.args[0]}")
-        if self.txn.recover(exc.args[0]) is Recovery.RESTORE:
-            self.rebuild()
-            self.assignment.restore_all()
-        else:
-            self.rebuild()
-        self._rewind()
-
-    def _rewind(self) -> None:
-        """Seek the assigned partitions back to their committed offsets (Assignment.rewind)."""
-        self.assignment.rewind()
-
-    def _rejoin(self) -> None:
-        """Replace the consumer: drop state, join again (:meth:`Assignment.rejoin`)."""
-        self.assignment.rejoin()
-
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the loop, status and stop
 
     def run(self, stop_after_s: float | None = None) -> None:
-        """Run the loop until SIGTERM/SIGINT (or ``stop_after_s`` seconds).
-
-        A broker that does not answer, at start-up or later, is waited for
-        (see :mod:`consumers.retry`); a stop asked for meanwhile ends the run
-        cleanly.
-
-        Raises:
-            SettingsError: the settings name the manual clock outside a
-                testbed (see :func:`ledger.clock.check_stage_clock`).
-            BrokerError: the topics cannot be checked for a reason other than
-                the broker not answering.
-            TopicConfigError: a ledger topic is missing or unsafe.
-        """
-        check_stage_clock(self.settings.clock, testbed=self.settings.testbed)
-        bind_here(stage=self.component, instance=self.instance)
-        presence = announce(self.run_dir, self.component, self.instance)  # consumers.twins
-        self._presence = Presence(presence)  # touched as the loop goes round (ledger status)
-        if self.settings.metrics_port is not None:
-            self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._stop)
-            signal.signal(signal.SIGINT, self._stop)
-        try:
-            self.retry.call(lambda: check_topics(self.settings), "start-up topic check")
-            self.on_start()
-            self.txn.new_producer()
-            self.assignment.join()
-        except (KafkaException, LedgerError) as exc:
-            self.close()
-            withdraw(presence)
-            if not self.stopping:
-                raise
-            log.info("%s-%s: stopped while starting (%s)", self.component, self.instance, exc)
-            return
-        log.info(
-            "%s-%s running (pid %s, group %s, transactional.id %s)",
-            self.component,
-            self.instance,
-            os.getpid(),
-            self.group_id,
-            self.transactional_id,
-        )
-        try:
-            self._loop(stop_after_s)
-        except (KafkaException, LedgerError) as exc:
-            if not self.stopping:
-                raise
-            # Told to stop while it waited for Kafka: the last error ends the wait.
-            log.info("%s-%s: stopped while waiting (%s)", self.component, self.instance, exc)
-        finally:
-            self.close()
-            withdraw(presence)
-            if self._watchdog is not None:
-                self._watchdog.cancel()
-
-    def _loop(self, stop_after_s: float | None) -> None:
-        """The consume-transform-produce loop (see :meth:`run`)."""
-        assert self.consumer is not None and self.producer is not None
-        started = time.monotonic()
-        while not self.stopping:
-            self.metrics.beat()
-            if self._presence is not None:
-                self._presence.beat()
-            if stop_after_s is not None and time.monotonic() - started > stop_after_s:
-                break
-            if self.assignment.consumer_stuck:
-                self.assignment.consumer_stuck = False
-                log.warning(
-                    "%s: replacing the consumer that could not read offsets", self.component
-                )
-                self._rejoin()
-            msgs = self._next_batch()
-            if self.assignment.consumer_stuck:
-                continue  # read by a member about to be replaced: its successor reads them
-            real = []
-            for msg in msgs:
-                err = msg.error()
-                if err is None:
-                    real.append(msg)
-                elif err.code() == KafkaError._FATAL or err.fatal():
-                    # e.g. a static member fenced after a coordinator restart
-                    log.error("%s: fatal consumer error (%s); rejoining", self.component, err)
-                    self._rejoin()
-                    real = []  # the new member reads them again from the committed offsets
-                    break
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                elif classify(err) == "retriable":
-                    self.reports.suspect_kafka("consume", err)
-                else:
-                    log.warning("%s: consumer error: %s", self.component, err)
-            if self.reports.suspect or self.retry.down:
-                self.reports.suspect = False
-                self._await_kafka()
-            if not real:
-                try:
-                    assert self.producer is not None
-                    self.producer.poll(0)
-                    self._commit_skipped()
-                    self.idle()
-                    self._report_ready()
-                except KafkaException as exc:
-                    self._recover(exc)
-                self._check_fetching()
-                continue
-            try:
-                self._process(real)
-            except KafkaException as exc:
-                self._recover(exc)
-
-    def _next_batch(self) -> list[Message]:
-        """The next batch, up to :attr:`batch_size` (:meth:`Assignment.next_batch`)."""
-        return self.assignment.next_batch(self.batch_size, self.settings.commit_interval_ms / 1000)
-
-    def _await_kafka(self) -> None:
-        """A client reported Kafka unreachable: wait until it answers, act on the verdict.
-
-        See :func:`consumers.runtime.watches.await_kafka`: Kafka away at
-        first -> the next batch gets a new producer; Kafka answering the
-        producer while the consumer's calls keep timing out -> both replaced.
-        """
-        verdict = await_kafka(
-            self._member(), self.retry, self.settings.topic(self.inputs[0]), self.stuck
-        )
-        if verdict is KafkaVerdict.CONSUMER_STUCK:
-            log.warning(
-                "%s: Kafka answers, but the consumer's calls keep timing out; "
-                "replacing the consumer and the producer",
-                self.component,
-            )
-            self._bounced()
-            self._rejoin()
-        elif verdict is KafkaVerdict.BOUNCED:
-            self._bounced()
-
-    def _check_fetching(self) -> None:
-        """Replace a consumer that stopped fetching a partition with records waiting.
-
-        When idle, at most every :data:`FETCH_CHECK_EVERY_S` seconds (see
-        :class:`~consumers.runtime.watches.FetchCheck`); the new member
-        restores and starts from the committed offsets, so nothing is skipped.
-        """
-        if self.consumer is None:
-            return
-        stall = self.fetch.check(
-            self.consumer, self.retry, self.assignment.assigned_at, lambda: self.stopping
-        )
-        if stall is None:
-            return
-        log.warning("%s-%s: %s; replacing the consumer", self.component, self.instance, stall)
-        self._bounced()  # and the next batch gets a new producer
-        self._rejoin()
-
-    # ------------------------------------------------------------------ status and stop
+        """Run the loop until SIGTERM/SIGINT or ``stop_after_s`` seconds (:meth:`StageLoop.run`)."""
+        self.loop.run(stop_after_s)
 
     def settled(self) -> bool:
         """True once start-up work after an assignment is done (override to add some)."""
         return True
-
-    def status_path(self) -> Path:
-        """Where this instance says it is ready: ``run_dir/status/{component}-{instance}``."""
-        return self.run_dir / "status" / f"{self.component}-{self.instance}.json"
 
     def unverifiable_held(self) -> dict[str, str]:
         """What this stage holds because evidence about it cannot be verified here.
@@ -706,45 +443,8 @@ class Stage:
         """
         return {}
 
-    def _report_ready(self) -> None:
-        """Tell harnesses this process has its partitions and nothing left from start-up."""
-        held = len(self.unverifiable_held())
-        if held != self._held_written:
-            self._held_written = held
-            self._write_status()
-        if self._ready_reported or not self.assignment.seen or not self.settled():
-            return
-        self._ready_reported = True
-        self._write_status()
-
-    def _write_status(self) -> None:
-        """Write :meth:`status_path` (:func:`~consumers.runtime.status.write_status`)."""
-        write_status(
-            self.status_path(),
-            ready=self._ready_reported,
-            waiting=self.retry.waiting,
-            metrics_port=self.metrics.port,
-            held=self.unverifiable_held(),
-        )
-
     def idle(self) -> None:
         """Called when a poll returned nothing (periodic work may go here)."""
-
-    def _stop(self, signum: int, frame: object) -> None:
-        """SIGTERM/SIGINT: stop at the next step, and exit anyway after ``stop_timeout_s``.
-
-        The first signal arms a watchdog (:class:`StopWatchdog`): a Kafka
-        call that waits on an unreachable broker cannot keep the process
-        alive past it. Leaving that way is as safe as a crash: the open
-        transaction is aborted by the broker (or fenced by the next instance
-        with the transactional ID), and the next owner resumes.
-        """
-        if not self.stopping:
-            self._watchdog = StopWatchdog(
-                self.settings.stop_timeout_s, f"{self.component}-{self.instance}"
-            )
-            self._watchdog.start()
-        self.stopping = True
 
     def close(self) -> None:
         """Leave the group and release the producer (clean shutdown only).

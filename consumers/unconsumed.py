@@ -38,6 +38,7 @@ from consumers.runtime.records import kafka_timestamp_ms, key_text
 from ledger.kafka import REFUSAL_CODES, admin_config, kafka_error, make_consumer
 from ledger.settings import LedgerSettings
 from ledger.stranded import PublishedIntent, Stranded, StrandedBounds, unconsumed
+from ledger.topology import Topic
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def intent_offsets(
         committed) and partition -> last stable offset; ``None`` when Kafka
         did not answer or refused this principal (logged).
     """
-    topic = settings.topic("intents")
+    topic = settings.topic(Topic.INTENTS)
     parts = [TopicPartition(topic, p) for p in range(settings.partitions)]
     group = f"{settings.topic_prefix}.processor"
     admin = AdminClient(admin_config(settings))
@@ -112,7 +113,7 @@ def pending_intents(
         :data:`MAX_PER_PARTITION` per partition; ``None`` when this principal
         may not read ``intents`` (logged).
     """
-    topic = settings.topic("intents")
+    topic = settings.topic(Topic.INTENTS)
     wanted = {p: end for p, end in ends.items() if end > (committed.get(p) or 0)}
     if not wanted:
         return []

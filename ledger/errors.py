@@ -121,7 +121,7 @@ class ConsumerStuckError(LedgerError):
     """Kafka answers a stage's producer while its consumer's calls keep timing out.
 
     Raised between tries of a stage's wait for Kafka; the stage replaces the
-    consumer (``consumers.stage.Stage._await_kafka``), and a new one can
+    consumer (``consumers.runtime.loop.StageLoop.await_kafka``), and a new one can
     succeed.
     """
 

@@ -115,7 +115,7 @@ class LedgerSettings(BaseSettings):
         commit_interval_ms: longest time a stage waits for input before it
             turns to its idle work (milliseconds); a batch is processed and
             committed as soon as the records already fetched are taken (see
-            :meth:`consumers.stage.Stage._next_batch`), not after the interval.
+            :meth:`consumers.runtime.loop.StageLoop.next_batch`), not after the interval.
         transaction_timeout_ms: broker-side transaction timeout (milliseconds);
             an abandoned transaction is aborted after it.
         takeover_wait_s: longest time a stage given partitions waits for the

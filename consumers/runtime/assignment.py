@@ -113,7 +113,7 @@ class Assignment:
         self.assigned: set[tuple[str, int]] = set()
         #: an assignment has arrived since start (readiness).
         self.seen = False
-        #: partitions revoked or lost so far (see the stage's ``_next_batch``).
+        #: partitions revoked or lost so far (see ``StageLoop.next_batch``).
         self.revokes = 0
         #: Set when the member's own OffsetFetch kept failing while Kafka
         #: answered (see :meth:`committed`): the loop replaces it at a safe point.

@@ -15,10 +15,11 @@ import time
 
 import pytest
 
-from consumers import stage as stage_module
 from consumers.fetchwatch import FetchWatch
 from consumers.processor import Processor
 from consumers.reader import current_states
+from consumers.runtime.clients import Clients
+from consumers.runtime.watches import FetchCheck
 from ledger.settings import LedgerSettings
 from producers.publisher import LedgerPublisher
 
@@ -29,7 +30,10 @@ class SilentProcessor(Processor):
     """A processor whose first consumer stops fetching once it is idle and assigned."""
 
     def __init__(self, settings: LedgerSettings) -> None:
-        super().__init__(settings)
+        clients = Clients(settings, self.component, "0")
+        # Sampled every 0.2 s, a partition behind for 2 s is a stall (not 30 s).
+        fetch = FetchCheck(clients, FetchWatch(2.0), every_s=0.2)
+        super().__init__(settings, clients=clients, fetch=fetch)
         self.silenced = threading.Event()
 
     def idle(self) -> None:
@@ -43,11 +47,9 @@ class SilentProcessor(Processor):
 
 
 def test_a_consumer_that_stopped_fetching_is_replaced_and_the_intent_processed(
-    ledger_settings: LedgerSettings, monkeypatch: pytest.MonkeyPatch
+    ledger_settings: LedgerSettings,
 ) -> None:
-    monkeypatch.setattr(stage_module, "FETCH_CHECK_EVERY_S", 0.2)
     stage = SilentProcessor(ledger_settings)
-    stage._fetch_watch = FetchWatch(2.0)
     thread = threading.Thread(target=stage.run, daemon=True)
     thread.start()
     pub = LedgerPublisher(ledger_settings)

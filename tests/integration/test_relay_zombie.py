@@ -70,9 +70,9 @@ def test_a_zombie_relay_cannot_mark_and_send_what_its_successor_sent(
 
         # The zombie joins the relay's group and takes the batch holding the dispatch.
         zombie.transactional_id += ".zombie"  # its own, as another instance's would be
-        zombie.producer = zombie._new_producer()
-        zombie.consumer = zombie._new_consumer()
-        zombie._subscribe()
+        zombie.txn.new_producer()
+        zombie.consumer = zombie.assignment.new_member()
+        zombie.assignment.subscribe()
         batch = []
         deadline = time.monotonic() + 90
         while not any(m.error() is None and m.key() == op.encode() and m.value() for m in batch):
@@ -87,7 +87,7 @@ def test_a_zombie_relay_cannot_mark_and_send_what_its_successor_sent(
 
         # The zombie wakes up and goes on with its batch: its marker cannot commit.
         with pytest.raises(KafkaException):
-            zombie._process(batch)
+            zombie.loop.process(batch)
         assert harness.effects("mailer", op) == 1, "the zombie sent the email again"
         dispatches = [
             r.event for r in read_topic(settings, "dispatches") if isinstance(r.event, Dispatch)

@@ -133,7 +133,7 @@ def test_a_stalled_partition_with_a_record_waiting_replaces_the_consumer(
     tmp_path: Path,
 ) -> None:
     stage, rejoined, probed, _ = _stage(tmp_path, {0: 4, 1: 8}, {0: (0, 6), 1: (0, 8)}, True)
-    stage._check_fetching()
+    stage.loop.check_fetching()
     assert probed == [(("ledger.intents", 0), 4)]  # partition 1 is at its end
     assert len(rejoined) == 1 and stage.consumer is rejoined[0]
     assert stage.fetch_stalls == 1
@@ -143,7 +143,7 @@ def test_a_stalled_partition_with_a_record_waiting_replaces_the_consumer(
 def test_nothing_to_deliver_there_keeps_the_consumer(tmp_path: Path) -> None:
     # A transaction marker between the position and the end delivers nothing.
     stage, rejoined, probed, _ = _stage(tmp_path, {0: 5}, {0: (0, 6)}, False)
-    stage._check_fetching()
+    stage.loop.check_fetching()
     assert probed == [(("ledger.intents", 0), 5)]
     assert rejoined == [] and stage.fetch_stalls == 0
 
@@ -153,7 +153,7 @@ def test_nothing_delivered_yet_counts_from_the_committed_offset_or_the_start(
 ) -> None:
     stage, _, probed, _ = _stage(tmp_path, {0: -1001, 1: -1001}, {0: (0, 9), 1: (3, 9)}, False)
     stage.assignment.note_assigned_at([TopicPartition("ledger.intents", 0, 7)])
-    stage._check_fetching()
+    stage.loop.check_fetching()
     assert probed == [(("ledger.intents", 0), 7), (("ledger.intents", 1), 3)]
 
 
@@ -162,13 +162,13 @@ def test_no_check_during_an_outage_nor_before_it_is_due(
 ) -> None:
     stage, rejoined, probed, asked = _stage(tmp_path, {0: 4}, {0: (0, 6)}, True)
     monkeypatch.setattr(type(stage.retry), "waiting", property(lambda self: {"since": 0}))
-    stage._check_fetching()
+    stage.loop.check_fetching()
     assert asked == [] and probed == [] and rejoined == []
     monkeypatch.undo()
-    stage._check_fetching()  # not due yet: the outage's pass counted
+    stage.loop.check_fetching()  # not due yet: the outage's pass counted
     assert asked == []
     stage.fetch.next_check = 0.0
-    stage._check_fetching()
+    stage.loop.check_fetching()
     assert len(rejoined) == 1
 
 
@@ -176,7 +176,7 @@ def test_probing_stops_at_the_first_record_found(tmp_path: Path) -> None:
     stage, rejoined, probed, _ = _stage(
         tmp_path, {0: 1, 1: 1, 2: 1}, {p: (0, 4) for p in range(3)}, True
     )
-    stage._check_fetching()
+    stage.loop.check_fetching()
     assert probed == [(("ledger.intents", 0), 1)]
     assert len(rejoined) == 1
 
@@ -226,6 +226,6 @@ def test_the_stage_samples_only_when_idle(tmp_path: Path) -> None:
 
     stage.consumer = FakeMember([[_Msg()], [], [_Msg()]], on_empty=stop)  # type: ignore[assignment]
     stage.producer = FakeProducer()  # type: ignore[assignment]
-    stage._loop(None)
+    stage.loop.loop(None)
     assert check.samples == 2  # the empty pass and the last one, not the two batches
     assert watches.FETCH_CHECK_EVERY_S < watches.FETCH_STALL_S

@@ -315,7 +315,7 @@ def test_an_aborted_transaction_is_counted_by_the_stage_and_its_counts_dropped(
     stage.handle([Record("intents", 0, 1, "op-x", b"", intent("op-x"))], stage.writer())
     # A stale generation at send_offsets: the group moved on (a fencing), the batch is redone.
     stale = KafkaError(KafkaError.ILLEGAL_GENERATION, "stale", txn_requires_abort=True)
-    stage._recover(KafkaException(stale))
+    stage.loop.recover(KafkaException(stale))
     stage.metrics.committed(0.01)  # a later transaction commits
     m = stage.metrics
     assert _value(m, "ledger_transaction_aborts_total", error="abortable") == 1

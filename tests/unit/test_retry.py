@@ -222,8 +222,8 @@ def test_a_rewind_rides_out_not_coordinator_instead_of_dying_or_rejoining(
     consumer = _CoordinatorMoving()
     stage.consumer = consumer  # type: ignore[assignment]
     rejoined: list[bool] = []
-    monkeypatch.setattr(stage, "_rejoin", lambda: rejoined.append(True))
-    stage._rewind()
+    monkeypatch.setattr(stage.assignment, "rejoin", lambda: rejoined.append(True))
+    stage.assignment.rewind()
     assert consumer.committed_calls == 3 and rejoined == []
     assert [(tp.partition, tp.offset) for tp in consumer.seeks] == [(0, 7), (1, 8)]
 
@@ -231,12 +231,12 @@ def test_a_rewind_rides_out_not_coordinator_instead_of_dying_or_rejoining(
 def test_the_status_file_shows_a_stage_waiting_for_kafka(tmp_path: Path) -> None:
     stage = Processor(keyed(LedgerSettings(run_dir=tmp_path)))
     stage.retry.failed("committed offsets", KafkaError(KafkaError._ALL_BROKERS_DOWN))
-    status = json.loads(stage.status_path().read_text())
+    status = json.loads(stage.status.path.read_text())
     assert status["waiting"]["for"] == "committed offsets"
     assert "_ALL_BROKERS_DOWN" in status["waiting"]["error"]
     assert status["ready"] is False
     stage.retry.recovered()
-    assert json.loads(stage.status_path().read_text())["waiting"] is None
+    assert json.loads(stage.status.path.read_text())["waiting"] is None
 
 
 def test_an_outage_that_ends_in_a_refusal_is_over() -> None:

@@ -1,4 +1,4 @@
-"""A stage commits as soon as its input is drained (consumers.stage.Stage._next_batch).
+"""A stage commits as soon as its input is drained (consumers.runtime.loop.StageLoop.next_batch).
 
 The consumer is a fake that records how long each call was allowed to wait:
 the commit interval bounds only the wait for a batch's first record; what
@@ -38,7 +38,7 @@ def _stage(tmp_path: Path, queue: _Queue) -> Processor:
 def test_a_short_batch_is_taken_without_waiting_out_the_interval(tmp_path: Path) -> None:
     queue = _Queue(3)
     stage = _stage(tmp_path, queue)
-    assert stage._next_batch() == [0, 1, 2]
+    assert stage.loop.next_batch() == [0, 1, 2]
     # Only the first record may be waited for; the rest is taken as it is.
     assert queue.calls == [(1, 0.1), (stage.batch_size - 1, 0)]
 
@@ -46,15 +46,15 @@ def test_a_short_batch_is_taken_without_waiting_out_the_interval(tmp_path: Path)
 def test_a_full_queue_gives_one_batch_of_batch_size(tmp_path: Path) -> None:
     queue = _Queue(700)
     stage = _stage(tmp_path, queue)
-    assert len(stage._next_batch()) == stage.batch_size
-    assert len(stage._next_batch()) == 700 - stage.batch_size
-    assert stage._next_batch() == []
+    assert len(stage.loop.next_batch()) == stage.batch_size
+    assert len(stage.loop.next_batch()) == 700 - stage.batch_size
+    assert stage.loop.next_batch() == []
 
 
 def test_nothing_pending_waits_one_interval_and_returns_nothing(tmp_path: Path) -> None:
     queue = _Queue(0)
     stage = _stage(tmp_path, queue)
-    assert stage._next_batch() == []
+    assert stage.loop.next_batch() == []
     assert queue.calls == [(1, 0.1)]
 
 
@@ -77,15 +77,15 @@ def test_a_batch_read_across_a_revocation_is_left_to_the_next_owner(tmp_path: Pa
     queue = _RevokedMidBatch(5, box)
     stage = _stage(tmp_path, queue)
     box.append(stage)
-    assert stage._next_batch() == []  # records taken before the revocation are not handled
-    assert stage._next_batch() == []  # (the fake has nothing left: they were taken)
+    assert stage.loop.next_batch() == []  # records taken before the revocation are not handled
+    assert stage.loop.next_batch() == []  # (the fake has nothing left: they were taken)
     assert len(queue.calls) == 3
 
 
 def test_a_revocation_before_the_first_record_keeps_the_batch(tmp_path: Path) -> None:
     stage = _stage(tmp_path, _Queue(3))
     stage.assignment.revokes += 1  # served before this batch was read
-    assert stage._next_batch() == [0, 1, 2]
+    assert stage.loop.next_batch() == [0, 1, 2]
 
 
 class _Msg:
@@ -105,6 +105,6 @@ def test_records_of_partitions_no_longer_assigned_are_not_processed(tmp_path: Pa
     stage.producer = producer  # type: ignore[assignment]
     stage.assigned = {("intents", 1)}
     topic = stage.settings.topic("intents")
-    stage._process([_Msg(topic, 0), _Msg(topic, 2)])  # type: ignore[list-item]
+    stage.loop.process([_Msg(topic, 0), _Msg(topic, 2)])  # type: ignore[list-item]
     # nothing decoded (the doubles have no key to decode), no transaction opened
     assert producer.calls == [] and stage.processed == 0

@@ -115,7 +115,7 @@ def test_a_failed_delivery_replaces_the_producer_at_once(tmp_path: Path) -> None
     failed = KafkaError(
         KafkaError._INCONSISTENT, "1 message(s) failed delivery", txn_requires_abort=True
     )
-    stage._recover(KafkaException(failed))
+    stage.loop.recover(KafkaException(failed))
     assert stuck.aborted == 1 and [stage.producer] == kafka.producers
 
 
@@ -124,9 +124,9 @@ def test_a_second_abort_in_a_row_replaces_the_producer(tmp_path: Path) -> None:
     abortable = KafkaException(
         KafkaError(KafkaError._STATE, "an abortable error", txn_requires_abort=True)
     )
-    stage._recover(abortable)
+    stage.loop.recover(abortable)
     assert stage.producer is stuck and stuck.aborted == 1  # one abort: retry with it
-    stage._recover(abortable)
+    stage.loop.recover(abortable)
     assert stuck.aborted == 2 and [stage.producer] == kafka.producers
 
 
@@ -155,7 +155,7 @@ def test_a_refused_abort_restores_the_state_from_what_was_committed(tmp_path: Pa
     timed_out = KafkaError(
         KafkaError._TIMED_OUT, "27 message(s) timed out", txn_requires_abort=True
     )
-    stage._recover(KafkaException(timed_out))
+    stage.loop.recover(KafkaException(timed_out))
     assert kafka.producers and stage.producer is kafka.producers[-1]
     # dropped and restored from the committed offsets, then rewound to them
     assert stage.revoked == [{0}] and stage.restored == [{0}]
@@ -194,7 +194,7 @@ def test_an_abort_that_timed_out_is_resumed_not_given_up(tmp_path: Path) -> None
     stage.assigned = {("intents", 0)}
     stage.consumer = _AssignedConsumer()  # type: ignore[assignment]
     abortable = KafkaError(KafkaError._STATE, "an abortable error", txn_requires_abort=True)
-    stage._recover(KafkaException(abortable))
+    stage.loop.recover(KafkaException(abortable))
     assert slow.calls == 2 and stage.producer is slow
     assert kafka.producers == [] and stage.restored == [] and stage.revoked == []
 
@@ -235,7 +235,7 @@ def test_a_rewind_the_consumer_cannot_do_replaces_the_consumer(tmp_path: Path) -
     stage = _stage(tmp_path, object(), kafka)
     fenced = _FencedConsumer()
     stage.consumer = fenced  # type: ignore[assignment]
-    stage._rewind()
+    stage.assignment.rewind()
     assert fenced.closed and len(kafka.members) == 1 and stage.consumer is kafka.members[0]
     assert kafka.members[0].subscribed == [stage.settings.topic(t) for t in stage.inputs]
 
@@ -270,7 +270,7 @@ def test_after_kafka_was_away_the_next_batch_gets_a_new_producer(
     stage.retry = KafkaRetry(
         "authority-0", RetryPolicy(first_wait_s=0.001, max_wait_s=0.001), sleep=lambda _s: None
     )
-    stage._await_kafka()
+    stage.loop.await_kafka()
     assert stage.broker_bounced is replaced
     assert not stage.retry.down
 
@@ -315,12 +315,12 @@ def test_a_consumer_stuck_while_kafka_answers_is_replaced(
         sleep=lambda _s: None,
     )
     if kafka_answers:
-        stage._await_kafka()
+        stage.loop.await_kafka()
         assert len(rejoined) == 1 and stage.consumer is rejoined[0] and stage.broker_bounced
         assert stage.retry.down  # the outage ends when the new consumer is answered
     else:
         with pytest.raises(KafkaException):
-            stage._await_kafka()
+            stage.loop.await_kafka()
         assert rejoined == [] and producer.asked > 0
 
 
@@ -416,7 +416,7 @@ def test_a_rewind_by_a_stuck_consumer_leaves_it_to_the_replacement(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stage, consumer, _ = _stuck_stage(tmp_path, monkeypatch)
-    stage._rewind()
+    stage.assignment.rewind()
     assert consumer.seeks == []  # the new consumer starts from the committed offsets
     assert stage.assignment.consumer_stuck
 
@@ -508,7 +508,7 @@ def test_the_loop_replaces_a_stuck_consumer_before_handling_what_it_read(tmp_pat
     holder.append(stage)
     stuck = _StuckDuringConsume(stage)
     stage.consumer = stuck  # type: ignore[assignment]
-    stage._loop(None)
+    stage.loop.loop(None)
     # What the stuck member read (offset 1) is left to its replacement, which
     # restores and handles the next batch (offset 2) in a transaction.
     assert stuck.closed and stage.consumer is kafka.members[0]

@@ -68,7 +68,7 @@ class AuthorityKernel(Stage):
     inputs = (Topic.ADMISSION_REQUESTS,)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # Stage's own arguments, passed on
         self.clock = LastGoodClock(
             self.hooks.clock(clock_for(self.settings.clock, self.settings.run_dir)),
             component="authority",

@@ -263,7 +263,7 @@ def _ask(settings: LedgerSettings, count: int, look_s: float) -> list[StageStatu
     ends = {
         (tp.topic, tp.partition): future.result(timeout=REQUEST_TIMEOUT_S).offset
         for tp, future in admin.list_offsets(
-            {tp: OffsetSpec.latest() for tp in every},  # type: ignore[no-untyped-call]
+            {tp: OffsetSpec.latest() for tp in every},  # type: ignore[no-untyped-call]  # untyped in confluent-kafka
             isolation_level=IsolationLevel.READ_COMMITTED,
             request_timeout=REQUEST_TIMEOUT_S,
         ).items()

@@ -116,7 +116,7 @@ class Processor(Stage):
         settle: SettleWait = await_settled,
         **kwargs: object,
     ) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]  # Stage's own arguments, passed on
         self.reader = reader
         self.states: PendingMap[str, tuple[OperationState, bytes], OperationState | bytes] = (
             PendingMap(_rests_encoded)

@@ -74,7 +74,7 @@ def intent_offsets(
         ends = {
             tp.partition: int(future.result(timeout=REQUEST_TIMEOUT_S).offset)
             for tp, future in admin.list_offsets(
-                {tp: OffsetSpec.latest() for tp in parts},  # type: ignore[no-untyped-call]
+                {tp: OffsetSpec.latest() for tp in parts},  # type: ignore[no-untyped-call]  # untyped in confluent-kafka
                 isolation_level=IsolationLevel.READ_COMMITTED,
                 request_timeout=REQUEST_TIMEOUT_S,
             ).items()

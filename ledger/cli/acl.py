@@ -66,8 +66,8 @@ def to_binding(entry: acl.Acl) -> AclBinding:
 def from_binding(binding: AclBinding) -> acl.Acl | None:
     """The plan entry a broker binding equals, or ``None``.
 
-    The plan entry a broker binding equals, or ``None`` (a DENY, or an
-    operation, resource type or pattern the plan never uses).
+    ``None`` for a DENY, or an operation, resource type or pattern the plan
+    never uses.
     """
     if binding.permission_type != AclPermissionType.ALLOW:
         return None
@@ -80,7 +80,8 @@ def from_binding(binding: AclBinding) -> acl.Acl | None:
     op = getattr(operation, "name", str(operation))
     if rtype is None or pattern is None or op not in acl.OPERATIONS:
         return None
-    return acl.Acl(binding.principal, rtype, binding.name, pattern, op, binding.host)  # type: ignore[arg-type]
+    # op is one of acl.OPERATIONS (checked above): the Literal the plan types it as.
+    return acl.Acl(binding.principal, rtype, binding.name, pattern, op, binding.host)  # type: ignore[arg-type]  # see above
 
 
 def _admin(settings: LedgerSettings) -> AdminClient:

@@ -27,6 +27,7 @@ from ledger.events import Approval
 from ledger.scope import BINDABLE, problem, scope_values
 from ledger.settings import LedgerSettings
 from ledger.signing import ReviewerKey
+from ledger.topology import Topic
 from producers.review import grant
 from sinks.registry import load_sinks
 
@@ -303,7 +304,7 @@ def revoke_cmd(approval_id: str, by: str) -> None:
     """Withdraw an approval; nothing new may be admitted with it."""
     settings = current_settings()
     _ready(settings)
-    record = reader.latest_by_key(reader.read_topic(settings, "approvals")).get(approval_id)
+    record = reader.latest_by_key(reader.read_topic(settings, Topic.APPROVALS)).get(approval_id)
     if record is None or not isinstance(record.event, Approval):
         raise click.ClickException(f"no approval {approval_id!r} in the ledger")
     pub = _publisher(settings)

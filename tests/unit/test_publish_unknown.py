@@ -58,7 +58,10 @@ def test_an_unacknowledged_publish_may_still_be_delivered_and_says_how_to_find_o
     text = caught.value.message
     assert "may still be delivered" in text and "publish the same operation again" in text
     assert "refund:1:v1" in text and "failed" not in text.replace("has not failed", "")
-    assert len(publisher.producer) == 1  # still queued in the client: not "failed"
+    # Still queued in the client: not "failed". len() is librdkafka's out-queue
+    # length, which also counts events not yet served (a connection error
+    # reported while the machine is busy), so the record is "at least one".
+    assert len(publisher.producer) >= 1
 
 
 def test_an_unacknowledged_flush_says_the_same(publisher: LedgerPublisher) -> None:

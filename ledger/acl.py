@@ -618,8 +618,7 @@ def kafka_acls_commands(
 ) -> list[str]:
     """The plan as ``kafka-acls.sh --add`` command lines.
 
-    The plan as ``kafka-acls.sh --add`` command lines (one per principal, resource
-    kind and operation, naming every resource of that kind).
+    One per principal, resource kind and operation, naming every resource of that kind.
 
     Args:
         acl_plan: the plan.

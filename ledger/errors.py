@@ -131,8 +131,8 @@ class ConsumerStuckError(LedgerError):
 class SettingsError(LedgerError):
     """A setting is invalid or unsafe for this process.
 
-    A setting is invalid or unsafe for this process (e.g. the manual clock in a
-    production stage); the message names the variable and the remedy.
+    For example, the manual clock in a production stage. The message names the variable and the
+    remedy.
     """
 
 
@@ -200,19 +200,17 @@ class ParameterDriftError(LedgerError):
 class InputBoundsError(LedgerError):
     """An input is malformed or too large to be carried.
 
-    An input is malformed or too large to be carried: an operation ID outside
-    the grammar (:func:`ledger.identity.operation_id_problem`) or a record over
-    the input bound (:data:`ledger.identity.MAX_INPUT_BYTES`).
+    An operation ID outside the grammar (:func:`ledger.identity.operation_id_problem`) or a record
+    over the input bound (:data:`ledger.identity.MAX_INPUT_BYTES`).
     """
 
 
 class InvalidInputError(LedgerError):
     """A caller's argument is not acceptable.
 
-    A caller's argument is not acceptable: parameters that are not JSON
-    values, an empty name, a version out of range, an integration used outside
-    the place it must be called from. The message names the argument and what
-    to pass instead.
+    Parameters that are not JSON values, an empty name, a version out of range, an integration used
+    outside the place it must be called from. The message names the argument and what to pass
+    instead.
     """
 
 
@@ -226,8 +224,7 @@ class OperationExistsError(InvalidInputError):
 class InvalidStateError(LedgerError):
     """The operation's recorded state does not allow what was asked.
 
-    The operation's recorded state does not allow what was asked (e.g. a
-    readback of an operation that has no effect to read back).
+    For example, a readback of an operation that has no effect to read back.
     """
 
 
@@ -242,17 +239,15 @@ class CredentialError(LedgerError):
 class AccessPlanError(SettingsError):
     """The ACL or quota plan cannot be made from what was given.
 
-    The ACL or quota plan cannot be made from what was given (an unknown
-    role, a principal mapping or quota spec out of format, two roles sharing a
-    principal); the message gives the expected format with an example.
+    An unknown role, a principal mapping or quota spec out of format, two roles sharing a principal.
+    The message gives the expected format with an example.
     """
 
 
 class PublishError(BrokerError):
     """The broker did not accept a record the publisher sent.
 
-    The broker did not accept a record the publisher sent (the message
-    carries the broker's error); nothing is known to be written.
+    The message carries the broker's error. Nothing is known to be written.
     """
 
 
@@ -312,10 +307,9 @@ class SinkError(LedgerError):
 class SinkConfigError(SinkError):
     """A sink's entry in the sink registry cannot be used as written.
 
-    A sink's entry in the sink registry cannot be used as written: an unknown
-    adapter kind, a missing or invalid adapter setting, or a contract that claims
-    more than the adapter can do. The message names the sink, the setting and
-    the remedy (``ledger sink register`` again, or fix the registry file).
+    An unknown adapter kind, a missing or invalid adapter setting, or a contract that claims more
+    than the adapter can do. The message names the sink, the setting and the remedy (``ledger sink
+    register`` again, or fix the registry file).
     """
 
 

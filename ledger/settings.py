@@ -295,8 +295,7 @@ class LedgerSettings(BaseSettings):
     def outcome_public_path(self) -> Path:
         """Where the outcome key's public half is.
 
-        Where the outcome key's public half is (``outcome_public_key_file`` or
-        ``keys_dir/outcome.pub``).
+        ``outcome_public_key_file`` or ``keys_dir/outcome.pub``.
         """
         return self.outcome_public_key_file or (self.keys_dir or self.run_dir / "keys") / (
             "outcome.pub"
@@ -305,8 +304,7 @@ class LedgerSettings(BaseSettings):
     def witness_path(self) -> Path:
         """Where the file witness of the journal's heads is.
 
-        Where the file witness of the journal's heads is (``witness_file`` or
-        ``run_dir/witness/journal-heads.jsonl``).
+        ``witness_file`` or ``run_dir/witness/journal-heads.jsonl``.
         """
         return self.witness_file or self.run_dir / "witness" / "journal-heads.jsonl"
 

@@ -141,8 +141,8 @@ class Probe:
     ) -> tuple[list[str], list[str], list[str]]:
         """What the system shows of ``op``'s effects.
 
-        What the system shows of ``op``'s effects: (one effect seen by, more than one seen
-        by, could not count because), from its readback and its postcondition query.
+        A tuple (one effect seen by, more than one seen by, could not count because),
+        from its readback and its postcondition query.
         """
         ones: list[str] = []
         doubts: list[str] = []

@@ -179,8 +179,7 @@ class ChainReport:
 def _chain_members(ledger_id: str, partition: int, links: Sequence[Link]) -> list[Link]:
     """The links that belong to the chain.
 
-    The links that belong to the chain: every authentic one, and each other only
-    where the chain breaks without it.
+    Every authentic one, and each other only where the chain breaks without it.
 
     Someone who may write the journal topic but holds no processor key can
     append records; readers refuse them (the audit lists them as

@@ -334,8 +334,7 @@ class AuditReport:
     def coverage(self) -> str:
         """What was checked, in words (:func:`coverage_words`).
 
-        What was checked, in words (:func:`coverage_words`): ``ledger and sink
-        readback`` only when a fact was checked against a sink's readback.
+        ``ledger and sink readback`` only when a fact was checked against a sink's readback.
         """
         return coverage_words(self.sink_readback, self.sink_facts)
 

@@ -1,7 +1,6 @@
 """What the operator console reads and writes.
 
-What the operator console reads and writes: the :class:`ConsoleData` port, and
-:class:`LedgerData`, the ledger's.
+The :class:`ConsoleData` port, and :class:`LedgerData`, the ledger's.
 
 No web framework here: the pages (:mod:`ledger.console.app`) read through
 the port, so they can be tested without a broker, and this module loads in
@@ -130,8 +129,8 @@ class ConsoleData(Protocol):
 def operation_age_s(state: OperationState, now_ms: int) -> float | None:
     """Seconds on the ledger clock since the operation's latest observation.
 
-    Seconds on the ledger clock since the operation's latest observation, else
-    its admission (``None``: neither happened); never negative.
+    Without an observation, since its admission (``None``: neither happened); never
+    negative.
     """
     since = state.observed_at_ms if state.observed_at_ms is not None else state.admitted_at_ms
     return age_s(now_ms, since)

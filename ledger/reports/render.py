@@ -27,9 +27,8 @@ __all__ = ["environment", "fmt", "render"]
 def fmt(value: Any) -> str:
     """A value as display text (not yet escaped).
 
-    A value as display text (not yet escaped): integers plainly, floats to 4
-    significant digits (whole numbers without a fraction), ``None`` as a dash,
-    booleans as yes/no, mappings as ``k: v, ...`` and sequences comma-joined.
+    Integers plainly, floats to 4 significant digits (whole numbers without a fraction), ``None`` as
+    a dash, booleans as yes/no, mappings as ``k: v, ...`` and sequences comma-joined.
     """
     if value is None:
         return "—"

@@ -1,7 +1,6 @@
 """Integrations with the engines services already run.
 
-Integrations with the engines services already run (workflow engines, agent
-runtimes, tool protocols).
+Workflow engines, agent runtimes, tool protocols.
 
 Each module adapts one engine to :class:`producers.sdk.LedgerService`: it
 performs consequential effects through the ledger, keeps only references and

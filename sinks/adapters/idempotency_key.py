@@ -1,7 +1,7 @@
 """The ``http-idempotency-key`` adapter.
 
-The ``http-idempotency-key`` adapter: an HTTP API that follows the
-``Idempotency-Key`` header draft (draft-ietf-httpapi-idempotency-key-header).
+An HTTP API that follows the ``Idempotency-Key`` header draft (draft-ietf-httpapi-idempotency-key-
+header).
 
 The API is not the ledger's sink protocol: each sink says in its registry
 entry (:class:`~sinks.registry.SinkEndpoint`) how to ask it. ``url`` is the

@@ -144,8 +144,7 @@ class PostgresAdapter(UnsupportedParts):
     ) -> str | None:
         """Why ``digest`` is not these parameters' digest, or ``None``.
 
-        Why ``digest`` is not these parameters' digest, or ``None`` (also when
-        the sink's name or an input is unknown: nothing to recompute with).
+        Also when the sink's name or an input is unknown: nothing to recompute with.
         """
         if not self.sink or decision_version is None or None in (action, subject, purpose):
             return None

@@ -350,8 +350,8 @@ class ReadbackBackend(Protocol):
     def readback(self, operation_id: str, fencing_token: int | None) -> Answer[ReadbackOutcome]:
         """Whether the operation committed.
 
-        Whether the operation committed: for every operation ever committed,
-        whatever the key retention (fence the token as a submit does).
+        For every operation ever committed, whatever the key retention (fence the token as a submit
+        does).
         """
         ...
 
